@@ -1,0 +1,51 @@
+# effectd: `make run` starts the daemon, `make test` checks and tests everything.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --quiet --disable-pip-version-check
+DATA_DIR ?= .effectd
+ARGS ?=
+PYTEST_ARGS ?=
+
+INSTALLED := $(VENV)/.installed
+DEV_INSTALLED := $(VENV)/.dev-installed
+
+.PHONY: run test check protos bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(INSTALLED): $(PY) pyproject.toml clients/python/pyproject.toml
+	$(PIP) install -e clients/python -e .
+	touch $@
+
+$(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt
+	$(PIP) install -r requirements-dev.txt
+	touch $@
+
+## run: start the daemon on its embedded default (LMDB in ./.effectd, Unix socket there)
+run: $(INSTALLED)
+	$(VENV)/bin/effectd serve --data-dir $(DATA_DIR) $(ARGS)
+
+## check: lint, format, strict typing, generated-code freshness
+check: $(DEV_INSTALLED)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) scripts/gen_protos.py --check
+
+## test: install what the tests need, run the checks and the whole suite
+test: check
+	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
+
+## protos: regenerate clients/python/src/effectd from protos/
+protos: $(DEV_INSTALLED)
+	$(PY) scripts/gen_protos.py
+
+## bench: measure against baselines in the same run (prints ratios)
+bench: $(DEV_INSTALLED)
+	$(PY) bench/lifecycle.py
+	$(PY) bench/serving_model.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .coverage

@@ -1,0 +1,117 @@
+"""Results as frozen dataclasses, so callers never handle `*_pb2` messages."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from effectd.v1 import checkpoints_pb2, ledger_pb2
+
+
+class Effect(enum.Enum):
+    READ = ledger_pb2.EFFECT_READ
+    IDEMPOTENT_WRITE = ledger_pb2.EFFECT_IDEMPOTENT_WRITE
+    SIDE_EFFECT = ledger_pb2.EFFECT_SIDE_EFFECT
+
+
+class State(enum.Enum):
+    PREPARED = ledger_pb2.CALL_STATE_PREPARED
+    AWAITING_APPROVAL = ledger_pb2.CALL_STATE_AWAITING_APPROVAL
+    STARTED = ledger_pb2.CALL_STATE_STARTED
+    UNKNOWN = ledger_pb2.CALL_STATE_UNKNOWN
+    COMMITTED = ledger_pb2.CALL_STATE_COMMITTED
+
+
+class Decision(enum.Enum):
+    EXECUTE = ledger_pb2.DECISION_EXECUTE
+    RETURN_RESULT = ledger_pb2.DECISION_RETURN_RESULT
+    AWAIT_APPROVAL = ledger_pb2.DECISION_AWAIT_APPROVAL
+    REJECTED = ledger_pb2.DECISION_REJECTED
+    IN_PROGRESS = ledger_pb2.DECISION_IN_PROGRESS
+    RECONCILE = ledger_pb2.DECISION_RECONCILE
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    ok: bool
+    json_text: str | None
+    raw: bytes | None
+    error_code: str
+    error_message: str
+    digest: str
+
+    @property
+    def value(self) -> Any:
+        """The JSON result, parsed; None for raw or empty results."""
+        return None if self.json_text is None else json.loads(self.json_text)
+
+    @classmethod
+    def from_pb(cls, msg: ledger_pb2.ToolResult) -> ToolResult:
+        kind = msg.payload.WhichOneof("kind")
+        return cls(
+            ok=msg.outcome == ledger_pb2.OUTCOME_OK,
+            json_text=msg.payload.json if kind == "json" else None,
+            raw=msg.payload.raw if kind == "raw" else None,
+            error_code=msg.error_code,
+            error_message=msg.error_message,
+            digest=msg.digest,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    namespace: str
+    run_id: str
+    call_id: str
+    tool_name: str
+    effect: Effect
+    state: State
+    revision: int
+    idempotency_key: str
+    attempt: int
+    input_fingerprint: str
+    approval_required: bool
+    result: ToolResult | None
+    history: tuple[str, ...]
+
+    @classmethod
+    def from_pb(cls, msg: ledger_pb2.ToolCall) -> ToolCall:
+        return cls(
+            namespace=msg.ref.namespace,
+            run_id=msg.ref.run_id,
+            call_id=msg.ref.call_id,
+            tool_name=msg.tool_name,
+            effect=Effect(msg.effect),
+            state=State(msg.state),
+            revision=msg.revision,
+            idempotency_key=msg.idempotency_key,
+            attempt=msg.attempt,
+            input_fingerprint=msg.input_fingerprint,
+            approval_required=msg.approval_required,
+            result=ToolResult.from_pb(msg.result) if msg.HasField("result") else None,
+            history=tuple(t.event for t in msg.history),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The answer to a prepare or a start."""
+
+    decision: Decision
+    call: ToolCall
+    idempotency_key: str
+    attempt_held: bool
+    retry_required: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    key: str
+    value: bytes
+    revision: int
+
+    @classmethod
+    def from_pb(cls, msg: checkpoints_pb2.Checkpoint) -> Checkpoint:
+        return cls(msg.key, msg.value, msg.revision)

@@ -1,0 +1,8 @@
+"""effectd: the durable tool-call ledger and retry authority of ADR-010.
+
+The daemon records, decides and answers; it never executes a tool itself.
+`sidecar.ledger` holds the rules, `sidecar.storage` the LMDB store,
+`sidecar.rpc` the gRPC boundary, `sidecar.server` the wiring.
+"""
+
+__version__ = "0.1.0"

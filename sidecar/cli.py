@@ -1,0 +1,127 @@
+"""The command line: `effectd serve` runs the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sidecar import __version__
+from sidecar.config import (
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_MAP_SIZE,
+    ConfigError,
+    ServeConfig,
+)
+from sidecar.locking import AlreadyLocked
+from sidecar.server import Daemon
+from sidecar.storage.lmdb_store import StoreFormatError
+
+log = logging.getLogger("effectd")
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    text = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="effectd", description="The effectd sidecar daemon."
+    )
+    p.add_argument("--version", action="version", version=f"effectd {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the daemon")
+    s.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("EFFECTD_DATA_DIR", ".effectd")),
+        help="LMDB data directory (default .effectd, env EFFECTD_DATA_DIR)",
+    )
+    s.add_argument(
+        "--socket",
+        type=Path,
+        default=None,
+        help="Unix socket path (default DATA_DIR/effectd.sock)",
+    )
+    s.add_argument(
+        "--listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also listen on a loopback TCP address, e.g. 127.0.0.1:50051",
+    )
+    s.add_argument(
+        "--map-size",
+        type=_size,
+        default=DEFAULT_MAP_SIZE,
+        help="LMDB map size, e.g. 8GiB (address space; the file grows as needed)",
+    )
+    s.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="skip fsync: survives a process crash, not a power loss",
+    )
+    s.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_SECONDS,
+        help="seconds in-flight calls may take to finish at shutdown",
+    )
+    s.add_argument(
+        "--no-reflection", action="store_true", help="do not serve gRPC reflection"
+    )
+    return p
+
+
+async def _serve(config: ServeConfig) -> None:
+    daemon = Daemon(config)
+    endpoints = await daemon.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(
+        f"effectd {__version__} ready on {endpoints.unix}"
+        + (f" and {endpoints.tcp}" if endpoints.tcp else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    await stop.wait()
+    log.info("shutting down")
+    await daemon.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Everything the daemon creates (data files, socket, locks) is private.
+    os.umask(0o077)
+    config = ServeConfig(
+        data_dir=args.data_dir,
+        socket=args.socket,
+        listen=args.listen,
+        map_size=args.map_size,
+        sync=not args.no_sync,
+        grace_seconds=args.grace,
+        reflection=not args.no_reflection,
+    )
+    try:
+        asyncio.run(_serve(config))
+    except (ConfigError, AlreadyLocked, StoreFormatError) as exc:
+        print(f"effectd: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

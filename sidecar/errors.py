@@ -1,0 +1,134 @@
+"""The domain exceptions of effectd, each owning one stable reason.
+
+    EffectdError
+    ├── InvalidArgument          INVALID_REQUEST          (bad input, field violations)
+    ├── NotFound                 NOT_FOUND
+    ├── RevisionConflict         REVISION_CONFLICT        (carries the current revision)
+    ├── PreconditionFailed
+    │   ├── InputMismatch        INPUT_MISMATCH
+    │   ├── InvalidTransition    INVALID_TRANSITION
+    │   ├── ReconciliationRequired RECONCILIATION_REQUIRED
+    │   ├── SideEffectNotRetrySafe SIDE_EFFECT_NOT_RETRY_SAFE
+    │   ├── StaleAttempt         STALE_ATTEMPT
+    │   ├── ResultMismatch       RESULT_MISMATCH
+    │   └── AttemptsExhausted    ATTEMPTS_EXHAUSTED
+    ├── StorageFull              STORAGE_FULL
+    ├── StorageUnavailable       STORAGE_UNAVAILABLE
+    ├── ShuttingDown             SHUTTING_DOWN
+    └── NotImplementedYet        NOT_IMPLEMENTED
+
+Reasons are the value names of `effectd.v1.ErrorReason`; the gRPC boundary
+(`sidecar.rpc.errors`) maps each class to a status code in one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One invalid field: its path in the request (`calls[2].ref.run_id`) and why."""
+
+    field: str
+    description: str
+
+
+class EffectdError(Exception):
+    """Base of every refusal effectd answers with."""
+
+    reason: ClassVar[str] = "ERROR_REASON_UNSPECIFIED"
+
+    def __init__(self, message: str, metadata: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+
+class InvalidArgument(EffectdError):
+    """The request is malformed; `violations` names every bad field."""
+
+    reason = "INVALID_REQUEST"
+
+    def __init__(self, violations: list[FieldViolation]) -> None:
+        fields = ", ".join(v.field for v in violations[:5])
+        more = f" and {len(violations) - 5} more" if len(violations) > 5 else ""
+        super().__init__(f"invalid request: {fields}{more}")
+        self.violations = list(violations)
+
+
+class NotFound(EffectdError):
+    """No record with this identity in the caller's namespace."""
+
+    reason = "NOT_FOUND"
+
+
+class RevisionConflict(EffectdError):
+    """The expected revision (or absence) did not match."""
+
+    reason = "REVISION_CONFLICT"
+
+    def __init__(
+        self,
+        message: str,
+        current_revision: int,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            message, {**(metadata or {}), "currentRevision": str(current_revision)}
+        )
+        self.current_revision = current_revision
+
+
+class PreconditionFailed(EffectdError):
+    """The record's state does not allow the request."""
+
+
+class InputMismatch(PreconditionFailed):
+    reason = "INPUT_MISMATCH"
+
+
+class InvalidTransition(PreconditionFailed):
+    reason = "INVALID_TRANSITION"
+
+
+class ReconciliationRequired(PreconditionFailed):
+    reason = "RECONCILIATION_REQUIRED"
+
+
+class SideEffectNotRetrySafe(PreconditionFailed):
+    reason = "SIDE_EFFECT_NOT_RETRY_SAFE"
+
+
+class StaleAttempt(PreconditionFailed):
+    reason = "STALE_ATTEMPT"
+
+
+class ResultMismatch(PreconditionFailed):
+    reason = "RESULT_MISMATCH"
+
+
+class AttemptsExhausted(PreconditionFailed):
+    reason = "ATTEMPTS_EXHAUSTED"
+
+
+class StorageFull(EffectdError):
+    """The LMDB map is full; nothing of the request was written."""
+
+    reason = "STORAGE_FULL"
+
+
+class StorageUnavailable(EffectdError):
+    """The storage failed to commit; nothing of the request was acknowledged."""
+
+    reason = "STORAGE_UNAVAILABLE"
+
+
+class ShuttingDown(EffectdError):
+    reason = "SHUTTING_DOWN"
+
+
+class NotImplementedYet(EffectdError):
+    reason = "NOT_IMPLEMENTED"

@@ -1,0 +1,77 @@
+"""Input fingerprints and result digests (DESIGN §3).
+
+JSON is canonicalized with RFC 8785 first, so the same logical input from
+Python, Node or a retry with reordered keys has one fingerprint. Opaque bytes
+are hashed as sent. JSON that RFC 8785 cannot represent exactly (NaN,
+integers beyond 2**53, duplicate keys) is refused rather than hashed loosely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import rfc8785
+
+from sidecar.ledger.model import Outcome, Payload, PayloadKind
+
+
+class NotCanonicalizable(ValueError):
+    """JSON text that has no single RFC 8785 form."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise NotCanonicalizable("duplicate object key")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> Any:
+    raise NotCanonicalizable(f"{name} is not JSON")
+
+
+def canonical_json(text: bytes) -> bytes:
+    """The RFC 8785 form of JSON text.
+
+    Raises:
+        NotCanonicalizable: the text is not JSON, or not representable.
+    """
+    try:
+        value = json.loads(
+            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant
+        )
+        return rfc8785.dumps(value)
+    except NotCanonicalizable:
+        raise
+    except (ValueError, RecursionError, rfc8785.CanonicalizationError) as exc:
+        raise NotCanonicalizable(str(exc) or type(exc).__name__) from exc
+
+
+def _canonical_bytes(payload: Payload) -> bytes:
+    if payload.kind is PayloadKind.JSON:
+        return canonical_json(payload.data)
+    return payload.data
+
+
+def fingerprint(payload: Payload) -> str:
+    """`sha256:<hex>` of the canonical input."""
+    return "sha256:" + hashlib.sha256(_canonical_bytes(payload)).hexdigest()
+
+
+def result_digest(
+    outcome: Outcome, payload: Payload | None, error_code: str, error_message: str
+) -> str:
+    """`sha256:<hex>` over everything a committed result says."""
+    h = hashlib.sha256()
+    for part in (
+        outcome.value.encode(),
+        b"" if payload is None else payload.kind.value.encode(),
+        b"" if payload is None else _canonical_bytes(payload),
+        error_code.encode(),
+        error_message.encode(),
+    ):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return "sha256:" + h.hexdigest()

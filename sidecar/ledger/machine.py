@@ -1,0 +1,86 @@
+"""The tool-call state machine of DESIGN §4 (ADR-010 D2, D3) as one table.
+
+`TRANSITIONS` lists every legal (state, event) pair; `apply` is the only way
+a record changes state. It checks the pair, bumps the revision and appends
+the history entry, so no caller can forget either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sidecar.errors import InvalidTransition, ReconciliationRequired
+from sidecar.ledger.model import Effect, Event, State, ToolCall, Transition
+
+# (from state, event) -> to state. A pair that is missing is illegal.
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.AWAITING_APPROVAL, Event.APPROVE): State.PREPARED,
+    (State.AWAITING_APPROVAL, Event.REJECT): State.COMMITTED,
+    (State.PREPARED, Event.START): State.STARTED,
+    (State.STARTED, Event.COMMIT): State.COMMITTED,
+    (State.STARTED, Event.HEARTBEAT): State.STARTED,
+    (State.STARTED, Event.EXPIRE): State.UNKNOWN,
+    (State.STARTED, Event.RESTART): State.UNKNOWN,
+    (State.STARTED, Event.REPORT_UNKNOWN): State.UNKNOWN,
+    (State.STARTED, Event.RETRY): State.STARTED,
+    (State.UNKNOWN, Event.RETRY): State.STARTED,
+    # A late commit from the attempt that still holds the call: it knows the
+    # outcome, which is better evidence than any reconciliation.
+    (State.UNKNOWN, Event.COMMIT): State.COMMITTED,
+    (State.STARTED, Event.RECONCILE_COMMITTED): State.COMMITTED,
+    (State.STARTED, Event.RECONCILE_NOT_EXECUTED): State.PREPARED,
+    (State.UNKNOWN, Event.RECONCILE_COMMITTED): State.COMMITTED,
+    (State.UNKNOWN, Event.RECONCILE_NOT_EXECUTED): State.PREPARED,
+    (State.COMMITTED, Event.ACKNOWLEDGE): State.COMMITTED,
+}
+
+# Events that change nothing a reader of the history needs.
+_UNRECORDED = frozenset({Event.HEARTBEAT})
+
+
+def target(state: State, event: Event, effect: Effect) -> State:
+    """The state `event` leads to from `state`, or the refusal.
+
+    Raises:
+        ReconciliationRequired: a retry of a SIDE_EFFECT whose outcome is
+            unknown (ADR-010 D3, D6): only reconciliation leaves that state.
+        InvalidTransition: any other pair that the table does not list.
+    """
+    if event is Event.RETRY and effect is Effect.SIDE_EFFECT:
+        raise ReconciliationRequired(
+            "a side effect whose outcome is unknown is never retried; reconcile it",
+            {"state": state.name},
+        )
+    to = TRANSITIONS.get((state, event))
+    if to is None:
+        raise InvalidTransition(
+            f"{event.value} is not allowed in state {state.name}",
+            {"state": state.name, "event": event.value},
+        )
+    return to
+
+
+def apply(
+    call: ToolCall,
+    event: Event,
+    *,
+    at_ns: int,
+    actor: str,
+    reason: str = "",
+    **changes: Any,
+) -> ToolCall:
+    """Returns `call` after `event`, with `changes` applied, revision + 1 and
+    the transition in its history."""
+    to = target(call.state, event, call.effect)
+    revision = call.revision + 1
+    attempt = changes.get("attempt", call.attempt)
+    history = call.history
+    if event not in _UNRECORDED:
+        entry = Transition(
+            call.state, to, event, at_ns, actor, reason, revision, attempt
+        )
+        history = (*history, entry)
+    return dataclasses.replace(
+        call, **changes, state=to, revision=revision, updated_ns=at_ns, history=history
+    )

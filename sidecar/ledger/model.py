@@ -1,0 +1,157 @@
+"""The values of the tool-call ledger: effects, states, decisions and records."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+KEY_SCHEME_V1 = 1
+DEFAULT_NAMESPACE = "default"
+
+
+class Effect(enum.Enum):
+    """What a tool does to the world (ADR-010 D2); undeclared is SIDE_EFFECT."""
+
+    READ = "read"
+    IDEMPOTENT_WRITE = "idempotent-write"
+    SIDE_EFFECT = "side-effect"
+
+
+class State(enum.Enum):
+    PREPARED = "prepared"
+    AWAITING_APPROVAL = "awaiting_approval"
+    STARTED = "started"
+    UNKNOWN = "unknown"
+    COMMITTED = "committed"
+
+
+class Event(enum.Enum):
+    """What can happen to a record; the history names them."""
+
+    PREPARE = "prepare"
+    APPROVE = "approve"
+    REJECT = "reject"
+    START = "start"
+    RETRY = "retry"
+    COMMIT = "commit"
+    EXPIRE = "expire"
+    RESTART = "restart"
+    REPORT_UNKNOWN = "report_unknown"
+    RECONCILE_COMMITTED = "reconcile_committed"
+    RECONCILE_NOT_EXECUTED = "reconcile_not_executed"
+    ACKNOWLEDGE = "acknowledge"
+    HEARTBEAT = "heartbeat"
+
+
+class Decision(enum.Enum):
+    """What the caller must do next (DESIGN §5)."""
+
+    EXECUTE = "execute"
+    RETURN_RESULT = "return_result"
+    AWAIT_APPROVAL = "await_approval"
+    REJECTED = "rejected"
+    IN_PROGRESS = "in_progress"
+    RECONCILE = "reconcile"
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    ERROR = "error"
+
+
+class PayloadKind(enum.Enum):
+    JSON = "json"
+    RAW = "raw"
+
+
+APPROVAL_REJECTED = "APPROVAL_REJECTED"
+
+
+@dataclass(frozen=True, slots=True)
+class CallRef:
+    namespace: str
+    run_id: str
+    call_id: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """Key scheme v1: exactly `${runId}:${callId}` (ADR-010 D2)."""
+        return f"{self.run_id}:{self.call_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """Input or result bytes as sent; JSON text is kept UTF-8 encoded."""
+
+    kind: PayloadKind
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    outcome: Outcome
+    payload: Payload | None
+    error_code: str
+    error_message: str
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease on the monotonic clock of one daemon incarnation.
+
+    Monotonic time means nothing across restarts, so a lease of an earlier
+    incarnation is never live (its holder cannot be trusted to still run).
+    """
+
+    incarnation: int
+    deadline_ns: int
+    expires_wall_ns: int
+
+    def is_live(self, incarnation: int, now_monotonic_ns: int) -> bool:
+        return self.incarnation == incarnation and now_monotonic_ns < self.deadline_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    from_state: State | None
+    to_state: State
+    event: Event
+    at_ns: int
+    actor: str
+    reason: str
+    revision: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    ref: CallRef
+    tool_name: str
+    effect: Effect
+    state: State
+    revision: int
+    input_fingerprint: str
+    approval_required: bool
+    attempt: int
+    created_ns: int
+    updated_ns: int
+    key_scheme: int = KEY_SCHEME_V1
+    lease: Lease | None = None
+    result: Result | None = None
+    acknowledged: bool = False
+    history: tuple[Transition, ...] = field(default=())
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.ref.idempotency_key
+
+    @property
+    def rejected(self) -> bool:
+        """Committed by an approver's rejection (DESIGN §4)."""
+        return (
+            self.state is State.COMMITTED
+            and self.result is not None
+            and self.result.outcome is Outcome.ERROR
+            and self.result.error_code == APPROVAL_REJECTED
+        )

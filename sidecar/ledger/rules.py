@@ -1,0 +1,341 @@
+"""What each ledger request does to a record, as pure functions (DESIGN §4, §5).
+
+Every rule takes the stored record (or None) and the moment (`Now`) and
+returns a `Step`: the record as it must be stored, and the reply, which is
+either an `Answer` or a refusal. A refusal can still carry a changed record:
+a STARTED call whose lease ran out becomes UNKNOWN durably even when the
+request that noticed it is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.errors import (
+    AttemptsExhausted,
+    EffectdError,
+    InputMismatch,
+    InvalidTransition,
+    ReconciliationRequired,
+    ResultMismatch,
+    RevisionConflict,
+    StaleAttempt,
+)
+from sidecar.ledger import machine
+from sidecar.ledger.model import (
+    CallRef,
+    Decision,
+    Effect,
+    Event,
+    Lease,
+    Payload,
+    Result,
+    State,
+    ToolCall,
+    Transition,
+)
+
+AGENT = "agent"
+DAEMON = "effectd"
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """The moment a rule runs: both clocks and the daemon's incarnation."""
+
+    wall_ns: int
+    monotonic_ns: int
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareSpec:
+    ref: CallRef
+    tool_name: str
+    effect: Effect
+    input: Payload
+    fingerprint: str
+    require_approval: bool
+    start: bool
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    decision: Decision
+    call: ToolCall
+    # This caller holds the attempt (`call.attempt` is its fencing token).
+    attempt_held: bool = False
+    # EXECUTE after an attempt of unknown outcome: only an explicit retry
+    # (StartTool with retry) may start it.
+    retry_required: bool = False
+
+    @property
+    def idempotency_key(self) -> str:
+        """The key a tool must de-duplicate on; only IDEMPOTENT_WRITE gets one."""
+        if self.call.effect is Effect.IDEMPOTENT_WRITE:
+            return self.call.idempotency_key
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    call: ToolCall
+    reply: Answer | EffectdError
+
+
+def _lease(now: Now, lease_ms: int) -> Lease:
+    span = lease_ms * 1_000_000
+    return Lease(now.incarnation, now.monotonic_ns + span, now.wall_ns + span)
+
+
+def settle(call: ToolCall, now: Now) -> ToolCall:
+    """A STARTED call whose lease is no longer live becomes UNKNOWN.
+
+    A lease of an earlier daemon incarnation is never live: whoever held it
+    may have executed the call (ADR-010 D3).
+    """
+    if call.state is not State.STARTED or call.lease is None:
+        return call
+    if call.lease.is_live(now.incarnation, now.monotonic_ns):
+        return call
+    if call.lease.incarnation != now.incarnation:
+        event, reason = Event.RESTART, "started under an earlier daemon incarnation"
+    else:
+        event, reason = Event.EXPIRE, "lease expired"
+    return machine.apply(
+        call, event, at_ns=now.wall_ns, actor=DAEMON, reason=reason, lease=None
+    )
+
+
+def decide(call: ToolCall) -> Decision:
+    """The decision for a settled record (DESIGN §5)."""
+    match call.state:
+        case State.PREPARED:
+            return Decision.EXECUTE
+        case State.AWAITING_APPROVAL:
+            return Decision.AWAIT_APPROVAL
+        case State.STARTED:
+            return Decision.IN_PROGRESS
+        case State.UNKNOWN:
+            if call.effect is Effect.SIDE_EFFECT:
+                return Decision.RECONCILE
+            return Decision.EXECUTE
+        case State.COMMITTED:
+            return Decision.REJECTED if call.rejected else Decision.RETURN_RESULT
+    raise AssertionError(call.state)  # pragma: no cover
+
+
+def _answer(call: ToolCall, *, held: bool = False) -> Answer:
+    decision = decide(call)
+    retry = call.state is State.UNKNOWN and decision is Decision.EXECUTE
+    return Answer(decision, call, attempt_held=held, retry_required=retry)
+
+
+def _start(call: ToolCall, now: Now, lease_ms: int, event: Event) -> ToolCall:
+    return machine.apply(
+        call,
+        event,
+        at_ns=now.wall_ns,
+        actor=AGENT,
+        attempt=call.attempt + 1,
+        lease=_lease(now, lease_ms),
+    )
+
+
+def _check_revision(call: ToolCall | None, expected: int | None) -> None:
+    current = 0 if call is None else call.revision
+    if expected is not None and expected != current:
+        raise RevisionConflict(
+            f"expected revision {expected}, the record is at {current}", current
+        )
+
+
+def prepare(existing: ToolCall | None, spec: PrepareSpec, now: Now) -> Step:
+    """PrepareTool: record the call, or answer for the existing record."""
+    if existing is None:
+        call = _create(spec, now)
+    else:
+        mismatch = _mismatch(existing, spec)
+        if mismatch:
+            meta = {"callRevision": str(existing.revision)}
+            return Step(existing, InputMismatch(mismatch, meta))
+        call = settle(existing, now)
+    if spec.start and call.state is State.PREPARED:
+        started = _start(call, now, spec.lease_ms, Event.START)
+        return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
+    return Step(call, _answer(call))
+
+
+def _create(spec: PrepareSpec, now: Now) -> ToolCall:
+    state = State.AWAITING_APPROVAL if spec.require_approval else State.PREPARED
+    entry = Transition(None, state, Event.PREPARE, now.wall_ns, AGENT, "", 1, 0)
+    return ToolCall(
+        ref=spec.ref,
+        tool_name=spec.tool_name,
+        effect=spec.effect,
+        state=state,
+        revision=1,
+        input_fingerprint=spec.fingerprint,
+        approval_required=spec.require_approval,
+        attempt=0,
+        created_ns=now.wall_ns,
+        updated_ns=now.wall_ns,
+        history=(entry,),
+    )
+
+
+def _mismatch(call: ToolCall, spec: PrepareSpec) -> str:
+    if call.input_fingerprint != spec.fingerprint:
+        return (
+            "the call was prepared with another input; use a new call_id for a new call"
+        )
+    if call.tool_name != spec.tool_name:
+        return f"the call was prepared for tool {call.tool_name!r}"
+    if call.effect is not spec.effect:
+        return f"the call was prepared with effect {call.effect.name}"
+    return ""
+
+
+def start(
+    call: ToolCall,
+    now: Now,
+    *,
+    lease_ms: int,
+    retry: bool,
+    max_attempts: int,
+    expected_revision: int | None,
+) -> Step:
+    """StartTool: only the caller that finds the call PREPARED gets EXECUTE."""
+    try:
+        _check_revision(call, expected_revision)
+    except RevisionConflict as exc:
+        return Step(call, exc)
+    settled = settle(call, now)
+    if settled.state is State.PREPARED:
+        started = _start(settled, now, lease_ms, Event.START)
+        return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
+    if settled.state is State.UNKNOWN:
+        return _retry(
+            settled, now, lease_ms=lease_ms, retry=retry, max_attempts=max_attempts
+        )
+    return Step(settled, _answer(settled))
+
+
+def _retry(
+    call: ToolCall, now: Now, *, lease_ms: int, retry: bool, max_attempts: int
+) -> Step:
+    refusal: EffectdError | None = None
+    if call.effect is Effect.SIDE_EFFECT:
+        refusal = ReconciliationRequired(
+            "the outcome of this side effect is unknown: it is never replayed; "
+            "reconcile it",
+            {"attempt": str(call.attempt)},
+        )
+    elif not retry:
+        refusal = InvalidTransition(
+            "the outcome of the last attempt is unknown: start it again only as "
+            "an explicit retry",
+            {"state": call.state.name, "event": Event.START.value},
+        )
+    elif call.attempt >= max_attempts:
+        refusal = AttemptsExhausted(
+            f"{call.attempt} of {max_attempts} attempts used",
+            {"attempts": str(call.attempt), "maxAttempts": str(max_attempts)},
+        )
+    if refusal is not None:
+        return Step(call, refusal)
+    started = _start(call, now, lease_ms, Event.RETRY)
+    return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
+
+
+def _check_attempt(call: ToolCall, attempt: int) -> EffectdError | None:
+    if attempt != call.attempt or call.attempt == 0:
+        return StaleAttempt(
+            f"attempt {attempt} does not hold the call "
+            f"(current attempt {call.attempt})",
+            {"currentAttempt": str(call.attempt)},
+        )
+    return None
+
+
+def commit(
+    call: ToolCall,
+    now: Now,
+    *,
+    attempt: int,
+    result: Result,
+    expected_revision: int | None,
+) -> Step:
+    """CommitTool: store the result of the attempt that holds the call."""
+    if call.state is State.COMMITTED:
+        assert call.result is not None
+        if call.result.digest == result.digest:
+            return Step(call, Answer(decide(call), call))
+        return Step(
+            call,
+            ResultMismatch(
+                "the call is already committed with another result; "
+                "the first result stands",
+                {"committedDigest": call.result.digest},
+            ),
+        )
+    try:
+        _check_revision(call, expected_revision)
+    except RevisionConflict as exc:
+        return Step(call, exc)
+    if call.state not in (State.STARTED, State.UNKNOWN):
+        return Step(call, _invalid(call, Event.COMMIT))
+    stale = _check_attempt(call, attempt)
+    if stale is not None:
+        return Step(call, stale)
+    committed = machine.apply(
+        call, Event.COMMIT, at_ns=now.wall_ns, actor=AGENT, lease=None, result=result
+    )
+    return Step(committed, Answer(decide(committed), committed))
+
+
+def report_unknown(call: ToolCall, now: Now, *, attempt: int, reason: str) -> Step:
+    """ReportUnknown: the attempt cannot tell whether the tool ran."""
+    if call.state is State.UNKNOWN and attempt == call.attempt:
+        return Step(call, _answer(call))
+    if call.state is not State.STARTED:
+        return Step(call, _invalid(call, Event.REPORT_UNKNOWN))
+    stale = _check_attempt(call, attempt)
+    if stale is not None:
+        return Step(call, stale)
+    unknown = machine.apply(
+        call,
+        Event.REPORT_UNKNOWN,
+        at_ns=now.wall_ns,
+        actor=AGENT,
+        reason=reason,
+        lease=None,
+    )
+    return Step(unknown, _answer(unknown))
+
+
+def heartbeat(call: ToolCall, now: Now, *, attempt: int, lease_ms: int) -> Step:
+    """Heartbeat: extend the lease of the attempt that holds a live call."""
+    settled = settle(call, now)
+    if settled.state is not State.STARTED:
+        return Step(settled, _invalid(settled, Event.HEARTBEAT))
+    stale = _check_attempt(settled, attempt)
+    if stale is not None:
+        return Step(settled, stale)
+    extended = machine.apply(
+        settled,
+        Event.HEARTBEAT,
+        at_ns=now.wall_ns,
+        actor=AGENT,
+        lease=_lease(now, lease_ms),
+    )
+    return Step(extended, _answer(extended))
+
+
+def _invalid(call: ToolCall, event: Event) -> EffectdError:
+    try:
+        machine.target(call.state, event, call.effect)
+    except EffectdError as exc:
+        return exc
+    raise AssertionError(f"{event} is legal in {call.state}")  # pragma: no cover

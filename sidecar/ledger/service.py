@@ -1,0 +1,229 @@
+"""The ledger service: applies the rules of `ledger.rules` to stored records.
+
+Each mutating request is one write function: load the record, run the rule
+with the moment the writer runs it, store the result, return the reply. The
+store runs it inside a write transaction, so read, decision and write are one
+atomic compare-and-swap on the record, and the reply is released only after
+the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar.clock import Clock
+from sidecar.errors import EffectdError, NotFound
+from sidecar.ledger import paging, rules
+from sidecar.ledger.model import CallRef, Result, State, ToolCall
+from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
+from sidecar.ledger.validation import Limits
+from sidecar.storage import records
+from sidecar.storage.api import ReadView, Store, Table, WriteView
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    calls: list[ToolCall]
+    next_page_token: str
+
+
+def _raise_refusal(reply: Answer | EffectdError) -> Answer:
+    if isinstance(reply, EffectdError):
+        raise reply
+    return reply
+
+
+class LedgerService:
+    def __init__(self, store: Store, clock: Clock, limits: Limits) -> None:
+        self._store = store
+        self._clock = clock
+        self.limits = limits
+
+    def now(self) -> Now:
+        return Now(
+            self._clock.wall_ns(), self._clock.monotonic_ns(), self._store.incarnation
+        )
+
+    async def _write(self, fn: Callable[[WriteView], Answer | EffectdError]) -> Answer:
+        return _raise_refusal(await asyncio.wrap_future(self._store.submit(fn)))
+
+    def _mutation(
+        self, ref: CallRef, rule: Callable[[ToolCall, Now], Step]
+    ) -> Callable[[WriteView], Answer | EffectdError]:
+        def apply(view: WriteView) -> Answer | EffectdError:
+            old = records.load_call(view, ref)
+            if old is None:
+                raise _not_found(ref)
+            step = rule(old, self.now())
+            if step.call.revision != old.revision:
+                records.save_call(view, old, step.call)
+            return step.reply
+
+        return apply
+
+    async def prepare(self, spec: PrepareSpec) -> Answer:
+        def apply(view: WriteView) -> Answer | EffectdError:
+            return _prepare_one(view, spec, self.now())
+
+        return await self._write(apply)
+
+    async def prepare_many(self, specs: Sequence[PrepareSpec]) -> list[Answer]:
+        """All in one transaction; one refusal and nothing is written."""
+
+        def apply(view: WriteView) -> list[Answer]:
+            now = self.now()
+            answers = []
+            for index, spec in enumerate(specs):
+                reply = _prepare_one(view, spec, now)
+                if isinstance(reply, EffectdError):
+                    reply.metadata["index"] = str(index)
+                    raise reply
+                answers.append(reply)
+            return answers
+
+        return await asyncio.wrap_future(self._store.submit(apply))
+
+    async def start(
+        self, ref: CallRef, *, lease_ms: int, retry: bool, expected_revision: int | None
+    ) -> Answer:
+        return await self._write(
+            self._mutation(
+                ref,
+                lambda call, now: rules.start(
+                    call,
+                    now,
+                    lease_ms=lease_ms,
+                    retry=retry,
+                    max_attempts=self.limits.max_attempts,
+                    expected_revision=expected_revision,
+                ),
+            )
+        )
+
+    async def commit(
+        self,
+        ref: CallRef,
+        *,
+        attempt: int,
+        result: Result,
+        expected_revision: int | None,
+    ) -> Answer:
+        return await self._write(
+            self._mutation(
+                ref,
+                lambda call, now: rules.commit(
+                    call,
+                    now,
+                    attempt=attempt,
+                    result=result,
+                    expected_revision=expected_revision,
+                ),
+            )
+        )
+
+    async def report_unknown(
+        self, ref: CallRef, *, attempt: int, reason: str
+    ) -> Answer:
+        return await self._write(
+            self._mutation(
+                ref,
+                lambda call, now: rules.report_unknown(
+                    call, now, attempt=attempt, reason=reason
+                ),
+            )
+        )
+
+    async def heartbeat(self, ref: CallRef, *, attempt: int, lease_ms: int) -> Answer:
+        return await self._write(
+            self._mutation(
+                ref,
+                lambda call, now: rules.heartbeat(
+                    call, now, attempt=attempt, lease_ms=lease_ms
+                ),
+            )
+        )
+
+    def get(self, ref: CallRef) -> ToolCall:
+        call = self._store.read(lambda view: records.load_call(view, ref))
+        if call is None:
+            raise _not_found(ref)
+        return call
+
+    def list(
+        self,
+        namespace: str,
+        *,
+        run_id: str,
+        states: frozenset[State],
+        page_size: int,
+        page_token: str,
+    ) -> Page:
+        """Calls in key order; a page may hold fewer than `page_size` calls
+        when a state filter skips many records (the scan per page is bounded)."""
+        prefix = (
+            records.run_prefix(namespace, run_id)
+            if run_id
+            else records.namespace_prefix(namespace)
+        )
+        after = paging.decode(page_token, prefix)
+        budget = max(page_size * 10, 1000)
+
+        def scan(view: ReadView) -> Page:
+            calls: list[ToolCall] = []
+            last = b""
+            for examined, (key, raw) in enumerate(
+                view.scan(Table.CALLS, prefix, after=after)
+            ):
+                if len(calls) == page_size or examined == budget:
+                    return Page(calls, paging.encode(last))
+                last = key
+                call = records.decode_call(raw)
+                if not states or call.state in states:
+                    calls.append(call)
+            return Page(calls, "")
+
+        return self._store.read(scan)
+
+    async def settle_earlier_incarnations(self) -> int:
+        """At start: every STARTED record of an earlier incarnation becomes
+        UNKNOWN, so a side effect there answers RECONCILE (ADR-010 D3)."""
+
+        def apply(view: WriteView) -> int:
+            now = self.now()
+            settled = 0
+            keys = [
+                k
+                for k, _ in view.scan(
+                    Table.CALL_STATES, records.state_prefix(State.STARTED)
+                )
+            ]
+            for key in keys:
+                old = records.load_call(view, records.ref_of(key[1:]))
+                if (
+                    old is None
+                    or old.lease is None
+                    or old.lease.incarnation == now.incarnation
+                ):
+                    continue
+                records.save_call(view, old, rules.settle(old, now))
+                settled += 1
+            return settled
+
+        return await asyncio.wrap_future(self._store.submit(apply))
+
+
+def _prepare_one(view: WriteView, spec: PrepareSpec, now: Now) -> Answer | EffectdError:
+    old = records.load_call(view, spec.ref)
+    step = rules.prepare(old, spec, now)
+    if old is None or step.call.revision != old.revision:
+        records.save_call(view, old, step.call)
+    return step.reply
+
+
+def _not_found(ref: CallRef) -> NotFound:
+    return NotFound(
+        f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",
+        {"namespace": ref.namespace, "runId": ref.run_id, "callId": ref.call_id},
+    )

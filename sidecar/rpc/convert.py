@@ -1,0 +1,308 @@
+"""Translation between `effectd.v1` messages and domain values.
+
+Requests are validated while they are translated: every problem becomes a
+field violation named by its path in the request, and all of them are
+raised together as INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from effectd.v1 import checkpoints_pb2 as cpb
+from effectd.v1 import ledger_pb2 as pb
+from google.protobuf import timestamp_pb2
+
+from sidecar.ledger import fingerprint
+from sidecar.ledger.checkpoints import Expect, Op
+from sidecar.ledger.model import (
+    CallRef,
+    Decision,
+    Effect,
+    Outcome,
+    Payload,
+    PayloadKind,
+    Result,
+    State,
+    ToolCall,
+    Transition,
+)
+from sidecar.ledger.rules import Answer, PrepareSpec
+from sidecar.ledger.validation import Limits, Violations
+from sidecar.storage.records import StoredCheckpoint
+
+EFFECTS: dict[int, Effect] = {
+    # ADR-010 D2: an undeclared effect is a side effect.
+    pb.EFFECT_UNSPECIFIED: Effect.SIDE_EFFECT,
+    pb.EFFECT_READ: Effect.READ,
+    pb.EFFECT_IDEMPOTENT_WRITE: Effect.IDEMPOTENT_WRITE,
+    pb.EFFECT_SIDE_EFFECT: Effect.SIDE_EFFECT,
+}
+EFFECT_TO_PB = {e: pb.Effect.Value(f"EFFECT_{e.name}") for e in Effect}
+STATES: dict[int, State] = {
+    pb.CallState.Value(f"CALL_STATE_{s.name}"): s for s in State
+}
+STATE_TO_PB = {s: pb.CallState.Value(f"CALL_STATE_{s.name}") for s in State}
+DECISION_TO_PB = {d: pb.Decision.Value(f"DECISION_{d.name}") for d in Decision}
+OUTCOMES: dict[int, Outcome] = {
+    pb.OUTCOME_OK: Outcome.OK,
+    pb.OUTCOME_ERROR: Outcome.ERROR,
+}
+OUTCOME_TO_PB = {o: pb.Outcome.Value(f"OUTCOME_{o.name}") for o in Outcome}
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+# -- requests --------------------------------------------------------------
+
+
+def namespace(v: Violations, value: str, field: str = "namespace") -> str:
+    return v.namespace(field, value)
+
+
+def ref(v: Violations, msg: pb.CallRef, limits: Limits, field: str = "ref") -> CallRef:
+    ns = v.namespace(_join(field, "namespace"), msg.namespace)
+    v.text_id(_join(field, "run_id"), msg.run_id, limits.max_id_bytes, no_colon=True)
+    v.text_id(_join(field, "call_id"), msg.call_id, limits.max_id_bytes)
+    return CallRef(ns, msg.run_id, msg.call_id)
+
+
+def run_id(v: Violations, value: str, limits: Limits, field: str = "run_id") -> None:
+    if value:
+        v.text_id(field, value, limits.max_id_bytes, no_colon=True)
+
+
+def lease_ms(v: Violations, value: int, limits: Limits, field: str = "lease_ms") -> int:
+    if value == 0:
+        return limits.default_lease_ms
+    v.bounded(field, value, 1, limits.max_lease_ms)
+    return value
+
+
+def page_size(
+    v: Violations, value: int, limits: Limits, field: str = "page_size"
+) -> int:
+    if value == 0:
+        return limits.default_page_size
+    v.bounded(field, value, 1, limits.max_page_size)
+    return value
+
+
+def payload(
+    v: Violations, msg: pb.Payload, limits: Limits, field: str, *, required: bool
+) -> Payload | None:
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        if required:
+            v.add(field, "is required: set json or raw")
+        return None
+    if kind == "raw":
+        v.size(_join(field, "raw"), msg.raw, limits.max_payload_bytes)
+        return Payload(PayloadKind.RAW, msg.raw)
+    data = msg.json.encode("utf-8", "surrogatepass")
+    v.size(_join(field, "json"), data, limits.max_payload_bytes)
+    if len(data) <= limits.max_payload_bytes:
+        try:
+            fingerprint.canonical_json(data)
+        except fingerprint.NotCanonicalizable as exc:
+            v.add(_join(field, "json"), f"must be JSON with one RFC 8785 form: {exc}")
+    return Payload(PayloadKind.JSON, data)
+
+
+def _enum(v: Violations, field: str, value: int, known: dict[int, Effect]) -> None:
+    if value not in known:
+        v.add(field, f"unknown enum value {value}")
+
+
+def prepare_spec(
+    v: Violations, req: pb.PrepareToolRequest, limits: Limits, field: str = ""
+) -> PrepareSpec:
+    call_ref = ref(v, req.ref, limits, _join(field, "ref"))
+    v.text_id(_join(field, "tool_name"), req.tool_name, limits.max_id_bytes)
+    _enum(v, _join(field, "effect"), req.effect, EFFECTS)
+    tool_input = payload(v, req.input, limits, _join(field, "input"), required=True)
+    lease = lease_ms(v, req.lease_ms, limits, _join(field, "lease_ms"))
+    if v.items or tool_input is None:
+        return _unusable_spec(call_ref)
+    return PrepareSpec(
+        ref=call_ref,
+        tool_name=req.tool_name,
+        effect=EFFECTS[req.effect],
+        input=tool_input,
+        fingerprint=fingerprint.fingerprint(tool_input),
+        require_approval=req.require_approval,
+        start=req.start,
+        lease_ms=lease,
+    )
+
+
+def _unusable_spec(call_ref: CallRef) -> PrepareSpec:
+    # Returned only next to violations, which the caller raises.
+    return PrepareSpec(
+        call_ref,
+        "",
+        Effect.SIDE_EFFECT,
+        Payload(PayloadKind.RAW, b""),
+        "",
+        False,
+        False,
+        0,
+    )
+
+
+def result(
+    v: Violations, msg: pb.ToolResult, limits: Limits, field: str = "result"
+) -> Result:
+    if msg.outcome not in OUTCOMES:
+        v.add(_join(field, "outcome"), "must be OUTCOME_OK or OUTCOME_ERROR")
+    data = payload(v, msg.payload, limits, _join(field, "payload"), required=False)
+    v.text(_join(field, "error_code"), msg.error_code, limits.max_id_bytes)
+    v.text(_join(field, "error_message"), msg.error_message, limits.max_text_bytes)
+    if msg.digest:
+        v.add(_join(field, "digest"), "is output only")
+    if v.items:
+        return Result(Outcome.ERROR, None, "", "", "")
+    outcome = OUTCOMES[msg.outcome]
+    digest = fingerprint.result_digest(outcome, data, msg.error_code, msg.error_message)
+    return Result(outcome, data, msg.error_code, msg.error_message, digest)
+
+
+def optional_revision(msg: pb.StartToolRequest | pb.CommitToolRequest) -> int | None:
+    return msg.expected_revision if msg.HasField("expected_revision") else None
+
+
+def states(v: Violations, values: list[int], field: str = "states") -> frozenset[State]:
+    for i, value in enumerate(values):
+        if value not in STATES:
+            v.add(f"{field}[{i}]", f"unknown call state {value}")
+    return frozenset(STATES[x] for x in values if x in STATES)
+
+
+def checkpoint_key(
+    v: Violations, value: str, limits: Limits, field: str = "key"
+) -> str:
+    v.text_id(field, value, limits.max_key_bytes)
+    return value
+
+
+def checkpoint_prefix(
+    v: Violations, value: str, limits: Limits, field: str = "prefix"
+) -> str:
+    if value:
+        v.text_id(field, value, limits.max_key_bytes)
+    return value
+
+
+def compare(v: Violations, msg: cpb.Compare, limits: Limits, field: str) -> Expect:
+    key = checkpoint_key(v, msg.key, limits, _join(field, "key"))
+    which = msg.WhichOneof("expect")
+    if which is None:
+        v.add(field, "must set revision or absent")
+    elif which == "absent" and not msg.absent:
+        v.add(_join(field, "absent"), "must be true when set")
+    elif which == "revision" and msg.revision == 0:
+        v.add(_join(field, "revision"), "must be at least 1 (use absent for a new key)")
+    return Expect(key, msg.revision if which == "revision" else None)
+
+
+def txn_op(v: Violations, msg: cpb.TxnOp, limits: Limits, field: str) -> Op:
+    which = msg.WhichOneof("op")
+    if which == "put":
+        key = checkpoint_key(v, msg.put.key, limits, _join(field, "put.key"))
+        v.size(_join(field, "put.value"), msg.put.value, limits.max_payload_bytes)
+        return Op(key, msg.put.value)
+    if which == "delete":
+        return Op(
+            checkpoint_key(v, msg.delete.key, limits, _join(field, "delete.key")), None
+        )
+    v.add(field, "must set put or delete")
+    return Op("", None)
+
+
+# -- answers ---------------------------------------------------------------
+
+
+def timestamp(ns: int) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(ns)
+    return ts
+
+
+def payload_pb(p: Payload | None) -> pb.Payload | None:
+    if p is None:
+        return None
+    if p.kind is PayloadKind.JSON:
+        return pb.Payload(json=p.data.decode("utf-8", "surrogatepass"))
+    return pb.Payload(raw=p.data)
+
+
+def _transition_pb(t: Transition) -> pb.Transition:
+    return pb.Transition(
+        from_state=STATE_TO_PB[t.from_state]
+        if t.from_state
+        else pb.CALL_STATE_UNSPECIFIED,
+        to_state=STATE_TO_PB[t.to_state],
+        event=t.event.value,
+        at=timestamp(t.at_ns),
+        actor=t.actor,
+        reason=t.reason,
+        revision=t.revision,
+        attempt=t.attempt,
+    )
+
+
+def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
+    msg = pb.ToolCall(
+        ref=pb.CallRef(
+            namespace=call.ref.namespace,
+            run_id=call.ref.run_id,
+            call_id=call.ref.call_id,
+        ),
+        tool_name=call.tool_name,
+        effect=EFFECT_TO_PB[call.effect],
+        state=STATE_TO_PB[call.state],
+        revision=call.revision,
+        idempotency_key=call.idempotency_key,
+        key_scheme=call.key_scheme,
+        input_fingerprint=call.input_fingerprint,
+        approval_required=call.approval_required,
+        attempt=call.attempt,
+        acknowledged=call.acknowledged,
+        created_at=timestamp(call.created_ns),
+        updated_at=timestamp(call.updated_ns),
+    )
+    if call.lease is not None:
+        msg.lease_expires_at.CopyFrom(timestamp(call.lease.expires_wall_ns))
+    if call.result is not None:
+        r = call.result
+        msg.result.CopyFrom(
+            pb.ToolResult(
+                outcome=OUTCOME_TO_PB[r.outcome],
+                payload=payload_pb(r.payload),
+                error_code=r.error_code,
+                error_message=r.error_message,
+                digest=r.digest,
+            )
+        )
+    if history:
+        msg.history.extend(_transition_pb(t) for t in call.history)
+    return msg
+
+
+def prepare_response(answer: Answer) -> pb.PrepareToolResponse:
+    return pb.PrepareToolResponse(
+        decision=DECISION_TO_PB[answer.decision],
+        call=call_pb(answer.call),
+        idempotency_key=answer.idempotency_key,
+        attempt_held=answer.attempt_held,
+        retry_required=answer.retry_required,
+    )
+
+
+def checkpoint_pb(cp: StoredCheckpoint, *, value: bool = True) -> cpb.Checkpoint:
+    return cpb.Checkpoint(
+        key=cp.key,
+        value=cp.value if value else b"",
+        revision=cp.revision,
+        updated_at=timestamp(cp.updated_ns),
+    )

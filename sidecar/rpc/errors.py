@@ -1,0 +1,82 @@
+"""Domain errors to gRPC statuses, in one table.
+
+Every refusal is a status whose details carry `google.rpc.ErrorInfo` (domain
+`effectd`, the class's stable reason, metadata), and for bad input a
+`google.rpc.BadRequest` with every field violation.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from sidecar.errors import (
+    EffectdError,
+    InvalidArgument,
+    NotFound,
+    NotImplementedYet,
+    PreconditionFailed,
+    RevisionConflict,
+    ShuttingDown,
+    StorageFull,
+    StorageUnavailable,
+)
+
+DOMAIN = "effectd"
+
+# Most specific class first; a subclass not listed takes its base's code.
+CODES: dict[type[EffectdError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    RevisionConflict: grpc.StatusCode.ABORTED,
+    PreconditionFailed: grpc.StatusCode.FAILED_PRECONDITION,
+    StorageFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    NotImplementedYet: grpc.StatusCode.UNIMPLEMENTED,
+}
+
+
+def code_of(error: EffectdError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in CODES:
+            return CODES[cls]
+    raise LookupError(f"{type(error).__name__} has no gRPC code")
+
+
+def _pack(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def to_status(error: EffectdError) -> grpc.Status:
+    """The rich gRPC status for a domain error."""
+    code = code_of(error)
+    details = [
+        _pack(
+            error_details_pb2.ErrorInfo(
+                reason=error.reason, domain=DOMAIN, metadata=error.metadata
+            )
+        )
+    ]
+    if isinstance(error, InvalidArgument):
+        violations = [
+            error_details_pb2.BadRequest.FieldViolation(
+                field=v.field, description=v.description
+            )
+            for v in error.violations
+        ]
+        details.append(_pack(error_details_pb2.BadRequest(field_violations=violations)))
+    status = status_pb2.Status(
+        code=code.value[0], message=error.message, details=details
+    )
+    return rpc_status.to_status(status)
+
+
+def internal_status(message: str) -> grpc.Status:
+    status = status_pb2.Status(code=code_pb2.INTERNAL, message=message)
+    return rpc_status.to_status(status)

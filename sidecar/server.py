@@ -1,0 +1,151 @@
+"""Wiring and lifecycle of the daemon.
+
+Start: lock the socket, open the store (which locks the data directory),
+settle calls left STARTED by an earlier incarnation, bind, then report
+SERVING. Stop: health NOT_SERVING, stop accepting, let in-flight calls finish
+within the grace period, then close the store and remove the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+import grpc
+from effectd.v1 import checkpoints_pb2, ledger_pb2
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sidecar.clock import Clock, SystemClock
+from sidecar.config import ServeConfig, loopback_host
+from sidecar.ledger.checkpoints import CheckpointService
+from sidecar.ledger.service import LedgerService
+from sidecar.locking import ExclusiveLock
+from sidecar.rpc.checkpoints import Checkpoints
+from sidecar.rpc.handlers import generic_handler
+from sidecar.rpc.ledger import ToolLedger
+from sidecar.storage.api import Store
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+
+log = logging.getLogger(__name__)
+
+SERVICES = (
+    ledger_pb2.DESCRIPTOR.services_by_name["ToolLedger"],
+    checkpoints_pb2.DESCRIPTOR.services_by_name["Checkpoints"],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where a started daemon listens: gRPC targets for clients."""
+
+    unix: str
+    tcp: str | None
+
+
+class Daemon:
+    def __init__(self, config: ServeConfig, clock: Clock | None = None) -> None:
+        config.validate()
+        self.config = config
+        self._clock = clock or SystemClock()
+        self._server: grpc.aio.Server | None = None
+        self._health: health_aio.HealthServicer | None = None
+        self._store: Store | None = None
+        self._socket_lock: ExclusiveLock | None = None
+        self.endpoints: Endpoints | None = None
+
+    def open_store(self) -> Store:
+        options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
+        return LmdbStore(self.config.data_dir, options)
+
+    async def start(self) -> Endpoints:
+        cfg = self.config
+        sock = cfg.socket_path
+        sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._socket_lock = ExclusiveLock(
+            sock.with_name(sock.name + ".lock"), f"socket {sock}"
+        )
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop(grace=0)
+            raise
+
+    async def _start(self) -> Endpoints:
+        cfg = self.config
+        store = self._store = self.open_store()
+        ledger = LedgerService(store, self._clock, cfg.limits)
+        settled = await ledger.settle_earlier_incarnations()
+        if settled:
+            log.warning("%d calls started before the restart are now UNKNOWN", settled)
+
+        server = self._server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ]
+        )
+        server.add_generic_rpc_handlers(
+            (
+                generic_handler(SERVICES[0], ToolLedger(ledger)),
+                generic_handler(
+                    SERVICES[1],
+                    Checkpoints(CheckpointService(store, self._clock), cfg.limits),
+                ),
+            )
+        )
+        self._health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = [s.full_name for s in SERVICES]
+        if cfg.reflection:
+            reflection.enable_server_reflection(
+                [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+            )
+
+        sock = cfg.socket_path
+        # We hold the socket lock: a file still there is left from a crash.
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        server.add_insecure_port(f"unix:{sock}")
+        tcp = None
+        if cfg.listen is not None:
+            host, _ = loopback_host(cfg.listen)
+            port = server.add_insecure_port(cfg.listen)
+            tcp = f"{host}:{port}"
+        await server.start()
+        os.chmod(sock, 0o600)
+        for name in ("", *names):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.endpoints = Endpoints(f"unix:{sock}", tcp)
+        log.info(
+            "effectd serving on %s%s (incarnation %d)",
+            self.endpoints.unix,
+            f" and {tcp}" if tcp else "",
+            store.incarnation,
+        )
+        return self.endpoints
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful stop; safe to call more than once."""
+        grace = self.config.grace_seconds if grace is None else grace
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+            with contextlib.suppress(FileNotFoundError):
+                self.config.socket_path.unlink()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._socket_lock is not None:
+            self._socket_lock.release()
+            self._socket_lock = None

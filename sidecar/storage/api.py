@@ -1,0 +1,62 @@
+"""The storage interface the ledger and checkpoints are written against.
+
+A write is a function of a `WriteView`, submitted to the store; the store
+runs it inside a write transaction and resolves the returned future only
+after that transaction is durably committed. If the function raises, none of
+its writes are applied and the future carries the exception. Writes of other
+functions in the same group commit are unaffected.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Table(enum.Enum):
+    """The tables of the store; each maps bytes keys to bytes values."""
+
+    META = "meta"
+    CALLS = "calls"
+    # (state, record key) -> b"": records by state, for sweeps and listings.
+    CALL_STATES = "call_states"
+    CHECKPOINTS = "checkpoints"
+
+
+class ReadView(Protocol):
+    def get(self, table: Table, key: bytes) -> bytes | None: ...
+
+    def scan(
+        self, table: Table, prefix: bytes, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Items whose key starts with `prefix`, in key order, after `after`."""
+        ...
+
+
+class WriteView(ReadView, Protocol):
+    def put(self, table: Table, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, table: Table, key: bytes) -> None: ...
+
+
+class Store(Protocol):
+    @property
+    def incarnation(self) -> int:
+        """How many times a daemon opened this store, this one included."""
+        ...
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        """Runs `fn` on a consistent snapshot; never waits for writers."""
+        ...
+
+    def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        """Queues `fn` for the writer; the future resolves after the commit."""
+        ...
+
+    def close(self) -> None:
+        """Finishes queued writes, then closes; later submits fail."""
+        ...

@@ -1,0 +1,306 @@
+"""The LMDB store: one writer thread, group commit, durable by default.
+
+Every write function is queued to one writer thread, which owns all write
+transactions (LMDB write transactions are bound to their thread). The writer
+drains what is queued into one transaction, commits it once (one fsync for
+many requests), and only then resolves the futures: no answer leaves before
+its data is durable. Reads use their own read-only transactions on the
+caller's thread and never wait for the writer (MVCC).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lmdb
+
+from sidecar.errors import ShuttingDown, StorageFull, StorageUnavailable
+from sidecar.locking import ExclusiveLock
+from sidecar.storage.api import ReadView, Table, WriteView
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = b"1"
+_FORMAT_KEY = b"format_version"
+_INCARNATION_KEY = b"incarnation"
+
+
+class StoreFormatError(RuntimeError):
+    """The data directory holds a store of another format version."""
+
+
+@dataclass(frozen=True, slots=True)
+class LmdbOptions:
+    """How the environment is opened. The defaults are the durable ones."""
+
+    # Virtual address space, not disk: the file grows as data is written.
+    map_size: int = 8 << 30
+    # fsync data and meta pages on every commit (survives power loss).
+    sync: bool = True
+    max_readers: int = 1024
+    max_batch: int = 256
+
+
+@dataclass(slots=True)
+class WriterStats:
+    """What the writer has done; read by tests and metrics."""
+
+    transactions: int = 0
+    writes: int = 0
+    largest_batch: int = 0
+
+
+class _TxnView:
+    """A `ReadView` over one LMDB transaction."""
+
+    def __init__(self, txn: lmdb.Transaction, dbs: dict[Table, Any]) -> None:
+        self._txn = txn
+        self._dbs = dbs
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        value = self._txn.get(key, db=self._dbs[table])
+        return None if value is None else bytes(value)
+
+    def scan(
+        self, table: Table, prefix: bytes, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        with self._txn.cursor(db=self._dbs[table]) as cursor:
+            start = prefix if after is None or after < prefix else after
+            if not cursor.set_range(start):
+                return
+            for raw_key, value in cursor:
+                key = bytes(raw_key)
+                if not key.startswith(prefix):
+                    return
+                if after is not None and key <= after:
+                    continue
+                yield key, bytes(value)
+
+
+class _BufferedView:
+    """A `WriteView` whose writes stay in memory until `flush`, so a write
+    function that raises leaves nothing behind."""
+
+    def __init__(
+        self, base: _TxnView, txn: lmdb.Transaction, dbs: dict[Table, Any]
+    ) -> None:
+        self._base = base
+        self._txn = txn
+        self._dbs = dbs
+        self._pending: dict[tuple[Table, bytes], bytes | None] = {}
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        if (table, key) in self._pending:
+            return self._pending[(table, key)]
+        return self._base.get(table, key)
+
+    def scan(
+        self, table: Table, prefix: bytes, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        mine = sorted(
+            (k, v)
+            for (t, k), v in self._pending.items()
+            if t is table and k.startswith(prefix) and (after is None or k > after)
+        )
+        shadowed = {k for k, _ in mine}
+        stored: Iterator[tuple[bytes, bytes | None]] = (
+            (k, v)
+            for k, v in self._base.scan(table, prefix, after=after)
+            if k not in shadowed
+        )
+        for key, value in heapq.merge(mine, stored, key=lambda kv: kv[0]):
+            if value is not None:
+                yield key, value
+
+    def put(self, table: Table, key: bytes, value: bytes) -> None:
+        self._pending[(table, key)] = value
+
+    def delete(self, table: Table, key: bytes) -> None:
+        self._pending[(table, key)] = None
+
+    def flush(self) -> int:
+        for (table, key), value in self._pending.items():
+            if value is None:
+                self._txn.delete(key, db=self._dbs[table])
+            else:
+                self._txn.put(key, value, db=self._dbs[table])
+        return len(self._pending)
+
+
+_Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
+_STOP = object()
+
+
+class LmdbStore:
+    """`api.Store` on an LMDB environment in `path` (created 0700, files 0600)."""
+
+    def __init__(self, path: Path, options: LmdbOptions | None = None) -> None:
+        self.options = options or LmdbOptions()
+        self.path = path
+        self.stats = WriterStats()
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)
+        self._lock = ExclusiveLock(path / "effectd.lock", f"data directory {path}")
+        try:
+            self._env = self._open(path)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
+        self._closing = threading.Lock()
+        self._closed = False
+        self._writer = threading.Thread(
+            target=self._run, name="effectd-writer", daemon=True
+        )
+        self._writer.start()
+        try:
+            self._incarnation = self.submit(_open_incarnation).result()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, path: Path) -> lmdb.Environment:
+        o = self.options
+        env = lmdb.open(
+            str(path),
+            map_size=o.map_size,
+            subdir=True,
+            max_dbs=len(Table),
+            max_readers=o.max_readers,
+            sync=o.sync,
+            metasync=o.sync,
+            writemap=False,
+            map_async=False,
+            lock=True,
+            mode=0o600,
+            max_spare_txns=0,
+        )
+        stale = env.reader_check()
+        if stale:
+            log.warning("cleared %d stale LMDB reader slots", stale)
+        for name in ("data.mdb", "lock.mdb"):
+            os.chmod(path / name, 0o600)
+        self._dbs = {t: env.open_db(t.value.encode()) for t in Table}
+        return env
+
+    @property
+    def incarnation(self) -> int:
+        return self._incarnation
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        if self._closed:
+            raise ShuttingDown("the store is closed")
+        with self._env.begin(write=False) as txn:
+            return fn(_TxnView(txn, self._dbs))
+
+    def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        future: Future[T] = Future()
+        with self._closing:
+            if self._closed:
+                future.set_exception(ShuttingDown("the store is closed"))
+            else:
+                self._queue.put((fn, future))
+        return future
+
+    def close(self) -> None:
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        self._writer.join()
+        self._env.close()
+        self._lock.release()
+
+    def disk_usage(self) -> tuple[int, int]:
+        """(bytes in use, map size)."""
+        info, stat = self._env.info(), self._env.stat()
+        return (info["last_pgno"] + 1) * stat["psize"], info["map_size"]
+
+    # -- the writer thread -------------------------------------------------
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch: list[_Item] = [first]  # type: ignore[list-item]
+            while len(batch) < self.options.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stopping = True
+                    break
+                batch.append(item)  # type: ignore[arg-type]
+            live = [(fn, f) for fn, f in batch if f.set_running_or_notify_cancel()]
+            if live:
+                self._commit(live)
+
+    def _commit(self, batch: list[_Item]) -> None:
+        outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
+        writes = 0
+        try:
+            with self._env.begin(write=True) as txn:
+                base = _TxnView(txn, self._dbs)
+                for fn, future in batch:
+                    view = _BufferedView(base, txn, self._dbs)
+                    try:
+                        value = fn(view)
+                    except Exception as exc:  # the request is refused, others go on
+                        outcomes.append((future, None, exc))
+                        continue
+                    writes += view.flush()
+                    outcomes.append((future, value, None))
+        except lmdb.MapFullError:
+            if len(batch) > 1:
+                # Find the requests that do not fit; the others still commit.
+                for item in batch:
+                    self._commit([item])
+                return
+            batch[0][1].set_exception(
+                StorageFull(f"the storage map of {self.options.map_size} bytes is full")
+            )
+            return
+        except lmdb.Error as exc:
+            log.error("LMDB commit failed: %s", exc)
+            for _, future in batch:
+                future.set_exception(
+                    StorageUnavailable(f"storage commit failed: {exc}")
+                )
+            return
+        self.stats.transactions += 1
+        self.stats.writes += writes
+        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+        # Durable now: answer.
+        for future, value, error in outcomes:
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+
+def _open_incarnation(view: WriteView) -> int:
+    found = view.get(Table.META, _FORMAT_KEY)
+    if found is None:
+        view.put(Table.META, _FORMAT_KEY, FORMAT_VERSION)
+    elif found != FORMAT_VERSION:
+        raise StoreFormatError(
+            f"the data directory has store format {found.decode(errors='replace')}, "
+            f"this effectd reads format {FORMAT_VERSION.decode()}"
+        )
+    incarnation = int(view.get(Table.META, _INCARNATION_KEY) or b"0") + 1
+    view.put(Table.META, _INCARNATION_KEY, str(incarnation).encode())
+    return incarnation

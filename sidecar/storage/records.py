@@ -1,0 +1,238 @@
+"""How ledger records and checkpoints are laid out in the store's tables.
+
+Keys: `namespace NUL run_id NUL call_id`; identifiers never contain NUL or
+other control characters (see `ledger.validation`), so keys are unambiguous,
+and a namespace or run is a key prefix. Values: versioned JSON documents.
+Every load and save of a record goes through here, which keeps the by-state
+index in step with the records.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.ledger.model import (
+    CallRef,
+    Effect,
+    Event,
+    Lease,
+    Outcome,
+    Payload,
+    PayloadKind,
+    Result,
+    State,
+    ToolCall,
+    Transition,
+)
+from sidecar.storage.api import ReadView, Table, WriteView
+
+_SEP = b"\x00"
+RECORD_VERSION = 1
+_STATE_CODES = {s: bytes([i + 1]) for i, s in enumerate(State)}
+
+
+def namespace_prefix(namespace: str) -> bytes:
+    return namespace.encode() + _SEP
+
+
+def run_prefix(namespace: str, run_id: str) -> bytes:
+    return namespace_prefix(namespace) + run_id.encode() + _SEP
+
+
+def call_key(ref: CallRef) -> bytes:
+    return run_prefix(ref.namespace, ref.run_id) + ref.call_id.encode()
+
+
+def ref_of(key: bytes) -> CallRef:
+    namespace, run_id, call_id = key.split(_SEP, 2)
+    return CallRef(namespace.decode(), run_id.decode(), call_id.decode())
+
+
+def state_prefix(state: State, namespace: str | None = None) -> bytes:
+    return _STATE_CODES[state] + (
+        b"" if namespace is None else namespace_prefix(namespace)
+    )
+
+
+def load_call(view: ReadView, ref: CallRef) -> ToolCall | None:
+    raw = view.get(Table.CALLS, call_key(ref))
+    return None if raw is None else decode_call(raw)
+
+
+def save_call(view: WriteView, old: ToolCall | None, new: ToolCall) -> None:
+    """Stores `new` (which replaces `old`, as loaded) and its index entry."""
+    key = call_key(new.ref)
+    if old is not None and old.state is not new.state:
+        view.delete(Table.CALL_STATES, _STATE_CODES[old.state] + key)
+    if old is None or old.state is not new.state:
+        view.put(Table.CALL_STATES, _STATE_CODES[new.state] + key, b"")
+    view.put(Table.CALLS, key, encode_call(new))
+
+
+# -- the record document ---------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _payload_doc(p: Payload | None) -> dict[str, str] | None:
+    return None if p is None else {"kind": p.kind.value, "data": _b64(p.data)}
+
+
+def _payload(doc: dict[str, str] | None) -> Payload | None:
+    if doc is None:
+        return None
+    return Payload(PayloadKind(doc["kind"]), base64.b64decode(doc["data"]))
+
+
+def encode_call(c: ToolCall) -> bytes:
+    doc: dict[str, Any] = {
+        "v": RECORD_VERSION,
+        "ref": [c.ref.namespace, c.ref.run_id, c.ref.call_id],
+        "tool": c.tool_name,
+        "effect": c.effect.value,
+        "state": c.state.value,
+        "rev": c.revision,
+        "scheme": c.key_scheme,
+        "fp": c.input_fingerprint,
+        "approval": c.approval_required,
+        "attempt": c.attempt,
+        "created": c.created_ns,
+        "updated": c.updated_ns,
+        "ack": c.acknowledged,
+        "lease": None
+        if c.lease is None
+        else [c.lease.incarnation, c.lease.deadline_ns, c.lease.expires_wall_ns],
+        "result": None
+        if c.result is None
+        else {
+            "outcome": c.result.outcome.value,
+            "payload": _payload_doc(c.result.payload),
+            "code": c.result.error_code,
+            "message": c.result.error_message,
+            "digest": c.result.digest,
+        },
+        "history": [
+            [
+                None if t.from_state is None else t.from_state.value,
+                t.to_state.value,
+                t.event.value,
+                t.at_ns,
+                t.actor,
+                t.reason,
+                t.revision,
+                t.attempt,
+            ]
+            for t in c.history
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class RecordFormatError(ValueError):
+    """A stored record of a version this daemon cannot read."""
+
+
+def decode_call(raw: bytes) -> ToolCall:
+    doc = json.loads(raw)
+    if doc.get("v") != RECORD_VERSION:
+        raise RecordFormatError(f"record version {doc.get('v')!r}")
+    r = doc["result"]
+    lease = doc["lease"]
+    return ToolCall(
+        ref=CallRef(*doc["ref"]),
+        tool_name=doc["tool"],
+        effect=Effect(doc["effect"]),
+        state=State(doc["state"]),
+        revision=doc["rev"],
+        key_scheme=doc["scheme"],
+        input_fingerprint=doc["fp"],
+        approval_required=doc["approval"],
+        attempt=doc["attempt"],
+        created_ns=doc["created"],
+        updated_ns=doc["updated"],
+        acknowledged=doc["ack"],
+        lease=None if lease is None else Lease(*lease),
+        result=None
+        if r is None
+        else Result(
+            Outcome(r["outcome"]),
+            _payload(r["payload"]),
+            r["code"],
+            r["message"],
+            r["digest"],
+        ),
+        history=tuple(
+            Transition(
+                None if f is None else State(f),
+                State(t),
+                Event(e),
+                at,
+                actor,
+                reason,
+                rev,
+                att,
+            )
+            for f, t, e, at, actor, reason, rev, att in doc["history"]
+        ),
+    )
+
+
+# -- checkpoints -------------------------------------------------------------
+
+_REVISION_KEY = b"checkpoint_revision"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    key: str
+    value: bytes
+    revision: int
+    updated_ns: int
+
+
+def checkpoint_key(namespace: str, key: str) -> bytes:
+    return namespace_prefix(namespace) + key.encode()
+
+
+def load_checkpoint(
+    view: ReadView, namespace: str, key: str
+) -> StoredCheckpoint | None:
+    raw = view.get(Table.CHECKPOINTS, checkpoint_key(namespace, key))
+    return None if raw is None else _decode_checkpoint(key, raw)
+
+
+def _decode_checkpoint(key: str, raw: bytes) -> StoredCheckpoint:
+    return StoredCheckpoint(
+        key, raw[16:], int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big")
+    )
+
+
+def save_checkpoint(view: WriteView, namespace: str, cp: StoredCheckpoint) -> None:
+    raw = cp.revision.to_bytes(8, "big") + cp.updated_ns.to_bytes(8, "big") + cp.value
+    view.put(Table.CHECKPOINTS, checkpoint_key(namespace, cp.key), raw)
+
+
+def delete_checkpoint(view: WriteView, namespace: str, key: str) -> None:
+    view.delete(Table.CHECKPOINTS, checkpoint_key(namespace, key))
+
+
+def scan_checkpoints(
+    view: ReadView, namespace: str, prefix: str, after: str | None
+) -> Iterator[StoredCheckpoint]:
+    base = namespace_prefix(namespace)
+    start = None if after is None else base + after.encode()
+    for k, raw in view.scan(Table.CHECKPOINTS, base + prefix.encode(), after=start):
+        yield _decode_checkpoint(k[len(base) :].decode(), raw)
+
+
+def next_checkpoint_revision(view: WriteView) -> int:
+    """The store-wide checkpoint revision counter: never reused, so no ABA."""
+    revision = int(view.get(Table.META, _REVISION_KEY) or b"0") + 1
+    view.put(Table.META, _REVISION_KEY, str(revision).encode())
+    return revision
