@@ -81,8 +81,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _serve(config: ServeConfig) -> None:
-    daemon = Daemon(config)
+async def _serve(config: ServeConfig, daemon_class: type[Daemon]) -> None:
+    daemon = daemon_class(config)
     endpoints = await daemon.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,7 +99,9 @@ async def _serve(config: ServeConfig) -> None:
     await daemon.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, daemon_class: type[Daemon] = Daemon
+) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -116,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reflection=not args.no_reflection,
     )
     try:
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, daemon_class))
     except (ConfigError, AlreadyLocked, StoreFormatError) as exc:
         print(f"effectd: {exc}", file=sys.stderr)
         return 2

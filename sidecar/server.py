@@ -61,6 +61,9 @@ class Daemon:
         options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
         return LmdbStore(self.config.data_dir, options)
 
+    def make_ledger(self, store: Store) -> LedgerService:
+        return LedgerService(store, self._clock, self.config.limits)
+
     async def start(self) -> Endpoints:
         cfg = self.config
         sock = cfg.socket_path
@@ -77,7 +80,7 @@ class Daemon:
     async def _start(self) -> Endpoints:
         cfg = self.config
         store = self._store = self.open_store()
-        ledger = LedgerService(store, self._clock, cfg.limits)
+        ledger = self.make_ledger(store)
         settled = await ledger.settle_earlier_incarnations()
         if settled:
             log.warning("%d calls started before the restart are now UNKNOWN", settled)

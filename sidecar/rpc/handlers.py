@@ -63,6 +63,7 @@ def _guard(method: str, handler: Handler) -> Handler:
             log.exception("internal error in %s", method)
             status = internal_status("internal error; see the daemon log")
         await context.abort(status.code, status.details, status.trailing_metadata)
+        raise AssertionError("abort returns only by raising")  # pragma: no cover
 
     return guarded
 

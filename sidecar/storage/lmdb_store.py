@@ -250,28 +250,19 @@ class LmdbStore:
                 self._commit(live)
 
     def _commit(self, batch: list[_Item]) -> None:
-        outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
-        writes = 0
+        """Applies a batch in one transaction, commits, then answers."""
         try:
             with self._env.begin(write=True) as txn:
-                base = _TxnView(txn, self._dbs)
-                for fn, future in batch:
-                    view = _BufferedView(base, txn, self._dbs)
-                    try:
-                        value = fn(view)
-                    except Exception as exc:  # the request is refused, others go on
-                        outcomes.append((future, None, exc))
-                        continue
-                    writes += view.flush()
-                    outcomes.append((future, value, None))
+                outcomes = self._apply(txn, batch)
         except lmdb.MapFullError:
             if len(batch) > 1:
                 # Find the requests that do not fit; the others still commit.
                 for item in batch:
                     self._commit([item])
                 return
+            size = self.options.map_size
             batch[0][1].set_exception(
-                StorageFull(f"the storage map of {self.options.map_size} bytes is full")
+                StorageFull(f"the storage map of {size} bytes is full")
             )
             return
         except lmdb.Error as exc:
@@ -281,15 +272,37 @@ class LmdbStore:
                     StorageUnavailable(f"storage commit failed: {exc}")
                 )
             return
-        self.stats.transactions += 1
-        self.stats.writes += writes
-        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
         # Durable now: answer.
-        for future, value, error in outcomes:
-            if error is None:
-                future.set_result(value)
-            else:
-                future.set_exception(error)
+        _resolve(outcomes)
+
+    def _apply(self, txn: lmdb.Transaction, batch: list[_Item]) -> list[_Outcome]:
+        """Runs each write function on its own buffered view; a function
+        that raises leaves no writes behind and does not affect the others."""
+        outcomes: list[_Outcome] = []
+        base = _TxnView(txn, self._dbs)
+        for fn, future in batch:
+            view = _BufferedView(base, txn, self._dbs)
+            try:
+                value = fn(view)
+            except Exception as exc:  # the request is refused, others go on
+                outcomes.append((future, None, exc))
+                continue
+            self.stats.writes += view.flush()
+            outcomes.append((future, value, None))
+        self.stats.transactions += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+        return outcomes
+
+
+_Outcome = tuple["Future[Any]", Any, BaseException | None]
+
+
+def _resolve(outcomes: list[_Outcome]) -> None:
+    for future, value, error in outcomes:
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
 
 
 def _open_incarnation(view: WriteView) -> int:

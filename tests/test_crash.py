@@ -1,0 +1,107 @@
+"""Durability across kill -9 of the daemon process (ADR-010 D1, D3).
+
+A call acknowledged as committed is COMMITTED with its result after a
+restart; a call that was STARTED at the kill is UNKNOWN, and its side effect
+answers RECONCILE, never EXECUTE. The negative control is a daemon that
+answers before its commit: the same check must catch it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from effectd_client import Client, Decision, EffectdError, State
+from tests.support.processes import daemon_process
+
+RESULT = b"\x00receipt-42\xff"
+
+
+def _commit_one(client: Client, call_id: str) -> None:
+    started = client.prepare_tool(
+        "run-1", call_id, "charge_card", {"cents": 100}, start=True
+    )
+    assert started.attempt_held
+    client.commit_tool("run-1", call_id, started.call.attempt, RESULT)
+
+
+def durability_violations(client: Client, acknowledged: list[str]) -> list[str]:
+    """Acknowledged commits that are not COMMITTED with their exact result."""
+    found = []
+    for call_id in acknowledged:
+        try:
+            call = client.get_tool_call("run-1", call_id)
+        except EffectdError as exc:
+            found.append(f"{call_id}: {exc.reason}")
+            continue
+        if call.state is not State.COMMITTED or call.result is None:
+            found.append(f"{call_id}: {call.state.name}")
+        elif call.result.raw != RESULT:
+            found.append(f"{call_id}: result {call.result.raw!r}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_commits_survive_kill_9_and_started_calls_become_unknown(
+    short_tmp: Path,
+) -> None:
+    """After kill -9: committed stays committed, STARTED becomes UNKNOWN."""
+    data = short_tmp / "data"
+    with daemon_process(data) as d:
+        with Client(d.target) as c:
+            for i in range(20):
+                _commit_one(c, f"done-{i}")
+            running = c.prepare_tool(
+                "run-1", "in-flight", "send_email", {"to": "a"}, start=True
+            )
+            assert running.attempt_held
+        d.kill9()
+    with daemon_process(data) as d, Client(d.target) as c:
+        assert durability_violations(c, [f"done-{i}" for i in range(20)]) == []
+        call = c.get_tool_call("run-1", "in-flight")
+        assert call.state is State.UNKNOWN
+        assert call.history[-1] == "restart"
+        again = c.prepare_tool(
+            "run-1", "in-flight", "send_email", {"to": "a"}, start=True
+        )
+        assert again.decision is Decision.RECONCILE
+        assert not again.attempt_held
+        with pytest.raises(EffectdError) as refused:
+            c.start_tool("run-1", "in-flight", retry=True)
+        assert refused.value.reason == "RECONCILIATION_REQUIRED"
+        assert d.terminate() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_negative_control_ack_before_commit_is_caught(short_tmp: Path) -> None:
+    """A daemon that replies before committing loses an acknowledged call."""
+    data = short_tmp / "data"
+    with daemon_process(data, module="tests.support.ack_before_commit") as d:
+        with Client(d.target) as c:
+            _commit_one(c, "done-0")
+        d.kill9()
+    with daemon_process(data) as d, Client(d.target) as c:
+        assert durability_violations(c, ["done-0"]) != []
+
+
+@pytest.mark.timeout(60)
+def test_second_daemon_on_the_same_data_directory_fails_loudly(short_tmp: Path) -> None:
+    """A second daemon exits with an error instead of taking over the socket."""
+    data = short_tmp / "data"
+    with daemon_process(data) as first:
+        second = subprocess.run(
+            [sys.executable, "-m", "sidecar", "serve", "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert second.returncode == 2
+        assert "in use by another effectd" in second.stderr
+        with Client(first.target) as c:
+            assert c.prepare_tool("r", "c", "t", {}).decision is Decision.EXECUTE
