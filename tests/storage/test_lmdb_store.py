@@ -1,0 +1,202 @@
+"""The LMDB store: durable flags, private files, group commit, isolation of
+refused writes, reads that never wait, a clear answer when the map is full."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from sidecar.errors import NotFound, ShuttingDown, StorageFull
+from sidecar.locking import AlreadyLocked
+from sidecar.storage.api import Table, WriteView
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, StoreFormatError
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LmdbStore]:
+    s = LmdbStore(tmp_path / "data")
+    yield s
+    s.close()
+
+
+def _put(key: bytes, value: bytes) -> Callable[[WriteView], None]:
+    def fn(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, key, value)
+
+    return fn
+
+
+def test_default_flags_are_the_durable_ones(store: LmdbStore) -> None:
+    """fsync of data and meta on every commit; no writemap, no map_async."""
+    flags = store._env.flags()
+    assert flags["sync"]
+    assert flags["metasync"]
+    assert not flags["writemap"]
+    assert not flags["map_async"]
+
+
+def test_data_directory_is_private(tmp_path: Path) -> None:
+    """The directory is 0700 and the LMDB files 0600, whatever the umask."""
+    old = os.umask(0o022)
+    try:
+        s = LmdbStore(tmp_path / "data")
+    finally:
+        os.umask(old)
+    try:
+        assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700
+        for name in ("data.mdb", "lock.mdb", "effectd.lock"):
+            assert stat.S_IMODE((tmp_path / "data" / name).stat().st_mode) == 0o600
+    finally:
+        s.close()
+
+
+def test_queued_writes_commit_together(store: LmdbStore) -> None:
+    """Requests queued while the writer is busy share one transaction."""
+    release = threading.Event()
+
+    def blocker(view: WriteView) -> None:
+        release.wait(10)
+
+    before = store.stats.transactions
+    first = store.submit(blocker)
+    time.sleep(0.05)
+    queued = [store.submit(_put(b"k%d" % i, b"v")) for i in range(100)]
+    release.set()
+    first.result(10)
+    for f in queued:
+        f.result(10)
+    assert store.stats.transactions - before == 2
+    assert store.stats.largest_batch == 100
+
+
+def test_a_refused_write_leaves_nothing_and_spares_its_batch(store: LmdbStore) -> None:
+    """A write function that raises has no effect; the others in its batch commit."""
+    release = threading.Event()
+
+    def refused(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, b"bad", b"x")
+        raise NotFound("refused")
+
+    gate = store.submit(lambda view: release.wait(10))
+    time.sleep(0.05)
+    ok1 = store.submit(_put(b"a", b"1"))
+    bad = store.submit(refused)
+    ok2 = store.submit(_put(b"b", b"2"))
+    release.set()
+    gate.result(10)
+    ok1.result(10)
+    ok2.result(10)
+    with pytest.raises(NotFound):
+        bad.result(10)
+    values = store.read(
+        lambda v: [v.get(Table.CHECKPOINTS, k) for k in (b"a", b"bad", b"b")]
+    )
+    assert values == [b"1", None, b"2"]
+
+
+def test_reads_never_wait_for_the_writer(store: LmdbStore) -> None:
+    """A read answers from the last commit while a write transaction is open."""
+    store.submit(_put(b"k", b"old")).result(10)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def slow(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, b"k", b"new")
+        inside.set()
+        release.wait(10)
+
+    pending = store.submit(slow)
+    assert inside.wait(10)
+    # The writer is released only after this read returns: a read that
+    # waited for the writer would never return.
+    assert store.read(lambda v: v.get(Table.CHECKPOINTS, b"k")) == b"old"
+    release.set()
+    pending.result(10)
+    assert store.read(lambda v: v.get(Table.CHECKPOINTS, b"k")) == b"new"
+
+
+def test_a_write_function_sees_its_own_writes_in_scans(store: LmdbStore) -> None:
+    """Buffered puts and deletes are visible to the same function's scans."""
+    store.submit(_put(b"p1", b"a")).result(10)
+    store.submit(_put(b"p3", b"c")).result(10)
+
+    def fn(view: WriteView) -> list[tuple[bytes, bytes]]:
+        view.put(Table.CHECKPOINTS, b"p2", b"b")
+        view.delete(Table.CHECKPOINTS, b"p3")
+        view.put(Table.CHECKPOINTS, b"p4", b"d")
+        return list(view.scan(Table.CHECKPOINTS, b"p"))
+
+    assert store.submit(fn).result(10) == [(b"p1", b"a"), (b"p2", b"b"), (b"p4", b"d")]
+
+
+def test_scan_after_and_prefix(store: LmdbStore) -> None:
+    """Scans stay inside their prefix and resume strictly after `after`."""
+    for k in (b"a\x00x", b"a\x00y", b"a\x00z", b"b\x00x"):
+        store.submit(_put(k, b"")).result(10)
+    keys = store.read(
+        lambda v: [k for k, _ in v.scan(Table.CHECKPOINTS, b"a\x00", after=b"a\x00x")]
+    )
+    assert keys == [b"a\x00y", b"a\x00z"]
+
+
+def test_full_map_answers_storage_full_and_keeps_reading(tmp_path: Path) -> None:
+    """When the map is full the write is refused with StorageFull; reads go on."""
+    s = LmdbStore(tmp_path / "data", LmdbOptions(map_size=1 << 20))
+    try:
+        s.submit(_put(b"first", b"x")).result(10)
+        futures = [
+            s.submit(_put(b"big%d" % i, os.urandom(64 << 10))) for i in range(100)
+        ]
+        errors = [f.exception(10) for f in futures]
+        assert any(isinstance(e, StorageFull) for e in errors)
+        assert all(e is None or isinstance(e, StorageFull) for e in errors)
+        assert s.read(lambda v: v.get(Table.CHECKPOINTS, b"first")) == b"x"
+    finally:
+        s.close()
+
+
+def test_incarnation_counts_opens(tmp_path: Path) -> None:
+    """Every open of the store is a new, persisted incarnation."""
+    for expected in (1, 2, 3):
+        s = LmdbStore(tmp_path / "data")
+        assert s.incarnation == expected
+        s.close()
+
+
+def test_other_format_version_is_refused(tmp_path: Path) -> None:
+    """A data directory of another format is not opened."""
+    LmdbStore(tmp_path / "data").close()
+    env = lmdb.open(str(tmp_path / "data"), max_dbs=8)
+    with env.begin(write=True, db=env.open_db(b"meta")) as txn:
+        txn.put(b"format_version", b"99")
+    env.close()
+    with pytest.raises(StoreFormatError, match="format 99"):
+        LmdbStore(tmp_path / "data")
+    # The failed open released its lock: the next attempt fails the same way.
+    with pytest.raises(StoreFormatError):
+        LmdbStore(tmp_path / "data")
+
+
+def test_second_store_on_one_directory_is_refused(store: LmdbStore) -> None:
+    """Only one process or store may own a data directory."""
+    with pytest.raises(AlreadyLocked, match="in use by another effectd"):
+        LmdbStore(store.path)
+
+
+def test_closed_store_refuses_writes(tmp_path: Path) -> None:
+    """After close, submits fail with ShuttingDown instead of hanging."""
+    s = LmdbStore(tmp_path / "data")
+    s.close()
+    future: Future[None] = s.submit(lambda view: None)
+    with pytest.raises(ShuttingDown):
+        future.result(1)
+    with pytest.raises(ShuttingDown):
+        s.read(lambda view: None)

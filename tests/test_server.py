@@ -1,0 +1,130 @@
+"""The daemon's lifecycle: health, reflection, private socket, loopback-only
+TCP, graceful shutdown that lets in-flight calls finish."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from effectd_client import Client, Decision, EffectdError
+from sidecar.config import ConfigError, ServeConfig
+from sidecar.server import Daemon
+from sidecar.storage.api import Store
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.testing import RunningDaemon, running_daemon
+
+
+def _health(target: str, service: str = "") -> int:
+    with grpc.insecure_channel(target) as ch:
+        reply = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
+    status: int = reply.status
+    return status
+
+
+@pytest.mark.parametrize(
+    "service", ["", "effectd.v1.ToolLedger", "effectd.v1.Checkpoints"]
+)
+def test_health_is_serving(daemon: RunningDaemon, service: str) -> None:
+    """Standard gRPC health answers SERVING for the server and each service."""
+    assert _health(daemon.target, service) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_the_services(daemon: RunningDaemon) -> None:
+    """Reflection lets grpcurl and friends work without the .proto files."""
+    with grpc.insecure_channel(daemon.target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        reply = next(iter(stub.ServerReflectionInfo(iter([request]), timeout=5)))
+    names = {s.name for s in reply.list_services_response.service}
+    assert {"effectd.v1.ToolLedger", "effectd.v1.Checkpoints"} <= names
+
+
+def test_socket_is_private(daemon: RunningDaemon, config: ServeConfig) -> None:
+    """The Unix socket is 0600 in a 0700 directory."""
+    assert stat.S_IMODE(config.socket_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(config.data_dir.stat().st_mode) == 0o700
+
+
+def test_tcp_listener_on_loopback(short_tmp: Path) -> None:
+    """--listen 127.0.0.1:0 serves the same API on a free loopback port."""
+    cfg = ServeConfig(data_dir=short_tmp / "data", listen="127.0.0.1:0")
+    with running_daemon(cfg) as d:
+        assert d.endpoints.tcp is not None
+        with Client(d.endpoints.tcp) as c:
+            assert c.prepare_tool("r", "c", "t", {}).decision is Decision.EXECUTE
+
+
+def test_tcp_port_is_not_shared(short_tmp: Path) -> None:
+    """A second daemon on a taken port fails (no silent SO_REUSEPORT sharing)."""
+    first = ServeConfig(data_dir=short_tmp / "a", listen="127.0.0.1:0")
+    with running_daemon(first) as d:
+        assert d.endpoints.tcp is not None
+        port = d.endpoints.tcp.rsplit(":", 1)[1]
+        second = ServeConfig(data_dir=short_tmp / "b", listen=f"127.0.0.1:{port}")
+        with pytest.raises(RuntimeError), running_daemon(second):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [
+        ("0.0.0.0:50051", "not a loopback"),
+        ("10.0.0.1:50051", "not a loopback"),
+        ("example.com:1", "not a loopback"),
+        ("127.0.0.1", "HOST:PORT"),
+        ("127.0.0.1:99999", "HOST:PORT"),
+    ],
+)
+def test_listen_must_be_loopback(short_tmp: Path, listen: str, message: str) -> None:
+    """Without authentication, TCP is served on loopback only."""
+    with pytest.raises(ConfigError, match=message):
+        ServeConfig(data_dir=short_tmp, listen=listen).validate()
+
+
+def test_socket_path_length_is_checked(short_tmp: Path) -> None:
+    """A socket path longer than the kernel allows fails with a clear message."""
+    with pytest.raises(ConfigError, match="longer than 107"):
+        ServeConfig(data_dir=short_tmp / ("d" * 120)).validate()
+
+
+class _SlowStore(LmdbStore):
+    def _commit(self, batch: list[_Item]) -> None:
+        time.sleep(0.5)
+        super()._commit(batch)
+
+
+class _SlowDaemon(Daemon):
+    def open_store(self) -> Store:
+        return _SlowStore(self.config.data_dir, LmdbOptions())
+
+
+def test_graceful_stop_finishes_in_flight_calls(short_tmp: Path) -> None:
+    """On stop, health turns NOT_SERVING and a call in flight still completes."""
+    cfg = ServeConfig(data_dir=short_tmp / "data", grace_seconds=10)
+    daemon = _SlowDaemon(cfg)
+    with running_daemon(cfg, daemon=daemon) as d, Client(d.target) as c:
+        answer: Future[Decision] = Future()
+
+        def call() -> None:
+            answer.set_result(c.prepare_tool("r", "in-flight", "t", {}).decision)
+
+        threading.Thread(target=call).start()
+        time.sleep(0.2)  # the prepare is now waiting on the slow commit
+        stopping = asyncio.run_coroutine_threadsafe(daemon.stop(), d.loop)
+        assert answer.result(10) is Decision.EXECUTE
+        stopping.result(10)
+        with pytest.raises(EffectdError) as refused:
+            c.prepare_tool("r", "late", "t", {})
+        assert refused.value.code is grpc.StatusCode.UNAVAILABLE
+    assert not cfg.socket_path.exists()
