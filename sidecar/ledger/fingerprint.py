@@ -40,7 +40,9 @@ def canonical_json(text: bytes) -> bytes:
     """
     try:
         value = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant
+            text.decode("utf-8"),
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
         )
         return rfc8785.dumps(value)
     except NotCanonicalizable:

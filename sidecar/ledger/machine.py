@@ -47,7 +47,8 @@ def target(state: State, event: Event, effect: Effect) -> State:
             unknown (ADR-010 D3, D6): only reconciliation leaves that state.
         InvalidTransition: any other pair that the table does not list.
     """
-    if event is Event.RETRY and effect is Effect.SIDE_EFFECT:
+    unresolved = state in (State.STARTED, State.UNKNOWN)
+    if event is Event.RETRY and effect is Effect.SIDE_EFFECT and unresolved:
         raise ReconciliationRequired(
             "a side effect whose outcome is unknown is never retried; reconcile it",
             {"state": state.name},

@@ -14,6 +14,7 @@ from google.protobuf import timestamp_pb2
 from sidecar.ledger import fingerprint
 from sidecar.ledger.checkpoints import Expect, Op
 from sidecar.ledger.model import (
+    APPROVAL_REJECTED,
     CallRef,
     Decision,
     Effect,
@@ -158,6 +159,10 @@ def result(
     data = payload(v, msg.payload, limits, _join(field, "payload"), required=False)
     v.text(_join(field, "error_code"), msg.error_code, limits.max_id_bytes)
     v.text(_join(field, "error_message"), msg.error_message, limits.max_text_bytes)
+    if msg.error_code == APPROVAL_REJECTED:
+        v.add(
+            _join(field, "error_code"), f"{APPROVAL_REJECTED} is reserved for approvers"
+        )
     if msg.digest:
         v.add(_join(field, "digest"), "is output only")
     if v.items:

@@ -1,0 +1,223 @@
+"""Input fingerprints and result digests (DESIGN §3, §4).
+
+One logical JSON input has one fingerprint whatever its key order, spacing or
+number spelling (RFC 8785); opaque bytes are hashed as sent; JSON without a
+single canonical form is refused rather than hashed loosely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from sidecar.ledger.fingerprint import (
+    NotCanonicalizable,
+    canonical_json,
+    fingerprint,
+    result_digest,
+)
+from sidecar.ledger.model import Outcome, Payload, PayloadKind
+
+
+def _json(text: bytes) -> str:
+    return fingerprint(Payload(PayloadKind.JSON, text))
+
+
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # DESIGN §3: a retry with reordered keys has one fingerprint.
+        (b'{"a": 1, "b": 2}', b'{"b": 2, "a": 1}'),
+        (b'{"x": {"b": [1, 2], "a": null}}', b'{"x": {"a": null, "b": [1, 2]}}'),
+        # DESIGN §3: whitespace between tokens is not part of the input.
+        (b'{"a":1}', b' {\n\t"a" : 1\r\n} '),
+        (b"[1,2,3]", b"[ 1 , 2 , 3 ]"),
+        # RFC 8785 §3.2.2.3: numbers are serialized as ECMAScript does.
+        (b"1", b"1.0"),
+        (b"1", b"1e0"),
+        (b"0", b"-0.0"),
+        (b"1e30", b"1E+30"),
+        (b"1e30", b"1000000000000000000000000000000.0"),
+        (b"0.000001", b"1e-6"),
+        # RFC 8785 §3.2.2.2: strings in their shortest escaping.
+        (b'"\\u00e9"', '"é"'.encode()),
+        (b'"\\/"', b'"/"'),
+        (b'{"\\u0062": 1, "a": 2}', b'{"a": 2, "b": 1}'),
+    ],
+)
+def test_one_logical_json_input_has_one_fingerprint(a: bytes, b: bytes) -> None:
+    """Two spellings of the same JSON value have the same fingerprint."""
+    assert _json(a) == _json(b)
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        (b'{"b": [1, {"d": 1, "c": 2}], "a": "x"}', b'{"a":"x","b":[1,{"c":2,"d":1}]}'),
+        (b"1.0", b"1"),  # RFC 8785 §3.2.2.3
+        (b"1e30", b"1e+30"),  # RFC 8785 §3.2.2.3 exponent form
+        (b"1e21", b"1e+21"),
+        (b"1e20", b"100000000000000000000"),
+        (b"1e-7", b"1e-7"),
+        (b"0.1", b"0.1"),
+        (str(2**53 - 1).encode(), str(2**53 - 1).encode()),  # largest exact integer
+        (b'"\\u001f"', b'"\\u001f"'),  # RFC 8785 §3.2.2.2 control characters
+    ],
+)
+def test_canonical_json_is_the_rfc_8785_form(text: bytes, canonical: bytes) -> None:
+    """`canonical_json` gives the RFC 8785 serialization."""
+    assert canonical_json(text) == canonical
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (b'{"a": 1}', b'{"a": 2}'),  # DESIGN §3: another input, another fingerprint
+        (b'{"a": 1}', b'{"A": 1}'),
+        (b'{"a": 1}', b'{"a": "1"}'),
+        (b"[1, 2]", b"[2, 1]"),  # array order is meaningful
+        (b"null", b"false"),
+        (b'{"a": null}', b"{}"),
+        (b'"a"', b'"a "'),
+        (b"1", b"1.000000000000001"),
+    ],
+)
+def test_different_json_values_have_different_fingerprints(a: bytes, b: bytes) -> None:
+    """Two different JSON values never share a fingerprint."""
+    assert _json(a) != _json(b)
+
+
+@pytest.mark.parametrize(
+    "data", [b'{"b": 1, "a": 2}', b'{"a":2,"b":1}', b"\x00\xff not json", b""]
+)
+def test_raw_bytes_are_hashed_as_sent(data: bytes) -> None:
+    """An opaque payload's fingerprint is the SHA-256 of its exact bytes."""
+    # DESIGN §3 "opaque bytes are hashed as sent".
+    assert fingerprint(Payload(PayloadKind.RAW, data)) == _sha(data)
+
+
+def test_raw_bytes_are_not_canonicalized() -> None:
+    """Reordered JSON sent as raw bytes is another input."""
+    # DESIGN §3: only JSON input is canonicalized.
+    a = fingerprint(Payload(PayloadKind.RAW, b'{"a":1,"b":2}'))
+    b = fingerprint(Payload(PayloadKind.RAW, b'{"b":2,"a":1}'))
+    assert a != b
+
+
+def test_a_json_fingerprint_is_the_hash_of_the_canonical_form() -> None:
+    """A JSON fingerprint is `sha256:` + the hex SHA-256 of its RFC 8785 form."""
+    # DESIGN §3 "SHA-256 of the input ... canonicalized first (RFC 8785)".
+    assert _json(b'{ "b": 1.0, "a": [] }') == _sha(b'{"a":[],"b":1}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Python's json module accepts these; JSON (RFC 8259) does not.
+        b"NaN",
+        b"Infinity",
+        b"-Infinity",
+        b'{"a": NaN}',
+        b"[1, Infinity]",
+        # Beyond an IEEE double: no single value to canonicalize.
+        b"1e400",
+        b"-1e400",
+        # RFC 8785 §3.2.3: an object's keys must be unique.
+        b'{"a": 1, "a": 1}',
+        b'{"a": 1, "a": 2}',
+        b'{"x": {"a": 1, "\\u0061": 2}}',
+        b'[{"k": 1}, {"k": 1, "k": 1}]',
+        # I-JSON / RFC 8785 §3.2.2.3: integers beyond 2**53 lose precision.
+        str(2**53 + 1).encode(),
+        str(-(2**53 + 1)).encode(),
+        str(10**30).encode(),
+        b'{"id": 12345678901234567890}',
+        # Not JSON at all.
+        b"",
+        b"{",
+        b'{"a": 1} x',
+        b"{'a': 1}",
+        b"[1, 2,]",
+        b"\xff\xfe\xfd",
+        # A lone surrogate has no UTF-8 form (RFC 8785 §3.2.2.2).
+        b'"\\ud800"',
+        # Deeper than the parser can go.
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ids=lambda t: t[:24].decode("latin-1"),
+)
+def test_json_without_one_canonical_form_is_refused(text: bytes) -> None:
+    """JSON that RFC 8785 cannot represent exactly raises NotCanonicalizable."""
+    # DESIGN §3 canonicalization; fingerprint.py: refused rather than hashed loosely.
+    with pytest.raises(NotCanonicalizable):
+        canonical_json(text)
+    with pytest.raises(NotCanonicalizable):
+        _json(text)
+
+
+def test_not_canonicalizable_is_a_value_error() -> None:
+    """NotCanonicalizable is a ValueError, so callers can treat it as bad input."""
+    assert issubclass(NotCanonicalizable, ValueError)
+
+
+JSON_BODY = Payload(PayloadKind.JSON, b'{"id": 1}')
+RAW_BODY = Payload(PayloadKind.RAW, b'{"id": 1}')
+BASE = (Outcome.OK, JSON_BODY, "", "")
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        # DESIGN §4: a commit with a different result digest is refused, so the
+        # digest covers everything a result says.
+        pytest.param((Outcome.ERROR, JSON_BODY, "", ""), id="outcome"),
+        pytest.param((Outcome.OK, JSON_BODY, "E", ""), id="code"),
+        pytest.param((Outcome.OK, JSON_BODY, "", "m"), id="message"),
+        pytest.param((Outcome.OK, RAW_BODY, "", ""), id="payload-kind"),
+        pytest.param(
+            (Outcome.OK, Payload(PayloadKind.JSON, b'{"id": 2}'), "", ""), id="payload"
+        ),
+        pytest.param((Outcome.OK, None, "", ""), id="no-payload"),
+        pytest.param(
+            (Outcome.OK, Payload(PayloadKind.RAW, b""), "", ""), id="empty-raw"
+        ),
+    ],
+)
+def test_result_digest_differs_when_any_part_of_the_result_differs(
+    other: tuple[Outcome, Payload | None, str, str],
+) -> None:
+    """Changing the outcome, code, message, payload or its kind changes the digest."""
+    assert result_digest(*other) != result_digest(*BASE)
+
+
+def test_result_digest_does_not_confuse_code_and_message() -> None:
+    """The parts are length-delimited: moving text from code to message is another
+    digest."""
+    # DESIGN §4: different results must not share a digest.
+    assert result_digest(Outcome.ERROR, None, "ab", "") != result_digest(
+        Outcome.ERROR, None, "a", "b"
+    )
+    assert result_digest(Outcome.ERROR, None, "", "x") != result_digest(
+        Outcome.ERROR, None, "x", ""
+    )
+
+
+def test_result_digest_of_json_payloads_is_canonical() -> None:
+    """The same JSON result spelled differently has one digest, so a retried
+    commit of the same result is a no-op."""
+    # DESIGN §4 "a repeat with the same result digest is a no-op"; §3 RFC 8785.
+    a = Payload(PayloadKind.JSON, b'{"a": 1, "b": 2.0}')
+    b = Payload(PayloadKind.JSON, b'{"b":2,"a":1}')
+    assert result_digest(Outcome.OK, a, "", "") == result_digest(Outcome.OK, b, "", "")
+    assert result_digest(Outcome.OK, a, "", "").startswith("sha256:")
+
+
+def test_result_digest_refuses_non_canonical_json() -> None:
+    """A JSON result without one canonical form cannot be digested."""
+    with pytest.raises(NotCanonicalizable):
+        result_digest(Outcome.OK, Payload(PayloadKind.JSON, b"NaN"), "", "")

@@ -1,0 +1,246 @@
+"""The tool-call state machine against DESIGN §4, written out independently.
+
+The expected table below is transcribed from DESIGN §4, not derived from
+`machine.TRANSITIONS`; the parametrization runs over the full product of
+`State`, `Event` and `Effect`, so a new enum member gets rows (and a failure
+until the table says what it does) automatically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import pytest
+
+from sidecar.errors import EffectdError, InvalidTransition, ReconciliationRequired
+from sidecar.ledger import machine
+from sidecar.ledger.model import (
+    APPROVAL_REJECTED,
+    Effect,
+    Event,
+    Lease,
+    State,
+    ToolCall,
+    Transition,
+)
+from tests.ledger.builders import (
+    INCARNATION,
+    REF,
+    TOOL,
+    WALL0,
+    error_result,
+    ok_result,
+)
+
+S = State
+E = Event
+
+# (from state, event) -> to state, for pairs that are legal whatever the effect.
+# Every pair that is not listed (and is not a retry below) is refused with
+# InvalidTransition. A repeated prepare is not a transition: it leaves the
+# record unchanged (DESIGN §4 "prepare again") and never goes through `apply`;
+# `rules.prepare` creates records itself, so PREPARE is illegal in every state.
+LEGAL: dict[tuple[State, Event], State] = {
+    (S.AWAITING_APPROVAL, E.APPROVE): S.PREPARED,  # DESIGN §4 approve
+    (S.AWAITING_APPROVAL, E.REJECT): S.COMMITTED,  # DESIGN §4 reject; ADR-010 D3
+    (S.PREPARED, E.START): S.STARTED,  # DESIGN §4 start; ADR-010 D3
+    (S.STARTED, E.COMMIT): S.COMMITTED,  # DESIGN §4 commit OK / ERROR
+    # The holder of the lease reporting back; DESIGN §4 lease (only a live
+    # STARTED call has a lease to extend).
+    (S.STARTED, E.HEARTBEAT): S.STARTED,
+    (S.STARTED, E.EXPIRE): S.UNKNOWN,  # DESIGN §4 lease expired / found by recover
+    (S.STARTED, E.RESTART): S.UNKNOWN,  # DESIGN §4 earlier daemon incarnation
+    (S.STARTED, E.REPORT_UNKNOWN): S.UNKNOWN,  # DESIGN §4 agent reports unknown
+    # A late commit of the attempt that holds the fencing token: DESIGN §4 lists
+    # commit from STARTED only; machine.py documents this extension (the holder
+    # knows the outcome, better evidence than reconciliation) and the ledger
+    # tests of rules.commit rely on it.
+    (S.UNKNOWN, E.COMMIT): S.COMMITTED,
+    (S.STARTED, E.RECONCILE_COMMITTED): S.COMMITTED,  # DESIGN §4 reconcile; R3
+    (S.STARTED, E.RECONCILE_NOT_EXECUTED): S.PREPARED,  # DESIGN §4 reconcile
+    (S.UNKNOWN, E.RECONCILE_COMMITTED): S.COMMITTED,  # DESIGN §4 reconcile; R3
+    (S.UNKNOWN, E.RECONCILE_NOT_EXECUTED): S.PREPARED,  # DESIGN §4 reconcile
+    (S.COMMITTED, E.ACKNOWLEDGE): S.COMMITTED,  # DESIGN §4 acknowledge
+}
+
+# Where a retry means something at all: an attempt of unknown outcome.
+RETRY_STATES = frozenset({S.STARTED, S.UNKNOWN})
+
+# Rows where sidecar/ disagrees with DESIGN §4 (see the reason).
+Expected = State | type[EffectdError]
+
+
+def expected(state: State, event: Event, effect: Effect) -> Expected:
+    """The DESIGN §4 answer for one (state, event, effect)."""
+    if event is E.RETRY and state in RETRY_STATES:
+        if effect is Effect.SIDE_EFFECT:
+            return ReconciliationRequired  # DESIGN §4; ADR-010 D3, D6
+        return S.STARTED  # DESIGN §4 explicit retry of READ / IDEMPOTENT_WRITE
+    return LEGAL.get((state, event), InvalidTransition)
+
+
+def record(state: State, effect: Effect) -> ToolCall:
+    """A plausible record in `state`, with one history entry per step so far."""
+    attempt = 1 if state in (S.STARTED, S.UNKNOWN, S.COMMITTED) else 0
+    history = [Transition(None, S.PREPARED, E.PREPARE, WALL0, "agent", "", 1, 0)]
+    if attempt:
+        history.append(
+            Transition(S.PREPARED, S.STARTED, E.START, WALL0 + 1, "agent", "", 2, 1)
+        )
+    if state is S.UNKNOWN:
+        history.append(
+            Transition(S.STARTED, S.UNKNOWN, E.EXPIRE, WALL0 + 2, "effectd", "", 3, 1)
+        )
+    if state is S.COMMITTED:
+        history.append(
+            Transition(S.STARTED, S.COMMITTED, E.COMMIT, WALL0 + 2, "agent", "", 3, 1)
+        )
+    if state is S.AWAITING_APPROVAL:
+        history = [
+            Transition(None, S.AWAITING_APPROVAL, E.PREPARE, WALL0, "agent", "", 1, 0)
+        ]
+    lease = Lease(INCARNATION, 10**12, WALL0 + 10**12) if state is S.STARTED else None
+    return ToolCall(
+        ref=REF,
+        tool_name=TOOL,
+        effect=effect,
+        state=state,
+        revision=len(history),
+        input_fingerprint="sha256:" + "ab" * 32,
+        approval_required=state is S.AWAITING_APPROVAL,
+        attempt=attempt,
+        created_ns=WALL0,
+        updated_ns=WALL0 + len(history),
+        lease=lease,
+        result=ok_result() if state is S.COMMITTED else None,
+        history=tuple(history),
+    )
+
+
+def _rows() -> list[Any]:
+    rows = []
+    for state, event, effect in itertools.product(State, Event, Effect):
+        rows.append(
+            pytest.param(
+                state,
+                event,
+                effect,
+                expected(state, event, effect),
+                id=f"{state.name}-{event.name}-{effect.name}",
+            )
+        )
+    return rows
+
+
+def _legal_rows() -> list[Any]:
+    return [
+        pytest.param(
+            state, event, effect, to, id=f"{state.name}-{event.name}-{effect.name}"
+        )
+        for state, event, effect in itertools.product(State, Event, Effect)
+        if isinstance(to := expected(state, event, effect), State)
+    ]
+
+
+@pytest.mark.parametrize(("state", "event", "effect", "want"), _rows())
+def test_every_state_event_effect_has_the_design_outcome(
+    state: State, event: Event, effect: Effect, want: Expected
+) -> None:
+    """Each (state, event, effect) leads where DESIGN §4 says, or is refused with
+    the class DESIGN §4 names, through both `target` and `apply`."""
+    call = record(state, effect)
+    if isinstance(want, State):
+        assert machine.target(state, event, effect) is want
+        assert machine.apply(call, event, at_ns=WALL0 + 99, actor="t").state is want
+        return
+    with pytest.raises(EffectdError) as raised:
+        machine.target(state, event, effect)
+    assert type(raised.value) is want
+    with pytest.raises(want):
+        machine.apply(call, event, at_ns=WALL0 + 99, actor="t")
+
+
+@pytest.mark.parametrize(("state", "event", "effect", "to"), _legal_rows())
+def test_apply_bumps_revision_records_history_and_changes_only_what_it_is_told(
+    state: State, event: Event, effect: Effect, to: State
+) -> None:
+    """A legal `apply` adds exactly 1 to the revision, appends one history entry
+    (none for HEARTBEAT) and leaves every field it was not given unchanged."""
+    # DESIGN §4: monotonically increasing revision; history with time, actor, reason.
+    call = record(state, effect)
+    changes: dict[str, Any] = {"attempt": call.attempt + 1, "acknowledged": True}
+    after = machine.apply(
+        call, event, at_ns=WALL0 + 99, actor="tester", reason="because", **changes
+    )
+
+    assert after.revision == call.revision + 1
+    assert after.state is to
+    assert after.updated_ns == WALL0 + 99
+    if event is E.HEARTBEAT:
+        assert after.history == call.history
+    else:
+        assert after.history[:-1] == call.history
+        assert after.history[-1] == Transition(
+            from_state=state,
+            to_state=to,
+            event=event,
+            at_ns=WALL0 + 99,
+            actor="tester",
+            reason="because",
+            revision=call.revision + 1,
+            attempt=call.attempt + 1,
+        )
+    moved = {"state", "revision", "updated_ns", "history", *changes}
+    for f in dataclasses.fields(ToolCall):
+        if f.name in changes:
+            assert getattr(after, f.name) == changes[f.name], f.name
+        elif f.name not in moved:
+            assert getattr(after, f.name) == getattr(call, f.name), f.name
+
+
+@pytest.mark.parametrize(("state", "event", "effect", "to"), _legal_rows())
+def test_apply_without_changes_records_the_current_attempt(
+    state: State, event: Event, effect: Effect, to: State
+) -> None:
+    """Without an attempt change the history entry carries the record's attempt
+    and every non-bookkeeping field stays as it was."""
+    call = record(state, effect)
+    after = machine.apply(call, event, at_ns=WALL0 + 5, actor="tester")
+    if event is not E.HEARTBEAT:
+        assert after.history[-1].attempt == call.attempt
+        assert after.history[-1].reason == ""
+    assert after == dataclasses.replace(
+        call,
+        state=to,
+        revision=call.revision + 1,
+        updated_ns=WALL0 + 5,
+        history=after.history,
+    )
+
+
+def test_a_refused_apply_leaves_the_record_as_it_was() -> None:
+    """An illegal event raises and the (frozen) input record is untouched."""
+    # DESIGN §4: COMMITTED is final; only acknowledge is allowed.
+    call = record(S.COMMITTED, Effect.READ)
+    snapshot = dataclasses.replace(call)
+    with pytest.raises(InvalidTransition) as raised:
+        machine.apply(call, E.START, at_ns=WALL0 + 1, actor="t")
+    assert call == snapshot
+    assert raised.value.metadata == {"state": "COMMITTED", "event": "start"}
+
+
+def test_reject_stores_the_approval_rejected_error() -> None:
+    """A rejection commits the record with outcome ERROR APPROVAL_REJECTED, which
+    the record then reports as rejected."""
+    # DESIGN §4 reject -> COMMITTED, outcome ERROR APPROVAL_REJECTED.
+    after = machine.apply(
+        record(S.AWAITING_APPROVAL, Effect.SIDE_EFFECT),
+        E.REJECT,
+        at_ns=WALL0 + 1,
+        actor="approver",
+        result=error_result(APPROVAL_REJECTED),
+    )
+    assert after.state is S.COMMITTED
+    assert after.rejected
