@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from sidecar.clock import Clock, SystemClock
 from sidecar.config import ServeConfig, loopback_host
 from sidecar.ledger.checkpoints import CheckpointService
+from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.service import LedgerService
 from sidecar.locking import ExclusiveLock
 from sidecar.rpc.checkpoints import Checkpoints
@@ -56,13 +57,14 @@ class Daemon:
         self._store: Store | None = None
         self._socket_lock: ExclusiveLock | None = None
         self.endpoints: Endpoints | None = None
+        self.policy: PolicySource = FixedPolicy()
 
     def open_store(self) -> Store:
         options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
         return LmdbStore(self.config.data_dir, options)
 
     def make_ledger(self, store: Store) -> LedgerService:
-        return LedgerService(store, self._clock, self.config.limits)
+        return LedgerService(store, self._clock, self.config.limits, self.policy)
 
     async def start(self) -> Endpoints:
         cfg = self.config

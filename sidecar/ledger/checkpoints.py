@@ -101,8 +101,7 @@ class CheckpointService:
     def list(
         self, namespace: str, *, prefix: str, page_size: int, page_token: str
     ) -> CheckpointPage:
-        token = paging.decode(page_token, prefix.encode())
-        after = None if token is None else token.decode()
+        after = paging.decode_text(page_token, prefix)
 
         def scan(view: ReadView) -> CheckpointPage:
             found: list[StoredCheckpoint] = []

@@ -23,9 +23,22 @@ def decode(token: str, prefix: bytes) -> bytes | None:
     try:
         key = base64.urlsafe_b64decode(token.encode("ascii"))
     except (binascii.Error, UnicodeEncodeError, ValueError):
-        key = b""
-    if not key.startswith(prefix):
-        raise InvalidArgument(
-            [FieldViolation("page_token", "is not a token of this listing")]
-        )
+        raise _foreign() from None
+    if not key or not key.startswith(prefix):
+        raise _foreign()
     return key
+
+
+def decode_text(token: str, prefix: str) -> str | None:
+    """`decode` for listings whose keys are text."""
+    key = decode(token, prefix.encode())
+    try:
+        return None if key is None else key.decode()
+    except UnicodeDecodeError:
+        raise _foreign() from None
+
+
+def _foreign() -> InvalidArgument:
+    return InvalidArgument(
+        [FieldViolation("page_token", "is not a token of this listing")]
+    )

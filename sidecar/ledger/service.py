@@ -10,6 +10,7 @@ the commit.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from sidecar.clock import Clock
 from sidecar.errors import EffectdError, NotFound
 from sidecar.ledger import paging, rules
 from sidecar.ledger.model import CallRef, Result, State, ToolCall
+from sidecar.ledger.policy import PolicySource
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
 from sidecar.storage import records
@@ -36,10 +38,13 @@ def _raise_refusal(reply: Answer | EffectdError) -> Answer:
 
 
 class LedgerService:
-    def __init__(self, store: Store, clock: Clock, limits: Limits) -> None:
+    def __init__(
+        self, store: Store, clock: Clock, limits: Limits, policy: PolicySource
+    ) -> None:
         self._store = store
         self._clock = clock
         self.limits = limits
+        self._policy = policy
 
     def now(self) -> Now:
         return Now(
@@ -63,7 +68,15 @@ class LedgerService:
 
         return apply
 
+    def _lease_ms(self, requested: int) -> int:
+        return requested or self._policy.current().default_lease_ms
+
+    def _resolved(self, spec: PrepareSpec) -> PrepareSpec:
+        return dataclasses.replace(spec, lease_ms=self._lease_ms(spec.lease_ms))
+
     async def prepare(self, spec: PrepareSpec) -> Answer:
+        spec = self._resolved(spec)
+
         def apply(view: WriteView) -> Answer | EffectdError:
             return _prepare_one(view, spec, self.now())
 
@@ -71,6 +84,7 @@ class LedgerService:
 
     async def prepare_many(self, specs: Sequence[PrepareSpec]) -> list[Answer]:
         """All in one transaction; one refusal and nothing is written."""
+        specs = [self._resolved(s) for s in specs]
 
         def apply(view: WriteView) -> list[Answer]:
             now = self.now()
@@ -94,9 +108,9 @@ class LedgerService:
                 lambda call, now: rules.start(
                     call,
                     now,
-                    lease_ms=lease_ms,
+                    lease_ms=self._lease_ms(lease_ms),
                     retry=retry,
-                    max_attempts=self.limits.max_attempts,
+                    max_attempts=self._policy.current().max_attempts,
                     expected_revision=expected_revision,
                 ),
             )
@@ -140,7 +154,7 @@ class LedgerService:
             self._mutation(
                 ref,
                 lambda call, now: rules.heartbeat(
-                    call, now, attempt=attempt, lease_ms=lease_ms
+                    call, now, attempt=attempt, lease_ms=self._lease_ms(lease_ms)
                 ),
             )
         )

@@ -30,9 +30,7 @@ class Limits:
     max_txn_ops: int = 128
     max_page_size: int = 1000
     default_page_size: int = 100
-    default_lease_ms: int = 30_000
     max_lease_ms: int = 3_600_000
-    max_attempts: int = 3
 
 
 class Violations:

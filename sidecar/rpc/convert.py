@@ -74,9 +74,9 @@ def run_id(v: Violations, value: str, limits: Limits, field: str = "run_id") -> 
 
 
 def lease_ms(v: Violations, value: int, limits: Limits, field: str = "lease_ms") -> int:
-    if value == 0:
-        return limits.default_lease_ms
-    v.bounded(field, value, 1, limits.max_lease_ms)
+    """0 stands for the policy's default lease."""
+    if value != 0:
+        v.bounded(field, value, 1, limits.max_lease_ms)
     return value
 
 

@@ -114,7 +114,7 @@ class ToolLedger:
         lease = convert.lease_ms(v, req.lease_ms, self._limits)
         v.require()
         answer = await self._ledger.heartbeat(ref, attempt=req.attempt, lease_ms=lease)
-        return pb.HeartbeatResponse(call=convert.call_pb(answer.call, history=False))
+        return pb.HeartbeatResponse(call=convert.call_pb(answer.call))
 
     async def DecideApproval(
         self, req: pb.DecideApprovalRequest, _: Context

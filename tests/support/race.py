@@ -128,7 +128,7 @@ class RacyLedger(LedgerService):
 
 class RacyDaemon(Daemon):
     def make_ledger(self, store: Store) -> LedgerService:
-        return RacyLedger(store, self._clock, self.config.limits)
+        return RacyLedger(store, self._clock, self.config.limits, self.policy)
 
 
 def counts(outcomes: Sequence[Outcome]) -> Mapping[str, int]:

@@ -386,7 +386,9 @@ class PrepareToolRequest(_message.Message):
     START_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
-    """1..256 characters; part of the call's identity check on repeats."""
+    """1..256 bytes of UTF-8 without control characters; part of the call's
+    identity check on repeats.
+    """
     effect: Global___Effect.ValueType
     require_approval: _builtins.bool
     """The call waits in AWAITING_APPROVAL until an approver decides."""

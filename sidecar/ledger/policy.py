@@ -1,0 +1,50 @@
+"""The operator's policy: what may be retried, for how long, and how long
+records are kept (ADR-010 R1, R2). Rules read one `Policy` value per request;
+a reload replaces the value as a whole, so a request never sees half of an
+old policy and half of a new one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+from sidecar.ledger.model import Effect
+
+
+def _no_overrides() -> Mapping[str, Effect]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    # The kill switch of ADR-010 R2: off, nothing is retry-safe.
+    retry_safe_enabled: bool = True
+    # Attempts a call may use, first attempt included.
+    max_attempts: int = 3
+    default_lease_ms: int = 30_000
+    # Committed and acknowledged records are reduced to tombstones after this.
+    retention_seconds: int = 7 * 24 * 3600
+    # Tools whose effect is forced, whatever their callers declare (R2).
+    effect_overrides: Mapping[str, Effect] = field(default_factory=_no_overrides)
+
+    def effect_of(self, tool_name: str, declared: Effect) -> Effect:
+        """The effect the rules must assume for a call of `tool_name`."""
+        return self.effect_overrides.get(tool_name, declared)
+
+
+class PolicySource(Protocol):
+    def current(self) -> Policy:
+        """The policy in force now."""
+        ...
+
+
+class FixedPolicy:
+    """A policy that never changes; the default until a policy file is loaded."""
+
+    def __init__(self, policy: Policy | None = None) -> None:
+        self._policy = policy or Policy()
+
+    def current(self) -> Policy:
+        return self._policy
