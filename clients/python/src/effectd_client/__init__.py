@@ -3,7 +3,9 @@
 from effectd_client import Client
 
 with Client("unix:.effectd/effectd.sock") as effectd:
-    prepared = effectd.prepare_tool("run-1", "call-1", "send_email", {"to": "a@b.c"}, start=True)
+    prepared = effectd.prepare_tool(
+        "run-1", "call-1", "send_email", {"to": "a@b.c"}, start=True
+    )
     if prepared.decision is Decision.EXECUTE:
         effectd.commit_tool("run-1", "call-1", prepared.call.attempt, {"sent": True})
 """
