@@ -1,0 +1,132 @@
+"""The policy file: TOML, validated as a whole, reloaded atomically.
+
+    [retry]
+    retry_safe = true      # the kill switch of ADR-010 R2: false stops every retry
+    max_attempts = 3       # attempts a call may use, the first one included
+
+    [leases]
+    default_ms = 30000     # lease of an attempt that asks for none
+
+    [retention]
+    days = 7               # committed, acknowledged records become tombstones after
+
+    [tools.send_payment]
+    effect = "side-effect" # forced, whatever callers declare (R2)
+
+A file with an unknown key, a wrong type or a value out of range is refused
+with a message that names the setting; the policy in force stays.
+"""
+
+from __future__ import annotations
+
+import threading
+import tomllib
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from sidecar.ledger.model import Effect
+from sidecar.ledger.policy import Policy
+
+
+class PolicyError(ValueError):
+    """The policy file is unreadable or invalid; the message names the setting."""
+
+
+_SECTIONS: dict[str, dict[str, type]] = {
+    "retry": {"retry_safe": bool, "max_attempts": int},
+    "leases": {"default_ms": int},
+    "retention": {"days": int},
+}
+_RANGES: dict[tuple[str, str], tuple[int, int]] = {
+    ("retry", "max_attempts"): (1, 100),
+    ("leases", "default_ms"): (1, 3_600_000),
+    ("retention", "days"): (1, 3650),
+}
+
+
+def _check(section: str, key: str, value: Any, kind: type) -> Any:
+    # bool is an int in Python: check it first, both ways.
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise PolicyError(f"{section}.{key}: must be a {kind.__name__}, got {value!r}")
+    bounds = _RANGES.get((section, key))
+    number: Any = value
+    if bounds is not None and not bounds[0] <= number <= bounds[1]:
+        raise PolicyError(
+            f"{section}.{key}: must be between {bounds[0]} and {bounds[1]}"
+        )
+    return value
+
+
+def parse_policy(text: str, source: str = "policy") -> Policy:
+    """The policy a TOML text describes; omitted settings keep their defaults."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{source}: not valid TOML: {exc}") from None
+    values: dict[str, Any] = {}
+    for section, table in doc.items():
+        if section == "tools":
+            continue
+        if section not in _SECTIONS or not isinstance(table, dict):
+            raise PolicyError(
+                f"{section}: unknown section (known: retry, leases, retention, tools)"
+            )
+        for key, value in table.items():
+            if key not in _SECTIONS[section]:
+                raise PolicyError(f"{section}.{key}: unknown setting")
+            values[f"{section}.{key}"] = _check(
+                section, key, value, _SECTIONS[section][key]
+            )
+    overrides: dict[str, Effect] = {}
+    tools = doc.get("tools", {})
+    if not isinstance(tools, dict):
+        raise PolicyError("tools: must be a table of [tools.NAME] sections")
+    for name, table in tools.items():
+        if not isinstance(table, dict) or set(table) != {"effect"}:
+            raise PolicyError(f"tools.{name}: must set exactly `effect`")
+        if table["effect"] != Effect.SIDE_EFFECT.value:
+            raise PolicyError(
+                f'tools.{name}.effect: only "side-effect" can be forced; a policy '
+                "never makes a tool less conservative than its callers declare"
+            )
+        overrides[name] = Effect.SIDE_EFFECT
+    default = Policy()
+    return Policy(
+        retry_safe_enabled=values.get("retry.retry_safe", default.retry_safe_enabled),
+        max_attempts=values.get("retry.max_attempts", default.max_attempts),
+        default_lease_ms=values.get("leases.default_ms", default.default_lease_ms),
+        retention_seconds=values.get(
+            "retention.days", default.retention_seconds // 86400
+        )
+        * 86400,
+        effect_overrides=MappingProxyType(overrides),
+    )
+
+
+class PolicyFile:
+    """A `PolicySource` backed by a file; `reload` swaps the whole value or
+    nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._policy = self._read()
+
+    def _read(self) -> Policy:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"{self.path}: cannot be read: {exc}") from None
+        return parse_policy(text, str(self.path))
+
+    def current(self) -> Policy:
+        return self._policy
+
+    def reload(self) -> tuple[Policy, Policy]:
+        """Reads the file again; returns (old, new). On error the old policy
+        stays in force and PolicyError says why."""
+        with self._lock:
+            new = self._read()
+            old, self._policy = self._policy, new
+            return old, new

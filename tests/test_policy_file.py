@@ -1,0 +1,94 @@
+"""The policy file: every setting read, every mistake named, reloads atomic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.ledger.model import Effect
+from sidecar.ledger.policy import Policy
+from sidecar.policy_file import PolicyError, PolicyFile, parse_policy
+
+FULL = """
+[retry]
+retry_safe = false
+max_attempts = 5
+
+[leases]
+default_ms = 1000
+
+[retention]
+days = 2
+
+[tools.send_payment]
+effect = "side-effect"
+"""
+
+
+def test_every_setting_is_read() -> None:
+    """Each documented setting reaches the Policy value."""
+    policy = parse_policy(FULL)
+    assert policy.retry_safe_enabled is False
+    assert policy.max_attempts == 5
+    assert policy.default_lease_ms == 1000
+    assert policy.retention_seconds == 2 * 86400
+    assert policy.effect_of("send_payment", Effect.READ) is Effect.SIDE_EFFECT
+    assert policy.effect_of("search", Effect.READ) is Effect.READ
+
+
+def test_an_empty_file_is_the_default_policy() -> None:
+    """Omitted settings keep their defaults."""
+    assert parse_policy("") == Policy()
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("[retry\n", "not valid TOML"),
+        ("[retries]\nmax_attempts = 1", "retries: unknown section"),
+        ("[retry]\nmax_attemps = 1", "retry.max_attemps: unknown setting"),
+        ("[retry]\nmax_attempts = '3'", "retry.max_attempts: must be a int"),
+        ("[retry]\nmax_attempts = true", "retry.max_attempts: must be a int"),
+        ("[retry]\nretry_safe = 1", "retry.retry_safe: must be a bool"),
+        ("[retry]\nmax_attempts = 0", "retry.max_attempts: must be between"),
+        ("[leases]\ndefault_ms = 0", "leases.default_ms: must be between"),
+        ("[retention]\ndays = 0", "retention.days: must be between"),
+        ("retry = 3", "retry: unknown section"),
+        ("[tools.search]\neffect = 'read'", 'only "side-effect" can be forced'),
+        ("[tools.search]\neffect = 'side-effect'\nx = 1", "must set exactly"),
+        ("tools = 1", "tools: must be a table"),
+    ],
+)
+def test_mistakes_are_refused_by_name(text: str, names: str) -> None:
+    """An invalid file is refused with a message that names the setting."""
+    with pytest.raises(PolicyError, match=names):
+        parse_policy(text)
+
+
+def test_reload_swaps_the_whole_policy(tmp_path: Path) -> None:
+    """A reload replaces the policy in force and returns the old and new ones."""
+    path = tmp_path / "policy.toml"
+    path.write_text("[retry]\nmax_attempts = 2\n")
+    source = PolicyFile(path)
+    assert source.current().max_attempts == 2
+    path.write_text(FULL)
+    old, new = source.reload()
+    assert (old.max_attempts, new.max_attempts) == (2, 5)
+    assert source.current() is new
+
+
+def test_a_bad_reload_keeps_the_old_policy(tmp_path: Path) -> None:
+    """A malformed file on reload is refused and the old policy stays in force."""
+    path = tmp_path / "policy.toml"
+    path.write_text(FULL)
+    source = PolicyFile(path)
+    before = source.current()
+    path.write_text("[retry]\nmax_attempts = -1\n")
+    with pytest.raises(PolicyError, match=r"retry\.max_attempts"):
+        source.reload()
+    assert source.current() is before
+    path.unlink()
+    with pytest.raises(PolicyError, match="cannot be read"):
+        source.reload()
+    assert source.current() is before
