@@ -19,6 +19,7 @@ from sidecar.config import (
     ServeConfig,
 )
 from sidecar.locking import AlreadyLocked
+from sidecar.policy_file import PolicyError
 from sidecar.server import Daemon
 from sidecar.storage.lmdb_store import StoreFormatError
 
@@ -78,6 +79,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--no-reflection", action="store_true", help="do not serve gRPC reflection"
     )
+    s.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TOML policy file (retries, leases, retention, forced effects); "
+        "reloaded on SIGHUP",
+    )
     return p
 
 
@@ -116,10 +125,11 @@ def main(
         sync=not args.no_sync,
         grace_seconds=args.grace,
         reflection=not args.no_reflection,
+        policy_file=args.policy,
     )
     try:
         asyncio.run(_serve(config, daemon_class))
-    except (ConfigError, AlreadyLocked, StoreFormatError) as exc:
+    except (ConfigError, PolicyError, AlreadyLocked, StoreFormatError) as exc:
         print(f"effectd: {exc}", file=sys.stderr)
         return 2
     return 0

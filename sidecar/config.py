@@ -31,6 +31,8 @@ class ServeConfig:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     max_message_bytes: int = 8 << 20
     reflection: bool = True
+    # A TOML policy file (see sidecar.policy_file); None: the default policy.
+    policy_file: Path | None = None
     limits: Limits = field(default_factory=Limits)
 
     @property

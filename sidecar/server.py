@@ -25,6 +25,7 @@ from sidecar.ledger.checkpoints import CheckpointService
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.service import LedgerService
 from sidecar.locking import ExclusiveLock
+from sidecar.policy_file import PolicyFile
 from sidecar.rpc.checkpoints import Checkpoints
 from sidecar.rpc.handlers import generic_handler
 from sidecar.rpc.ledger import ToolLedger
@@ -57,7 +58,11 @@ class Daemon:
         self._store: Store | None = None
         self._socket_lock: ExclusiveLock | None = None
         self.endpoints: Endpoints | None = None
-        self.policy: PolicySource = FixedPolicy()
+        self.policy: PolicySource = (
+            FixedPolicy()
+            if config.policy_file is None
+            else PolicyFile(config.policy_file)
+        )
 
     def open_store(self) -> Store:
         options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
