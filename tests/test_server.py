@@ -128,3 +128,24 @@ def test_graceful_stop_finishes_in_flight_calls(short_tmp: Path) -> None:
             c.prepare_tool("r", "late", "t", {})
         assert refused.value.code is grpc.StatusCode.UNAVAILABLE
     assert not cfg.socket_path.exists()
+
+
+def test_full_storage_answers_storage_full_and_keeps_serving(short_tmp: Path) -> None:
+    """A full map is RESOURCE_EXHAUSTED / STORAGE_FULL; reads and health go on."""
+    cfg = ServeConfig(data_dir=short_tmp / "data", map_size=1 << 20)
+    with running_daemon(cfg) as d, Client(d.target) as c:
+        c.put_checkpoint("first", b"x")
+        refusal = None
+        for i in range(64):
+            try:
+                c.put_checkpoint(f"big-{i}", bytes(64 << 10))
+            except EffectdError as exc:
+                refusal = exc
+                break
+        assert refusal is not None
+        assert refusal.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refusal.reason == "STORAGE_FULL"
+        first = c.get_checkpoint("first")
+        assert first is not None
+        assert first.value == b"x"
+        assert _health(d.target) == health_pb2.HealthCheckResponse.SERVING
