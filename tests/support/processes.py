@@ -28,7 +28,13 @@ class DaemonProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        self._wait_serving()
+        try:
+            self._wait_serving()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self._log.close()
+            raise
 
     def _wait_serving(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -58,13 +64,15 @@ class DaemonProcess:
     def kill9(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
-        self._log.close()
 
     def terminate(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=30)
+        return self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill9()
         self._log.close()
-        return code
 
 
 @contextmanager
@@ -73,5 +81,4 @@ def daemon_process(data_dir: Path, module: str = "sidecar") -> Iterator[DaemonPr
     try:
         yield d
     finally:
-        if d.proc.poll() is None:
-            d.kill9()
+        d.close()
