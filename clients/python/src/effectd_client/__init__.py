@@ -16,7 +16,10 @@ from effectd_client._errors import FieldViolation as FieldViolation
 from effectd_client._types import Checkpoint as Checkpoint
 from effectd_client._types import Decision as Decision
 from effectd_client._types import Effect as Effect
+from effectd_client._types import PlanItem as PlanItem
 from effectd_client._types import Prepared as Prepared
+from effectd_client._types import RecoveryAction as RecoveryAction
+from effectd_client._types import RecoveryPlan as RecoveryPlan
 from effectd_client._types import State as State
 from effectd_client._types import ToolCall as ToolCall
 from effectd_client._types import ToolResult as ToolResult
@@ -28,7 +31,10 @@ __all__ = [
     "Effect",
     "EffectdError",
     "FieldViolation",
+    "PlanItem",
     "Prepared",
+    "RecoveryAction",
+    "RecoveryPlan",
     "State",
     "ToolCall",
     "ToolResult",

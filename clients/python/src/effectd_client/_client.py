@@ -8,8 +8,9 @@ from typing import Any, TypeVar
 
 import grpc
 from effectd.v1 import checkpoints_pb2 as cpb
-from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc
+from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import recovery_pb2 as rpb
 
 from effectd_client._errors import EffectdError
 from effectd_client._types import (
@@ -17,6 +18,7 @@ from effectd_client._types import (
     Decision,
     Effect,
     Prepared,
+    RecoveryPlan,
     State,
     ToolCall,
 )
@@ -46,6 +48,7 @@ class Client:
         self._channel = grpc.insecure_channel(target)
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
+        self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
 
     def __enter__(self) -> Client:
         return self
@@ -186,6 +189,70 @@ class Client:
             token = page.next_page_token
             if not token:
                 return
+
+    # -- approvals, reconciliation, recovery ---------------------------------
+
+    def decide_approval(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        reason: str,
+        expected_revision: int,
+        input_fingerprint: str,
+    ) -> ToolCall:
+        """Approves or rejects the call as seen at `expected_revision`."""
+        request = pb.DecideApprovalRequest(
+            ref=self._ref(run_id, call_id),
+            approve=approve,
+            approver=approver,
+            reason=reason,
+            expected_revision=expected_revision,
+            input_fingerprint=input_fingerprint,
+        )
+        return ToolCall.from_pb(self._call(self._ledger.DecideApproval, request).call)
+
+    def reconcile(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        expected_revision: int,
+        operator: str,
+        reason: str,
+        evidence: str,
+        result: Any = None,
+        not_executed: bool = False,
+    ) -> ToolCall:
+        """Resolves an unknown outcome: the result found, or never executed."""
+        request = pb.ReconcileRequest(
+            ref=self._ref(run_id, call_id),
+            expected_revision=expected_revision,
+            operator=operator,
+            reason=reason,
+            evidence=evidence,
+        )
+        if not_executed:
+            request.not_executed = True
+        else:
+            request.result.CopyFrom(
+                pb.ToolResult(outcome=pb.OUTCOME_OK, payload=_payload(result))
+            )
+        return ToolCall.from_pb(self._call(self._ledger.Reconcile, request).call)
+
+    def recover(self, run_id: str) -> RecoveryPlan:
+        """The plan for every call of a crashed run."""
+        request = rpb.RecoverRequest(namespace=self.namespace, run_id=run_id)
+        return RecoveryPlan.from_pb(self._call(self._recovery.Recover, request))
+
+    def acknowledge_recovery(self, run_id: str, call_ids: list[str]) -> None:
+        """Marks replayed results as delivered to the transcript."""
+        request = rpb.AcknowledgeRecoveryRequest(
+            namespace=self.namespace, run_id=run_id, call_ids=call_ids
+        )
+        self._call(self._recovery.AcknowledgeRecovery, request)
 
     # -- checkpoints ---------------------------------------------------------
 

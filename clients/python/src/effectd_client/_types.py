@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from effectd.v1 import checkpoints_pb2, ledger_pb2
+from effectd.v1 import checkpoints_pb2, ledger_pb2, recovery_pb2
 
 
 class Effect(enum.Enum):
@@ -104,6 +104,44 @@ class Prepared:
     idempotency_key: str
     attempt_held: bool
     retry_required: bool
+
+
+class RecoveryAction(enum.Enum):
+    REPLAY_RESULT = recovery_pb2.RECOVERY_ACTION_REPLAY_RESULT
+    RECONCILE = recovery_pb2.RECOVERY_ACTION_RECONCILE
+    WAIT_FOR_APPROVAL = recovery_pb2.RECOVERY_ACTION_WAIT_FOR_APPROVAL
+    ERROR_RESULT = recovery_pb2.RECOVERY_ACTION_ERROR_RESULT
+    EXECUTE = recovery_pb2.RECOVERY_ACTION_EXECUTE
+    RETRY_NEEDS_POLICY = recovery_pb2.RECOVERY_ACTION_RETRY_NEEDS_POLICY
+
+
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    action: RecoveryAction
+    call: ToolCall
+    result: ToolResult | None
+    idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    """What to do with every call of a run after a crash (nothing was run)."""
+
+    items: tuple[PlanItem, ...]
+    interrupted: bool
+
+    @classmethod
+    def from_pb(cls, msg: recovery_pb2.RecoverResponse) -> RecoveryPlan:
+        items = tuple(
+            PlanItem(
+                RecoveryAction(i.action),
+                ToolCall.from_pb(i.call),
+                ToolResult.from_pb(i.result) if i.HasField("result") else None,
+                i.idempotency_key,
+            )
+            for i in msg.items
+        )
+        return cls(items, msg.interrupted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,63 @@
+"""The typed Python client covers the operator and recovery flows end to end."""
+
+from __future__ import annotations
+
+from effectd_client import Client, Decision, RecoveryAction, State
+from sidecar.clock import ManualClock
+
+
+def test_approval_then_execution(client: Client) -> None:
+    """An approved call executes; the approval is bound to what was seen."""
+    waiting = client.prepare_tool(
+        "run-a", "pay", "send_payment", {"cents": 5}, require_approval=True
+    )
+    assert waiting.decision is Decision.AWAIT_APPROVAL
+    client.decide_approval(
+        "run-a",
+        "pay",
+        approve=True,
+        approver="ada",
+        reason="expected invoice",
+        expected_revision=waiting.call.revision,
+        input_fingerprint=waiting.call.input_fingerprint,
+    )
+    started = client.prepare_tool(
+        "run-a", "pay", "send_payment", {"cents": 5}, start=True
+    )
+    assert started.decision is Decision.EXECUTE
+    assert started.attempt_held
+
+
+def test_recover_then_reconcile(client: Client, clock: ManualClock) -> None:
+    """After a lost attempt the plan says RECONCILE; an operator resolves it."""
+    done = client.prepare_tool("run-b", "read", "search", {"q": 1}, start=True)
+    client.commit_tool("run-b", "read", done.call.attempt, {"hits": 3})
+    lost = client.prepare_tool("run-b", "mail", "send_email", {"to": "x"}, start=True)
+    assert lost.attempt_held
+    clock.advance(3600)  # the lease of the lost attempt runs out
+
+    plan = client.recover("run-b")
+    actions = {i.call.call_id: i.action for i in plan.items}
+    assert actions == {
+        "mail": RecoveryAction.RECONCILE,
+        "read": RecoveryAction.REPLAY_RESULT,
+    }
+    assert plan.interrupted
+    replayed = next(i for i in plan.items if i.call.call_id == "read")
+    assert replayed.result is not None
+    assert replayed.result.value == {"hits": 3}
+    client.acknowledge_recovery("run-b", ["read"])
+
+    unknown = client.get_tool_call("run-b", "mail")
+    assert unknown.state is State.UNKNOWN
+    resolved = client.reconcile(
+        "run-b",
+        "mail",
+        expected_revision=unknown.revision,
+        operator="grace",
+        reason="found in the mail server's sent folder",
+        evidence="message-id <42@example.com>",
+        result={"sent": True},
+    )
+    assert resolved.state is State.COMMITTED
+    assert not client.recover("run-b").interrupted
