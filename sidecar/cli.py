@@ -15,9 +15,12 @@ from sidecar import __version__
 from sidecar.config import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_MAP_SIZE,
+    DEFAULT_RETENTION_INTERVAL_SECONDS,
     ConfigError,
     ServeConfig,
 )
+from sidecar.errors import EffectdError
+from sidecar.ledger import policy_change
 from sidecar.locking import AlreadyLocked
 from sidecar.policy_file import PolicyError
 from sidecar.server import Daemon
@@ -87,14 +90,50 @@ def parser() -> argparse.ArgumentParser:
         help="TOML policy file (retries, leases, retention, forced effects); "
         "reloaded on SIGHUP",
     )
+    s.add_argument(
+        "--retention-interval",
+        type=float,
+        default=DEFAULT_RETENTION_INTERVAL_SECONDS,
+        metavar="SECONDS",
+        help="seconds between passes that compact acknowledged calls older than "
+        "the retention window to tombstones (default %(default)s)",
+    )
     return p
+
+
+async def _reload_on_sighup(daemon: Daemon) -> None:
+    try:
+        done = await daemon.reload_policy(policy_change.SIGHUP, "SIGHUP")
+    except EffectdError as exc:
+        log.error("policy reload refused (%s): %s", exc.reason, exc.message)
+        return
+    except Exception:
+        # A signal handler has no caller to answer: log, keep serving.
+        log.exception("policy reload failed; the policy in force stays")
+        return
+    log.info(
+        "policy reloaded from %s (audit entry %d); changed: %s",
+        done.source,
+        done.entry.sequence,
+        ", ".join(done.changed) or "nothing",
+    )
 
 
 async def _serve(config: ServeConfig, daemon_class: type[Daemon]) -> None:
     daemon = daemon_class(config)
+    loop = asyncio.get_running_loop()
+    reloads: set[asyncio.Task[None]] = set()
+
+    def reload() -> None:
+        task = loop.create_task(_reload_on_sighup(daemon))
+        # The loop keeps only a weak reference to a task.
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    # Before start: SIGHUP's default action would end the daemon.
+    loop.add_signal_handler(signal.SIGHUP, reload)
     endpoints = await daemon.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(
@@ -126,6 +165,7 @@ def main(
         grace_seconds=args.grace,
         reflection=not args.no_reflection,
         policy_file=args.policy,
+        retention_interval_seconds=args.retention_interval,
     )
     try:
         asyncio.run(_serve(config, daemon_class))

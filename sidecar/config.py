@@ -12,6 +12,7 @@ from sidecar.ledger.validation import Limits
 MAX_SOCKET_PATH = 107
 DEFAULT_MAP_SIZE = 8 << 30
 DEFAULT_GRACE_SECONDS = 5.0
+DEFAULT_RETENTION_INTERVAL_SECONDS = 600.0
 
 
 class ConfigError(ValueError):
@@ -33,6 +34,9 @@ class ServeConfig:
     reflection: bool = True
     # A TOML policy file (see sidecar.policy_file); None: the default policy.
     policy_file: Path | None = None
+    # Seconds between compaction passes of the retention window (DESIGN §4);
+    # the first pass runs at start.
+    retention_interval_seconds: float = DEFAULT_RETENTION_INTERVAL_SECONDS
     limits: Limits = field(default_factory=Limits)
 
     @property
@@ -54,6 +58,10 @@ class ServeConfig:
             raise ConfigError("map-size: must be at least 1 MiB")
         if self.grace_seconds < 0:
             raise ConfigError("grace: must not be negative")
+        if not self.retention_interval_seconds > 0:
+            raise ConfigError(
+                "retention-interval: must be a positive number of seconds"
+            )
 
 
 def loopback_host(listen: str) -> tuple[str, int]:

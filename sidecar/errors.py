@@ -11,7 +11,16 @@
     │   ├── SideEffectNotRetrySafe SIDE_EFFECT_NOT_RETRY_SAFE
     │   ├── StaleAttempt         STALE_ATTEMPT
     │   ├── ResultMismatch       RESULT_MISMATCH
-    │   └── AttemptsExhausted    ATTEMPTS_EXHAUSTED
+    │   ├── AttemptsExhausted    ATTEMPTS_EXHAUSTED
+    │   ├── MissingIdempotencyKey MISSING_IDEMPOTENCY_KEY
+    │   ├── DeadlineExceeded     DEADLINE_EXCEEDED
+    │   ├── AlreadyCommitted     ALREADY_COMMITTED
+    │   ├── McpNoReplay          MCP_NO_REPLAY
+    │   ├── RunNotReadOnly       RUN_NOT_READ_ONLY
+    │   ├── RetryDisabled        RETRY_DISABLED
+    │   ├── ResultCompacted      RESULT_COMPACTED
+    │   ├── PolicyInvalid        POLICY_INVALID
+    │   └── NoPolicyFile         NO_POLICY_FILE
     ├── StorageFull              STORAGE_FULL
     ├── StorageUnavailable       STORAGE_UNAVAILABLE
     ├── ShuttingDown             SHUTTING_DOWN
@@ -112,6 +121,53 @@ class ResultMismatch(PreconditionFailed):
 
 class AttemptsExhausted(PreconditionFailed):
     reason = "ATTEMPTS_EXHAUSTED"
+
+
+# Retry denials (DESIGN §7): DecideRetry answers them as data; StartTool with
+# `retry` refuses with them.
+
+
+class MissingIdempotencyKey(PreconditionFailed):
+    reason = "MISSING_IDEMPOTENCY_KEY"
+
+
+class DeadlineExceeded(PreconditionFailed):
+    reason = "DEADLINE_EXCEEDED"
+
+
+class AlreadyCommitted(PreconditionFailed):
+    reason = "ALREADY_COMMITTED"
+
+
+class McpNoReplay(PreconditionFailed):
+    reason = "MCP_NO_REPLAY"
+
+
+class RunNotReadOnly(PreconditionFailed):
+    reason = "RUN_NOT_READ_ONLY"
+
+
+class RetryDisabled(PreconditionFailed):
+    reason = "RETRY_DISABLED"
+
+
+class ResultCompacted(PreconditionFailed):
+    """The call's record became a tombstone after the retention window; it
+    still refuses a re-execution (DESIGN §4)."""
+
+    reason = "RESULT_COMPACTED"
+
+
+class PolicyInvalid(PreconditionFailed):
+    """A policy reload found the file invalid; the old policy stays (R2)."""
+
+    reason = "POLICY_INVALID"
+
+
+class NoPolicyFile(PreconditionFailed):
+    """A policy reload without a policy file to read."""
+
+    reason = "NO_POLICY_FILE"
 
 
 class StorageFull(EffectdError):

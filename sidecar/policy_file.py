@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -123,10 +124,20 @@ class PolicyFile:
     def current(self) -> Policy:
         return self._policy
 
-    def reload(self) -> tuple[Policy, Policy]:
+    def reload(
+        self, commit: Callable[[Policy, Policy], None] | None = None
+    ) -> tuple[Policy, Policy]:
         """Reads the file again; returns (old, new). On error the old policy
-        stays in force and PolicyError says why."""
+        stays in force and PolicyError says why.
+
+        `commit(old, new)`, when given, runs after the file is validated and
+        before the new policy takes effect (to write the change durably to
+        the audit log); if it raises, the old policy stays in force.
+        """
         with self._lock:
             new = self._read()
-            old, self._policy = self._policy, new
+            old = self._policy
+            if commit is not None:
+                commit(old, new)
+            self._policy = new
             return old, new

@@ -8,27 +8,39 @@ within the grace period, then close the store and remove the socket.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-from effectd.v1 import checkpoints_pb2, ledger_pb2
+from effectd.v1 import admin_pb2, checkpoints_pb2, ledger_pb2, recovery_pb2, retry_pb2
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.clock import Clock, SystemClock
 from sidecar.config import ServeConfig, loopback_host
+from sidecar.errors import ShuttingDown
 from sidecar.ledger.checkpoints import CheckpointService
+from sidecar.ledger.operator_service import OperatorService
 from sidecar.ledger.policy import FixedPolicy, PolicySource
+from sidecar.ledger.policy_service import PolicyService, Reload
+from sidecar.ledger.recovery_service import RecoveryService
+from sidecar.ledger.retention_service import PassResult, RetentionService
+from sidecar.ledger.retry_service import RetryService
 from sidecar.ledger.service import LedgerService
 from sidecar.locking import ExclusiveLock
 from sidecar.policy_file import PolicyFile
+from sidecar.rpc.admin import Admin
 from sidecar.rpc.checkpoints import Checkpoints
 from sidecar.rpc.handlers import generic_handler
 from sidecar.rpc.ledger import ToolLedger
+from sidecar.rpc.recovery import Recovery
+from sidecar.rpc.retry import RetryPolicy
 from sidecar.storage.api import Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 
@@ -37,6 +49,9 @@ log = logging.getLogger(__name__)
 SERVICES = (
     ledger_pb2.DESCRIPTOR.services_by_name["ToolLedger"],
     checkpoints_pb2.DESCRIPTOR.services_by_name["Checkpoints"],
+    recovery_pb2.DESCRIPTOR.services_by_name["Recovery"],
+    retry_pb2.DESCRIPTOR.services_by_name["RetryPolicy"],
+    admin_pb2.DESCRIPTOR.services_by_name["Admin"],
 )
 
 
@@ -58,6 +73,12 @@ class Daemon:
         self._store: Store | None = None
         self._socket_lock: ExclusiveLock | None = None
         self.endpoints: Endpoints | None = None
+        self._retention: RetentionService | None = None
+        self._retention_task: asyncio.Task[None] | None = None
+        self._policies: PolicyService | None = None
+        # The jitter source of retry backoffs (spreading, not secrecy); a seam
+        # for deterministic tests.
+        self.retry_random: Callable[[], float] = random.Random().random  # noqa: S311
         self.policy: PolicySource = (
             FixedPolicy()
             if config.policy_file is None
@@ -70,6 +91,9 @@ class Daemon:
 
     def make_ledger(self, store: Store) -> LedgerService:
         return LedgerService(store, self._clock, self.config.limits, self.policy)
+
+    def make_operator(self, store: Store) -> OperatorService:
+        return OperatorService(store, self._clock, self.config.limits)
 
     async def start(self) -> Endpoints:
         cfg = self.config
@@ -91,6 +115,10 @@ class Daemon:
         settled = await ledger.settle_earlier_incarnations()
         if settled:
             log.warning("%d calls started before the restart are now UNKNOWN", settled)
+        self._retention = RetentionService(store, self._clock, self.policy)
+        # DESIGN §4: a compaction pass at start, then one per interval.
+        await self.compact_expired()
+        self._policies = PolicyService(store, self._clock, self.policy)
 
         server = self._server = grpc.aio.server(
             options=[
@@ -99,12 +127,32 @@ class Daemon:
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
             ]
         )
+        operator = self.make_operator(store)
         server.add_generic_rpc_handlers(
             (
-                generic_handler(SERVICES[0], ToolLedger(ledger)),
+                generic_handler(SERVICES[0], ToolLedger(ledger, operator)),
+                generic_handler(
+                    admin_pb2.DESCRIPTOR.services_by_name["Admin"],
+                    Admin(operator, self._policies),
+                ),
                 generic_handler(
                     SERVICES[1],
                     Checkpoints(CheckpointService(store, self._clock), cfg.limits),
+                ),
+                generic_handler(
+                    recovery_pb2.DESCRIPTOR.services_by_name["Recovery"],
+                    Recovery(
+                        RecoveryService(store, self._clock, cfg.limits, self.policy)
+                    ),
+                ),
+                generic_handler(
+                    retry_pb2.DESCRIPTOR.services_by_name["RetryPolicy"],
+                    RetryPolicy(
+                        RetryService(
+                            store, self._clock, self.policy, random=self.retry_random
+                        ),
+                        cfg.limits,
+                    ),
                 ),
             )
         )
@@ -137,7 +185,40 @@ class Daemon:
             f" and {tcp}" if tcp else "",
             store.incarnation,
         )
+        self._retention_task = asyncio.create_task(
+            self._retention_loop(), name="effectd-retention"
+        )
         return self.endpoints
+
+    async def compact_expired(self) -> PassResult | None:
+        """One compaction pass of the retention window (DESIGN §4); a failure
+        is logged and leaves every record in place."""
+        if self._retention is None:
+            return None
+        try:
+            done = await self._retention.compact()
+        except Exception:
+            log.exception("the compaction pass failed; no record was compacted")
+            return None
+        if done.compacted:
+            log.info(
+                "retention: %d of %d committed calls compacted to tombstones",
+                done.compacted,
+                done.examined,
+            )
+        return done
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retention_interval_seconds)
+            await self.compact_expired()
+
+    async def reload_policy(self, actor: str, reason: str = "") -> Reload:
+        """Reloads the policy file with its audit entry (ADR-010 R2); see
+        `PolicyService.reload` for the refusals."""
+        if self._policies is None:
+            raise ShuttingDown("the daemon is not serving")
+        return await self._policies.reload(actor=actor, reason=reason)
 
     async def wait(self) -> None:
         if self._server is not None:
@@ -146,6 +227,11 @@ class Daemon:
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop; safe to call more than once."""
         grace = self.config.grace_seconds if grace is None else grace
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
+            self._retention_task = None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:

@@ -124,6 +124,41 @@ class Transition:
     attempt: int
 
 
+class Resolution(enum.Enum):
+    """What an operator found in the target system (DESIGN §4 reconcile)."""
+
+    COMMITTED = "committed"
+    NOT_EXECUTED = "not_executed"
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An approver's decision, bound to the input and revision it was given for."""
+
+    approved: bool
+    approver: str
+    reason: str
+    at_ns: int
+    input_fingerprint: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """An operator's resolution of a call of unknown outcome, with its evidence
+    (ADR-010 R3: the evidence is kept, never deleted)."""
+
+    resolution: Resolution
+    operator: str
+    reason: str
+    evidence: str
+    at_ns: int
+    from_state: State
+    # The revision the operator saw and resolved.
+    revision: int
+    attempt: int
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     ref: CallRef
@@ -141,6 +176,9 @@ class ToolCall:
     result: Result | None = None
     acknowledged: bool = False
     history: tuple[Transition, ...] = field(default=())
+    approval: Approval | None = None
+    # Oldest first.
+    reconciliations: tuple[Reconciliation, ...] = field(default=())
 
     @property
     def idempotency_key(self) -> str:

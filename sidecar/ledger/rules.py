@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.errors import (
-    AttemptsExhausted,
     EffectdError,
     InputMismatch,
     InvalidTransition,
@@ -22,6 +21,7 @@ from sidecar.errors import (
     StaleAttempt,
 )
 from sidecar.ledger import machine
+from sidecar.ledger import retry as retry_rules
 from sidecar.ledger.model import (
     CallRef,
     Decision,
@@ -34,6 +34,7 @@ from sidecar.ledger.model import (
     ToolCall,
     Transition,
 )
+from sidecar.ledger.policy import Policy
 
 AGENT = "agent"
 DAEMON = "effectd"
@@ -108,8 +109,13 @@ def settle(call: ToolCall, now: Now) -> ToolCall:
     )
 
 
-def decide(call: ToolCall) -> Decision:
-    """The decision for a settled record (DESIGN §5)."""
+def decide(call: ToolCall, policy: Policy | None = None) -> Decision:
+    """The decision for a settled record (DESIGN §5), under `policy`."""
+    # ADR-010 R2: a tool the operator forced to SIDE_EFFECT is one from the
+    # next decision on, whatever its callers declared.
+    effect = (
+        call.effect if policy is None else policy.effect_of(call.tool_name, call.effect)
+    )
     match call.state:
         case State.PREPARED:
             return Decision.EXECUTE
@@ -118,7 +124,7 @@ def decide(call: ToolCall) -> Decision:
         case State.STARTED:
             return Decision.IN_PROGRESS
         case State.UNKNOWN:
-            if call.effect is Effect.SIDE_EFFECT:
+            if effect is Effect.SIDE_EFFECT:
                 return Decision.RECONCILE
             return Decision.EXECUTE
         case State.COMMITTED:
@@ -126,8 +132,10 @@ def decide(call: ToolCall) -> Decision:
     raise AssertionError(call.state)  # pragma: no cover
 
 
-def _answer(call: ToolCall, *, held: bool = False) -> Answer:
-    decision = decide(call)
+def _answer(
+    call: ToolCall, *, held: bool = False, policy: Policy | None = None
+) -> Answer:
+    decision = decide(call, policy)
     retry = call.state is State.UNKNOWN and decision is Decision.EXECUTE
     return Answer(decision, call, attempt_held=held, retry_required=retry)
 
@@ -151,7 +159,12 @@ def _check_revision(call: ToolCall | None, expected: int | None) -> None:
         )
 
 
-def prepare(existing: ToolCall | None, spec: PrepareSpec, now: Now) -> Step:
+def prepare(
+    existing: ToolCall | None,
+    spec: PrepareSpec,
+    now: Now,
+    policy: Policy | None = None,
+) -> Step:
     """PrepareTool: record the call, or answer for the existing record."""
     if existing is None:
         call = _create(spec, now)
@@ -164,7 +177,7 @@ def prepare(existing: ToolCall | None, spec: PrepareSpec, now: Now) -> Step:
     if spec.start and call.state is State.PREPARED:
         started = _start(call, now, spec.lease_ms, Event.START)
         return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
-    return Step(call, _answer(call))
+    return Step(call, _answer(call, policy=policy))
 
 
 def _create(spec: PrepareSpec, now: Now) -> ToolCall:
@@ -203,10 +216,14 @@ def start(
     *,
     lease_ms: int,
     retry: bool,
-    max_attempts: int,
     expected_revision: int | None,
+    policy: Policy,
 ) -> Step:
-    """StartTool: only the caller that finds the call PREPARED gets EXECUTE."""
+    """StartTool: only the caller that finds the call PREPARED gets EXECUTE.
+
+    A retry goes through the retry rules of `sidecar.ledger.retry` under
+    `policy`.
+    """
     try:
         _check_revision(call, expected_revision)
     except RevisionConflict as exc:
@@ -216,17 +233,18 @@ def start(
         started = _start(settled, now, lease_ms, Event.START)
         return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
     if settled.state is State.UNKNOWN:
-        return _retry(
-            settled, now, lease_ms=lease_ms, retry=retry, max_attempts=max_attempts
-        )
+        return _retry(settled, now, lease_ms=lease_ms, retry=retry, policy=policy)
     return Step(settled, _answer(settled))
 
 
 def _retry(
-    call: ToolCall, now: Now, *, lease_ms: int, retry: bool, max_attempts: int
+    call: ToolCall, now: Now, *, lease_ms: int, retry: bool, policy: Policy
 ) -> Step:
     refusal: EffectdError | None = None
-    if call.effect is Effect.SIDE_EFFECT:
+    # DESIGN §4: StartTool answers a side effect's retry RECONCILIATION_REQUIRED
+    # (the retry rules would say SIDE_EFFECT_NOT_RETRY_SAFE); a forced
+    # SIDE_EFFECT override of the policy counts (ADR-010 R2).
+    if policy.effect_of(call.tool_name, call.effect) is Effect.SIDE_EFFECT:
         refusal = ReconciliationRequired(
             "the outcome of this side effect is unknown: it is never replayed; "
             "reconcile it",
@@ -238,11 +256,27 @@ def _retry(
             "an explicit retry",
             {"state": call.state.name, "event": Event.START.value},
         )
-    elif call.attempt >= max_attempts:
-        refusal = AttemptsExhausted(
-            f"{call.attempt} of {max_attempts} attempts used",
-            {"attempts": str(call.attempt), "maxAttempts": str(max_attempts)},
+    else:
+        question = retry_rules.RetryQuestion(
+            facts=retry_rules.Facts(
+                call.effect, call.state, call.idempotency_key, call.tool_name
+            ),
+            context=retry_rules.RetryContext.TOOL,
+            failure=retry_rules.FailureKind.UNKNOWN,
+            retryable=False,
+            attempts_used=call.attempt,
         )
+        # No deadline and no wait here: the caller asked for the retry now
+        # (DecideRetry is where it learns its backoff).
+        decision = retry_rules.decide(
+            question,
+            policy,
+            retry_rules.Backoff(),
+            now_wall_ns=now.wall_ns,
+            jitter=0.0,
+        )
+        if not decision.allow:
+            refusal = retry_rules.refusal(decision, call.attempt)
     if refusal is not None:
         return Step(call, refusal)
     started = _start(call, now, lease_ms, Event.RETRY)
@@ -295,10 +329,17 @@ def commit(
     return Step(committed, Answer(decide(committed), committed))
 
 
-def report_unknown(call: ToolCall, now: Now, *, attempt: int, reason: str) -> Step:
+def report_unknown(
+    call: ToolCall,
+    now: Now,
+    *,
+    attempt: int,
+    reason: str,
+    policy: Policy | None = None,
+) -> Step:
     """ReportUnknown: the attempt cannot tell whether the tool ran."""
     if call.state is State.UNKNOWN and attempt == call.attempt:
-        return Step(call, _answer(call))
+        return Step(call, _answer(call, policy=policy))
     if call.state is not State.STARTED:
         return Step(call, _invalid(call, Event.REPORT_UNKNOWN))
     stale = _check_attempt(call, attempt)
@@ -312,7 +353,7 @@ def report_unknown(call: ToolCall, now: Now, *, attempt: int, reason: str) -> St
         reason=reason,
         lease=None,
     )
-    return Step(unknown, _answer(unknown))
+    return Step(unknown, _answer(unknown, policy=policy))
 
 
 def heartbeat(call: ToolCall, now: Now, *, attempt: int, lease_ms: int) -> Step:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from sidecar.clock import Clock
 from sidecar.errors import EffectdError, NotFound
-from sidecar.ledger import paging, rules
+from sidecar.ledger import paging, retention, rules
 from sidecar.ledger.model import CallRef, Result, State, ToolCall
-from sidecar.ledger.policy import PolicySource
+from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
-from sidecar.storage import records
+from sidecar.storage import records, tombstones
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 
 
@@ -60,7 +60,7 @@ class LedgerService:
         def apply(view: WriteView) -> Answer | EffectdError:
             old = records.load_call(view, ref)
             if old is None:
-                raise _not_found(ref)
+                raise _not_found(ref, tombstones.load(view, ref))
             step = rule(old, self.now())
             if step.call.revision != old.revision:
                 records.save_call(view, old, step.call)
@@ -76,21 +76,23 @@ class LedgerService:
 
     async def prepare(self, spec: PrepareSpec) -> Answer:
         spec = self._resolved(spec)
+        policy = self._policy.current()
 
         def apply(view: WriteView) -> Answer | EffectdError:
-            return _prepare_one(view, spec, self.now())
+            return _prepare_one(view, spec, self.now(), policy)
 
         return await self._write(apply)
 
     async def prepare_many(self, specs: Sequence[PrepareSpec]) -> list[Answer]:
         """All in one transaction; one refusal and nothing is written."""
         specs = [self._resolved(s) for s in specs]
+        policy = self._policy.current()
 
         def apply(view: WriteView) -> list[Answer]:
             now = self.now()
             answers = []
             for index, spec in enumerate(specs):
-                reply = _prepare_one(view, spec, now)
+                reply = _prepare_one(view, spec, now, policy)
                 if isinstance(reply, EffectdError):
                     reply.metadata["index"] = str(index)
                     raise reply
@@ -102,6 +104,7 @@ class LedgerService:
     async def start(
         self, ref: CallRef, *, lease_ms: int, retry: bool, expected_revision: int | None
     ) -> Answer:
+        policy = self._policy.current()
         return await self._write(
             self._mutation(
                 ref,
@@ -110,8 +113,8 @@ class LedgerService:
                     now,
                     lease_ms=self._lease_ms(lease_ms),
                     retry=retry,
-                    max_attempts=self._policy.current().max_attempts,
                     expected_revision=expected_revision,
+                    policy=policy,
                 ),
             )
         )
@@ -140,11 +143,12 @@ class LedgerService:
     async def report_unknown(
         self, ref: CallRef, *, attempt: int, reason: str
     ) -> Answer:
+        policy = self._policy.current()
         return await self._write(
             self._mutation(
                 ref,
                 lambda call, now: rules.report_unknown(
-                    call, now, attempt=attempt, reason=reason
+                    call, now, attempt=attempt, reason=reason, policy=policy
                 ),
             )
         )
@@ -160,10 +164,16 @@ class LedgerService:
         )
 
     def get(self, ref: CallRef) -> ToolCall:
-        call = self._store.read(lambda view: records.load_call(view, ref))
-        if call is None:
-            raise _not_found(ref)
-        return call
+        """The record; NOT_FOUND, with metadata saying so, for a call that
+        was compacted after the retention window (DESIGN §4)."""
+
+        def load(view: ReadView) -> ToolCall:
+            call = records.load_call(view, ref)
+            if call is None:
+                raise _not_found(ref, tombstones.load(view, ref))
+            return call
+
+        return self._store.read(load)
 
     def list(
         self,
@@ -228,16 +238,28 @@ class LedgerService:
         return await asyncio.wrap_future(self._store.submit(apply))
 
 
-def _prepare_one(view: WriteView, spec: PrepareSpec, now: Now) -> Answer | EffectdError:
+def _prepare_one(
+    view: WriteView, spec: PrepareSpec, now: Now, policy: Policy
+) -> Answer | EffectdError:
     old = records.load_call(view, spec.ref)
-    step = rules.prepare(old, spec, now)
+    if old is None:
+        tomb = tombstones.load(view, spec.ref)
+        if tomb is not None:
+            # DESIGN §4: the tombstone still refuses a re-execution.
+            return retention.duplicate_prepare(tomb, spec)
+    step = rules.prepare(old, spec, now, policy)
     if old is None or step.call.revision != old.revision:
         records.save_call(view, old, step.call)
     return step.reply
 
 
-def _not_found(ref: CallRef) -> NotFound:
-    return NotFound(
-        f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",
-        {"namespace": ref.namespace, "runId": ref.run_id, "callId": ref.call_id},
-    )
+def _not_found(ref: CallRef, tomb: retention.Tombstone | None = None) -> NotFound:
+    meta = {"namespace": ref.namespace, "runId": ref.run_id, "callId": ref.call_id}
+    message = f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}"
+    if tomb is not None:
+        meta.update(retention.metadata(tomb))
+        message = (
+            f"tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace} "
+            "was committed and compacted after the retention window"
+        )
+    return NotFound(message, meta)

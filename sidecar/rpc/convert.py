@@ -7,6 +7,8 @@ raised together as INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import re
+
 from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
 from google.protobuf import timestamp_pb2
@@ -15,17 +17,21 @@ from sidecar.ledger import fingerprint
 from sidecar.ledger.checkpoints import Expect, Op
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
+    Approval,
     CallRef,
     Decision,
     Effect,
     Outcome,
     Payload,
     PayloadKind,
+    Reconciliation,
+    Resolution,
     Result,
     State,
     ToolCall,
     Transition,
 )
+from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
 from sidecar.ledger.rules import Answer, PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.storage.records import StoredCheckpoint
@@ -289,6 +295,9 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
                 digest=r.digest,
             )
         )
+    if call.approval is not None:
+        msg.approval.CopyFrom(_approval_pb(call.approval))
+    msg.reconciliations.extend(_reconciliation_pb(r) for r in call.reconciliations)
     if history:
         msg.history.extend(_transition_pb(t) for t in call.history)
     return msg
@@ -310,4 +319,86 @@ def checkpoint_pb(cp: StoredCheckpoint, *, value: bool = True) -> cpb.Checkpoint
         value=cp.value if value else b"",
         revision=cp.revision,
         updated_at=timestamp(cp.updated_ns),
+    )
+
+
+# -- approvals and reconciliations ---------------------------------------------
+
+RESOLUTION_TO_PB = {r: pb.Resolution.Value(f"RESOLUTION_{r.name}") for r in Resolution}
+_FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _approval_pb(a: Approval) -> pb.Approval:
+    return pb.Approval(
+        approved=a.approved,
+        approver=a.approver,
+        reason=a.reason,
+        decided_at=timestamp(a.at_ns),
+        input_fingerprint=a.input_fingerprint,
+        revision=a.revision,
+    )
+
+
+def _reconciliation_pb(r: Reconciliation) -> pb.Reconciliation:
+    return pb.Reconciliation(
+        resolution=RESOLUTION_TO_PB[r.resolution],
+        operator=r.operator,
+        reason=r.reason,
+        evidence=r.evidence,
+        reconciled_at=timestamp(r.at_ns),
+        from_state=STATE_TO_PB[r.from_state],
+        revision=r.revision,
+        attempt=r.attempt,
+    )
+
+
+def _operator_text(
+    v: Violations, limits: Limits, actor: tuple[str, str], reason: str
+) -> None:
+    v.text_id(actor[0], actor[1], limits.max_id_bytes)
+    if not reason:
+        v.add("reason", "is required")
+    v.text("reason", reason, limits.max_text_bytes)
+
+
+def approval_decision(
+    v: Violations, req: pb.DecideApprovalRequest, limits: Limits
+) -> ApprovalDecision:
+    _operator_text(v, limits, ("approver", req.approver), req.reason)
+    if req.expected_revision == 0:
+        v.add("expected_revision", "is required: the revision the approver saw")
+    if not _FINGERPRINT.fullmatch(req.input_fingerprint):
+        v.add("input_fingerprint", "must be the call's sha256:<64 hex> fingerprint")
+    return ApprovalDecision(
+        approve=req.approve,
+        approver=req.approver,
+        reason=req.reason,
+        expected_revision=req.expected_revision,
+        input_fingerprint=req.input_fingerprint,
+    )
+
+
+def reconcile_order(
+    v: Violations, req: pb.ReconcileRequest, limits: Limits
+) -> ReconcileOrder:
+    _operator_text(v, limits, ("operator", req.operator), req.reason)
+    if req.expected_revision == 0:
+        v.add("expected_revision", "is required: the revision the operator saw")
+    if not req.evidence:
+        v.add("evidence", "is required: what was found in the target system")
+    v.text("evidence", req.evidence, limits.max_text_bytes)
+    which = req.WhichOneof("resolution")
+    found: Result | None = None
+    if which is None:
+        v.add("resolution", "is required: set result or not_executed")
+    elif which == "not_executed" and not req.not_executed:
+        v.add("not_executed", "must be true when set")
+    elif which == "result":
+        found = result(v, req.result, limits)
+    return ReconcileOrder(
+        expected_revision=req.expected_revision,
+        result=found,
+        operator=req.operator,
+        reason=req.reason,
+        evidence=req.evidence,
     )

@@ -7,7 +7,7 @@ from typing import Any
 import grpc
 from effectd.v1 import ledger_pb2 as pb
 
-from sidecar.errors import NotImplementedYet
+from sidecar.ledger.operator_service import OperatorService
 from sidecar.ledger.service import LedgerService
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert
@@ -16,8 +16,9 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class ToolLedger:
-    def __init__(self, ledger: LedgerService) -> None:
+    def __init__(self, ledger: LedgerService, operator: OperatorService) -> None:
         self._ledger = ledger
+        self._operator = operator
         self._limits = ledger.limits
 
     async def PrepareTool(
@@ -119,14 +120,22 @@ class ToolLedger:
     async def DecideApproval(
         self, req: pb.DecideApprovalRequest, _: Context
     ) -> pb.DecideApprovalResponse:
-        raise NotImplementedYet(
-            "DecideApproval is not served by this version of effectd"
-        )
+        v = Violations()
+        ref = convert.ref(v, req.ref, self._limits)
+        decision = convert.approval_decision(v, req, self._limits)
+        v.require()
+        answer = await self._operator.decide_approval(ref, decision)
+        return pb.DecideApprovalResponse(call=convert.call_pb(answer.call))
 
     async def Reconcile(
         self, req: pb.ReconcileRequest, _: Context
     ) -> pb.ReconcileResponse:
-        raise NotImplementedYet("Reconcile is not served by this version of effectd")
+        v = Violations()
+        ref = convert.ref(v, req.ref, self._limits)
+        order = convert.reconcile_order(v, req, self._limits)
+        v.require()
+        answer = await self._operator.reconcile(ref, order)
+        return pb.ReconcileResponse(call=convert.call_pb(answer.call))
 
     async def GetToolCall(
         self, req: pb.GetToolCallRequest, _: Context

@@ -25,6 +25,11 @@ class Table(enum.Enum):
     # (state, record key) -> b"": records by state, for sweeps and listings.
     CALL_STATES = "call_states"
     CHECKPOINTS = "checkpoints"
+    # Big-endian sequence number -> audit entry; append-only, hash-chained.
+    AUDIT = "audit"
+    # Record key -> tombstone of a call compacted after the retention window
+    # (DESIGN §4); it still refuses a re-execution.
+    TOMBSTONES = "tombstones"
 
 
 class ReadView(Protocol):

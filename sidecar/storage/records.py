@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.ledger import audit
 from sidecar.ledger.model import (
+    Approval,
     CallRef,
     Effect,
     Event,
@@ -23,6 +25,8 @@ from sidecar.ledger.model import (
     Outcome,
     Payload,
     PayloadKind,
+    Reconciliation,
+    Resolution,
     Result,
     State,
     ToolCall,
@@ -130,8 +134,47 @@ def encode_call(c: ToolCall) -> bytes:
             ]
             for t in c.history
         ],
+        "approval_decision": _approval_doc(c.approval),
+        "reconciliations": [_reconciliation_doc(r) for r in c.reconciliations],
     }
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _approval_doc(a: Approval | None) -> list[Any] | None:
+    if a is None:
+        return None
+    return [a.approved, a.approver, a.reason, a.at_ns, a.input_fingerprint, a.revision]
+
+
+def _reconciliation_doc(r: Reconciliation) -> list[Any]:
+    return [
+        r.resolution.value,
+        r.operator,
+        r.reason,
+        r.evidence,
+        r.at_ns,
+        r.from_state.value,
+        r.revision,
+        r.attempt,
+    ]
+
+
+def _approval(doc: list[Any] | None) -> Approval | None:
+    return None if doc is None else Approval(*doc)
+
+
+def _reconciliation(doc: list[Any]) -> Reconciliation:
+    resolution, operator, reason, evidence, at, from_state, rev, attempt = doc
+    return Reconciliation(
+        Resolution(resolution),
+        operator,
+        reason,
+        evidence,
+        at,
+        State(from_state),
+        rev,
+        attempt,
+    )
 
 
 class RecordFormatError(ValueError):
@@ -179,6 +222,12 @@ def decode_call(raw: bytes) -> ToolCall:
                 att,
             )
             for f, t, e, at, actor, reason, rev, att in doc["history"]
+        ),
+        # Records written before approvals and reconciliations were stored
+        # have neither key.
+        approval=_approval(doc.get("approval_decision")),
+        reconciliations=tuple(
+            _reconciliation(r) for r in doc.get("reconciliations", ())
         ),
     )
 
@@ -236,3 +285,41 @@ def next_checkpoint_revision(view: WriteView) -> int:
     revision = int(view.get(Table.META, _REVISION_KEY) or b"0") + 1
     view.put(Table.META, _REVISION_KEY, str(revision).encode())
     return revision
+
+
+# -- the audit log -------------------------------------------------------------
+
+_AUDIT_HEAD_KEY = b"audit_head"
+
+
+def audit_key(sequence: int) -> bytes:
+    return sequence.to_bytes(8, "big")
+
+
+def load_audit_head(view: ReadView) -> audit.Head | None:
+    """The chain head kept in META: the newest entry's sequence and hash."""
+    raw = view.get(Table.META, _AUDIT_HEAD_KEY)
+    if raw is None:
+        return None
+    sequence, digest = raw.decode().split(" ", 1)
+    return audit.Head(int(sequence), digest)
+
+
+def append_audit(view: WriteView, fact: audit.Fact) -> audit.Entry:
+    """Seals `fact` after the current head and stores it with the new head,
+    in the caller's write transaction."""
+    entry = audit.seal(fact, load_audit_head(view))
+    view.put(Table.AUDIT, audit_key(entry.sequence), audit.encode(entry))
+    view.put(Table.META, _AUDIT_HEAD_KEY, f"{entry.sequence} {entry.hash}".encode())
+    return entry
+
+
+def load_audit(view: ReadView, sequence: int) -> bytes | None:
+    return view.get(Table.AUDIT, audit_key(sequence))
+
+
+def scan_audit(view: ReadView, after: int = 0) -> Iterator[tuple[int, bytes]]:
+    """(sequence, stored bytes) of the entries after `after`, oldest first."""
+    start = None if after == 0 else audit_key(after)
+    for key, raw in view.scan(Table.AUDIT, b"", after=start):
+        yield int.from_bytes(key, "big"), raw

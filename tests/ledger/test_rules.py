@@ -38,6 +38,7 @@ from sidecar.ledger.model import (
     State,
     ToolCall,
 )
+from sidecar.ledger.policy import Policy
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from tests.ledger.builders import (
     INCARNATION,
@@ -78,7 +79,7 @@ def _start(
         now,
         lease_ms=LEASE_MS,
         retry=retry,
-        max_attempts=MAX_ATTEMPTS,
+        policy=Policy(max_attempts=MAX_ATTEMPTS),
         expected_revision=expected_revision,
     )
 
@@ -892,7 +893,7 @@ def _request(call: ToolCall, now: Now, action: Action) -> Step | None:
                 now,
                 lease_ms=LEASE_MS,
                 retry=action.flag,
-                max_attempts=MAX_ATTEMPTS,
+                policy=Policy(max_attempts=MAX_ATTEMPTS),
                 expected_revision=None,
             )
         case Op.COMMIT:

@@ -267,9 +267,11 @@ def test_required_approval_waits(ledger_stub: ToolLedgerStub) -> None:
 
 
 @pytest.mark.parametrize("rpc", ["DecideApproval", "Reconcile"])
-def test_unserved_rpcs_are_unimplemented(ledger_stub: ToolLedgerStub, rpc: str) -> None:
-    """DecideApproval and Reconcile answer UNIMPLEMENTED with reason
-    NOT_IMPLEMENTED, and change nothing."""
+def test_bare_operator_requests_are_invalid(
+    ledger_stub: ToolLedgerStub, rpc: str
+) -> None:
+    """DecideApproval and Reconcile without the approver's or operator's facts
+    answer INVALID_ARGUMENT naming the missing fields, and change nothing."""
     ledger_stub.PrepareTool(prepare_request(require_approval=True), timeout=5)
     if rpc == "DecideApproval":
         got = refused(
@@ -278,6 +280,7 @@ def test_unserved_rpcs_are_unimplemented(ledger_stub: ToolLedgerStub, rpc: str) 
                 timeout=5,
             )
         )
+        missing = {"approver", "reason", "input_fingerprint"}
     else:
         got = refused(
             lambda: ledger_stub.Reconcile(
@@ -285,11 +288,14 @@ def test_unserved_rpcs_are_unimplemented(ledger_stub: ToolLedgerStub, rpc: str) 
                 timeout=5,
             )
         )
+        missing = {"operator", "reason", "evidence"}
     assert (got.code, got.domain, got.reason) == (
-        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INVALID_ARGUMENT,
         DOMAIN,
-        "NOT_IMPLEMENTED",
+        "INVALID_REQUEST",
     )
+    assert got.fields is not None
+    assert set(got.fields) == missing
     assert get(ledger_stub).revision == 1
 
 

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,12 +18,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class DaemonProcess:
-    def __init__(self, data_dir: Path, module: str = "sidecar") -> None:
+    def __init__(
+        self, data_dir: Path, module: str = "sidecar", args: Sequence[str] = ()
+    ) -> None:
         self.data_dir = data_dir
         self.target = f"unix:{data_dir / 'effectd.sock'}"
         self._log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "serve", "--data-dir", str(data_dir)],
+            [
+                *(sys.executable, "-m", module, "serve"),
+                *("--data-dir", str(data_dir), *args),
+            ],
             cwd=ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -76,8 +81,10 @@ class DaemonProcess:
 
 
 @contextmanager
-def daemon_process(data_dir: Path, module: str = "sidecar") -> Iterator[DaemonProcess]:
-    d = DaemonProcess(data_dir, module)
+def daemon_process(
+    data_dir: Path, module: str = "sidecar", args: Sequence[str] = ()
+) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(data_dir, module, args)
     try:
         yield d
     finally:

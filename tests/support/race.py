@@ -113,9 +113,9 @@ class RacyLedger(LedgerService):
         step = rules.start(
             old,
             self.now(),
-            lease_ms=lease_ms,
+            lease_ms=self._lease_ms(lease_ms),
             retry=retry,
-            max_attempts=3,
+            policy=self._policy.current(),
             expected_revision=expected_revision,
         )
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x66\x66\x65\x63td/v1/errors.proto\x12\neffectd.v1*\x90\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fINVALID_REQUEST\x10\x01\x12\x12\n\x0eINPUT_MISMATCH\x10\x02\x12\x16\n\x12INVALID_TRANSITION\x10\x03\x12\x15\n\x11REVISION_CONFLICT\x10\x04\x12\x1b\n\x17RECONCILIATION_REQUIRED\x10\x05\x12\x1e\n\x1aSIDE_EFFECT_NOT_RETRY_SAFE\x10\x06\x12\x11\n\rSTALE_ATTEMPT\x10\x07\x12\x13\n\x0fRESULT_MISMATCH\x10\x08\x12\x16\n\x12\x41TTEMPTS_EXHAUSTED\x10\t\x12\r\n\tNOT_FOUND\x10\n\x12\x10\n\x0cSTORAGE_FULL\x10\x0b\x12\x17\n\x13STORAGE_UNAVAILABLE\x10\x0c\x12\x15\n\x11PERMISSION_DENIED\x10\r\x12\x15\n\x11ROUTE_NOT_ALLOWED\x10\x0e\x12\x11\n\rSHUTTING_DOWN\x10\x0f\x12\x13\n\x0fNOT_IMPLEMENTED\x10\x10\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65\x66\x66\x65\x63td/v1/errors.proto\x12\neffectd.v1*\xd7\x04\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fINVALID_REQUEST\x10\x01\x12\x12\n\x0eINPUT_MISMATCH\x10\x02\x12\x16\n\x12INVALID_TRANSITION\x10\x03\x12\x15\n\x11REVISION_CONFLICT\x10\x04\x12\x1b\n\x17RECONCILIATION_REQUIRED\x10\x05\x12\x1e\n\x1aSIDE_EFFECT_NOT_RETRY_SAFE\x10\x06\x12\x11\n\rSTALE_ATTEMPT\x10\x07\x12\x13\n\x0fRESULT_MISMATCH\x10\x08\x12\x16\n\x12\x41TTEMPTS_EXHAUSTED\x10\t\x12\r\n\tNOT_FOUND\x10\n\x12\x10\n\x0cSTORAGE_FULL\x10\x0b\x12\x17\n\x13STORAGE_UNAVAILABLE\x10\x0c\x12\x15\n\x11PERMISSION_DENIED\x10\r\x12\x15\n\x11ROUTE_NOT_ALLOWED\x10\x0e\x12\x11\n\rSHUTTING_DOWN\x10\x0f\x12\x13\n\x0fNOT_IMPLEMENTED\x10\x10\x12\x1b\n\x17MISSING_IDEMPOTENCY_KEY\x10\x11\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x12\x12\x15\n\x11\x41LREADY_COMMITTED\x10\x13\x12\x11\n\rMCP_NO_REPLAY\x10\x14\x12\x15\n\x11RUN_NOT_READ_ONLY\x10\x15\x12\x12\n\x0eRETRY_DISABLED\x10\x16\x12\x14\n\x10RESULT_COMPACTED\x10\x17\x12\x12\n\x0ePOLICY_INVALID\x10\x18\x12\x12\n\x0eNO_POLICY_FILE\x10\x19\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'effectd.v1.errors_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=40
-  _globals['_ERRORREASON']._serialized_end=440
+  _globals['_ERRORREASON']._serialized_end=639
 # @@protoc_insertion_point(module_scope)

@@ -86,6 +86,45 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNIMPLEMENTED. The RPC is declared in the contract but not served by
     this version of the daemon.
     """
+    MISSING_IDEMPOTENCY_KEY: _ErrorReason.ValueType  # 17
+    """FAILED_PRECONDITION. An IDEMPOTENT_WRITE is retry-safe only with a
+    non-empty idempotency key that the target de-duplicates on (ADR-010 D6).
+    """
+    DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 18
+    """FAILED_PRECONDITION. The wait before a retry would pass the caller's
+    deadline, or the deadline has passed (DESIGN §7).
+    """
+    ALREADY_COMMITTED: _ErrorReason.ValueType  # 19
+    """FAILED_PRECONDITION. The call is committed: use its stored result, never
+    run it again (ADR-010 D1, D3).
+    """
+    MCP_NO_REPLAY: _ErrorReason.ValueType  # 20
+    """FAILED_PRECONDITION. An MCP call whose transport failed is never
+    replayed: the server may have completed it. Only a new logical call (a
+    new call_id) may reconnect (ADR-010 D5).
+    """
+    RUN_NOT_READ_ONLY: _ErrorReason.ValueType  # 21
+    """FAILED_PRECONDITION. A whole agent run is retried only when it is
+    declared read-only (ADR-010 R5).
+    """
+    RETRY_DISABLED: _ErrorReason.ValueType  # 22
+    """FAILED_PRECONDITION. The operator's kill switch has turned every
+    retry-safe policy off (ADR-010 R2).
+    """
+    RESULT_COMPACTED: _ErrorReason.ValueType  # 23
+    """FAILED_PRECONDITION. The call was committed and acknowledged, and after
+    the retention window its record was reduced to a tombstone (DESIGN §4).
+    It is never executed again; use a new call_id for a new logical call.
+    The ErrorInfo metadata carries the outcome and result digest kept.
+    """
+    POLICY_INVALID: _ErrorReason.ValueType  # 24
+    """FAILED_PRECONDITION. The policy file is unreadable or invalid; the
+    message names the setting. The policy in force stays (ADR-010 R2).
+    """
+    NO_POLICY_FILE: _ErrorReason.ValueType  # 25
+    """FAILED_PRECONDITION. A policy reload was asked for, but the daemon was
+    started without a policy file (`effectd serve --policy FILE`).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The reason string of `google.rpc.ErrorInfo` is the value name. The values
@@ -149,5 +188,44 @@ SHUTTING_DOWN: ErrorReason.ValueType  # 15
 NOT_IMPLEMENTED: ErrorReason.ValueType  # 16
 """UNIMPLEMENTED. The RPC is declared in the contract but not served by
 this version of the daemon.
+"""
+MISSING_IDEMPOTENCY_KEY: ErrorReason.ValueType  # 17
+"""FAILED_PRECONDITION. An IDEMPOTENT_WRITE is retry-safe only with a
+non-empty idempotency key that the target de-duplicates on (ADR-010 D6).
+"""
+DEADLINE_EXCEEDED: ErrorReason.ValueType  # 18
+"""FAILED_PRECONDITION. The wait before a retry would pass the caller's
+deadline, or the deadline has passed (DESIGN §7).
+"""
+ALREADY_COMMITTED: ErrorReason.ValueType  # 19
+"""FAILED_PRECONDITION. The call is committed: use its stored result, never
+run it again (ADR-010 D1, D3).
+"""
+MCP_NO_REPLAY: ErrorReason.ValueType  # 20
+"""FAILED_PRECONDITION. An MCP call whose transport failed is never
+replayed: the server may have completed it. Only a new logical call (a
+new call_id) may reconnect (ADR-010 D5).
+"""
+RUN_NOT_READ_ONLY: ErrorReason.ValueType  # 21
+"""FAILED_PRECONDITION. A whole agent run is retried only when it is
+declared read-only (ADR-010 R5).
+"""
+RETRY_DISABLED: ErrorReason.ValueType  # 22
+"""FAILED_PRECONDITION. The operator's kill switch has turned every
+retry-safe policy off (ADR-010 R2).
+"""
+RESULT_COMPACTED: ErrorReason.ValueType  # 23
+"""FAILED_PRECONDITION. The call was committed and acknowledged, and after
+the retention window its record was reduced to a tombstone (DESIGN §4).
+It is never executed again; use a new call_id for a new logical call.
+The ErrorInfo metadata carries the outcome and result digest kept.
+"""
+POLICY_INVALID: ErrorReason.ValueType  # 24
+"""FAILED_PRECONDITION. The policy file is unreadable or invalid; the
+message names the setting. The policy in force stays (ADR-010 R2).
+"""
+NO_POLICY_FILE: ErrorReason.ValueType  # 25
+"""FAILED_PRECONDITION. A policy reload was asked for, but the daemon was
+started without a policy file (`effectd serve --policy FILE`).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

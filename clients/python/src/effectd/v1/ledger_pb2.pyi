@@ -146,6 +146,27 @@ OUTCOME_OK: Outcome.ValueType  # 1
 OUTCOME_ERROR: Outcome.ValueType  # 2
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
+class _Resolution:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ResolutionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Resolution.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESOLUTION_UNSPECIFIED: _Resolution.ValueType  # 0
+    RESOLUTION_COMMITTED: _Resolution.ValueType  # 1
+    """The result was found in the target system; the call became COMMITTED."""
+    RESOLUTION_NOT_EXECUTED: _Resolution.ValueType  # 2
+    """Verified that the call never ran; the call became PREPARED."""
+
+class Resolution(_Resolution, metaclass=_ResolutionEnumTypeWrapper): ...
+
+RESOLUTION_UNSPECIFIED: Resolution.ValueType  # 0
+RESOLUTION_COMMITTED: Resolution.ValueType  # 1
+"""The result was found in the target system; the call became COMMITTED."""
+RESOLUTION_NOT_EXECUTED: Resolution.ValueType  # 2
+"""Verified that the call never ran; the call became PREPARED."""
+Global___Resolution: _TypeAlias = Resolution  # noqa: Y015
+
 @_typing.final
 class CallRef(_message.Message):
     """The identity of a tool call."""
@@ -309,6 +330,8 @@ class ToolCall(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    APPROVAL_FIELD_NUMBER: _builtins.int
+    RECONCILIATIONS_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     effect: Global___Effect.ValueType
     state: Global___CallState.ValueType
@@ -346,6 +369,16 @@ class ToolCall(_message.Message):
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___Transition]:
         """Oldest first. Empty in ListToolCalls answers."""
 
+    @_builtins.property
+    def approval(self) -> Global___Approval:
+        """The approver's decision, once given (DecideApproval)."""
+
+    @_builtins.property
+    def reconciliations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Reconciliation]:
+        """Every operator reconciliation of the call, oldest first; the evidence is
+        kept for the life of the record (ADR-010 R3).
+        """
+
     def __init__(
         self,
         *,
@@ -365,10 +398,12 @@ class ToolCall(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         history: _abc.Iterable[Global___Transition] | None = ...,
+        approval: Global___Approval | None = ...,
+        reconciliations: _abc.Iterable[Global___Reconciliation] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval_required", b"approval_required", "attempt", b"attempt", "created_at", b"created_at", "effect", b"effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "created_at", b"created_at", "effect", b"effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -730,10 +765,18 @@ class DecideApprovalRequest(_message.Message):
     EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
     INPUT_FINGERPRINT_FIELD_NUMBER: _builtins.int
     approve: _builtins.bool
+    """True approves (the call becomes PREPARED); false rejects (COMMITTED with
+    the error result APPROVAL_REJECTED).
+    """
     approver: _builtins.str
+    """Required: 1..256 bytes of UTF-8 without control characters."""
     reason: _builtins.str
+    """Required; kept in the history and the audit log."""
     expected_revision: _builtins.int
-    """The approval is bound to the revision and input fingerprint it saw."""
+    """The approval is bound to the revision and input fingerprint it saw.
+    Both are required: another revision is refused with REVISION_CONFLICT,
+    another fingerprint with INPUT_MISMATCH, and nothing changes.
+    """
     input_fingerprint: _builtins.str
     @_builtins.property
     def ref(self) -> Global___CallRef: ...
@@ -777,6 +820,12 @@ Global___DecideApprovalResponse: _TypeAlias = DecideApprovalResponse  # noqa: Y0
 
 @_typing.final
 class ReconcileRequest(_message.Message):
+    """Applied by compare-and-swap: of two operators resolving one record, the
+    second gets REVISION_CONFLICT. The record and its audit entry are written in
+    one transaction. "never executed" is refused while an attempt still holds
+    a live lease (it may yet execute).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REF_FIELD_NUMBER: _builtins.int
@@ -787,9 +836,13 @@ class ReconcileRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     EVIDENCE_FIELD_NUMBER: _builtins.int
     expected_revision: _builtins.int
+    """Required: the revision the operator inspected."""
     not_executed: _builtins.bool
     """Verified that the call never ran: the call becomes PREPARED."""
     operator: _builtins.str
+    """All three are required. `evidence` says what was found in the target
+    system and is kept on the record.
+    """
     reason: _builtins.str
     evidence: _builtins.str
     @_builtins.property
@@ -940,3 +993,89 @@ class ListToolCallsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListToolCallsResponse: _TypeAlias = ListToolCallsResponse  # noqa: Y015
+
+@_typing.final
+class Approval(_message.Message):
+    """An approver's decision on a call in AWAITING_APPROVAL. It is bound to the
+    input fingerprint and the revision it was given for.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVED_FIELD_NUMBER: _builtins.int
+    APPROVER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    INPUT_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    approved: _builtins.bool
+    approver: _builtins.str
+    reason: _builtins.str
+    input_fingerprint: _builtins.str
+    revision: _builtins.int
+    """The revision of the record the approver saw (expected_revision)."""
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        approved: _builtins.bool = ...,
+        approver: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+        input_fingerprint: _builtins.str = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approved", b"approved", "approver", b"approver", "decided_at", b"decided_at", "input_fingerprint", b"input_fingerprint", "reason", b"reason", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Approval: _TypeAlias = Approval  # noqa: Y015
+
+@_typing.final
+class Reconciliation(_message.Message):
+    """An operator's resolution of a STARTED or UNKNOWN call (Reconcile)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOLUTION_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    RECONCILED_AT_FIELD_NUMBER: _builtins.int
+    FROM_STATE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    resolution: Global___Resolution.ValueType
+    operator: _builtins.str
+    reason: _builtins.str
+    evidence: _builtins.str
+    """What the operator found in the target system, as given."""
+    from_state: Global___CallState.ValueType
+    """The state and revision the operator saw and resolved."""
+    revision: _builtins.int
+    attempt: _builtins.int
+    """The attempt whose outcome was resolved."""
+    @_builtins.property
+    def reconciled_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        resolution: Global___Resolution.ValueType = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        evidence: _builtins.str = ...,
+        reconciled_at: _timestamp_pb2.Timestamp | None = ...,
+        from_state: Global___CallState.ValueType = ...,
+        revision: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reconciled_at", b"reconciled_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "evidence", b"evidence", "from_state", b"from_state", "operator", b"operator", "reason", b"reason", "reconciled_at", b"reconciled_at", "resolution", b"resolution", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Reconciliation: _TypeAlias = Reconciliation  # noqa: Y015

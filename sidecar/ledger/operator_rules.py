@@ -1,0 +1,186 @@
+"""What approvers and operators do to a record, as pure functions (DESIGN §4).
+
+An approval decides a call in AWAITING_APPROVAL and is bound to the revision
+and input fingerprint the approver saw: approve makes it PREPARED, reject
+commits it with the error result APPROVAL_REJECTED. A reconciliation resolves
+a STARTED or UNKNOWN call from evidence found in the target system: the
+result found there commits it, a verified "never ran" makes it PREPARED
+again (ADR-010 D3, R3). Both are compare-and-swap on the revision, so of two
+operators deciding one record only the first succeeds. Like `rules`, each
+function returns a `Step`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.errors import (
+    EffectdError,
+    InputMismatch,
+    InvalidTransition,
+    RevisionConflict,
+)
+from sidecar.ledger import fingerprint, machine, rules
+from sidecar.ledger.model import (
+    APPROVAL_REJECTED,
+    Approval,
+    Event,
+    Outcome,
+    Reconciliation,
+    Resolution,
+    Result,
+    State,
+    ToolCall,
+)
+from sidecar.ledger.rules import Answer, Now, Step
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """DecideApproval as the rules see it."""
+
+    approve: bool
+    approver: str
+    reason: str
+    expected_revision: int
+    input_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileOrder:
+    """Reconcile as the rules see it; `result` is None for "never executed"."""
+
+    expected_revision: int
+    result: Result | None
+    operator: str
+    reason: str
+    evidence: str
+
+    @property
+    def resolution(self) -> Resolution:
+        return Resolution.NOT_EXECUTED if self.result is None else Resolution.COMMITTED
+
+
+def rejection_result(approver: str, reason: str) -> Result:
+    """The error result a rejected call is committed with (DESIGN §4 reject)."""
+    message = f"rejected by {approver}: {reason}"
+    digest = fingerprint.result_digest(Outcome.ERROR, None, APPROVAL_REJECTED, message)
+    return Result(Outcome.ERROR, None, APPROVAL_REJECTED, message, digest)
+
+
+def _revision_conflict(call: ToolCall, expected: int) -> EffectdError | None:
+    if expected == call.revision:
+        return None
+    return RevisionConflict(
+        f"expected revision {expected}, the record is at {call.revision}",
+        call.revision,
+    )
+
+
+def _invalid(call: ToolCall, event: Event) -> EffectdError:
+    try:
+        machine.target(call.state, event, call.effect)
+    except EffectdError as exc:
+        return exc
+    raise AssertionError(f"{event} is legal in {call.state}")  # pragma: no cover
+
+
+def decide_approval(call: ToolCall, now: Now, decision: ApprovalDecision) -> Step:
+    """DecideApproval: approve (PREPARED) or reject (COMMITTED, error result).
+
+    Refused, changing nothing: another revision than the approver saw
+    (REVISION_CONFLICT), another input fingerprint (INPUT_MISMATCH), a call
+    not in AWAITING_APPROVAL (INVALID_TRANSITION).
+    """
+    conflict = _revision_conflict(call, decision.expected_revision)
+    if conflict is not None:
+        return Step(call, conflict)
+    if decision.input_fingerprint != call.input_fingerprint:
+        return Step(
+            call,
+            InputMismatch(
+                "the approval was given for another input than the call's",
+                {"inputFingerprint": call.input_fingerprint},
+            ),
+        )
+    event = Event.APPROVE if decision.approve else Event.REJECT
+    if call.state is not State.AWAITING_APPROVAL:
+        return Step(call, _invalid(call, event))
+    approval = Approval(
+        approved=decision.approve,
+        approver=decision.approver,
+        reason=decision.reason,
+        at_ns=now.wall_ns,
+        input_fingerprint=call.input_fingerprint,
+        revision=call.revision,
+    )
+    changes: dict[str, object] = {"approval": approval}
+    if not decision.approve:
+        changes["result"] = rejection_result(decision.approver, decision.reason)
+    decided = machine.apply(
+        call,
+        event,
+        at_ns=now.wall_ns,
+        actor=decision.approver,
+        reason=decision.reason,
+        **changes,
+    )
+    return Step(decided, Answer(rules.decide(decided), decided))
+
+
+def reconcile(call: ToolCall, now: Now, order: ReconcileOrder) -> Step:
+    """Reconcile: COMMITTED with the result found, or PREPARED when verified
+    never executed; the evidence is kept on the record.
+
+    The revision is compared with the record as stored (the one the operator
+    saw); a STARTED call whose lease ran out is then settled to UNKNOWN first,
+    so its history shows the expiry. Refused, changing nothing: another
+    revision (REVISION_CONFLICT); a state other than STARTED or UNKNOWN, or
+    "never executed" while an attempt still holds a live lease and may yet
+    execute (INVALID_TRANSITION).
+    """
+    conflict = _revision_conflict(call, order.expected_revision)
+    if conflict is not None:
+        return Step(call, conflict)
+    event = (
+        Event.RECONCILE_NOT_EXECUTED
+        if order.result is None
+        else Event.RECONCILE_COMMITTED
+    )
+    if call.state not in (State.STARTED, State.UNKNOWN):
+        return Step(call, _invalid(call, event))
+    settled = rules.settle(call, now)
+    if settled.state is State.STARTED and order.result is None:
+        return Step(
+            call,
+            InvalidTransition(
+                "an attempt holds a live lease and may still execute the call: "
+                "it cannot be verified as never executed yet",
+                {"state": call.state.name, "event": event.value, "lease": "live"},
+            ),
+        )
+    entry = Reconciliation(
+        resolution=order.resolution,
+        operator=order.operator,
+        reason=order.reason,
+        evidence=order.evidence,
+        at_ns=now.wall_ns,
+        from_state=call.state,
+        revision=call.revision,
+        attempt=call.attempt,
+    )
+    changes: dict[str, object] = {
+        "lease": None,
+        "reconciliations": (*call.reconciliations, entry),
+    }
+    if order.result is not None:
+        changes["result"] = order.result
+    resolved = machine.apply(
+        settled,
+        event,
+        at_ns=now.wall_ns,
+        actor=order.operator,
+        reason=order.reason,
+        **changes,
+    )
+    return Step(resolved, Answer(rules.decide(resolved), resolved))

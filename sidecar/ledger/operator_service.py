@@ -1,0 +1,201 @@
+"""The operator service: approvals, reconciliations and the audit log.
+
+Each request is one write function, like those of `LedgerService`: load the
+record, run the rule of `operator_rules`, store the record and append its
+audit entry, in one write transaction. So a decision is never applied
+without its audit entry, nor audited without being applied, and two
+operators deciding one record are serialized by the writer: the second one
+sees the first one's revision and is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sidecar.clock import Clock
+from sidecar.errors import EffectdError, NotFound
+from sidecar.ledger import audit, operator_rules, paging
+from sidecar.ledger.audit import Action
+from sidecar.ledger.model import CallRef, Resolution, ToolCall
+from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
+from sidecar.ledger.rules import Answer, Now
+from sidecar.ledger.validation import Limits
+from sidecar.storage import records
+from sidecar.storage.api import ReadView, Store, WriteView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPage:
+    entries: list[audit.Entry]
+    next_page_token: str
+
+
+class OperatorService:
+    def __init__(self, store: Store, clock: Clock, limits: Limits) -> None:
+        self._store = store
+        self._clock = clock
+        self.limits = limits
+
+    def now(self) -> Now:
+        return Now(
+            self._clock.wall_ns(), self._clock.monotonic_ns(), self._store.incarnation
+        )
+
+    async def _write(
+        self, apply: Callable[[WriteView, Now], Answer | EffectdError]
+    ) -> Answer:
+        def run(view: WriteView) -> Answer | EffectdError:
+            return apply(view, self.now())
+
+        reply = await asyncio.wrap_future(self._store.submit(run))
+        if isinstance(reply, EffectdError):
+            raise reply
+        return reply
+
+    async def decide_approval(self, ref: CallRef, decision: ApprovalDecision) -> Answer:
+        """Approves or rejects; the record and its audit entry are one write."""
+
+        def apply(view: WriteView, now: Now) -> Answer | EffectdError:
+            old = _load(view, ref)
+            step = operator_rules.decide_approval(old, now, decision)
+            if isinstance(step.reply, EffectdError):
+                return step.reply
+            records.save_call(view, old, step.call)
+            action = Action.APPROVE if decision.approve else Action.REJECT
+            records.append_audit(
+                view,
+                audit.call_fact(
+                    action,
+                    old,
+                    step.call,
+                    at_ns=now.wall_ns,
+                    actor=decision.approver,
+                    reason=decision.reason,
+                    details={"inputFingerprint": decision.input_fingerprint},
+                ),
+            )
+            return step.reply
+
+        return await self._write(apply)
+
+    async def reconcile(self, ref: CallRef, order: ReconcileOrder) -> Answer:
+        """Resolves a call of unknown outcome; the record, its evidence and
+        the audit entry are one write."""
+
+        def apply(view: WriteView, now: Now) -> Answer | EffectdError:
+            old = _load(view, ref)
+            step = operator_rules.reconcile(old, now, order)
+            if isinstance(step.reply, EffectdError):
+                return step.reply
+            records.save_call(view, old, step.call)
+            committed = order.resolution is Resolution.COMMITTED
+            details = {"attempt": str(old.attempt)}
+            if order.result is not None:
+                details["resultDigest"] = order.result.digest
+            records.append_audit(
+                view,
+                audit.call_fact(
+                    Action.RECONCILE_COMMITTED
+                    if committed
+                    else Action.RECONCILE_NOT_EXECUTED,
+                    old,
+                    step.call,
+                    at_ns=now.wall_ns,
+                    actor=order.operator,
+                    reason=order.reason,
+                    evidence=order.evidence,
+                    details=details,
+                ),
+            )
+            return step.reply
+
+        return await self._write(apply)
+
+    # -- the audit log ---------------------------------------------------------
+
+    def verify_audit(self) -> audit.Verdict:
+        """Walks the whole chain on one snapshot."""
+
+        def walk(view: ReadView) -> audit.Verdict:
+            return audit.verify(records.scan_audit(view), records.load_audit_head(view))
+
+        return self._store.read(walk)
+
+    def list_audit(
+        self,
+        *,
+        namespace: str,
+        newest_first: bool,
+        page_size: int,
+        page_token: str,
+    ) -> AuditPage:
+        """Entries in sequence order (or reversed), only of `namespace` unless
+        it is empty. Like ListToolCalls, a page may be short when the filter
+        skips many entries: the work per page is bounded."""
+        prefix = _token_prefix(namespace, newest_first=newest_first)
+        after = paging.decode(page_token, prefix)
+        resume = None if after is None else int.from_bytes(after[len(prefix) :], "big")
+        budget = max(page_size * 10, 1000)
+
+        def scan(view: ReadView) -> AuditPage:
+            entries: list[audit.Entry] = []
+            last = 0
+            for examined, (sequence, raw) in enumerate(
+                _walk(view, resume, newest_first=newest_first)
+            ):
+                if len(entries) == page_size or examined == budget:
+                    return AuditPage(entries, paging.encode(prefix + _seq(last)))
+                last = sequence
+                try:
+                    entry = audit.decode(raw)
+                except audit.MalformedEntry as exc:
+                    # Listed by VerifyAudit as the first bad entry; a listing
+                    # still shows every readable one.
+                    log.warning("audit entry %d cannot be read: %s", sequence, exc)
+                    continue
+                if not namespace or entry.fact.namespace == namespace:
+                    entries.append(entry)
+            return AuditPage(entries, "")
+
+        return self._store.read(scan)
+
+
+def _seq(sequence: int) -> bytes:
+    return sequence.to_bytes(8, "big")
+
+
+def _token_prefix(namespace: str, *, newest_first: bool) -> bytes:
+    # A token continues only the listing it came from: same order, same filter.
+    order = b"<" if newest_first else b">"
+    return b"audit\x00" + order + namespace.encode() + b"\x00"
+
+
+def _walk(
+    view: ReadView, resume: int | None, *, newest_first: bool
+) -> Iterator[tuple[int, bytes]]:
+    """Stored entries after `resume` in the listing's order."""
+    if not newest_first:
+        yield from records.scan_audit(view, resume or 0)
+        return
+    # The store scans forward only: walk down from the head by sequence.
+    head = records.load_audit_head(view)
+    top = (0 if head is None else head.sequence) if resume is None else resume - 1
+    for sequence in range(top, 0, -1):
+        raw = records.load_audit(view, sequence)
+        if raw is not None:
+            yield sequence, raw
+
+
+def _load(view: ReadView, ref: CallRef) -> ToolCall:
+    call = records.load_call(view, ref)
+    if call is None:
+        raise NotFound(
+            f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",
+            {"namespace": ref.namespace, "runId": ref.run_id, "callId": ref.call_id},
+        )
+    return call

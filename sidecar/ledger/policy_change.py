@@ -1,0 +1,94 @@
+"""A policy change as an audit fact (ADR-010 R2, DESIGN §10), as pure functions.
+
+A reload names who asked for it and when, and keeps both policies whole, each
+as the RFC 8785 form of its document, so the audit log alone tells which
+policy decided a call at any moment. `changes` names the settings that
+differ by their policy-file names (`retry.retry_safe`,
+`tools.send_payment.effect`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import rfc8785
+
+from sidecar.ledger import audit
+from sidecar.ledger.model import Effect
+from sidecar.ledger.policy import Policy
+
+# Who reloaded: an operator through the Admin RPC, or a SIGHUP to the daemon.
+OPERATOR = "operator"
+SIGHUP = "sighup"
+
+
+def forced_side_effects(policy: Policy) -> list[str]:
+    """The tools the policy forces to SIDE_EFFECT, sorted."""
+    return sorted(
+        name
+        for name, effect in policy.effect_overrides.items()
+        if effect is Effect.SIDE_EFFECT
+    )
+
+
+def document(policy: Policy) -> dict[str, Any]:
+    """The whole policy as a JSON document."""
+    return {
+        "retry_safe": policy.retry_safe_enabled,
+        "max_attempts": policy.max_attempts,
+        "default_lease_ms": policy.default_lease_ms,
+        "retention_seconds": policy.retention_seconds,
+        "effect_overrides": {
+            name: policy.effect_overrides[name].value
+            for name in sorted(policy.effect_overrides)
+        },
+    }
+
+
+def canonical(policy: Policy) -> str:
+    """The RFC 8785 form of `document(policy)`."""
+    return bytes(rfc8785.dumps(document(policy))).decode()
+
+
+def changes(old: Policy, new: Policy) -> list[str]:
+    """The settings that differ, by their names in the policy file."""
+    changed = []
+    if old.retry_safe_enabled != new.retry_safe_enabled:
+        changed.append("retry.retry_safe")
+    if old.max_attempts != new.max_attempts:
+        changed.append("retry.max_attempts")
+    if old.default_lease_ms != new.default_lease_ms:
+        changed.append("leases.default_ms")
+    if old.retention_seconds != new.retention_seconds:
+        changed.append("retention.days")
+    for name in sorted(set(old.effect_overrides) | set(new.effect_overrides)):
+        if old.effect_overrides.get(name) != new.effect_overrides.get(name):
+            changed.append(f"tools.{name}.effect")
+    return changed
+
+
+def fact(
+    old: Policy, new: Policy, *, at_ns: int, actor: str, reason: str, source: str
+) -> audit.Fact:
+    """The audit fact of replacing `old` by `new`, read from `source`."""
+    return audit.Fact(
+        at_ns=at_ns,
+        actor=actor,
+        action=audit.Action.POLICY_RELOAD,
+        # A policy is of the whole daemon, not of one record.
+        namespace="",
+        run_id="",
+        call_id="",
+        revision_before=0,
+        revision_after=0,
+        state_before=None,
+        state_after=None,
+        reason=reason,
+        evidence="",
+        details={
+            "file": source,
+            "old": canonical(old),
+            "new": canonical(new),
+            "changed": ",".join(changes(old, new)),
+        },
+    )

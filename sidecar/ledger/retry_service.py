@@ -1,0 +1,76 @@
+"""The retry service: answers `ledger.retry` questions from the ledger or as asked.
+
+A question about a recorded call takes its facts from the stored record, as
+the rules would see it now (a STARTED call whose lease is gone counts as
+UNKNOWN), without writing anything: a decision changes no record. The jitter
+comes from an injected random source, so tests are deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from sidecar.clock import Clock
+from sidecar.errors import NotFound
+from sidecar.ledger import retry, rules
+from sidecar.ledger.model import CallRef
+from sidecar.ledger.policy import PolicySource
+from sidecar.ledger.rules import Now
+from sidecar.storage import records
+from sidecar.storage.api import Store
+
+
+class RetryService:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        policy: PolicySource,
+        *,
+        random: Callable[[], float],
+        backoff: retry.Backoff | None = None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._policy = policy
+        self._random = random
+        self._backoff = backoff or retry.Backoff()
+
+    def _now(self) -> Now:
+        return Now(
+            self._clock.wall_ns(), self._clock.monotonic_ns(), self._store.incarnation
+        )
+
+    def facts_of(
+        self, ref: CallRef, question: retry.RetryQuestion
+    ) -> retry.RetryQuestion:
+        """`question` with the facts and attempts of the recorded call `ref`."""
+        call = self._store.read(lambda view: records.load_call(view, ref))
+        if call is None:
+            raise NotFound(
+                f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",
+                {
+                    "namespace": ref.namespace,
+                    "runId": ref.run_id,
+                    "callId": ref.call_id,
+                },
+            )
+        call = rules.settle(call, self._now())
+        facts = retry.Facts(
+            call.effect, call.state, call.idempotency_key, call.tool_name
+        )
+        return dataclasses.replace(
+            question,
+            facts=facts,
+            attempts_used=max(question.attempts_used, call.attempt),
+        )
+
+    def decide(self, question: retry.RetryQuestion) -> retry.RetryDecision:
+        return retry.decide(
+            question,
+            self._policy.current(),
+            self._backoff,
+            now_wall_ns=self._clock.wall_ns(),
+            jitter=self._random(),
+        )

@@ -1,0 +1,118 @@
+"""The `effectd.v1.Admin` service: translation only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from effectd.v1 import admin_pb2 as pb
+from effectd.v1 import ledger_pb2
+
+from sidecar.errors import NoPolicyFile
+from sidecar.ledger import policy_change
+from sidecar.ledger.audit import Action, Entry
+from sidecar.ledger.operator_service import OperatorService
+from sidecar.ledger.policy import Policy
+from sidecar.ledger.policy_service import PolicyService
+from sidecar.ledger.validation import Violations
+from sidecar.rpc import convert
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+ACTION_TO_PB = {a: pb.AuditAction.Value(f"AUDIT_ACTION_{a.name}") for a in Action}
+
+
+def policy_pb(policy: Policy) -> pb.PolicySummary:
+    return pb.PolicySummary(
+        retry_safe=policy.retry_safe_enabled,
+        max_attempts=policy.max_attempts,
+        default_lease_ms=policy.default_lease_ms,
+        retention_seconds=policy.retention_seconds,
+        forced_side_effect_tools=policy_change.forced_side_effects(policy),
+    )
+
+
+def entry_pb(entry: Entry) -> pb.AuditEntry:
+    f = entry.fact
+    return pb.AuditEntry(
+        sequence=entry.sequence,
+        at=convert.timestamp(f.at_ns),
+        actor=f.actor,
+        action=ACTION_TO_PB[f.action],
+        ref=ledger_pb2.CallRef(
+            namespace=f.namespace, run_id=f.run_id, call_id=f.call_id
+        ),
+        revision_before=f.revision_before,
+        revision_after=f.revision_after,
+        state_before=ledger_pb2.CALL_STATE_UNSPECIFIED
+        if f.state_before is None
+        else convert.STATE_TO_PB[f.state_before],
+        state_after=ledger_pb2.CALL_STATE_UNSPECIFIED
+        if f.state_after is None
+        else convert.STATE_TO_PB[f.state_after],
+        reason=f.reason,
+        evidence=f.evidence,
+        details=dict(f.details),
+        previous_hash=entry.previous_hash,
+        hash=entry.hash,
+    )
+
+
+class Admin:
+    def __init__(
+        self, operator: OperatorService, policy: PolicyService | None = None
+    ) -> None:
+        self._operator = operator
+        self._limits = operator.limits
+        self._policy = policy
+
+    async def VerifyAudit(
+        self, req: pb.VerifyAuditRequest, _: Context
+    ) -> pb.VerifyAuditResponse:
+        verdict = self._operator.verify_audit()
+        return pb.VerifyAuditResponse(
+            ok=verdict.ok,
+            entries_checked=verdict.checked,
+            first_bad_sequence=verdict.bad_sequence,
+            problem=verdict.problem,
+        )
+
+    async def ListAudit(
+        self, req: pb.ListAuditRequest, _: Context
+    ) -> pb.ListAuditResponse:
+        v = Violations()
+        namespace = req.namespace
+        if namespace:
+            convert.namespace(v, namespace)
+        size = convert.page_size(v, req.page_size, self._limits)
+        v.require()
+        page = self._operator.list_audit(
+            namespace=namespace,
+            newest_first=req.newest_first,
+            page_size=size,
+            page_token=req.page_token,
+        )
+        return pb.ListAuditResponse(
+            entries=[entry_pb(e) for e in page.entries],
+            next_page_token=page.next_page_token,
+        )
+
+    async def ReloadPolicy(
+        self, req: pb.ReloadPolicyRequest, _: Context
+    ) -> pb.ReloadPolicyResponse:
+        v = Violations()
+        v.text("reason", req.reason, self._limits.max_text_bytes)
+        v.require()
+        if self._policy is None:
+            raise NoPolicyFile("this daemon serves no policy reloads")
+        # Until auth names the caller, an RPC reload is the operator's.
+        done = await self._policy.reload(
+            actor=policy_change.OPERATOR, reason=req.reason
+        )
+        return pb.ReloadPolicyResponse(
+            policy=policy_pb(done.policy),
+            previous=policy_pb(done.previous),
+            changed=list(done.changed),
+            audit_sequence=done.entry.sequence,
+            file=done.source,
+        )
