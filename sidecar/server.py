@@ -25,14 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from sidecar.clock import Clock, SystemClock
 from sidecar.config import ServeConfig, loopback_host
 from sidecar.errors import ShuttingDown
-from sidecar.ledger.checkpoints import CheckpointService
-from sidecar.ledger.operator_service import OperatorService
 from sidecar.ledger.policy import FixedPolicy, PolicySource
-from sidecar.ledger.policy_service import PolicyService, Reload
-from sidecar.ledger.recovery_service import RecoveryService
-from sidecar.ledger.retention_service import PassResult, RetentionService
-from sidecar.ledger.retry_service import RetryService
-from sidecar.ledger.service import LedgerService
 from sidecar.locking import ExclusiveLock
 from sidecar.policy_file import PolicyFile
 from sidecar.rpc.admin import Admin
@@ -41,6 +34,13 @@ from sidecar.rpc.handlers import generic_handler
 from sidecar.rpc.ledger import ToolLedger
 from sidecar.rpc.recovery import Recovery
 from sidecar.rpc.retry import RetryPolicy
+from sidecar.services.checkpoints import CheckpointService
+from sidecar.services.ledger import LedgerService
+from sidecar.services.operator import OperatorService
+from sidecar.services.policy import PolicyService, Reload
+from sidecar.services.recovery import RecoveryService
+from sidecar.services.retention import PassResult, RetentionService
+from sidecar.services.retry import RetryService
 from sidecar.storage.api import Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 

@@ -1,3 +1,4 @@
 """The rules of ADR-010 as pure functions: identity, fingerprints, the state
-machine and the decisions. Nothing here does I/O; `service` applies the rules
-inside storage transactions."""
+machine, decisions, recovery plans, retry decisions, approvals and
+reconciliation, the audit chain, retention. Nothing here does I/O;
+`sidecar.services` applies the rules inside storage transactions."""

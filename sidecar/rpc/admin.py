@@ -11,11 +11,11 @@ from effectd.v1 import ledger_pb2
 from sidecar.errors import NoPolicyFile
 from sidecar.ledger import policy_change
 from sidecar.ledger.audit import Action, Entry
-from sidecar.ledger.operator_service import OperatorService
 from sidecar.ledger.policy import Policy
-from sidecar.ledger.policy_service import PolicyService
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert
+from sidecar.services.operator import OperatorService
+from sidecar.services.policy import PolicyService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

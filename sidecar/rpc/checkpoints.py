@@ -7,9 +7,10 @@ from typing import Any
 import grpc
 from effectd.v1 import checkpoints_pb2 as pb
 
-from sidecar.ledger.checkpoints import CheckpointService, Expect
+from sidecar.ledger.checkpoints import Expect
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.rpc import convert
+from sidecar.services.checkpoints import CheckpointService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

@@ -7,10 +7,10 @@ from typing import Any
 import grpc
 from effectd.v1 import ledger_pb2 as pb
 
-from sidecar.ledger.operator_service import OperatorService
-from sidecar.ledger.service import LedgerService
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert
+from sidecar.services.ledger import LedgerService
+from sidecar.services.operator import OperatorService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

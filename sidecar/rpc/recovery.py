@@ -9,9 +9,9 @@ from effectd.v1 import recovery_pb2 as pb
 
 from sidecar.ledger.model import Effect
 from sidecar.ledger.recovery import PlanItem, RecoveryAction
-from sidecar.ledger.recovery_service import RecoveryService
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert
+from sidecar.services.recovery import RecoveryService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

@@ -10,9 +10,9 @@ from effectd.v1 import retry_pb2 as pb
 
 from sidecar.ledger import retry
 from sidecar.ledger.model import Effect, State
-from sidecar.ledger.retry_service import RetryService
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.rpc import convert
+from sidecar.services.retry import RetryService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

@@ -17,8 +17,8 @@ from sidecar.errors import EffectdError, NoPolicyFile, PolicyInvalid
 from sidecar.ledger import audit, policy_change
 from sidecar.ledger.model import Effect
 from sidecar.ledger.policy import FixedPolicy, Policy
-from sidecar.ledger.policy_service import PolicyService
 from sidecar.policy_file import PolicyFile
+from sidecar.services.policy import PolicyService
 from sidecar.storage import records
 from sidecar.storage.lmdb_store import LmdbStore
 

@@ -28,10 +28,10 @@ from sidecar.ledger.model import (
     ToolCall,
 )
 from sidecar.ledger.policy import FixedPolicy, Policy
-from sidecar.ledger.retention_service import RetentionService
 from sidecar.ledger.rules import PrepareSpec
-from sidecar.ledger.service import LedgerService
 from sidecar.ledger.validation import Limits
+from sidecar.services.ledger import LedgerService
+from sidecar.services.retention import RetentionService
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb_store import LmdbStore

@@ -27,9 +27,9 @@ from sidecar.errors import EffectdError
 from sidecar.ledger import operator_rules
 from sidecar.ledger.model import CallRef
 from sidecar.ledger.operator_rules import ReconcileOrder
-from sidecar.ledger.operator_service import OperatorService
 from sidecar.ledger.rules import Answer
 from sidecar.server import Daemon
+from sidecar.services.operator import OperatorService
 from sidecar.storage import records
 from sidecar.storage.api import Store, WriteView
 from sidecar.testing import running_daemon

@@ -21,7 +21,7 @@ from effectd.v1 import recovery_pb2 as rpb
 from sidecar.cli import parser
 from sidecar.clock import ManualClock
 from sidecar.config import ConfigError, ServeConfig
-from sidecar.ledger.retention_service import PassResult, RetentionService
+from sidecar.services.retention import PassResult, RetentionService
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import assert_serving, expect_refusal, prepare_request, ref
 

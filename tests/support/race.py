@@ -18,8 +18,8 @@ from sidecar.errors import EffectdError
 from sidecar.ledger import rules
 from sidecar.ledger.model import CallRef
 from sidecar.ledger.rules import Answer, PrepareSpec
-from sidecar.ledger.service import LedgerService
 from sidecar.server import Daemon
+from sidecar.services.ledger import LedgerService
 from sidecar.storage import records
 from sidecar.storage.api import Store, WriteView
 

@@ -1,0 +1,84 @@
+"""The checkpoint service: applies the rules of `sidecar.ledger.checkpoints`
+(ADR-010 D1, DESIGN §8) in write transactions. A Txn checks all its compares
+before it writes anything, inside one write function, so it applies all or
+nothing; Put and Delete are one-key Txns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.clock import Clock
+from sidecar.errors import NotFound
+from sidecar.ledger import paging
+from sidecar.ledger.checkpoints import Expect, Op, check
+from sidecar.storage import records
+from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.records import StoredCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPage:
+    checkpoints: list[StoredCheckpoint]
+    next_page_token: str
+
+
+class CheckpointService:
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+
+    def get(self, namespace: str, key: str) -> StoredCheckpoint:
+        found = self._store.read(
+            lambda view: records.load_checkpoint(view, namespace, key)
+        )
+        if found is None:
+            raise NotFound(
+                f"no checkpoint {key!r} in namespace {namespace}", {"key": key}
+            )
+        return found
+
+    async def txn(
+        self, namespace: str, compares: Sequence[Expect], ops: Sequence[Op]
+    ) -> int:
+        """Checks every compare, then applies every op; returns the revision
+        given to the puts. Put, Delete and Txn all go through here."""
+
+        def apply(view: WriteView) -> int:
+            for expect in compares:
+                current = records.load_checkpoint(view, namespace, expect.key)
+                check(expect, None if current is None else current.revision)
+            revision = records.next_checkpoint_revision(view)
+            now = self._clock.wall_ns()
+            for op in ops:
+                if op.value is None:
+                    records.delete_checkpoint(view, namespace, op.key)
+                else:
+                    cp = StoredCheckpoint(op.key, op.value, revision, now)
+                    records.save_checkpoint(view, namespace, cp)
+            return revision
+
+        return await asyncio.wrap_future(self._store.submit(apply))
+
+    async def put(self, namespace: str, expect: Expect, value: bytes) -> int:
+        return await self.txn(namespace, [expect], [Op(expect.key, value)])
+
+    async def delete(self, namespace: str, key: str, revision: int) -> None:
+        await self.txn(namespace, [Expect(key, revision)], [Op(key, None)])
+
+    def list(
+        self, namespace: str, *, prefix: str, page_size: int, page_token: str
+    ) -> CheckpointPage:
+        after = paging.decode_text(page_token, prefix)
+
+        def scan(view: ReadView) -> CheckpointPage:
+            found: list[StoredCheckpoint] = []
+            for cp in records.scan_checkpoints(view, namespace, prefix, after):
+                if len(found) == page_size:
+                    return CheckpointPage(found, paging.encode(found[-1].key.encode()))
+                found.append(cp)
+            return CheckpointPage(found, "")
+
+        return self._store.read(scan)
