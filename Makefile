@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: run test check protos bench clean
+.PHONY: run test check node-test protos bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ check: $(DEV_INSTALLED)
 ## test: install what the tests need, run the checks and the whole suite
 test: check
 	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
+	$(MAKE) node-test
+
+## node-test: the Node client's tests against a real daemon (needs node and npm)
+node-test: $(INSTALLED)
+	cd clients/node && npm ci --no-audit --no-fund && EFFECTD_PYTHON=$(abspath $(PY)) npm test
 
 ## protos: regenerate clients/python/src/effectd from protos/
 protos: $(DEV_INSTALLED)

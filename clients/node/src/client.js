@@ -1,0 +1,357 @@
+'use strict';
+/**
+ * The promise client: one method per ToolLedger, Checkpoints, Recovery and
+ * RetryPolicy RPC, plain objects in and out. Every gRPC error is translated
+ * to an EffectdError (subclass) here, and nowhere else.
+ */
+
+const grpc = require('@grpc/grpc-js');
+const { load } = require('./proto');
+const { fromServiceError } = require('./errors');
+const c = require('./convert');
+
+const DEFAULT_TARGET = 'unix:.effectd/effectd.sock';
+
+class Client {
+  /**
+   * @param {object} [options]
+   * @param {string} [options.target] `unix:PATH` or `HOST:PORT` (default `unix:.effectd/effectd.sock`).
+   * @param {string} [options.namespace] '' means "default".
+   * @param {number} [options.timeoutMs] deadline of every call (default 10 s).
+   * @param {grpc.ChannelCredentials} [options.credentials] default insecure (local socket).
+   * @param {object} [options.channelOptions] passed to @grpc/grpc-js.
+   * @param {string} [options.protosDir] where effectd/v1/*.proto are (default the repository's protos/).
+   */
+  constructor({
+    target = DEFAULT_TARGET,
+    namespace = '',
+    timeoutMs = 10_000,
+    credentials = grpc.credentials.createInsecure(),
+    channelOptions = {},
+    protosDir,
+  } = {}) {
+    const { services } = load(protosDir);
+    this.target = target;
+    this.namespace = namespace;
+    this.timeoutMs = timeoutMs;
+    this._ledger = new services.ledger(target, credentials, channelOptions);
+    // The other stubs share the first one's channel.
+    const shared = { channelOverride: this._ledger.getChannel() };
+    this._checkpoints = new services.checkpoints(target, credentials, shared);
+    this._recovery = new services.recovery(target, credentials, shared);
+    this._retry = new services.retry(target, credentials, shared);
+  }
+
+  /** Closes the channel; pending calls fail. */
+  close() {
+    this._ledger.close();
+  }
+
+  _call(stub, method, request) {
+    return new Promise((resolve, reject) => {
+      stub[method](request, { deadline: Date.now() + this.timeoutMs }, (error, response) => {
+        if (error) reject(fromServiceError(error));
+        else resolve(response);
+      });
+    });
+  }
+
+  _ref({ runId, callId }) {
+    return { namespace: this.namespace, runId, callId };
+  }
+
+  // -- tool calls -------------------------------------------------------------
+
+  _prepareRequest({
+    runId,
+    callId,
+    tool,
+    toolName = tool,
+    input,
+    effect = 'SIDE_EFFECT',
+    requireApproval = false,
+    start = false,
+    leaseMs = 0,
+  }) {
+    return {
+      ref: this._ref({ runId, callId }),
+      toolName,
+      effect: c.enumIn('Effect', effect),
+      input: c.payloadIn(input),
+      requireApproval,
+      start,
+      leaseMs,
+    };
+  }
+
+  /**
+   * Records the call (or finds it) and returns the decision.
+   *
+   * @param {object} args {runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval, start, leaseMs}
+   * @returns {Promise<{decision: string, call: object, idempotencyKey: string, attemptHeld: boolean, retryRequired: boolean}>}
+   */
+  async prepareTool(args) {
+    return preparedOut(await this._call(this._ledger, 'PrepareTool', this._prepareRequest(args)));
+  }
+
+  /** prepareTool for a batch of parallel calls, in one transaction; answers in order. */
+  async prepareTools(calls) {
+    const request = { calls: calls.map((call) => this._prepareRequest(call)) };
+    const response = await this._call(this._ledger, 'PrepareTools', request);
+    return response.results.map(preparedOut);
+  }
+
+  /** Starts a PREPARED call (or, with `retry`, retries a READ / IDEMPOTENT_WRITE one). */
+  async startTool({ runId, callId, retry = false, leaseMs = 0, expectedRevision }) {
+    const request = { ref: this._ref({ runId, callId }), retry, leaseMs, expectedRevision };
+    const r = await this._call(this._ledger, 'StartTool', request);
+    const decision = c.enumOut('Decision', r.decision);
+    return {
+      decision,
+      call: c.toolCallOut(r.call),
+      idempotencyKey: r.idempotencyKey,
+      attemptHeld: decision === 'EXECUTE',
+      retryRequired: false,
+    };
+  }
+
+  /**
+   * Commits the attempt's result: `result` (JSON value or Buffer) or, with
+   * `errorCode`, an error result.
+   */
+  async commitTool({ runId, callId, attempt, result, errorCode = '', errorMessage = '', expectedRevision }) {
+    const payload = result === undefined && errorCode ? null : c.payloadIn(result);
+    const request = {
+      ref: this._ref({ runId, callId }),
+      attempt,
+      result: {
+        outcome: errorCode ? 'OUTCOME_ERROR' : 'OUTCOME_OK',
+        payload,
+        errorCode,
+        errorMessage,
+      },
+      expectedRevision,
+    };
+    return c.toolCallOut((await this._call(this._ledger, 'CommitTool', request)).call);
+  }
+
+  /** The attempt cannot know whether the tool ran: STARTED becomes UNKNOWN. */
+  async reportUnknown({ runId, callId, attempt, reason = '' }) {
+    const request = { ref: this._ref({ runId, callId }), attempt, reason };
+    return c.toolCallOut((await this._call(this._ledger, 'ReportUnknown', request)).call);
+  }
+
+  /** Extends the lease of the attempt that holds the call. */
+  async heartbeat({ runId, callId, attempt, leaseMs = 0 }) {
+    const request = { ref: this._ref({ runId, callId }), attempt, leaseMs };
+    return c.toolCallOut((await this._call(this._ledger, 'Heartbeat', request)).call);
+  }
+
+  /** Approves or rejects a call as seen at `expectedRevision` with `inputFingerprint`. */
+  async decideApproval({ runId, callId, approve, approver, reason, expectedRevision, inputFingerprint }) {
+    const request = {
+      ref: this._ref({ runId, callId }),
+      approve,
+      approver,
+      reason,
+      expectedRevision,
+      inputFingerprint,
+    };
+    return c.toolCallOut((await this._call(this._ledger, 'DecideApproval', request)).call);
+  }
+
+  /**
+   * Resolves a STARTED or UNKNOWN call: `notExecuted: true`, or the result
+   * found in the target system (`result`, or `errorCode` for an error result).
+   */
+  async reconcile({
+    runId,
+    callId,
+    expectedRevision,
+    operator,
+    reason,
+    evidence,
+    result,
+    errorCode = '',
+    errorMessage = '',
+    notExecuted = false,
+  }) {
+    const request = {
+      ref: this._ref({ runId, callId }),
+      expectedRevision,
+      operator,
+      reason,
+      evidence,
+    };
+    if (notExecuted) {
+      request.notExecuted = true;
+    } else {
+      request.result = {
+        outcome: errorCode ? 'OUTCOME_ERROR' : 'OUTCOME_OK',
+        payload: result === undefined && errorCode ? null : c.payloadIn(result),
+        errorCode,
+        errorMessage,
+      };
+    }
+    return c.toolCallOut((await this._call(this._ledger, 'Reconcile', request)).call);
+  }
+
+  /** One record with its history. */
+  async getToolCall({ runId, callId }) {
+    const request = { ref: this._ref({ runId, callId }) };
+    return c.toolCallOut((await this._call(this._ledger, 'GetToolCall', request)).call);
+  }
+
+  /** Every matching call (without history), following page tokens. */
+  async *listToolCalls({ runId = '', states = [], pageSize = 0 } = {}) {
+    let pageToken = '';
+    do {
+      const request = {
+        namespace: this.namespace,
+        runId,
+        states: states.map((s) => c.enumIn('CallState', s)),
+        pageSize,
+        pageToken,
+      };
+      const page = await this._call(this._ledger, 'ListToolCalls', request);
+      for (const call of page.calls) yield c.toolCallOut(call);
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+  }
+
+  // -- recovery ---------------------------------------------------------------
+
+  /** The plan of a crashed run: one item per call; nothing is executed. */
+  async recover({ runId }) {
+    const request = { namespace: this.namespace, runId };
+    const r = await this._call(this._recovery, 'Recover', request);
+    return { items: r.items.map(c.recoveryItemOut), interrupted: r.interrupted, settled: r.settled };
+  }
+
+  /** Marks replayed results as delivered to the transcript; returns the records. */
+  async acknowledgeRecovery({ runId, callIds }) {
+    const request = { namespace: this.namespace, runId, callIds };
+    const r = await this._call(this._recovery, 'AcknowledgeRecovery', request);
+    return r.calls.map(c.toolCallOut);
+  }
+
+  // -- retry decisions --------------------------------------------------------
+
+  /**
+   * Whether a failed attempt may be retried. A denial is an answer
+   * (`allow: false` with its `reason`), not an error.
+   *
+   * @param {object} args {call: {runId, callId}} or {facts: {effect, state, idempotencyKey, toolName}},
+   *   plus context ('TOOL', 'MCP', ...), error {kind, retryable, code, message},
+   *   attemptsUsed, deadline (Date), maxAttempts.
+   */
+  async decideRetry({ call, facts, context, error = {}, attemptsUsed = 0, deadline, maxAttempts = 0 }) {
+    const request = {
+      context: c.enumIn('RetryContext', context),
+      error: {
+        kind: c.enumIn('FailureKind', error.kind ?? 'UNSPECIFIED'),
+        retryable: Boolean(error.retryable),
+        code: error.code ?? '',
+        message: error.message ?? '',
+      },
+      attemptsUsed,
+      deadline: c.timestampIn(deadline),
+      maxAttempts,
+    };
+    if (call) request.call = this._ref(call);
+    if (facts) {
+      request.facts = {
+        effect: c.enumIn('Effect', facts.effect ?? 'UNSPECIFIED'),
+        state: c.enumIn('CallState', facts.state),
+        idempotencyKey: facts.idempotencyKey ?? '',
+        toolName: facts.toolName ?? '',
+      };
+    }
+    const r = await this._call(this._retry, 'DecideRetry', request);
+    return {
+      allow: r.allow,
+      reason: r.reason === 'ERROR_REASON_UNSPECIFIED' ? '' : r.reason,
+      message: r.message,
+      backoffMs: r.backoffMs,
+      effect: c.enumOut('Effect', r.effect),
+      maxAttempts: r.maxAttempts,
+      attemptsUsed: r.attemptsUsed,
+      idempotencyKey: r.idempotencyKey,
+    };
+  }
+
+  // -- checkpoints ------------------------------------------------------------
+
+  /** The checkpoint {key, value: Buffer, revision, updatedAt}, or null when absent. */
+  async getCheckpoint(key) {
+    try {
+      const r = await this._call(this._checkpoints, 'Get', { namespace: this.namespace, key });
+      return c.checkpointOut(r.checkpoint);
+    } catch (error) {
+      if (error.reason === 'NOT_FOUND') return null;
+      throw error;
+    }
+  }
+
+  /**
+   * Writes `key` if it is at `expectedRevision`, or, when that is omitted,
+   * if it is absent. `value`: a Buffer, a string (UTF-8) or a JSON value.
+   * Returns the new revision.
+   */
+  async putCheckpoint(key, value, { expectedRevision } = {}) {
+    const request = { namespace: this.namespace, key, value: c.bytesIn(value) };
+    if (expectedRevision === undefined || expectedRevision === null) request.expectAbsent = true;
+    else request.expectedRevision = expectedRevision;
+    return (await this._call(this._checkpoints, 'Put', request)).revision;
+  }
+
+  /** Deletes `key` if it is at `expectedRevision`. */
+  async deleteCheckpoint(key, expectedRevision) {
+    const request = { namespace: this.namespace, key, expectedRevision };
+    await this._call(this._checkpoints, 'Delete', request);
+  }
+
+  /**
+   * Compares, then puts and deletes, all or nothing. Returns the revision of
+   * the puts.
+   *
+   * @param {object} txn
+   * @param {({key: string, revision: number} | {key: string, absent: true})[]} txn.compares
+   * @param {({put: {key: string, value: any}} | {delete: {key: string}})[]} txn.ops
+   */
+  async checkpointTxn({ compares = [], ops = [] }) {
+    const request = {
+      namespace: this.namespace,
+      compares: compares.map((cmp) =>
+        cmp.absent ? { key: cmp.key, absent: true } : { key: cmp.key, revision: cmp.revision },
+      ),
+      ops: ops.map((op) =>
+        op.put ? { put: { key: op.put.key, value: c.bytesIn(op.put.value) } } : { delete: { key: op.delete.key } },
+      ),
+    };
+    return (await this._call(this._checkpoints, 'Txn', request)).revision;
+  }
+
+  /** Every checkpoint under `prefix`, in key order, following page tokens. */
+  async *listCheckpoints({ prefix = '', keysOnly = false, pageSize = 0 } = {}) {
+    let pageToken = '';
+    do {
+      const request = { namespace: this.namespace, prefix, pageSize, pageToken, keysOnly };
+      const page = await this._call(this._checkpoints, 'List', request);
+      for (const cp of page.checkpoints) yield c.checkpointOut(cp);
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+  }
+}
+
+function preparedOut(r) {
+  return {
+    decision: c.enumOut('Decision', r.decision),
+    call: c.toolCallOut(r.call),
+    idempotencyKey: r.idempotencyKey,
+    attemptHeld: r.attemptHeld,
+    retryRequired: r.retryRequired,
+  };
+}
+
+module.exports = { Client, DEFAULT_TARGET };

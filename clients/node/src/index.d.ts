@@ -1,0 +1,282 @@
+// Type declarations of @effectd/client (the code is plain JS, see index.js).
+import type { ChannelCredentials, ChannelOptions } from '@grpc/grpc-js';
+
+export type Effect = 'READ' | 'IDEMPOTENT_WRITE' | 'SIDE_EFFECT';
+export type CallState = 'PREPARED' | 'AWAITING_APPROVAL' | 'STARTED' | 'UNKNOWN' | 'COMMITTED';
+export type Decision = 'EXECUTE' | 'RETURN_RESULT' | 'AWAIT_APPROVAL' | 'REJECTED' | 'IN_PROGRESS' | 'RECONCILE';
+export type RecoveryAction =
+  | 'REPLAY_RESULT'
+  | 'RECONCILE'
+  | 'WAIT_FOR_APPROVAL'
+  | 'ERROR_RESULT'
+  | 'EXECUTE'
+  | 'RETRY_NEEDS_POLICY';
+export type RetryContext = 'TOOL' | 'MCP' | 'CHILD_FOREGROUND' | 'DURABLE_BACKGROUND' | 'RUN';
+export type FailureKind = 'UNSPECIFIED' | 'TRANSPORT' | 'TIMEOUT' | 'APPLICATION';
+
+/** A JSON value, or a Buffer for a raw payload. */
+export type PayloadValue = unknown;
+
+export interface ToolResult {
+  outcome: 'OK' | 'ERROR' | 'UNSPECIFIED';
+  ok: boolean;
+  /** The JSON result parsed, the raw bytes, or null. */
+  value: unknown;
+  /** The stored JSON text, byte for byte as committed. */
+  json: string | null;
+  raw: Buffer | null;
+  errorCode: string;
+  errorMessage: string;
+  digest: string;
+}
+
+export interface Transition {
+  fromState: CallState | 'UNSPECIFIED';
+  toState: CallState;
+  event: string;
+  at: Date | null;
+  actor: string;
+  reason: string;
+  revision: number;
+  attempt: number;
+}
+
+export interface Approval {
+  approved: boolean;
+  approver: string;
+  reason: string;
+  decidedAt: Date | null;
+  inputFingerprint: string;
+  revision: number;
+}
+
+export interface Reconciliation {
+  resolution: 'COMMITTED' | 'NOT_EXECUTED';
+  operator: string;
+  reason: string;
+  evidence: string;
+  reconciledAt: Date | null;
+  fromState: CallState;
+  revision: number;
+  attempt: number;
+}
+
+export interface ToolCall {
+  namespace: string;
+  runId: string;
+  callId: string;
+  toolName: string;
+  effect: Effect;
+  state: CallState;
+  revision: number;
+  idempotencyKey: string;
+  keyScheme: number;
+  inputFingerprint: string;
+  approvalRequired: boolean;
+  attempt: number;
+  leaseExpiresAt: Date | null;
+  result: ToolResult | null;
+  acknowledged: boolean;
+  createdAt: Date | null;
+  updatedAt: Date | null;
+  history: Transition[];
+  approval: Approval | null;
+  reconciliations: Reconciliation[];
+}
+
+export interface Prepared {
+  decision: Decision;
+  call: ToolCall;
+  idempotencyKey: string;
+  attemptHeld: boolean;
+  retryRequired: boolean;
+}
+
+export interface CallRef {
+  runId: string;
+  callId: string;
+}
+
+export interface PrepareArgs extends CallRef {
+  tool: string;
+  input: PayloadValue;
+  effect?: Effect;
+  requireApproval?: boolean;
+  start?: boolean;
+  leaseMs?: number;
+}
+
+export interface Checkpoint {
+  key: string;
+  value: Buffer;
+  revision: number;
+  updatedAt: Date | null;
+}
+
+export interface RecoveryItem {
+  action: RecoveryAction;
+  call: ToolCall;
+  result: ToolResult | null;
+  effect: Effect;
+  idempotencyKey: string;
+}
+
+export interface RecoveryPlan {
+  items: RecoveryItem[];
+  interrupted: boolean;
+  settled: number;
+}
+
+export interface RetryDecision {
+  allow: boolean;
+  /** The ErrorReason of a denial; '' when allowed. */
+  reason: string;
+  message: string;
+  backoffMs: number;
+  effect: Effect;
+  maxAttempts: number;
+  attemptsUsed: number;
+  idempotencyKey: string;
+}
+
+export interface ClientOptions {
+  target?: string;
+  namespace?: string;
+  timeoutMs?: number;
+  credentials?: ChannelCredentials;
+  channelOptions?: ChannelOptions;
+  protosDir?: string;
+}
+
+export const DEFAULT_TARGET: string;
+
+export class Client {
+  constructor(options?: ClientOptions);
+  readonly target: string;
+  readonly namespace: string;
+  readonly timeoutMs: number;
+  close(): void;
+  prepareTool(args: PrepareArgs): Promise<Prepared>;
+  prepareTools(calls: PrepareArgs[]): Promise<Prepared[]>;
+  startTool(args: CallRef & { retry?: boolean; leaseMs?: number; expectedRevision?: number }): Promise<Prepared>;
+  commitTool(
+    args: CallRef & {
+      attempt: number;
+      result?: PayloadValue;
+      errorCode?: string;
+      errorMessage?: string;
+      expectedRevision?: number;
+    },
+  ): Promise<ToolCall>;
+  reportUnknown(args: CallRef & { attempt: number; reason?: string }): Promise<ToolCall>;
+  heartbeat(args: CallRef & { attempt: number; leaseMs?: number }): Promise<ToolCall>;
+  decideApproval(
+    args: CallRef & {
+      approve: boolean;
+      approver: string;
+      reason: string;
+      expectedRevision: number;
+      inputFingerprint: string;
+    },
+  ): Promise<ToolCall>;
+  reconcile(
+    args: CallRef & {
+      expectedRevision: number;
+      operator: string;
+      reason: string;
+      evidence: string;
+      result?: PayloadValue;
+      errorCode?: string;
+      errorMessage?: string;
+      notExecuted?: boolean;
+    },
+  ): Promise<ToolCall>;
+  getToolCall(args: CallRef): Promise<ToolCall>;
+  listToolCalls(args?: { runId?: string; states?: CallState[]; pageSize?: number }): AsyncGenerator<ToolCall, void>;
+  recover(args: { runId: string }): Promise<RecoveryPlan>;
+  acknowledgeRecovery(args: { runId: string; callIds: string[] }): Promise<ToolCall[]>;
+  decideRetry(args: {
+    call?: CallRef;
+    facts?: { effect?: Effect; state: CallState; idempotencyKey?: string; toolName?: string };
+    context: RetryContext;
+    error?: { kind?: FailureKind; retryable?: boolean; code?: string; message?: string };
+    attemptsUsed?: number;
+    deadline?: Date | number;
+    maxAttempts?: number;
+  }): Promise<RetryDecision>;
+  getCheckpoint(key: string): Promise<Checkpoint | null>;
+  putCheckpoint(key: string, value: Buffer | Uint8Array | string | unknown, options?: { expectedRevision?: number }): Promise<number>;
+  deleteCheckpoint(key: string, expectedRevision: number): Promise<void>;
+  checkpointTxn(txn: {
+    compares?: ({ key: string; revision: number } | { key: string; absent: true })[];
+    ops?: ({ put: { key: string; value: unknown } } | { delete: { key: string } })[];
+  }): Promise<number>;
+  listCheckpoints(args?: { prefix?: string; keysOnly?: boolean; pageSize?: number }): AsyncGenerator<Checkpoint, void>;
+}
+
+export interface FieldViolation {
+  field: string;
+  description: string;
+}
+
+export class EffectdError extends Error {
+  /** The gRPC status name, e.g. 'FAILED_PRECONDITION'. */
+  readonly code: string;
+  /** The ErrorReason name, e.g. 'INPUT_MISMATCH'; '' when the status has none. */
+  readonly reason: string;
+  /** The daemon's explanation (not for matching). */
+  readonly details: string;
+  readonly metadata: Record<string, string>;
+  readonly violations: FieldViolation[];
+  /** From google.rpc.RetryInfo: when to try again, if the daemon said; else null. */
+  readonly retryDelayMs: number | null;
+}
+
+export interface ReasonErrorClass {
+  new (...args: never[]): EffectdError;
+  readonly reason: string;
+}
+
+/** One EffectdError subclass per ErrorReason value, e.g. errors.INPUT_MISMATCH. */
+export const errors: Readonly<Record<string, ReasonErrorClass>> & {
+  readonly REVISION_CONFLICT: { new (...args: never[]): EffectdError & { readonly currentRevision: number | undefined }; readonly reason: string };
+};
+
+export function fromServiceError(error: Error): EffectdError;
+
+export class OutcomeUnknown extends Error {
+  constructor(message?: string, options?: ErrorOptions);
+  readonly outcomeUnknown: true;
+}
+
+/** The helper did not run the tool; `call` is the record as found. */
+export class ToolCallStopped extends Error {
+  readonly call: ToolCall;
+}
+export class ReconciliationNeeded extends ToolCallStopped {}
+export class ApprovalPending extends ToolCallStopped {}
+export class CallInProgress extends ToolCallStopped {}
+export class RetryRequired extends ToolCallStopped {}
+export class CallRejected extends ToolCallStopped {
+  readonly result: ToolResult;
+}
+export class ToolFailed extends ToolCallStopped {
+  readonly result: ToolResult;
+  readonly errorCode: string;
+  readonly errorMessage: string;
+}
+
+export interface ToolContext {
+  /** For IDEMPOTENT_WRITE: 'runId:callId', the same on every attempt. */
+  idempotencyKey: string | undefined;
+  attempt: number;
+  /** Aborted when the call runs past timeoutMs. */
+  signal: AbortSignal;
+  call: ToolCall;
+}
+
+export function safeToolCall<T = unknown>(
+  client: Client,
+  call: PrepareArgs & { timeoutMs?: number; heartbeatMs?: number; retryUnknown?: boolean },
+  fn: (ctx: ToolContext) => T | Promise<T>,
+): Promise<T>;
