@@ -1,18 +1,64 @@
-"""A small typed client of effectd.
+"""A small typed client of effectd, and the safe tool call on top of it.
 
-from effectd_client import Client
+The safe tool call (see `effectd_client._safe` for every outcome):
 
-with Client("unix:.effectd/effectd.sock") as effectd:
-    prepared = effectd.prepare_tool(
-        "run-1", "call-1", "send_email", {"to": "a@b.c"}, start=True
-    )
-    if prepared.decision is Decision.EXECUTE:
-        effectd.commit_tool("run-1", "call-1", prepared.call.attempt, {"sent": True})
+    run = Run(Client("unix:.effectd/effectd.sock"), "run-1")
+    send_email = run.tool("send_email", effect=Effect.SIDE_EFFECT)(send_email)
+    receipt = send_email.at("mail-1")(to="a@b.c")  # runs at most once
+
+`Client` (and `AsyncClient`) have one typed method per RPC of ToolLedger,
+Checkpoints and Recovery; every refusal raises a subclass of `EffectdError`
+named after its `ErrorReason`.
 """
 
+from effectd_client._aio import AsyncClient as AsyncClient
 from effectd_client._client import Client as Client
 from effectd_client._errors import EffectdError as EffectdError
 from effectd_client._errors import FieldViolation as FieldViolation
+from effectd_client._exceptions import AlreadyCommitted as AlreadyCommitted
+from effectd_client._exceptions import ApprovalPending as ApprovalPending
+from effectd_client._exceptions import AttemptsExhausted as AttemptsExhausted
+from effectd_client._exceptions import CallInProgress as CallInProgress
+from effectd_client._exceptions import CallRejected as CallRejected
+from effectd_client._exceptions import DeadlineExceeded as DeadlineExceeded
+from effectd_client._exceptions import InputMismatch as InputMismatch
+from effectd_client._exceptions import InvalidRequest as InvalidRequest
+from effectd_client._exceptions import InvalidTransition as InvalidTransition
+from effectd_client._exceptions import McpNoReplay as McpNoReplay
+from effectd_client._exceptions import MissingIdempotencyKey as MissingIdempotencyKey
+from effectd_client._exceptions import NoPolicyFile as NoPolicyFile
+from effectd_client._exceptions import NotFound as NotFound
+from effectd_client._exceptions import NotImplementedYet as NotImplementedYet
+from effectd_client._exceptions import OutcomeUnknown as OutcomeUnknown
+from effectd_client._exceptions import PermissionDenied as PermissionDenied
+from effectd_client._exceptions import PolicyInvalid as PolicyInvalid
+from effectd_client._exceptions import ReconciliationNeeded as ReconciliationNeeded
+from effectd_client._exceptions import ReconciliationRequired as ReconciliationRequired
+from effectd_client._exceptions import ResultCompacted as ResultCompacted
+from effectd_client._exceptions import ResultMismatch as ResultMismatch
+from effectd_client._exceptions import RetryBudgetExhausted as RetryBudgetExhausted
+from effectd_client._exceptions import RetryDisabled as RetryDisabled
+from effectd_client._exceptions import RetryRequired as RetryRequired
+from effectd_client._exceptions import RevisionConflict as RevisionConflict
+from effectd_client._exceptions import RouteNotAllowed as RouteNotAllowed
+from effectd_client._exceptions import RunNotReadOnly as RunNotReadOnly
+from effectd_client._exceptions import ShuttingDown as ShuttingDown
+from effectd_client._exceptions import SideEffectNotRetrySafe as SideEffectNotRetrySafe
+from effectd_client._exceptions import StaleAttempt as StaleAttempt
+from effectd_client._exceptions import StorageFull as StorageFull
+from effectd_client._exceptions import StorageUnavailable as StorageUnavailable
+from effectd_client._exceptions import ToolCallStopped as ToolCallStopped
+from effectd_client._exceptions import ToolFailed as ToolFailed
+from effectd_client._exceptions import (
+    UpstreamDeadlineExceeded as UpstreamDeadlineExceeded,
+)
+from effectd_client._exceptions import UpstreamUnavailable as UpstreamUnavailable
+from effectd_client._safe import CallOptions as CallOptions
+from effectd_client._safe import Run as Run
+from effectd_client._safe import SafeCall as SafeCall
+from effectd_client._safe import SafeTool as SafeTool
+from effectd_client._safe_aio import AsyncRun as AsyncRun
+from effectd_client._safe_aio import AsyncSafeTool as AsyncSafeTool
 from effectd_client._types import Checkpoint as Checkpoint
 from effectd_client._types import Decision as Decision
 from effectd_client._types import Effect as Effect
@@ -25,17 +71,60 @@ from effectd_client._types import ToolCall as ToolCall
 from effectd_client._types import ToolResult as ToolResult
 
 __all__ = [
+    "AlreadyCommitted",
+    "ApprovalPending",
+    "AsyncClient",
+    "AsyncRun",
+    "AsyncSafeTool",
+    "AttemptsExhausted",
+    "CallInProgress",
+    "CallOptions",
+    "CallRejected",
     "Checkpoint",
     "Client",
+    "DeadlineExceeded",
     "Decision",
     "Effect",
     "EffectdError",
     "FieldViolation",
+    "InputMismatch",
+    "InvalidRequest",
+    "InvalidTransition",
+    "McpNoReplay",
+    "MissingIdempotencyKey",
+    "NoPolicyFile",
+    "NotFound",
+    "NotImplementedYet",
+    "OutcomeUnknown",
+    "PermissionDenied",
     "PlanItem",
+    "PolicyInvalid",
     "Prepared",
+    "ReconciliationNeeded",
+    "ReconciliationRequired",
     "RecoveryAction",
     "RecoveryPlan",
+    "ResultCompacted",
+    "ResultMismatch",
+    "RetryBudgetExhausted",
+    "RetryDisabled",
+    "RetryRequired",
+    "RevisionConflict",
+    "RouteNotAllowed",
+    "Run",
+    "RunNotReadOnly",
+    "SafeCall",
+    "SafeTool",
+    "ShuttingDown",
+    "SideEffectNotRetrySafe",
+    "StaleAttempt",
     "State",
+    "StorageFull",
+    "StorageUnavailable",
     "ToolCall",
+    "ToolCallStopped",
+    "ToolFailed",
     "ToolResult",
+    "UpstreamDeadlineExceeded",
+    "UpstreamUnavailable",
 ]

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
-from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
-from effectd.v1 import ledger_pb2 as pb
-from effectd.v1 import recovery_pb2 as rpb
 
+from effectd_client import _requests as req
 from effectd_client._errors import EffectdError
+from effectd_client._exceptions import NotFound
 from effectd_client._types import (
     Checkpoint,
-    Decision,
     Effect,
     Prepared,
     RecoveryPlan,
@@ -24,13 +21,6 @@ from effectd_client._types import (
 )
 
 T = TypeVar("T")
-
-
-def _payload(value: Any) -> pb.Payload:
-    """bytes are sent raw; anything else as JSON text."""
-    if isinstance(value, bytes | bytearray):
-        return pb.Payload(raw=bytes(value))
-    return pb.Payload(json=json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
 class Client:
@@ -65,9 +55,6 @@ class Client:
         except grpc.RpcError as exc:
             raise EffectdError.from_rpc_error(exc) from None
 
-    def _ref(self, run_id: str, call_id: str) -> pb.CallRef:
-        return pb.CallRef(namespace=self.namespace, run_id=run_id, call_id=call_id)
-
     # -- tool calls ----------------------------------------------------------
 
     def prepare_tool(
@@ -83,23 +70,18 @@ class Client:
         lease_ms: int = 0,
     ) -> Prepared:
         """Records the call (or finds it) and returns the decision."""
-        request = pb.PrepareToolRequest(
-            ref=self._ref(run_id, call_id),
-            tool_name=tool_name,
-            effect=effect.value,
-            input=_payload(input),
+        request = req.prepare_tool(
+            self.namespace,
+            run_id,
+            call_id,
+            tool_name,
+            input,
+            effect=effect,
             require_approval=require_approval,
             start=start,
             lease_ms=lease_ms,
         )
-        r = self._call(self._ledger.PrepareTool, request)
-        return Prepared(
-            Decision(r.decision),
-            ToolCall.from_pb(r.call),
-            r.idempotency_key,
-            r.attempt_held,
-            r.retry_required,
-        )
+        return req.prepared(self._call(self._ledger.PrepareTool, request))
 
     def start_tool(
         self,
@@ -110,21 +92,16 @@ class Client:
         lease_ms: int = 0,
         expected_revision: int | None = None,
     ) -> Prepared:
-        request = pb.StartToolRequest(
-            ref=self._ref(run_id, call_id),
+        """Starts a PREPARED call; with `retry`, one of unknown outcome again."""
+        request = req.start_tool(
+            self.namespace,
+            run_id,
+            call_id,
             retry=retry,
             lease_ms=lease_ms,
             expected_revision=expected_revision,
         )
-        r = self._call(self._ledger.StartTool, request)
-        held = r.decision == pb.DECISION_EXECUTE
-        return Prepared(
-            Decision(r.decision),
-            ToolCall.from_pb(r.call),
-            r.idempotency_key,
-            held,
-            False,
-        )
+        return req.started(self._call(self._ledger.StartTool, request))
 
     def commit_tool(
         self,
@@ -137,38 +114,31 @@ class Client:
         error_message: str = "",
     ) -> ToolCall:
         """Commits the result; with `error_code`, an error result."""
-        outcome = pb.OUTCOME_ERROR if error_code else pb.OUTCOME_OK
-        payload = None if result is None and error_code else _payload(result)
-        request = pb.CommitToolRequest(
-            ref=self._ref(run_id, call_id),
-            attempt=attempt,
-            result=pb.ToolResult(
-                outcome=outcome,
-                payload=payload,
-                error_code=error_code,
-                error_message=error_message,
-            ),
+        request = req.commit_tool(
+            self.namespace,
+            run_id,
+            call_id,
+            attempt,
+            result,
+            error_code=error_code,
+            error_message=error_message,
         )
         return ToolCall.from_pb(self._call(self._ledger.CommitTool, request).call)
 
     def report_unknown(
         self, run_id: str, call_id: str, attempt: int, reason: str
     ) -> ToolCall:
-        request = pb.ReportUnknownRequest(
-            ref=self._ref(run_id, call_id), attempt=attempt, reason=reason
-        )
+        request = req.report_unknown(self.namespace, run_id, call_id, attempt, reason)
         return ToolCall.from_pb(self._call(self._ledger.ReportUnknown, request).call)
 
     def heartbeat(
         self, run_id: str, call_id: str, attempt: int, lease_ms: int = 0
     ) -> ToolCall:
-        request = pb.HeartbeatRequest(
-            ref=self._ref(run_id, call_id), attempt=attempt, lease_ms=lease_ms
-        )
+        request = req.heartbeat(self.namespace, run_id, call_id, attempt, lease_ms)
         return ToolCall.from_pb(self._call(self._ledger.Heartbeat, request).call)
 
     def get_tool_call(self, run_id: str, call_id: str) -> ToolCall:
-        request = pb.GetToolCallRequest(ref=self._ref(run_id, call_id))
+        request = req.get_tool_call(self.namespace, run_id, call_id)
         return ToolCall.from_pb(self._call(self._ledger.GetToolCall, request).call)
 
     def list_tool_calls(
@@ -177,12 +147,8 @@ class Client:
         """Every matching call, following page tokens."""
         token = ""
         while True:
-            request = pb.ListToolCallsRequest(
-                namespace=self.namespace,
-                run_id=run_id,
-                states=[s.value for s in states],
-                page_size=page_size,
-                page_token=token,
+            request = req.list_tool_calls(
+                self.namespace, run_id, states, page_size, token
             )
             page = self._call(self._ledger.ListToolCalls, request)
             yield from (ToolCall.from_pb(c) for c in page.calls)
@@ -204,8 +170,10 @@ class Client:
         input_fingerprint: str,
     ) -> ToolCall:
         """Approves or rejects the call as seen at `expected_revision`."""
-        request = pb.DecideApprovalRequest(
-            ref=self._ref(run_id, call_id),
+        request = req.decide_approval(
+            self.namespace,
+            run_id,
+            call_id,
             approve=approve,
             approver=approver,
             reason=reason,
@@ -227,64 +195,49 @@ class Client:
         not_executed: bool = False,
     ) -> ToolCall:
         """Resolves an unknown outcome: the result found, or never executed."""
-        request = pb.ReconcileRequest(
-            ref=self._ref(run_id, call_id),
+        request = req.reconcile(
+            self.namespace,
+            run_id,
+            call_id,
             expected_revision=expected_revision,
             operator=operator,
             reason=reason,
             evidence=evidence,
+            result=result,
+            not_executed=not_executed,
         )
-        if not_executed:
-            request.not_executed = True
-        else:
-            request.result.CopyFrom(
-                pb.ToolResult(outcome=pb.OUTCOME_OK, payload=_payload(result))
-            )
         return ToolCall.from_pb(self._call(self._ledger.Reconcile, request).call)
 
     def recover(self, run_id: str) -> RecoveryPlan:
         """The plan for every call of a crashed run."""
-        request = rpb.RecoverRequest(namespace=self.namespace, run_id=run_id)
+        request = req.recover(self.namespace, run_id)
         return RecoveryPlan.from_pb(self._call(self._recovery.Recover, request))
 
     def acknowledge_recovery(self, run_id: str, call_ids: list[str]) -> None:
         """Marks replayed results as delivered to the transcript."""
-        request = rpb.AcknowledgeRecoveryRequest(
-            namespace=self.namespace, run_id=run_id, call_ids=call_ids
-        )
+        request = req.acknowledge_recovery(self.namespace, run_id, call_ids)
         self._call(self._recovery.AcknowledgeRecovery, request)
 
     # -- checkpoints ---------------------------------------------------------
 
     def get_checkpoint(self, key: str) -> Checkpoint | None:
+        """The checkpoint at `key`; None when absent."""
+        request = req.get_checkpoint(self.namespace, key)
         try:
-            r = self._call(
-                self._checkpoints.Get,
-                cpb.GetCheckpointRequest(namespace=self.namespace, key=key),
-            )
-        except EffectdError as exc:
-            if exc.reason == "NOT_FOUND":
-                return None
-            raise
+            r = self._call(self._checkpoints.Get, request)
+        except NotFound:
+            return None
         return Checkpoint.from_pb(r.checkpoint)
 
     def put_checkpoint(
         self, key: str, value: bytes, *, expected_revision: int | None = None
     ) -> int:
         """Writes `key` if it is at `expected_revision`, or absent when None."""
-        request = cpb.PutCheckpointRequest(
-            namespace=self.namespace, key=key, value=value
-        )
-        if expected_revision is None:
-            request.expect_absent = True
-        else:
-            request.expected_revision = expected_revision
+        request = req.put_checkpoint(self.namespace, key, value, expected_revision)
         return self._call(self._checkpoints.Put, request).revision
 
     def delete_checkpoint(self, key: str, expected_revision: int) -> None:
-        request = cpb.DeleteCheckpointRequest(
-            namespace=self.namespace, key=key, expected_revision=expected_revision
-        )
+        request = req.delete_checkpoint(self.namespace, key, expected_revision)
         self._call(self._checkpoints.Delete, request)
 
     def list_checkpoints(
@@ -292,12 +245,7 @@ class Client:
     ) -> Iterator[Checkpoint]:
         token = ""
         while True:
-            request = cpb.ListCheckpointsRequest(
-                namespace=self.namespace,
-                prefix=prefix,
-                page_token=token,
-                keys_only=keys_only,
-            )
+            request = req.list_checkpoints(self.namespace, prefix, keys_only, token)
             page = self._call(self._checkpoints.List, request)
             yield from (Checkpoint.from_pb(c) for c in page.checkpoints)
             token = page.next_page_token

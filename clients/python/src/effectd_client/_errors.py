@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+_DETAILS_KEY = "grpc-status-details-bin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +18,12 @@ class FieldViolation:
 
 
 class EffectdError(Exception):
-    """A gRPC error from effectd: `reason` is the stable `ErrorReason` name."""
+    """A gRPC error from effectd: `reason` is the stable `ErrorReason` name.
+
+    `from_rpc_error` returns the subclass of the reason (see
+    `effectd_client._exceptions`), so callers can catch either one reason or
+    every refusal with this class.
+    """
 
     def __init__(
         self,
@@ -25,6 +32,8 @@ class EffectdError(Exception):
         message: str,
         metadata: dict[str, str],
         violations: tuple[FieldViolation, ...],
+        *,
+        retry_delay: float | None = None,
     ) -> None:
         super().__init__(f"{reason or code.name}: {message}")
         self.code = code
@@ -32,13 +41,26 @@ class EffectdError(Exception):
         self.message = message
         self.metadata = metadata
         self.violations = violations
+        # Seconds, from google.rpc.RetryInfo when the daemon sent one.
+        self.retry_delay = retry_delay
+
+    @property
+    def current_revision(self) -> int | None:
+        """The record's revision from a REVISION_CONFLICT, when carried."""
+        value = self.metadata.get("currentRevision")
+        return None if value is None or not value.isdigit() else int(value)
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> EffectdError:
+        """The exception of the error's reason, for sync and aio errors alike."""
+        # Imported here: the subclasses import this module.
+        from effectd_client._exceptions import class_of  # noqa: PLC0415
+
         call: grpc.Call = error  # type: ignore[assignment]
-        reason, metadata, violations = "", {}, []
-        status = rpc_status.from_call(call)
-        for detail in status.details if status is not None else ():
+        reason, metadata = "", {}
+        violations: list[FieldViolation] = []
+        retry_delay: float | None = None
+        for detail in _status_details(call):
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
@@ -49,6 +71,27 @@ class EffectdError(Exception):
                 violations = [
                     FieldViolation(v.field, v.description) for v in bad.field_violations
                 ]
-        return cls(
-            call.code(), reason, call.details() or "", metadata, tuple(violations)
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+        return class_of(reason)(
+            call.code(),
+            reason,
+            call.details() or "",
+            metadata,
+            tuple(violations),
+            retry_delay=retry_delay,
         )
+
+
+def _status_details(call: grpc.Call) -> list[any_pb2.Any]:
+    """The `google.rpc.Status` details of a failed call, sync or aio.
+
+    Read from the trailer directly: `grpc_status.rpc_status.from_call` only
+    understands the sync call's metadata tuples.
+    """
+    for key, value in call.trailing_metadata() or ():
+        if key == _DETAILS_KEY and isinstance(value, bytes):
+            return list(status_pb2.Status.FromString(value).details)
+    return []

@@ -1,0 +1,271 @@
+"""The asyncio client (grpc.aio): the methods of `Client`, awaited.
+
+Requests are built and answers converted by `effectd_client._requests`, the
+same code the synchronous client uses; only the transport differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
+
+from effectd_client import _requests as req
+from effectd_client._errors import EffectdError
+from effectd_client._exceptions import NotFound
+from effectd_client._types import (
+    Checkpoint,
+    Effect,
+    Prepared,
+    RecoveryPlan,
+    State,
+    ToolCall,
+)
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An asyncio connection to effectd (`unix:PATH` or `HOST:PORT`).
+
+    Create and use it inside a running event loop; `async with` closes it.
+    """
+
+    def __init__(
+        self,
+        target: str = "unix:.effectd/effectd.sock",
+        *,
+        namespace: str = "",
+        timeout: float = 10.0,
+    ) -> None:
+        self.namespace = namespace
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(target)
+        self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
+        self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
+        self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    async def _call(self, method: Callable[..., Awaitable[T]], request: object) -> T:
+        try:
+            return await method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise EffectdError.from_rpc_error(exc) from None
+
+    # -- tool calls ----------------------------------------------------------
+
+    async def prepare_tool(
+        self,
+        run_id: str,
+        call_id: str,
+        tool_name: str,
+        input: Any,
+        *,
+        effect: Effect = Effect.SIDE_EFFECT,
+        require_approval: bool = False,
+        start: bool = False,
+        lease_ms: int = 0,
+    ) -> Prepared:
+        """Records the call (or finds it) and returns the decision."""
+        request = req.prepare_tool(
+            self.namespace,
+            run_id,
+            call_id,
+            tool_name,
+            input,
+            effect=effect,
+            require_approval=require_approval,
+            start=start,
+            lease_ms=lease_ms,
+        )
+        return req.prepared(await self._call(self._ledger.PrepareTool, request))
+
+    async def start_tool(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        retry: bool = False,
+        lease_ms: int = 0,
+        expected_revision: int | None = None,
+    ) -> Prepared:
+        """Starts a PREPARED call; with `retry`, one of unknown outcome again."""
+        request = req.start_tool(
+            self.namespace,
+            run_id,
+            call_id,
+            retry=retry,
+            lease_ms=lease_ms,
+            expected_revision=expected_revision,
+        )
+        return req.started(await self._call(self._ledger.StartTool, request))
+
+    async def commit_tool(
+        self,
+        run_id: str,
+        call_id: str,
+        attempt: int,
+        result: Any = None,
+        *,
+        error_code: str = "",
+        error_message: str = "",
+    ) -> ToolCall:
+        """Commits the result; with `error_code`, an error result."""
+        request = req.commit_tool(
+            self.namespace,
+            run_id,
+            call_id,
+            attempt,
+            result,
+            error_code=error_code,
+            error_message=error_message,
+        )
+        return ToolCall.from_pb(
+            (await self._call(self._ledger.CommitTool, request)).call
+        )
+
+    async def report_unknown(
+        self, run_id: str, call_id: str, attempt: int, reason: str
+    ) -> ToolCall:
+        request = req.report_unknown(self.namespace, run_id, call_id, attempt, reason)
+        r = await self._call(self._ledger.ReportUnknown, request)
+        return ToolCall.from_pb(r.call)
+
+    async def heartbeat(
+        self, run_id: str, call_id: str, attempt: int, lease_ms: int = 0
+    ) -> ToolCall:
+        request = req.heartbeat(self.namespace, run_id, call_id, attempt, lease_ms)
+        return ToolCall.from_pb(
+            (await self._call(self._ledger.Heartbeat, request)).call
+        )
+
+    async def get_tool_call(self, run_id: str, call_id: str) -> ToolCall:
+        request = req.get_tool_call(self.namespace, run_id, call_id)
+        r = await self._call(self._ledger.GetToolCall, request)
+        return ToolCall.from_pb(r.call)
+
+    async def list_tool_calls(
+        self, run_id: str = "", states: tuple[State, ...] = (), page_size: int = 0
+    ) -> AsyncIterator[ToolCall]:
+        """Every matching call, following page tokens."""
+        token = ""
+        while True:
+            request = req.list_tool_calls(
+                self.namespace, run_id, states, page_size, token
+            )
+            page = await self._call(self._ledger.ListToolCalls, request)
+            for c in page.calls:
+                yield ToolCall.from_pb(c)
+            token = page.next_page_token
+            if not token:
+                return
+
+    # -- approvals, reconciliation, recovery ---------------------------------
+
+    async def decide_approval(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        reason: str,
+        expected_revision: int,
+        input_fingerprint: str,
+    ) -> ToolCall:
+        """Approves or rejects the call as seen at `expected_revision`."""
+        request = req.decide_approval(
+            self.namespace,
+            run_id,
+            call_id,
+            approve=approve,
+            approver=approver,
+            reason=reason,
+            expected_revision=expected_revision,
+            input_fingerprint=input_fingerprint,
+        )
+        r = await self._call(self._ledger.DecideApproval, request)
+        return ToolCall.from_pb(r.call)
+
+    async def reconcile(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        expected_revision: int,
+        operator: str,
+        reason: str,
+        evidence: str,
+        result: Any = None,
+        not_executed: bool = False,
+    ) -> ToolCall:
+        """Resolves an unknown outcome: the result found, or never executed."""
+        request = req.reconcile(
+            self.namespace,
+            run_id,
+            call_id,
+            expected_revision=expected_revision,
+            operator=operator,
+            reason=reason,
+            evidence=evidence,
+            result=result,
+            not_executed=not_executed,
+        )
+        return ToolCall.from_pb(
+            (await self._call(self._ledger.Reconcile, request)).call
+        )
+
+    async def recover(self, run_id: str) -> RecoveryPlan:
+        """The plan for every call of a crashed run."""
+        request = req.recover(self.namespace, run_id)
+        return RecoveryPlan.from_pb(await self._call(self._recovery.Recover, request))
+
+    async def acknowledge_recovery(self, run_id: str, call_ids: list[str]) -> None:
+        """Marks replayed results as delivered to the transcript."""
+        request = req.acknowledge_recovery(self.namespace, run_id, call_ids)
+        await self._call(self._recovery.AcknowledgeRecovery, request)
+
+    # -- checkpoints ---------------------------------------------------------
+
+    async def get_checkpoint(self, key: str) -> Checkpoint | None:
+        """The checkpoint at `key`; None when absent."""
+        request = req.get_checkpoint(self.namespace, key)
+        try:
+            r = await self._call(self._checkpoints.Get, request)
+        except NotFound:
+            return None
+        return Checkpoint.from_pb(r.checkpoint)
+
+    async def put_checkpoint(
+        self, key: str, value: bytes, *, expected_revision: int | None = None
+    ) -> int:
+        """Writes `key` if it is at `expected_revision`, or absent when None."""
+        request = req.put_checkpoint(self.namespace, key, value, expected_revision)
+        return (await self._call(self._checkpoints.Put, request)).revision
+
+    async def delete_checkpoint(self, key: str, expected_revision: int) -> None:
+        request = req.delete_checkpoint(self.namespace, key, expected_revision)
+        await self._call(self._checkpoints.Delete, request)
+
+    async def list_checkpoints(
+        self, prefix: str = "", *, keys_only: bool = False
+    ) -> AsyncIterator[Checkpoint]:
+        token = ""
+        while True:
+            request = req.list_checkpoints(self.namespace, prefix, keys_only, token)
+            page = await self._call(self._checkpoints.List, request)
+            for c in page.checkpoints:
+                yield Checkpoint.from_pb(c)
+            token = page.next_page_token
+            if not token:
+                return

@@ -1,0 +1,294 @@
+"""The client's exception tree: one class per `ErrorReason`, and the safe call's.
+
+    Exception
+    ├── EffectdError                 a refusal from the daemon (any reason)
+    │   ├── InvalidRequest           INVALID_REQUEST: `violations` lists the fields
+    │   ├── InputMismatch            INPUT_MISMATCH
+    │   ├── RevisionConflict         REVISION_CONFLICT: `current_revision`
+    │   └── ...                      one class per value of `ErrorReason`
+    ├── OutcomeUnknown               raised BY a tool: it cannot know if it ran
+    └── ToolCallStopped              the safe call did not run the tool
+        ├── ReconciliationNeeded     RECONCILE: an operator must reconcile
+        ├── ApprovalPending          AWAIT_APPROVAL
+        ├── CallInProgress           IN_PROGRESS: another attempt holds it
+        ├── RetryRequired            unknown outcome, retry not asked for
+        ├── CallRejected             REJECTED: `result` is the error result
+        └── ToolFailed               the stored result is an error result
+
+`class_of(reason)` is the one translation from a wire reason to its class; a
+test proves that every `ErrorReason` value has one.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from effectd_client._errors import EffectdError
+from effectd_client._types import ToolCall, ToolResult
+
+# -- one class per ErrorReason ----------------------------------------------
+
+
+class InvalidRequest(EffectdError):
+    """The request is malformed; `violations` names every bad field."""
+
+    REASON: ClassVar[str] = "INVALID_REQUEST"
+
+
+class InputMismatch(EffectdError):
+    """The call was prepared before with another input, tool or effect."""
+
+    REASON: ClassVar[str] = "INPUT_MISMATCH"
+
+
+class InvalidTransition(EffectdError):
+    """The event is not allowed in the record's current state."""
+
+    REASON: ClassVar[str] = "INVALID_TRANSITION"
+
+
+class RevisionConflict(EffectdError):
+    """`expected_revision` did not match; see `current_revision`."""
+
+    REASON: ClassVar[str] = "REVISION_CONFLICT"
+
+
+class ReconciliationRequired(EffectdError):
+    """A side effect of unknown outcome: only an operator may resolve it."""
+
+    REASON: ClassVar[str] = "RECONCILIATION_REQUIRED"
+
+
+class SideEffectNotRetrySafe(EffectdError):
+    """A retry of a SIDE_EFFECT call was asked for."""
+
+    REASON: ClassVar[str] = "SIDE_EFFECT_NOT_RETRY_SAFE"
+
+
+class StaleAttempt(EffectdError):
+    """The attempt (fencing token) no longer holds the call."""
+
+    REASON: ClassVar[str] = "STALE_ATTEMPT"
+
+
+class ResultMismatch(EffectdError):
+    """The call is committed with another result; the first one stands."""
+
+    REASON: ClassVar[str] = "RESULT_MISMATCH"
+
+
+class AttemptsExhausted(EffectdError):
+    """The attempt budget of the call is used up."""
+
+    REASON: ClassVar[str] = "ATTEMPTS_EXHAUSTED"
+
+
+class NotFound(EffectdError):
+    """No record with this identity in the caller's namespace."""
+
+    REASON: ClassVar[str] = "NOT_FOUND"
+
+
+class StorageFull(EffectdError):
+    """The daemon's storage is full; nothing was written."""
+
+    REASON: ClassVar[str] = "STORAGE_FULL"
+
+
+class StorageUnavailable(EffectdError):
+    """The storage failed to commit; safe to retry."""
+
+    REASON: ClassVar[str] = "STORAGE_UNAVAILABLE"
+
+
+class PermissionDenied(EffectdError):
+    """The credential does not allow this call."""
+
+    REASON: ClassVar[str] = "PERMISSION_DENIED"
+
+
+class RouteNotAllowed(EffectdError):
+    """The provider route or path is not configured."""
+
+    REASON: ClassVar[str] = "ROUTE_NOT_ALLOWED"
+
+
+class ShuttingDown(EffectdError):
+    """The daemon is shutting down."""
+
+    REASON: ClassVar[str] = "SHUTTING_DOWN"
+
+
+class NotImplementedYet(EffectdError):
+    """The RPC is in the contract but not served by this daemon."""
+
+    REASON: ClassVar[str] = "NOT_IMPLEMENTED"
+
+
+class MissingIdempotencyKey(EffectdError):
+    """An IDEMPOTENT_WRITE is retry-safe only with an idempotency key."""
+
+    REASON: ClassVar[str] = "MISSING_IDEMPOTENCY_KEY"
+
+
+class DeadlineExceeded(EffectdError):
+    """The wait before a retry would pass the caller's deadline."""
+
+    REASON: ClassVar[str] = "DEADLINE_EXCEEDED"
+
+
+class AlreadyCommitted(EffectdError):
+    """The call is committed: use its stored result."""
+
+    REASON: ClassVar[str] = "ALREADY_COMMITTED"
+
+
+class McpNoReplay(EffectdError):
+    """An MCP call whose transport failed is never replayed."""
+
+    REASON: ClassVar[str] = "MCP_NO_REPLAY"
+
+
+class RunNotReadOnly(EffectdError):
+    """A whole run is retried only when declared read-only."""
+
+    REASON: ClassVar[str] = "RUN_NOT_READ_ONLY"
+
+
+class RetryDisabled(EffectdError):
+    """The operator's kill switch turned retries off."""
+
+    REASON: ClassVar[str] = "RETRY_DISABLED"
+
+
+class ResultCompacted(EffectdError):
+    """The committed call was reduced to a tombstone; never run it again."""
+
+    REASON: ClassVar[str] = "RESULT_COMPACTED"
+
+
+class PolicyInvalid(EffectdError):
+    """The policy file is unreadable or invalid; the old policy stays."""
+
+    REASON: ClassVar[str] = "POLICY_INVALID"
+
+
+class NoPolicyFile(EffectdError):
+    """A policy reload was asked for without a policy file."""
+
+    REASON: ClassVar[str] = "NO_POLICY_FILE"
+
+
+class UpstreamUnavailable(EffectdError):
+    """A provider call got no HTTP answer; the sidecar retried already."""
+
+    REASON: ClassVar[str] = "UPSTREAM_UNAVAILABLE"
+
+
+class UpstreamDeadlineExceeded(EffectdError):
+    """A provider call got no HTTP answer within the gRPC deadline."""
+
+    REASON: ClassVar[str] = "UPSTREAM_DEADLINE_EXCEEDED"
+
+
+class RetryBudgetExhausted(EffectdError):
+    """The host-wide retry budget had no credit; see `retry_delay`."""
+
+    REASON: ClassVar[str] = "RETRY_BUDGET_EXHAUSTED"
+
+
+REASON_CLASSES: dict[str, type[EffectdError]] = {
+    cls.REASON: cls
+    for cls in (
+        InvalidRequest,
+        InputMismatch,
+        InvalidTransition,
+        RevisionConflict,
+        ReconciliationRequired,
+        SideEffectNotRetrySafe,
+        StaleAttempt,
+        ResultMismatch,
+        AttemptsExhausted,
+        NotFound,
+        StorageFull,
+        StorageUnavailable,
+        PermissionDenied,
+        RouteNotAllowed,
+        ShuttingDown,
+        NotImplementedYet,
+        MissingIdempotencyKey,
+        DeadlineExceeded,
+        AlreadyCommitted,
+        McpNoReplay,
+        RunNotReadOnly,
+        RetryDisabled,
+        ResultCompacted,
+        PolicyInvalid,
+        NoPolicyFile,
+        UpstreamUnavailable,
+        UpstreamDeadlineExceeded,
+        RetryBudgetExhausted,
+    )
+}
+
+
+def class_of(reason: str) -> type[EffectdError]:
+    """The class of a wire reason; `EffectdError` for one this client predates."""
+    return REASON_CLASSES.get(reason, EffectdError)
+
+
+# -- the safe tool call -----------------------------------------------------
+
+
+class OutcomeUnknown(Exception):
+    """Raised by a tool that cannot know whether its effect happened.
+
+    The safe call reports the attempt UNKNOWN and re-raises. `TimeoutError`
+    (also `asyncio.TimeoutError`), `ConnectionError` and a cancelled task are
+    treated the same way; any other exception is a definite failure.
+    """
+
+
+class ToolCallStopped(Exception):
+    """The safe call did not run the tool; `call` is the record as found."""
+
+    def __init__(self, message: str, call: ToolCall) -> None:
+        super().__init__(f"{call.run_id}:{call.call_id}: {message}")
+        self.call = call
+
+
+class ReconciliationNeeded(ToolCallStopped):
+    """A side effect of unknown outcome: interrupt the run, never execute it."""
+
+
+class ApprovalPending(ToolCallStopped):
+    """The call waits for an approver."""
+
+
+class CallInProgress(ToolCallStopped):
+    """Another attempt holds a live lease on the call."""
+
+
+class RetryRequired(ToolCallStopped):
+    """The last attempt's outcome is unknown; retry only with `retry_unknown`."""
+
+
+class CallRejected(ToolCallStopped):
+    """An approver rejected the call; `result` is the stored error result."""
+
+    def __init__(self, message: str, call: ToolCall, result: ToolResult) -> None:
+        super().__init__(message, call)
+        self.result = result
+
+
+class ToolFailed(ToolCallStopped):
+    """The call's committed result is an error: `error_code`, `error_message`.
+
+    Raised by a replay instead of running the tool again.
+    """
+
+    def __init__(self, call: ToolCall, result: ToolResult) -> None:
+        super().__init__(f"{result.error_code}: {result.error_message}", call)
+        self.result = result
+        self.error_code = result.error_code
+        self.error_message = result.error_message
