@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 from effectd.v1 import admin_pb2 as pb
 from effectd.v1 import ledger_pb2
 
-from sidecar.errors import NoPolicyFile
+from sidecar.errors import NoPolicyFile, NotImplementedYet
 from sidecar.ledger import policy_change
 from sidecar.ledger.audit import Action, Entry
 from sidecar.ledger.policy import Policy
@@ -16,6 +19,7 @@ from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
+from sidecar.storage.api import BackupTargetError
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -60,11 +64,15 @@ def entry_pb(entry: Entry) -> pb.AuditEntry:
 
 class Admin:
     def __init__(
-        self, operator: OperatorService, policy: PolicyService | None = None
+        self,
+        operator: OperatorService,
+        policy: PolicyService | None = None,
+        backup: Callable[[Path], int] | None = None,
     ) -> None:
         self._operator = operator
         self._limits = operator.limits
         self._policy = policy
+        self._backup = backup
 
     async def VerifyAudit(
         self, req: pb.VerifyAuditRequest, _: Context
@@ -116,3 +124,23 @@ class Admin:
             audit_sequence=done.entry.sequence,
             file=done.source,
         )
+
+    async def Backup(self, req: pb.BackupRequest, _: Context) -> pb.BackupResponse:
+        v = Violations()
+        v.text("path", req.path, self._limits.max_text_bytes)
+        path = Path(req.path)
+        if not req.path:
+            v.add("path", "is required")
+        elif not path.is_absolute():
+            v.add("path", "must be an absolute path on the daemon's machine")
+        v.require()
+        if self._backup is None:
+            raise NotImplementedYet("this daemon's store cannot be backed up")
+        try:
+            # The copy reads the whole store: off the event loop.
+            size = await asyncio.to_thread(self._backup, path)
+        except BackupTargetError as exc:
+            v.add("path", f"must be a new or empty directory: {exc}")
+            v.require()
+            raise
+        return pb.BackupResponse(path=str(path), bytes=size)

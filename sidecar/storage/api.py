@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 T = TypeVar("T")
@@ -30,6 +31,10 @@ class Table(enum.Enum):
     # Record key -> tombstone of a call compacted after the retention window
     # (DESIGN §4); it still refuses a re-execution.
     TOMBSTONES = "tombstones"
+
+
+class BackupTargetError(ValueError):
+    """A backup was asked into a path that is not a new or empty directory."""
 
 
 class ReadView(Protocol):
@@ -64,4 +69,9 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Finishes queued writes, then closes; later submits fail."""
+        ...
+
+    def backup(self, path: Path) -> int:
+        """Copies a consistent snapshot into `path`, a new or empty directory
+        (`BackupTargetError` otherwise); returns the bytes written."""
         ...

@@ -25,7 +25,7 @@ import lmdb
 
 from sidecar.errors import ShuttingDown, StorageFull, StorageUnavailable
 from sidecar.locking import ExclusiveLock
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.api import BackupTargetError, ReadView, Table, WriteView
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -221,6 +221,37 @@ class LmdbStore:
         self._writer.join()
         self._env.close()
         self._lock.release()
+
+    def backup(self, path: Path) -> int:
+        """Copies a consistent, compacted snapshot of the store into `path`, a
+        new directory (its parent must exist) or an empty one, while writers
+        go on; returns the size of the copy's data file. The directory is made
+        0700 before anything is written in it, so the copy is never readable
+        by others, then its file 0600."""
+        if self._closed:
+            raise ShuttingDown("the store is closed")
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            if not path.is_dir() or path.is_symlink():
+                raise BackupTargetError(
+                    f"{path} exists and is not a directory"
+                ) from None
+            if any(path.iterdir()):
+                raise BackupTargetError(f"{path} is not empty") from None
+        except FileNotFoundError:
+            raise BackupTargetError(f"the parent of {path} does not exist") from None
+        except OSError as exc:
+            raise BackupTargetError(f"cannot create {path}: {exc.strerror}") from None
+        os.chmod(path, 0o700)
+        try:
+            with self._env.begin(write=False) as txn:
+                self._env.copy(str(path), compact=True, txn=txn)
+        except lmdb.Error as exc:
+            raise StorageUnavailable(f"the backup to {path} failed: {exc}") from exc
+        data = path / "data.mdb"
+        os.chmod(data, 0o600)
+        return data.stat().st_size
 
     def disk_usage(self) -> tuple[int, int]:
         """(bytes in use, map size)."""

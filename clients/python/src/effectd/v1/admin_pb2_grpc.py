@@ -49,6 +49,11 @@ class AdminStub:
                 request_serializer=effectd_dot_v1_dot_admin__pb2.ReloadPolicyRequest.SerializeToString,
                 response_deserializer=effectd_dot_v1_dot_admin__pb2.ReloadPolicyResponse.FromString,
                 _registered_method=True)
+        self.Backup = channel.unary_unary(
+                '/effectd.v1.Admin/Backup',
+                request_serializer=effectd_dot_v1_dot_admin__pb2.BackupRequest.SerializeToString,
+                response_deserializer=effectd_dot_v1_dot_admin__pb2.BackupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -80,6 +85,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Backup(self, request, context):
+        """Copies the store, while serving, into `path` on the daemon's machine: a
+        consistent, compacted snapshot (one read transaction). `path` must be an
+        absolute path to a new or empty directory, refused otherwise with
+        INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
+        by starting a daemon with `effectd serve --data-dir PATH`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +113,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ReloadPolicy,
                     request_deserializer=effectd_dot_v1_dot_admin__pb2.ReloadPolicyRequest.FromString,
                     response_serializer=effectd_dot_v1_dot_admin__pb2.ReloadPolicyResponse.SerializeToString,
+            ),
+            'Backup': grpc.unary_unary_rpc_method_handler(
+                    servicer.Backup,
+                    request_deserializer=effectd_dot_v1_dot_admin__pb2.BackupRequest.FromString,
+                    response_serializer=effectd_dot_v1_dot_admin__pb2.BackupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +201,33 @@ class Admin:
             '/effectd.v1.Admin/ReloadPolicy',
             effectd_dot_v1_dot_admin__pb2.ReloadPolicyRequest.SerializeToString,
             effectd_dot_v1_dot_admin__pb2.ReloadPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectd.v1.Admin/Backup',
+            effectd_dot_v1_dot_admin__pb2.BackupRequest.SerializeToString,
+            effectd_dot_v1_dot_admin__pb2.BackupResponse.FromString,
             options,
             channel_credentials,
             insecure,

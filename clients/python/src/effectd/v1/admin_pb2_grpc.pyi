@@ -49,6 +49,13 @@ class AdminStub:
     the message names the setting) and the policy in force stays. Without a
     policy file: FAILED_PRECONDITION, NO_POLICY_FILE. SIGHUP does the same.
     """
+    Backup: _grpc.UnaryUnaryMultiCallable[_admin_pb2.BackupRequest, _admin_pb2.BackupResponse]
+    """Copies the store, while serving, into `path` on the daemon's machine: a
+    consistent, compacted snapshot (one read transaction). `path` must be an
+    absolute path to a new or empty directory, refused otherwise with
+    INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
+    by starting a daemon with `effectd serve --data-dir PATH`.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -65,6 +72,13 @@ class AdminAsyncStub(AdminStub):
     that does not validate is refused (FAILED_PRECONDITION, POLICY_INVALID,
     the message names the setting) and the policy in force stays. Without a
     policy file: FAILED_PRECONDITION, NO_POLICY_FILE. SIGHUP does the same.
+    """
+    Backup: _aio.UnaryUnaryMultiCallable[_admin_pb2.BackupRequest, _admin_pb2.BackupResponse]  # type: ignore[assignment]
+    """Copies the store, while serving, into `path` on the daemon's machine: a
+    consistent, compacted snapshot (one read transaction). `path` must be an
+    absolute path to a new or empty directory, refused otherwise with
+    INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
+    by starting a daemon with `effectd serve --data-dir PATH`.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -97,6 +111,19 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         that does not validate is refused (FAILED_PRECONDITION, POLICY_INVALID,
         the message names the setting) and the policy in force stays. Without a
         policy file: FAILED_PRECONDITION, NO_POLICY_FILE. SIGHUP does the same.
+        """
+
+    @_abc_1.abstractmethod
+    def Backup(
+        self,
+        request: _admin_pb2.BackupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.BackupResponse, _abc.Awaitable[_admin_pb2.BackupResponse]]:
+        """Copies the store, while serving, into `path` on the daemon's machine: a
+        consistent, compacted snapshot (one read transaction). `path` must be an
+        absolute path to a new or empty directory, refused otherwise with
+        INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
+        by starting a daemon with `effectd serve --data-dir PATH`.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,375 @@
+"""What each `effectd ctl` subcommand does against the daemon.
+
+Ledger and recovery commands go through the typed client; the full record of
+`show` and the Admin RPCs use the generated stubs on a second channel to the
+same target. Each command returns its exit code; refusals propagate as
+`effectd_client.EffectdError` to the boundary in `sidecar.ctl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import grpc
+from effectd.v1 import admin_pb2 as apb
+from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc
+from effectd.v1 import ledger_pb2 as pb
+
+from effectd_client import Client, EffectdError, State, ToolCall
+from sidecar.ctl.output import emit_json, enum_name, fields, table, when
+
+T = TypeVar("T")
+
+OK = 0
+AUDIT_BROKEN = 4
+
+# Calls that wait for a human come first (DESIGN §10).
+_FIRST = {State.UNKNOWN: 0, State.AWAITING_APPROVAL: 1}
+
+
+class Console:
+    """The daemon as the console sees it: the typed client plus raw stubs."""
+
+    def __init__(self, target: str, namespace: str, timeout: float) -> None:
+        self.target = target
+        self.namespace = namespace
+        self.timeout = timeout
+        self.client = Client(target, namespace=namespace, timeout=timeout)
+        self._channel: grpc.Channel | None = None
+
+    def close(self) -> None:
+        self.client.close()
+        if self._channel is not None:
+            self._channel.close()
+
+    def _stub_channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.target)
+        return self._channel
+
+    @property
+    def admin(self) -> admin_pb2_grpc.AdminStub:
+        return admin_pb2_grpc.AdminStub(self._stub_channel())
+
+    @property
+    def ledger(self) -> ledger_pb2_grpc.ToolLedgerStub:
+        return ledger_pb2_grpc.ToolLedgerStub(self._stub_channel())
+
+    def call(self, method: Callable[..., T], request: object) -> T:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise EffectdError.from_rpc_error(exc) from None
+
+
+def _user(name: str | None) -> str:
+    if name:
+        return name
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (OSError, KeyError):  # no passwd entry for the uid
+        return "operator"
+
+
+def _call_row(c: ToolCall) -> list[object]:
+    return [
+        c.state.name,
+        c.run_id,
+        c.call_id,
+        c.tool_name,
+        c.effect.name,
+        c.revision,
+        c.attempt,
+    ]
+
+
+_CALL_HEADERS = ("STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
+
+
+def list_calls(con: Console, args: argparse.Namespace) -> int:
+    if args.list_namespace is not None:
+        con.client.namespace = args.list_namespace
+    found: Iterator[ToolCall] = con.client.list_tool_calls(
+        run_id=args.run, states=tuple(dict.fromkeys(args.state))
+    )
+    calls = sorted(found, key=lambda c: _FIRST.get(c.state, len(_FIRST)))
+    if args.json:
+        emit_json(calls)
+    elif calls:
+        table(_CALL_HEADERS, [_call_row(c) for c in calls])
+    else:
+        print("no calls")
+    return OK
+
+
+def _result_text(r: pb.ToolResult) -> str:
+    kind = r.payload.WhichOneof("kind")
+    body = (
+        r.payload.json
+        if kind == "json"
+        else f"<{len(r.payload.raw)} raw bytes>"
+        if kind == "raw"
+        else ""
+    )
+    if r.outcome == pb.OUTCOME_ERROR:
+        return f"error {r.error_code}: {r.error_message} {body}".rstrip()
+    return f"ok {body}".rstrip()
+
+
+def _state(value: pb.CallState.ValueType) -> str:
+    if value == pb.CALL_STATE_UNSPECIFIED:
+        return "-"
+    return enum_name(pb.CallState.Name(value), "CALL_STATE_")
+
+
+def show(con: Console, args: argparse.Namespace) -> int:
+    ref = pb.CallRef(namespace=con.namespace, run_id=args.run, call_id=args.call)
+    call = con.call(con.ledger.GetToolCall, pb.GetToolCallRequest(ref=ref)).call
+    if args.json:
+        emit_json(call)
+        return OK
+    a = call.approval
+    approval = (
+        "not required"
+        if not call.approval_required
+        else "pending"
+        if not call.HasField("approval")
+        else f"{'approved' if a.approved else 'rejected'} by {a.approver} at "
+        f"{when(a.decided_at)} (revision {a.revision}): {a.reason}"
+    )
+    fields(
+        [
+            ("call", f"{call.ref.run_id} / {call.ref.call_id}"),
+            ("namespace", call.ref.namespace),
+            ("tool", call.tool_name),
+            ("effect", enum_name(pb.Effect.Name(call.effect), "EFFECT_")),
+            ("state", _state(call.state)),
+            ("revision", call.revision),
+            ("attempt", call.attempt),
+            ("lease until", when(call.lease_expires_at)),
+            ("key", call.idempotency_key),
+            ("input", call.input_fingerprint),
+            ("approval", approval),
+            ("result", _result_text(call.result) if call.HasField("result") else "-"),
+            ("acknowledged", "yes" if call.acknowledged else "no"),
+            ("created", when(call.created_at)),
+            ("updated", when(call.updated_at)),
+        ]
+    )
+    print("\nhistory")
+    table(
+        ("REV", "AT", "EVENT", "FROM", "TO", "ATTEMPT", "ACTOR", "REASON"),
+        [
+            [
+                t.revision,
+                when(t.at),
+                t.event,
+                _state(t.from_state),
+                _state(t.to_state),
+                t.attempt,
+                t.actor,
+                t.reason,
+            ]
+            for t in call.history
+        ],
+    )
+    if call.reconciliations:
+        print("\nreconciliations")
+        table(
+            ("REV", "AT", "RESOLUTION", "FROM", "OPERATOR", "REASON", "EVIDENCE"),
+            [
+                [
+                    r.revision,
+                    when(r.reconciled_at),
+                    enum_name(pb.Resolution.Name(r.resolution), "RESOLUTION_"),
+                    _state(r.from_state),
+                    r.operator,
+                    r.reason,
+                    r.evidence,
+                ]
+                for r in call.reconciliations
+            ],
+        )
+    return OK
+
+
+def _print_call(con: Console, args: argparse.Namespace, call: ToolCall) -> None:
+    if args.json:
+        emit_json(call)
+    else:
+        table(_CALL_HEADERS, [_call_row(call)])
+
+
+def decide(con: Console, args: argparse.Namespace) -> int:
+    seen = con.client.get_tool_call(args.run, args.call)
+    call = con.client.decide_approval(
+        args.run,
+        args.call,
+        approve=args.ctl_command == "approve",
+        approver=_user(args.approver),
+        reason=args.reason,
+        expected_revision=seen.revision,
+        input_fingerprint=seen.input_fingerprint,
+    )
+    _print_call(con, args, call)
+    return OK
+
+
+def reconcile(con: Console, args: argparse.Namespace) -> int:
+    seen = con.client.get_tool_call(args.run, args.call)
+    call = con.client.reconcile(
+        args.run,
+        args.call,
+        expected_revision=seen.revision,
+        operator=_user(args.operator),
+        reason=args.reason,
+        evidence=args.evidence,
+        result=args.result,
+        not_executed=args.not_executed,
+    )
+    _print_call(con, args, call)
+    return OK
+
+
+def recover(con: Console, args: argparse.Namespace) -> int:
+    plan = con.client.recover(args.run)
+    if args.json:
+        emit_json(plan)
+        return OK
+    if not plan.items:
+        print(f"run {args.run}: no calls")
+        return OK
+    table(
+        ("ACTION", "CALL", "TOOL", "STATE", "EFFECT", "KEY"),
+        [
+            [
+                i.action.name,
+                i.call.call_id,
+                i.call.tool_name,
+                i.call.state.name,
+                i.call.effect.name,
+                i.idempotency_key or "-",
+            ]
+            for i in plan.items
+        ],
+    )
+    print(f"\ninterrupted: {'yes' if plan.interrupted else 'no'}")
+    return OK
+
+
+def audit_verify(con: Console, args: argparse.Namespace) -> int:
+    v = con.call(con.admin.VerifyAudit, apb.VerifyAuditRequest())
+    if args.json:
+        emit_json(v)
+    elif v.ok:
+        print(f"audit log intact: {v.entries_checked} entries verified")
+    else:
+        print(
+            f"audit log BROKEN at entry {v.first_bad_sequence}: {v.problem} "
+            f"({v.entries_checked} entries verified before it)"
+        )
+    return OK if v.ok else AUDIT_BROKEN
+
+
+def audit_list(con: Console, args: argparse.Namespace) -> int:
+    entries: list[apb.AuditEntry] = []
+    token = ""
+    while args.limit <= 0 or len(entries) < args.limit:
+        page = con.call(
+            con.admin.ListAudit,
+            apb.ListAuditRequest(
+                namespace=con.namespace,
+                newest_first=args.newest_first,
+                page_token=token,
+            ),
+        )
+        entries.extend(page.entries)
+        token = page.next_page_token
+        if not token:
+            break
+    if args.limit > 0:
+        entries = entries[: args.limit]
+    if args.json:
+        emit_json(entries)
+        return OK
+    rows = [
+        [
+            e.sequence,
+            when(e.at),
+            enum_name(apb.AuditAction.Name(e.action), "AUDIT_ACTION_"),
+            e.actor,
+            f"{e.ref.namespace}/{e.ref.run_id}/{e.ref.call_id}"
+            if e.ref.run_id
+            else "-",
+            f"{_state(e.state_before)}->{_state(e.state_after)}"
+            if e.ref.run_id
+            else "-",
+            e.reason,
+        ]
+        for e in entries
+    ]
+    if rows:
+        table(("SEQ", "AT", "ACTION", "ACTOR", "CALL", "STATES", "REASON"), rows)
+    else:
+        print("no audit entries")
+    return OK
+
+
+def backup(con: Console, args: argparse.Namespace) -> int:
+    # The daemon resolves nothing: send it an absolute path.
+    path = os.path.abspath(args.path)
+    done = con.call(con.admin.Backup, apb.BackupRequest(path=path))
+    if args.json:
+        emit_json(done)
+    else:
+        print(
+            f"backed up {done.bytes} bytes to {done.path}\n"
+            f"restore: effectd serve --data-dir {done.path}"
+        )
+    return OK
+
+
+def policy_reload(con: Console, args: argparse.Namespace) -> int:
+    done = con.call(con.admin.ReloadPolicy, apb.ReloadPolicyRequest(reason=args.reason))
+    if args.json:
+        emit_json(done)
+        return OK
+    p = done.policy
+    fields(
+        [
+            ("file", done.file),
+            ("audit entry", done.audit_sequence),
+            ("changed", ", ".join(done.changed) or "nothing"),
+            ("retry_safe", "on" if p.retry_safe else "off"),
+            ("max_attempts", p.max_attempts),
+            ("default_lease_ms", p.default_lease_ms),
+            ("retention_seconds", p.retention_seconds),
+            ("forced side effects", ", ".join(p.forced_side_effect_tools) or "-"),
+        ]
+    )
+    return OK
+
+
+Command = Callable[[Console, argparse.Namespace], int]
+
+
+def command_of(args: argparse.Namespace) -> Command:
+    """The function of the parsed subcommand."""
+    name = args.ctl_command
+    if name == "audit":
+        return audit_verify if args.audit_command == "verify" else audit_list
+    if name == "policy":
+        return policy_reload
+    return {
+        "list": list_calls,
+        "show": show,
+        "approve": decide,
+        "reject": decide,
+        "reconcile": reconcile,
+        "recover": recover,
+        "backup": backup,
+    }[name]

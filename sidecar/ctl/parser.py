@@ -1,0 +1,208 @@
+"""The arguments of `effectd ctl`: global connection options and one
+subcommand per operator task. Only parsing lives here; `commands` acts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from effectd_client import State
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
+if TYPE_CHECKING:
+    # Generic only to the type checker.
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def default_target() -> str:
+    """`unix:` the socket of the default data directory (env EFFECTD_DATA_DIR)."""
+    data_dir = Path(os.environ.get("EFFECTD_DATA_DIR", ".effectd"))
+    return f"unix:{data_dir / 'effectd.sock'}"
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def _state(text: str) -> State:
+    name = text.strip().upper().replace("-", "_")
+    try:
+        return State[name]
+    except KeyError:
+        choices = ", ".join(s.name for s in State)
+        raise argparse.ArgumentTypeError(
+            f"unknown state {text!r} (one of {choices})"
+        ) from None
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _call_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="the run id")
+    p.add_argument("call", metavar="CALL", help="the call id")
+
+
+def _decision(sub: Subparsers, name: str, verb: str) -> None:
+    p = sub.add_parser(
+        name,
+        help=f"{verb} a call awaiting approval",
+        description=f"{verb.capitalize()} a call that awaits approval. The record "
+        "is read first, and the decision is bound to its revision and input "
+        "fingerprint: if the call changed since, the daemon refuses.",
+    )
+    _call_args(p)
+    p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    p.add_argument(
+        "--approver",
+        default=None,
+        metavar="NAME",
+        help="who decides (default $USER)",
+    )
+
+
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
+    """Adds `ctl` and its subcommands to the `effectd` subparsers."""
+    ctl = sub.add_parser(
+        "ctl",
+        help="the operator's console: list, approve, reconcile, back up, verify",
+        description="Talks to a running daemon. Exit codes: 0 ok, 1 refused by the "
+        "daemon, 2 usage, 3 daemon not reachable, 4 audit verification failed.",
+    )
+    where = ctl.add_mutually_exclusive_group()
+    where.add_argument(
+        "--socket",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the daemon's Unix socket (default $EFFECTD_DATA_DIR/effectd.sock, "
+        "else .effectd/effectd.sock)",
+    )
+    where.add_argument(
+        "--target",
+        default=None,
+        metavar="TARGET",
+        help="a gRPC target instead: unix:PATH or 127.0.0.1:PORT",
+    )
+    ctl.add_argument(
+        "--namespace",
+        default="",
+        help="the namespace of the records (default: the default namespace; "
+        "audit list: every namespace)",
+    )
+    ctl.add_argument("--json", action="store_true", help="print JSON for scripts")
+    ctl.add_argument(
+        "--timeout",
+        type=_positive,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="deadline of each RPC (default %(default)s)",
+    )
+    cmds = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+
+    p = cmds.add_parser(
+        "list",
+        help="list calls, those that need a human first",
+        description="Lists tool calls: UNKNOWN (to reconcile) and "
+        "AWAITING_APPROVAL first, then the rest.",
+    )
+    p.add_argument("--run", default="", help="only calls of this run")
+    p.add_argument(
+        "--state",
+        type=_state,
+        action="append",
+        default=[],
+        help="only calls in this state (repeatable)",
+    )
+    p.add_argument(
+        "--namespace",
+        dest="list_namespace",
+        default=None,
+        help="the namespace to list (same as the global --namespace)",
+    )
+
+    p = cmds.add_parser(
+        "show", help="one call: record, history, approval, reconciliations"
+    )
+    _call_args(p)
+
+    _decision(cmds, "approve", "approve")
+    _decision(cmds, "reject", "reject")
+
+    p = cmds.add_parser(
+        "reconcile",
+        help="resolve a call whose outcome is unknown",
+        description="Records what the target system shows for a call in UNKNOWN "
+        "(or STARTED): the result it produced, or that it never executed. The "
+        "expected revision comes from a fresh read.",
+    )
+    _call_args(p)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "--result",
+        type=_json_value,
+        metavar="JSON",
+        help="the call did execute: its result, as JSON",
+    )
+    how.add_argument(
+        "--not-executed",
+        action="store_true",
+        help="the call never took effect: it may be started again",
+    )
+    p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    p.add_argument(
+        "--evidence",
+        required=True,
+        help="what was checked in the target system (kept in the audit log)",
+    )
+    p.add_argument(
+        "--operator", default=None, metavar="NAME", help="who (default $USER)"
+    )
+
+    p = cmds.add_parser(
+        "recover",
+        help="the recovery plan of a run",
+        description="Prints what an agent resuming RUN would do with each call. "
+        "Like the agent's own Recover, it turns STARTED calls whose lease expired "
+        "into UNKNOWN; it never executes anything.",
+    )
+    p.add_argument("run", metavar="RUN", help="the run id")
+
+    p = cmds.add_parser("audit", help="the hash-chained audit log")
+    audit = p.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    audit.add_parser("verify", help="walk the chain (exit 4 if it is broken)")
+    a = audit.add_parser("list", help="list audit entries")
+    a.add_argument("--newest-first", action="store_true", help="newest first")
+    a.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        metavar="N",
+        help="at most N entries, 0 for all (default %(default)s)",
+    )
+
+    p = cmds.add_parser(
+        "backup",
+        help="a consistent copy of the store, while serving",
+        description="Has the daemon copy its store into PATH, a new or empty "
+        "directory on the daemon's machine, created 0700. Restore: start a "
+        "daemon on the copy with `effectd serve --data-dir PATH`.",
+    )
+    p.add_argument("path", type=Path, metavar="PATH", help="the directory to write")
+
+    p = cmds.add_parser("policy", help="the operator's policy")
+    policy = p.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
+    r = policy.add_parser("reload", help="read the policy file again (audited)")
+    r.add_argument("--reason", default="", help="why (kept in the audit log)")
+    return ctl

@@ -1,0 +1,500 @@
+"""`effectd ctl` end to end (DESIGN §10): each command runs in-process through
+`sidecar.cli.main` against a real daemon, and once as its own process; the
+exit codes are the contract scripts rely on (0 ok, 1 refused, 2 usage,
+3 not reachable, 4 audit broken)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from effectd.v1 import admin_pb2, admin_pb2_grpc
+
+from effectd_client import Client, Effect, State, ToolCall
+from sidecar.cli import main
+from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
+from sidecar.ctl.output import jsonable
+from sidecar.storage import records
+from sidecar.storage.api import Table, WriteView
+from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.testing import RunningDaemon, running_daemon
+from tests.rpc.support import refused
+from tests.support.processes import ROOT
+
+RUN = "run-1"
+Ctl = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def ctl(daemon: RunningDaemon, capsys: pytest.CaptureFixture[str]) -> Ctl:
+    """Runs `effectd ctl --target <daemon> ARGS`; answers (code, out, err)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["ctl", "--target", daemon.target, *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def _awaiting(client: Client, call_id: str) -> None:
+    client.prepare_tool(
+        RUN, call_id, "send_email", {"to": call_id}, require_approval=True
+    )
+
+
+def _unknown(client: Client, call_id: str) -> None:
+    prepared = client.prepare_tool(RUN, call_id, "charge", {"id": call_id}, start=True)
+    client.report_unknown(RUN, call_id, prepared.call.attempt, "the process died")
+
+
+def _committed(client: Client, call_id: str) -> None:
+    prepared = client.prepare_tool(RUN, call_id, "search", {"q": call_id}, start=True)
+    client.commit_tool(RUN, call_id, prepared.call.attempt, {"hits": 1})
+
+
+def _rows(out: str) -> list[list[str]]:
+    """The cells of a table, header excluded."""
+    return [line.split() for line in out.splitlines()[1:]]
+
+
+def test_list_puts_unknown_and_awaiting_approval_first(
+    ctl: Ctl, client: Client
+) -> None:
+    """Calls that need a human (UNKNOWN, then AWAITING_APPROVAL) come before
+    the rest, whatever their key order."""
+    _committed(client, "a-done")
+    _awaiting(client, "b-approve")
+    client.prepare_tool(RUN, "c-new", "search", {"q": 1})
+    _unknown(client, "d-unknown")
+    code, out, _ = ctl("list")
+    assert code == 0
+    assert [r[2] for r in _rows(out)] == ["d-unknown", "b-approve", "a-done", "c-new"]
+    assert out.splitlines()[0].split() == [
+        *("STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
+    ]
+
+
+def test_list_filters_by_state_and_run_and_prints_json(
+    ctl: Ctl, client: Client
+) -> None:
+    """`--state` and `--run` narrow the listing and `--json` is parseable."""
+    _awaiting(client, "a")
+    _unknown(client, "b")
+    client.prepare_tool("other-run", "c", "search", {"q": 1}, require_approval=True)
+    code, out, _ = ctl("--json", "list", "--state", "awaiting_approval", "--run", RUN)
+    assert code == 0
+    listed = json.loads(out)
+    assert [(c["call_id"], c["state"]) for c in listed] == [("a", "AWAITING_APPROVAL")]
+    assert ctl("list", "--namespace", "elsewhere")[1] == "no calls\n"
+
+
+def test_show_prints_record_history_approval_and_reconciliation(
+    ctl: Ctl, client: Client
+) -> None:
+    """`show` prints the record, its history and the operator's evidence."""
+    _unknown(client, "c1")
+    assert (
+        ctl(
+            "reconcile",
+            RUN,
+            "c1",
+            "--not-executed",
+            "--reason",
+            "checked",
+            "--evidence",
+            "no charge in the PSP",
+        )[0]
+        == 0
+    )
+    code, out, _ = ctl("show", RUN, "c1")
+    assert code == 0
+    assert "state         PREPARED" in out
+    assert "history" in out
+    assert "reconciliations" in out
+    assert "no charge in the PSP" in out
+    code, out, _ = ctl("--json", "show", RUN, "c1")
+    shown = json.loads(out)
+    assert shown["state"] == "CALL_STATE_PREPARED"
+    assert shown["reconciliations"][0]["evidence"] == "no charge in the PSP"
+
+
+def test_approve_binds_revision_and_fingerprint_and_audits_the_approver(
+    ctl: Ctl, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`approve` reads the record, decides it as $USER by default, and the
+    audit log names that approver."""
+    monkeypatch.setenv("USER", "carol")
+    _awaiting(client, "c1")
+    code, out, _ = ctl("approve", RUN, "c1", "--reason", "looks right")
+    assert code == 0
+    assert _rows(out)[0][0] == "PREPARED"
+    assert client.get_tool_call(RUN, "c1").state is State.PREPARED
+    code, out, _ = ctl("--json", "audit", "list")
+    [entry] = json.loads(out)
+    assert (entry["actor"], entry["action"]) == ("carol", "AUDIT_ACTION_APPROVE")
+    code, out, _ = ctl("show", RUN, "c1")
+    assert "approved by carol" in out
+
+
+def test_reject_commits_the_rejection(ctl: Ctl, client: Client) -> None:
+    """`reject` with an explicit approver leaves the call COMMITTED with an error."""
+    _awaiting(client, "c1")
+    code, _, _ = ctl("reject", RUN, "c1", "--reason", "no", "--approver", "dave")
+    assert code == 0
+    call = client.get_tool_call(RUN, "c1")
+    assert call.state is State.COMMITTED
+    assert call.result is not None
+    assert not call.result.ok
+
+
+def test_reconcile_with_the_result_found(ctl: Ctl, client: Client) -> None:
+    """`reconcile --result JSON` commits the result the operator found."""
+    _unknown(client, "c1")
+    code, out, _ = ctl(
+        "--json",
+        "reconcile",
+        RUN,
+        "c1",
+        "--result",
+        '{"charged": 42}',
+        "--reason",
+        "found it",
+        "--evidence",
+        "PSP ref 7",
+        "--operator",
+        "olga",
+    )
+    assert code == 0
+    assert json.loads(out)["state"] == "COMMITTED"
+    call = client.get_tool_call(RUN, "c1")
+    assert call.result is not None
+    assert call.result.value == {"charged": 42}
+
+
+def test_reconcile_not_executed_makes_the_call_startable(
+    ctl: Ctl, client: Client
+) -> None:
+    """`reconcile --not-executed` returns the call to PREPARED."""
+    _unknown(client, "c1")
+    code, _, _ = ctl(
+        "reconcile",
+        RUN,
+        "c1",
+        "--not-executed",
+        "--reason",
+        "r",
+        "--evidence",
+        "nothing in the logs",
+    )
+    assert code == 0
+    assert client.get_tool_call(RUN, "c1").state is State.PREPARED
+
+
+def test_recover_prints_the_plan(ctl: Ctl, client: Client) -> None:
+    """`recover RUN` prints one action per call and whether the run is interrupted."""
+    _committed(client, "a")
+    _unknown(client, "b")
+    code, out, _ = ctl("recover", RUN)
+    assert code == 0
+    assert [r[:2] for r in _rows(out)[:2]] == [
+        ["REPLAY_RESULT", "a"],
+        ["RECONCILE", "b"],
+    ]
+    assert "interrupted: yes" in out
+    plan = json.loads(ctl("--json", "recover", RUN)[1])
+    assert plan["interrupted"] is True
+    assert [i["action"] for i in plan["items"]] == ["REPLAY_RESULT", "RECONCILE"]
+
+
+def test_audit_verify_of_an_intact_log(ctl: Ctl, client: Client) -> None:
+    """`audit verify` exits 0 and counts the entries of an untouched chain."""
+    _awaiting(client, "c1")
+    ctl("approve", RUN, "c1", "--reason", "ok", "--approver", "a")
+    code, out, _ = ctl("audit", "verify")
+    assert (code, out) == (0, "audit log intact: 1 entries verified\n")
+
+
+def _edit_reason(sequence: int) -> Callable[[WriteView], None]:
+    def edit(view: WriteView) -> None:
+        raw = records.load_audit(view, sequence)
+        assert raw is not None
+        doc = json.loads(raw)
+        doc["reason"] = "nothing to see here"
+        view.put(Table.AUDIT, records.audit_key(sequence), json.dumps(doc).encode())
+
+    return edit
+
+
+def test_audit_verify_of_a_tampered_log_exits_4(
+    config: ServeConfig, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An audit entry edited behind the daemon's back makes `audit verify`
+    exit 4 and name the entry (the negative control of the test above)."""
+    with running_daemon(config, clock) as d, Client(d.target) as client:
+        for call_id in ("c1", "c2"):
+            _awaiting(client, call_id)
+            assert (
+                main(
+                    [
+                        "ctl",
+                        "--target",
+                        d.target,
+                        "approve",
+                        RUN,
+                        call_id,
+                        "--reason",
+                        "ok",
+                        "--approver",
+                        "a",
+                    ]
+                )
+                == 0
+            )
+    store = LmdbStore(config.data_dir)
+    try:
+        store.submit(_edit_reason(1)).result(timeout=10)
+    finally:
+        store.close()
+    with running_daemon(config, clock) as d:
+        capsys.readouterr()
+        assert main(["ctl", "--target", d.target, "audit", "verify"]) == 4
+        assert "BROKEN at entry 1" in capsys.readouterr().out
+        assert main(["ctl", "--target", d.target, "--json", "audit", "verify"]) == 4
+        verdict = json.loads(capsys.readouterr().out)
+        assert (verdict["ok"], verdict["first_bad_sequence"]) == (False, "1")
+
+
+def test_backup_while_serving_restores_into_a_new_data_directory(
+    ctl: Ctl, client: Client, short_tmp: Path
+) -> None:
+    """`backup PATH` copies the live store (0700/0600); a daemon started on
+    the copy serves the records it held, a call then in flight as UNKNOWN."""
+    _committed(client, "c1")
+    client.prepare_tool(RUN, "c2", "charge", {"n": 2}, start=True)
+    copy = short_tmp / "backup"
+    code, out, _ = ctl("backup", str(copy))
+    assert code == 0
+    assert f"--data-dir {copy}" in out
+    _committed(client, "after-the-backup")
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o700
+    assert stat.S_IMODE((copy / "data.mdb").stat().st_mode) == 0o600
+    with (
+        running_daemon(ServeConfig(data_dir=copy)) as restored,
+        Client(restored.target) as c,
+    ):
+        call = c.get_tool_call(RUN, "c1")
+        assert call.state is State.COMMITTED
+        assert call.result is not None
+        assert call.result.value == {"hits": 1}
+        assert [x.call_id for x in c.list_tool_calls()] == ["c1", "c2"]
+        assert c.get_tool_call(RUN, "c2").state is State.UNKNOWN
+
+
+def test_backup_into_a_non_empty_directory_is_refused(
+    ctl: Ctl, short_tmp: Path
+) -> None:
+    """A backup never overwrites: a non-empty PATH exits 1 with INVALID_REQUEST
+    and the field that is wrong."""
+    full = short_tmp / "full"
+    full.mkdir()
+    (full / "precious").write_text("keep")
+    code, out, err = ctl("backup", str(full))
+    assert (code, out) == (1, "")
+    assert "refused: INVALID_REQUEST" in err
+    assert "path: must be a new or empty" in err
+    assert os.listdir(full) == ["precious"]
+
+
+@pytest.mark.parametrize(
+    "where", ["a-file", "no-parent/backup"], ids=["a file", "a missing parent"]
+)
+def test_backup_into_anything_but_a_directory_is_refused(
+    ctl: Ctl, short_tmp: Path, where: str
+) -> None:
+    """A PATH that is a file, or whose parent is missing, exits 1 with
+    INVALID_REQUEST and creates nothing."""
+    (short_tmp / "a-file").write_text("keep")
+    code, _, err = ctl("backup", str(short_tmp / where))
+    assert code == 1
+    assert "path: must be a new or empty directory" in err
+    assert not (short_tmp / "no-parent").exists()
+    assert (short_tmp / "a-file").read_text() == "keep"
+
+
+def test_backup_rpc_refuses_a_relative_path(daemon: RunningDaemon) -> None:
+    """Admin.Backup names no directory relative to the daemon's cwd."""
+    with grpc.insecure_channel(daemon.target) as channel:
+        refusal = refused(
+            lambda: admin_pb2_grpc.AdminStub(channel).Backup(
+                admin_pb2.BackupRequest(path="relative/backup"), timeout=5
+            )
+        )
+    assert refusal.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert refusal.fields == ("path",)
+
+
+def test_a_backup_under_concurrent_writes_is_consistent(
+    ctl: Ctl, daemon: RunningDaemon, client: Client, short_tmp: Path
+) -> None:
+    """Approvals written while the copy runs leave a copy whose audit chain
+    verifies and whose records all match their audit entries."""
+    for i in range(40):
+        _awaiting(client, f"c{i:02}")
+    stop = threading.Event()
+
+    def approve() -> None:
+        with Client(daemon.target) as writer:
+            for i in range(40):
+                if stop.is_set():
+                    return
+                seen = writer.get_tool_call(RUN, f"c{i:02}")
+                writer.decide_approval(
+                    RUN,
+                    f"c{i:02}",
+                    approve=True,
+                    approver="w",
+                    reason="r",
+                    expected_revision=seen.revision,
+                    input_fingerprint=seen.input_fingerprint,
+                )
+
+    thread = threading.Thread(target=approve)
+    thread.start()
+    try:
+        copies = [short_tmp / f"copy{n}" for n in range(3)]
+        for copy in copies:
+            assert ctl("backup", str(copy))[0] == 0
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    for copy in copies:
+        with (
+            running_daemon(ServeConfig(data_dir=copy)) as restored,
+            Client(restored.target) as c,
+        ):
+            approved = [x for x in c.list_tool_calls() if x.state is State.PREPARED]
+            assert main(["ctl", "--target", restored.target, "audit", "verify"]) == 0
+            assert len(approved) == _audit_count(restored.target)
+
+
+def _audit_count(target: str) -> int:
+    with grpc.insecure_channel(target) as channel:
+        page = admin_pb2_grpc.AdminStub(channel).ListAudit(
+            admin_pb2.ListAuditRequest(page_size=1000), timeout=5
+        )
+    return len(page.entries)
+
+
+def test_policy_reload(short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`policy reload` puts the edited policy file in force and names the change."""
+    policy = short_tmp / "policy.toml"
+    policy.write_text("")
+    config = ServeConfig(data_dir=short_tmp / "data", policy_file=policy)
+    with running_daemon(config) as d:
+        policy.write_text("[retry]\nretry_safe = false\n")
+        capsys.readouterr()
+        argv = ["ctl", "--target", d.target, "--json", "policy", "reload"]
+        assert main([*argv, "--reason", "incident 12"]) == 0
+        done = json.loads(capsys.readouterr().out)
+        assert done["changed"] == ["retry.retry_safe"]
+        assert done["policy"]["retry_safe"] is False
+
+
+def test_a_refusal_exits_1_with_the_reason(ctl: Ctl, client: Client) -> None:
+    """A refused command exits 1 and prints the ErrorInfo reason and message;
+    with --json the refusal is also a JSON document."""
+    client.prepare_tool(RUN, "c1", "search", {"q": 1})
+    code, _, err = ctl("approve", RUN, "c1", "--reason", "r", "--approver", "a")
+    assert code == 1
+    assert "refused: INVALID_TRANSITION" in err
+    code, out, err = ctl("--json", "policy", "reload")
+    assert code == 1
+    assert json.loads(out)["error"]["reason"] == "NO_POLICY_FILE"
+    assert ctl("show", RUN, "missing")[0] == 1
+
+
+def test_an_unreachable_daemon_exits_3_naming_the_socket(
+    short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a daemon ctl exits 3, names the socket and suggests `make run`."""
+    sock = short_tmp / "effectd.sock"
+    assert main(["ctl", "--socket", str(sock), "--timeout", "2", "list"]) == 3
+    err = capsys.readouterr().err
+    assert f"not reachable at unix:{sock}" in err
+    assert "make run" in err
+
+
+def test_the_default_socket_follows_effectd_data_dir(
+    daemon: RunningDaemon, config: ServeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no --socket or --target, ctl finds $EFFECTD_DATA_DIR/effectd.sock."""
+    monkeypatch.setenv("EFFECTD_DATA_DIR", str(config.data_dir))
+    assert main(["ctl", "audit", "verify"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list", "--state", "nope"],
+        ["reconcile", RUN, "c1", "--reason", "r", "--evidence", "e"],
+        ["reconcile", RUN, "c1", "--result", "{x", "--reason", "r", "--evidence", "e"],
+        ["approve", RUN, "c1"],
+        ["--socket", "s", "--target", "t", "list"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str]) -> None:
+    """Malformed command lines exit 2 before anything is sent."""
+    with pytest.raises(SystemExit) as info:
+        main(["ctl", *argv])
+    assert info.value.code == 2
+
+
+def test_as_a_process(daemon: RunningDaemon, client: Client) -> None:
+    """`python -m sidecar ctl` run as its own process lists and refuses with
+    the documented exit codes."""
+    _unknown(client, "c1")
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sidecar", "ctl", "--target", daemon.target, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    done = ctl("--json", "list", "--state", "unknown")
+    assert done.returncode == 0, done.stderr
+    listed: list[dict[str, Any]] = json.loads(done.stdout)
+    assert [c["call_id"] for c in listed] == ["c1"]
+    refused = ctl("reject", RUN, "c1", "--reason", "r")
+    assert refused.returncode == 1
+    assert "INVALID_TRANSITION" in refused.stderr
+
+
+def test_json_of_client_values_is_plain() -> None:
+    """The JSON of a client dataclass holds enum names, never Python reprs."""
+    call = ToolCall(
+        *("ns", "r", "c", "t", Effect.READ, State.PREPARED, 1, "k", 1, "f"),
+        approval_required=False,
+        result=None,
+        history=("prepare",),
+    )
+    doc = jsonable(call)
+    assert doc["effect"] == "READ"
+    assert doc["history"] == ["prepare"]
+    assert set(doc) == {f.name for f in dataclasses.fields(ToolCall)}
