@@ -1,4 +1,4 @@
-"""The command line: `effectd serve` runs the daemon."""
+"""The command line: `effectd serve` runs the daemon; `effectd ctl` talks to it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sidecar import __version__
+from sidecar import __version__, ctl
 from sidecar.config import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_MAP_SIZE,
@@ -23,6 +23,7 @@ from sidecar.errors import EffectdError
 from sidecar.ledger import policy_change
 from sidecar.locking import AlreadyLocked
 from sidecar.policy_file import PolicyError
+from sidecar.provider.routes import ProvidersError
 from sidecar.server import Daemon
 from sidecar.storage.lmdb_store import StoreFormatError
 
@@ -91,6 +92,14 @@ def parser() -> argparse.ArgumentParser:
         "reloaded on SIGHUP",
     )
     s.add_argument(
+        "--providers",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TOML file of provider routes (base URL, credential, headers) that "
+        "ProviderCall / ProviderStream may reach; none: no route",
+    )
+    s.add_argument(
         "--retention-interval",
         type=float,
         default=DEFAULT_RETENTION_INTERVAL_SECONDS,
@@ -98,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between passes that compact acknowledged calls older than "
         "the retention window to tombstones (default %(default)s)",
     )
+    ctl.add_parser(sub)
     return p
 
 
@@ -151,6 +161,8 @@ def main(
     argv: Sequence[str] | None = None, *, daemon_class: type[Daemon] = Daemon
 ) -> int:
     args = parser().parse_args(argv)
+    if args.command == "ctl":
+        return ctl.run(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -165,11 +177,18 @@ def main(
         grace_seconds=args.grace,
         reflection=not args.no_reflection,
         policy_file=args.policy,
+        providers_file=args.providers,
         retention_interval_seconds=args.retention_interval,
     )
     try:
         asyncio.run(_serve(config, daemon_class))
-    except (ConfigError, PolicyError, AlreadyLocked, StoreFormatError) as exc:
+    except (
+        ConfigError,
+        PolicyError,
+        ProvidersError,
+        AlreadyLocked,
+        StoreFormatError,
+    ) as exc:
         print(f"effectd: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -34,6 +34,9 @@ class ServeConfig:
     reflection: bool = True
     # A TOML policy file (see sidecar.policy_file); None: the default policy.
     policy_file: Path | None = None
+    # A TOML file of provider routes (see sidecar.provider.routes); None: the
+    # Provider service reaches no upstream.
+    providers_file: Path | None = None
     # Seconds between compaction passes of the retention window (DESIGN §4);
     # the first pass runs at start.
     retention_interval_seconds: float = DEFAULT_RETENTION_INTERVAL_SECONDS

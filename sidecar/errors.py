@@ -20,7 +20,12 @@
     │   ├── RetryDisabled        RETRY_DISABLED
     │   ├── ResultCompacted      RESULT_COMPACTED
     │   ├── PolicyInvalid        POLICY_INVALID
-    │   └── NoPolicyFile         NO_POLICY_FILE
+    │   ├── NoPolicyFile         NO_POLICY_FILE
+    │   └── RouteNotAllowed      ROUTE_NOT_ALLOWED
+    ├── UpstreamFailed           (a provider call without an HTTP answer)
+    │   ├── UpstreamUnavailable  UPSTREAM_UNAVAILABLE
+    │   ├── UpstreamDeadlineExceeded UPSTREAM_DEADLINE_EXCEEDED
+    │   └── RetryBudgetExhausted RETRY_BUDGET_EXHAUSTED
     ├── StorageFull              STORAGE_FULL
     ├── StorageUnavailable       STORAGE_UNAVAILABLE
     ├── ShuttingDown             SHUTTING_DOWN
@@ -168,6 +173,38 @@ class NoPolicyFile(PreconditionFailed):
     """A policy reload without a policy file to read."""
 
     reason = "NO_POLICY_FILE"
+
+
+class RouteNotAllowed(PreconditionFailed):
+    """A provider request names no configured route, or a path outside it."""
+
+    reason = "ROUTE_NOT_ALLOWED"
+
+
+class UpstreamFailed(EffectdError):
+    """A provider call ended without an HTTP answer; `retry_delay` (seconds)
+    is the delay the client should wait, when one is known."""
+
+    def __init__(
+        self,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        retry_delay: float | None = None,
+    ) -> None:
+        super().__init__(message, metadata)
+        self.retry_delay = retry_delay
+
+
+class UpstreamUnavailable(UpstreamFailed):
+    reason = "UPSTREAM_UNAVAILABLE"
+
+
+class UpstreamDeadlineExceeded(UpstreamFailed):
+    reason = "UPSTREAM_DEADLINE_EXCEEDED"
+
+
+class RetryBudgetExhausted(UpstreamFailed):
+    reason = "RETRY_BUDGET_EXHAUSTED"
 
 
 class StorageFull(EffectdError):

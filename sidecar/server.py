@@ -17,7 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-from effectd.v1 import admin_pb2, checkpoints_pb2, ledger_pb2, recovery_pb2, retry_pb2
+import httpx
+from effectd.v1 import (
+    admin_pb2,
+    checkpoints_pb2,
+    ledger_pb2,
+    provider_pb2,
+    recovery_pb2,
+    retry_pb2,
+)
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -28,10 +36,13 @@ from sidecar.errors import ShuttingDown
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.locking import ExclusiveLock
 from sidecar.policy_file import PolicyFile
+from sidecar.provider.client import ProviderClient, Sleep
+from sidecar.provider.routes import Route, load_providers
 from sidecar.rpc.admin import Admin
 from sidecar.rpc.checkpoints import Checkpoints
 from sidecar.rpc.handlers import generic_handler
 from sidecar.rpc.ledger import ToolLedger
+from sidecar.rpc.provider import Provider
 from sidecar.rpc.recovery import Recovery
 from sidecar.rpc.retry import RetryPolicy
 from sidecar.services.checkpoints import CheckpointService
@@ -52,6 +63,7 @@ SERVICES = (
     recovery_pb2.DESCRIPTOR.services_by_name["Recovery"],
     retry_pb2.DESCRIPTOR.services_by_name["RetryPolicy"],
     admin_pb2.DESCRIPTOR.services_by_name["Admin"],
+    provider_pb2.DESCRIPTOR.services_by_name["Provider"],
 )
 
 
@@ -84,6 +96,16 @@ class Daemon:
             if config.policy_file is None
             else PolicyFile(config.policy_file)
         )
+        providers = config.providers_file
+        self.routes: dict[str, Route] = (
+            {} if providers is None else load_providers(providers)
+        )
+        # Seams of the provider proxy: the HTTP transport (None: httpx's own
+        # pooled one) and the sleep between retries.
+        self.provider_transport: httpx.AsyncBaseTransport | None = None
+        self.provider_sleep: Sleep = asyncio.sleep
+        self._http: httpx.AsyncClient | None = None
+        self.provider: ProviderClient | None = None
 
     def open_store(self) -> Store:
         options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
@@ -133,7 +155,7 @@ class Daemon:
                 generic_handler(SERVICES[0], ToolLedger(ledger, operator)),
                 generic_handler(
                     admin_pb2.DESCRIPTOR.services_by_name["Admin"],
-                    Admin(operator, self._policies),
+                    Admin(operator, self._policies, backup=store.backup),
                 ),
                 generic_handler(
                     SERVICES[1],
@@ -153,6 +175,29 @@ class Daemon:
                         ),
                         cfg.limits,
                     ),
+                ),
+            )
+        )
+        # One pooled client per daemon; redirects are never followed (a 3xx
+        # is an answer) and the environment's proxies and .netrc are ignored.
+        self._http = httpx.AsyncClient(
+            transport=self.provider_transport,
+            follow_redirects=False,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+        )
+        self.provider = ProviderClient(
+            self.routes,
+            self._http,
+            self._clock,
+            rng=self.retry_random,
+            sleep=self.provider_sleep,
+        )
+        server.add_generic_rpc_handlers(
+            (
+                generic_handler(
+                    provider_pb2.DESCRIPTOR.services_by_name["Provider"],
+                    Provider(self.provider, cfg.limits),
                 ),
             )
         )
@@ -239,6 +284,9 @@ class Daemon:
             self._server = None
             with contextlib.suppress(FileNotFoundError):
                 self.config.socket_path.unlink()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -7,8 +7,10 @@ Every refusal is a status whose details carry `google.rpc.ErrorInfo` (domain
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -19,10 +21,14 @@ from sidecar.errors import (
     NotFound,
     NotImplementedYet,
     PreconditionFailed,
+    RetryBudgetExhausted,
     RevisionConflict,
     ShuttingDown,
     StorageFull,
     StorageUnavailable,
+    UpstreamDeadlineExceeded,
+    UpstreamFailed,
+    UpstreamUnavailable,
 )
 
 DOMAIN = "effectd"
@@ -37,7 +43,13 @@ CODES: dict[type[EffectdError], grpc.StatusCode] = {
     StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
     NotImplementedYet: grpc.StatusCode.UNIMPLEMENTED,
+    UpstreamUnavailable: grpc.StatusCode.UNAVAILABLE,
+    UpstreamDeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    RetryBudgetExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+
+# gRFC A6 pushback: the sidecar has retried already; clients must not stack theirs.
+NO_PUSHBACK = ("grpc-retry-pushback-ms", "-1")
 
 
 def code_of(error: EffectdError) -> grpc.StatusCode:
@@ -71,10 +83,24 @@ def to_status(error: EffectdError) -> grpc.Status:
             for v in error.violations
         ]
         details.append(_pack(error_details_pb2.BadRequest(field_violations=violations)))
+    if isinstance(error, UpstreamFailed) and error.retry_delay is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(error.retry_delay * 1e9))
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     status = status_pb2.Status(
         code=code.value[0], message=error.message, details=details
     )
-    return rpc_status.to_status(status)
+    rich = rpc_status.to_status(status)
+    if isinstance(error, UpstreamFailed):
+        return _Status(rich.code, rich.details, (*rich.trailing_metadata, NO_PUSHBACK))
+    return rich
+
+
+@dataclass(frozen=True, slots=True)
+class _Status(grpc.Status):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
 
 
 def internal_status(message: str) -> grpc.Status:

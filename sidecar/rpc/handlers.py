@@ -10,7 +10,7 @@ logged and answered INTERNAL without leaking details.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from sidecar.rpc.errors import internal_status, to_status
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+StreamHandler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +69,50 @@ def _guard(method: str, handler: Handler) -> Handler:
     return guarded
 
 
+def _guard_stream(method: str, handler: StreamHandler) -> StreamHandler:
+    async def guarded(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        try:
+            if isinstance(request, Undecodable):
+                raise InvalidArgument(
+                    [
+                        FieldViolation(
+                            "", f"is not a valid {request.type_name}: {request.error}"
+                        )
+                    ]
+                )
+            async for item in handler(request, context):
+                yield item
+            return
+        except EffectdError as exc:
+            status = to_status(exc)
+        except Exception:
+            log.exception("internal error in %s", method)
+            status = internal_status("internal error; see the daemon log")
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+    return guarded
+
+
 def generic_handler(
     service: ServiceDescriptor, servicer: object
 ) -> grpc.GenericRpcHandler[Any, Any]:
-    """A handler for every unary RPC of `service`, served by the servicer's
-    method of the same name."""
+    """A handler for every unary and server-streaming RPC of `service`,
+    served by the servicer's method of the same name."""
     handlers = {}
     for m in service.methods:
         request_cls = GetMessageClass(m.input_type)
         response_cls = GetMessageClass(m.output_type)
+        if m.client_streaming:
+            raise ValueError(f"{m.full_name}: client streaming is not supported")
+        if m.server_streaming:
+            handlers[m.name] = grpc.unary_stream_rpc_method_handler(
+                _guard_stream(m.full_name, getattr(servicer, m.name)),
+                request_deserializer=_parser(request_cls),
+                response_serializer=response_cls.SerializeToString,
+            )
+            continue
         handlers[m.name] = grpc.unary_unary_rpc_method_handler(
             _guard(m.full_name, getattr(servicer, m.name)),
             request_deserializer=_parser(request_cls),

@@ -42,6 +42,9 @@ DOCUMENTED_CODES = {
     "RESULT_COMPACTED": grpc.StatusCode.FAILED_PRECONDITION,
     "POLICY_INVALID": grpc.StatusCode.FAILED_PRECONDITION,
     "NO_POLICY_FILE": grpc.StatusCode.FAILED_PRECONDITION,
+    "UPSTREAM_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "UPSTREAM_DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "RETRY_BUDGET_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -71,8 +74,7 @@ def instance(cls: type[EffectdError]) -> EffectdError:
 
 def unpack(status: grpc.Status) -> status_pb2.Status:
     """The google.rpc.Status that `to_status` put in the trailing metadata."""
-    [(key, value)] = status.trailing_metadata
-    assert key == "grpc-status-details-bin"
+    [value] = [v for k, v in status.trailing_metadata if k == "grpc-status-details-bin"]
     rich: Any = status_pb2.Status.FromString(value)
     assert isinstance(rich, status_pb2.Status)
     return rich

@@ -125,6 +125,21 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION. A policy reload was asked for, but the daemon was
     started without a policy file (`effectd serve --policy FILE`).
     """
+    UPSTREAM_UNAVAILABLE: _ErrorReason.ValueType  # 26
+    """UNAVAILABLE. A provider call got no HTTP answer from the upstream: its
+    transport failures used the retries allowed, or one was permanent. The
+    ErrorInfo metadata carries stopReason, attempts and lastError; the
+    sidecar has retried already (trailer `grpc-retry-pushback-ms: -1`).
+    """
+    UPSTREAM_DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 27
+    """DEADLINE_EXCEEDED. A provider call got no HTTP answer within the gRPC
+    deadline (which covers every attempt and wait).
+    """
+    RETRY_BUDGET_EXHAUSTED: _ErrorReason.ValueType  # 28
+    """RESOURCE_EXHAUSTED. A provider call needed a retry and the host-wide
+    retry budget of its route had no credit; google.rpc.RetryInfo says when
+    to try again when known.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The reason string of `google.rpc.ErrorInfo` is the value name. The values
@@ -227,5 +242,20 @@ message names the setting. The policy in force stays (ADR-010 R2).
 NO_POLICY_FILE: ErrorReason.ValueType  # 25
 """FAILED_PRECONDITION. A policy reload was asked for, but the daemon was
 started without a policy file (`effectd serve --policy FILE`).
+"""
+UPSTREAM_UNAVAILABLE: ErrorReason.ValueType  # 26
+"""UNAVAILABLE. A provider call got no HTTP answer from the upstream: its
+transport failures used the retries allowed, or one was permanent. The
+ErrorInfo metadata carries stopReason, attempts and lastError; the
+sidecar has retried already (trailer `grpc-retry-pushback-ms: -1`).
+"""
+UPSTREAM_DEADLINE_EXCEEDED: ErrorReason.ValueType  # 27
+"""DEADLINE_EXCEEDED. A provider call got no HTTP answer within the gRPC
+deadline (which covers every attempt and wait).
+"""
+RETRY_BUDGET_EXHAUSTED: ErrorReason.ValueType  # 28
+"""RESOURCE_EXHAUSTED. A provider call needed a retry and the host-wide
+retry budget of its route had no credit; google.rpc.RetryInfo says when
+to try again when known.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,238 @@
+"""The provider routes: the only upstreams a provider call can reach.
+
+    [routes.openai]
+    base_url = "https://api.openai.com"  # http(s), no query, no credentials
+    credential_env = "OPENAI_API_KEY"    # or credential_file = "/run/keys/openai"
+    credential_header = "Authorization"  # default; "Bearer " prefixed for it
+    credential_prefix = "Bearer "        # default: "Bearer " for Authorization
+    idempotency_key = true               # the upstream honours Idempotency-Key
+    max_retries = 2                      # the cap a request may lower (0..4)
+    paths = ["/v1/"]                     # allowed path prefixes (default "/")
+    read_timeout_seconds = 600           # per attempt, bounded by the deadline
+    [routes.openai.headers]              # injected into every request
+    "OpenAI-Organization" = "org-..."
+
+The file is validated as a whole; an error names the setting and never
+shows a credential. `resolve` turns a request's path into a URL below the
+route's base and refuses anything else (ROUTE_NOT_ALLOWED).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+
+from sidecar.errors import RouteNotAllowed
+from sidecar.provider.policy import DEFAULT_MAX_RETRIES, MAX_ATTEMPTS_CEILING
+
+
+class ProvidersError(ValueError):
+    """The providers file is unreadable or invalid; the message names the setting."""
+
+
+_KEYS: dict[str, type | tuple[type, ...]] = {
+    "base_url": str,
+    "credential_env": str,
+    "credential_file": str,
+    "credential_header": str,
+    "credential_prefix": str,
+    "idempotency_key": bool,
+    "max_retries": int,
+    "paths": list,
+    "read_timeout_seconds": (int, float),
+    "headers": dict,
+}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+# RFC 3986 path and query characters; anything else is refused, not encoded.
+_PATH = re.compile(
+    r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*(\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One configured upstream. `credential` never leaves this value except
+    into the upstream request; its repr hides it."""
+
+    name: str
+    base_url: str
+    credential_header: str = ""
+    credential: str = field(default="", repr=False)
+    honours_idempotency_key: bool = False
+    max_retries: int = DEFAULT_MAX_RETRIES
+    paths: tuple[str, ...] = ("/",)
+    read_timeout: float = 600.0
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def budget_key(self) -> str:
+        """The upstream key of the retry budget: base URL + credential
+        fingerprint (§10.1), never the credential itself."""
+        digest = hashlib.sha256(self.credential.encode()).hexdigest()[:12]
+        return f"{self.base_url}#{digest}"
+
+    @property
+    def own_headers(self) -> frozenset[str]:
+        """Lower-case names the route sets itself; requests may not."""
+        names = {n.lower() for n in self.headers}
+        if self.credential_header:
+            names.add(self.credential_header.lower())
+        return frozenset(names)
+
+
+def _typed(where: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ProvidersError(f"{where}: must be a {names}")
+    return value
+
+
+def _base_url(where: str, raw: str) -> str:
+    parts = urllib.parse.urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ProvidersError(f"{where}: must be an http(s) URL with a host")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ProvidersError(
+            f"{where}: must not carry credentials, a query or a fragment"
+        )
+    return raw.rstrip("/")
+
+
+def _credential(where: str, table: dict[str, Any], environ: Mapping[str, str]) -> str:
+    env, file = table.get("credential_env"), table.get("credential_file")
+    if env is not None and file is not None:
+        raise ProvidersError(
+            f"{where}: set credential_env or credential_file, not both"
+        )
+    if env is not None:
+        if env not in environ or not environ[env]:
+            raise ProvidersError(
+                f"{where}.credential_env: the environment variable {env} is not set"
+            )
+        secret = environ[env]
+    elif file is not None:
+        try:
+            secret = Path(file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProvidersError(
+                f"{where}.credential_file: cannot be read ({type(exc).__name__})"
+            ) from None
+    else:
+        return ""
+    if not secret or any(c in secret for c in "\r\n\0"):
+        raise ProvidersError(f"{where}: the credential is empty or not one line")
+    return secret
+
+
+def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
+    where = f"routes.{name}"
+    if not _NAME.match(name):
+        raise ProvidersError(f"{where}: a route name is 1-64 of A-Z a-z 0-9 . _ -")
+    if not isinstance(table, dict):
+        raise ProvidersError(f"{where}: must be a table")
+    for key, value in table.items():
+        if key not in _KEYS:
+            raise ProvidersError(f"{where}.{key}: unknown setting")
+        _typed(f"{where}.{key}", value, _KEYS[key])
+    if "base_url" not in table:
+        raise ProvidersError(f"{where}.base_url: is required")
+    base = _base_url(f"{where}.base_url", table["base_url"])
+    credential = _credential(where, table, environ)
+    header = table.get("credential_header", "Authorization" if credential else "")
+    if header and not _HEADER_NAME.match(header):
+        raise ProvidersError(f"{where}.credential_header: not a header name")
+    default_prefix = "Bearer " if header.lower() == "authorization" else ""
+    prefix = table.get("credential_prefix", default_prefix)
+    max_retries = table.get("max_retries", DEFAULT_MAX_RETRIES)
+    if not 0 <= max_retries <= MAX_ATTEMPTS_CEILING - 1:
+        raise ProvidersError(
+            f"{where}.max_retries: must be between 0 and {MAX_ATTEMPTS_CEILING - 1}"
+        )
+    paths = tuple(table.get("paths", ["/"]))
+    if not paths or not all(isinstance(p, str) and _PATH.match(p) for p in paths):
+        raise ProvidersError(f"{where}.paths: must be a list of paths starting with /")
+    timeout = float(table.get("read_timeout_seconds", 600.0))
+    if not 0 < timeout <= 3600:
+        raise ProvidersError(f"{where}.read_timeout_seconds: must be in (0, 3600]")
+    headers: dict[str, str] = {}
+    for key, value in table.get("headers", {}).items():
+        if not _HEADER_NAME.match(key) or not isinstance(value, str):
+            raise ProvidersError(f"{where}.headers.{key}: must be a header = string")
+        if any(c in value for c in "\r\n\0"):
+            raise ProvidersError(f"{where}.headers.{key}: must be one line")
+        headers[key] = value
+    return Route(
+        name=name,
+        base_url=base,
+        credential_header=header,
+        credential=f"{prefix}{credential}" if credential else "",
+        honours_idempotency_key=table.get("idempotency_key", False),
+        max_retries=max_retries,
+        paths=paths,
+        read_timeout=timeout,
+        headers=MappingProxyType(headers),
+    )
+
+
+def parse_providers(
+    text: str, source: str = "providers", environ: Mapping[str, str] | None = None
+) -> dict[str, Route]:
+    """The routes a TOML text describes."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProvidersError(f"{source}: not valid TOML: {exc}") from None
+    for section in doc:
+        if section != "routes":
+            raise ProvidersError(f"{section}: unknown section (known: routes)")
+    routes = doc.get("routes", {})
+    if not isinstance(routes, dict):
+        raise ProvidersError("routes: must be [routes.NAME] tables")
+    env = os.environ if environ is None else environ
+    return {name: _route(name, table, env) for name, table in routes.items()}
+
+
+def load_providers(path: Path) -> dict[str, Route]:
+    """The routes of a providers file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProvidersError(f"{path}: cannot be read: {exc}") from None
+    return parse_providers(text, str(path))
+
+
+def resolve(routes: Mapping[str, Route], name: str, path: str) -> tuple[Route, str]:
+    """The route and absolute URL of a request; ROUTE_NOT_ALLOWED for an
+    unknown route or any path that could leave the route's base."""
+    route = routes.get(name)
+    if route is None:
+        raise RouteNotAllowed(
+            f"no provider route {name!r} is configured", {"route": name}
+        )
+    meta = {"route": name}
+    if not _PATH.match(path) or path.startswith("//"):
+        raise RouteNotAllowed("the path must be a relative path starting with /", meta)
+    bare = path.split("?", 1)[0]
+    decoded = urllib.parse.unquote(bare)
+    segments = decoded.split("/")
+    if "\\" in decoded or "//" in decoded or any(s in (".", "..") for s in segments):
+        raise RouteNotAllowed("the path must not contain . or .. segments or //", meta)
+    if not any(bare.startswith(prefix) for prefix in route.paths):
+        raise RouteNotAllowed("the path is outside the route's allowed paths", meta)
+    url = route.base_url + path
+    base, built = httpx.URL(route.base_url), httpx.URL(url)
+    if (built.scheme, built.host, built.port) != (base.scheme, base.host, base.port):
+        raise RouteNotAllowed("the path leaves the route's host", meta)
+    return route, url

@@ -1,0 +1,171 @@
+"""The providers file and the route check: nothing but a configured route
+below its base URL can be reached (DESIGN §9, no open proxy)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sidecar.errors import RouteNotAllowed
+from sidecar.provider.routes import (
+    ProvidersError,
+    Route,
+    load_providers,
+    parse_providers,
+    resolve,
+)
+
+ENV = {"OPENAI_API_KEY": "sk-live-123"}
+GOOD = """
+[routes.openai]
+base_url = "https://api.openai.com/"
+credential_env = "OPENAI_API_KEY"
+idempotency_key = true
+max_retries = 3
+paths = ["/v1/"]
+[routes.openai.headers]
+"OpenAI-Beta" = "assistants=v2"
+"""
+
+
+def test_a_route_is_read_with_its_defaults() -> None:
+    """A full route: base without trailing slash, Bearer credential, headers."""
+    [route] = parse_providers(GOOD, environ=ENV).values()
+    assert route.base_url == "https://api.openai.com"
+    assert (route.credential_header, route.credential) == (
+        "Authorization",
+        "Bearer sk-live-123",
+    )
+    assert route.honours_idempotency_key
+    assert route.max_retries == 3
+    assert dict(route.headers) == {"OpenAI-Beta": "assistants=v2"}
+    assert route.own_headers == {"authorization", "openai-beta"}
+
+
+def test_the_credential_never_shows() -> None:
+    """Neither the route's repr nor its budget key contains the credential."""
+    [route] = parse_providers(GOOD, environ=ENV).values()
+    assert "sk-live-123" not in repr(route)
+    assert "sk-live-123" not in route.budget_key
+
+
+def test_a_credential_file_is_read(tmp_path: Path) -> None:
+    """credential_file is read and stripped; a custom header has no prefix."""
+    key = tmp_path / "key"
+    key.write_text("abc\n")
+    text = (
+        f'[routes.ant]\nbase_url = "https://api.anthropic.com"\n'
+        f'credential_file = "{key}"\ncredential_header = "x-api-key"\n'
+    )
+    [route] = parse_providers(text, environ={}).values()
+    assert (route.credential_header, route.credential) == ("x-api-key", "abc")
+
+
+def test_load_names_an_unreadable_file(tmp_path: Path) -> None:
+    """A missing providers file is a ProvidersError naming the path."""
+    with pytest.raises(ProvidersError, match="cannot be read"):
+        load_providers(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "setting"),
+    [
+        ("[other]\n", "other: unknown section"),
+        ("[routes.a]\n", "routes.a.base_url: is required"),
+        ('[routes.a]\nbase_url = "ftp://x"\n', "routes.a.base_url"),
+        ('[routes.a]\nbase_url = "https://u:p@x"\n', "routes.a.base_url"),
+        ('[routes.a]\nbase_url = "https://x?q=1"\n', "routes.a.base_url"),
+        ('[routes.a]\nbase_url = "https://x"\ncolor = 1\n', "routes.a.color: unknown"),
+        (
+            '[routes.a]\nbase_url = "https://x"\nmax_retries = 5\n',
+            "routes.a.max_retries",
+        ),
+        (
+            '[routes.a]\nbase_url = "https://x"\nmax_retries = true\n',
+            "routes.a.max_retries",
+        ),
+        ('[routes.a]\nbase_url = "https://x"\npaths = ["v1"]\n', "routes.a.paths"),
+        (
+            '[routes.a]\nbase_url = "https://x"\ncredential_env = "NOPE"\n',
+            "NOPE is not set",
+        ),
+        (
+            '[routes.a]\nbase_url = "https://x"\ncredential_env = "K"\n'
+            'credential_file = "/k"\n',
+            "not both",
+        ),
+        ('[routes."a b"]\nbase_url = "https://x"\n', "a route name"),
+        (
+            '[routes.a]\nbase_url = "https://x"\n[routes.a.headers]\n"x" = 1\n',
+            "headers.x",
+        ),
+        ("routes = 1\n", "routes: must be"),
+        ("not toml [", "not valid TOML"),
+    ],
+)
+def test_invalid_files_name_the_setting(text: str, setting: str) -> None:
+    """Every invalid providers file is refused with a message naming the
+    setting (like the policy file)."""
+    with pytest.raises(ProvidersError, match=re.escape(setting)):
+        parse_providers(text, environ={"K": "v"})
+
+
+def test_a_missing_variable_error_does_not_leak_other_secrets() -> None:
+    """The error about a credential names the variable, never a value."""
+    text = '[routes.a]\nbase_url = "https://x"\ncredential_env = "EMPTY"\n'
+    with pytest.raises(ProvidersError) as caught:
+        parse_providers(text, environ={"EMPTY": "", "OTHER": "sk-secret"})
+    assert "sk-secret" not in str(caught.value)
+
+
+ROUTES = {
+    "r": Route(name="r", base_url="https://api.example.com/base", paths=("/v1/",))
+}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "https://evil.example/v1/x",  # absolute URL
+        "//evil.example/v1/x",  # scheme-relative
+        "/v1/../admin",  # dot-dot
+        "/v1/%2e%2e/admin",  # encoded dot-dot
+        "/v1/./x",
+        "/v1//x",
+        "/v1/x\\y",
+        "/v1/x y",
+        "/v1/x#frag",
+        "/v1/\r\nHost: evil",
+        "v1/x",  # relative
+        "/v2/x",  # outside the allowed prefixes
+        "/v1@evil.example/x",
+        "",
+    ],
+)
+def test_paths_that_could_leave_the_route_are_refused(path: str) -> None:
+    """Absolute URLs, `..`, `//`, odd characters and paths outside the prefixes
+    are ROUTE_NOT_ALLOWED."""
+    # DESIGN §9 "Only configured routes can be called (no open proxy)"
+    with pytest.raises(RouteNotAllowed):
+        resolve(ROUTES, "r", path)
+
+
+def test_an_unknown_route_is_refused() -> None:
+    """A route that is not configured is ROUTE_NOT_ALLOWED."""
+    with pytest.raises(RouteNotAllowed, match="no provider route"):
+        resolve(ROUTES, "nope", "/v1/x")
+
+
+@pytest.mark.parametrize(
+    ("path", "url"),
+    [
+        ("/v1/chat", "https://api.example.com/base/v1/chat"),
+        ("/v1/models?limit=2", "https://api.example.com/base/v1/models?limit=2"),
+        ("/v1/files/file-abc:1", "https://api.example.com/base/v1/files/file-abc:1"),
+    ],
+)
+def test_paths_below_the_base_are_resolved(path: str, url: str) -> None:
+    """A good path is appended to the route's base URL."""
+    assert resolve(ROUTES, "r", path)[1] == url
