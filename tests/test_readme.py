@@ -1,0 +1,52 @@
+"""The README's Python examples run as written against a real daemon."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import ServeConfig
+from sidecar.testing import running_daemon
+
+ROOT = Path(__file__).resolve().parents[1]
+SOCKET = "unix:.effectd/effectd.sock"
+
+
+def _python_examples() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"\.venv/bin/python - <<'PY'\n(.*?)\nPY\n", text, re.S)
+
+
+def test_the_readme_has_python_examples() -> None:
+    """The examples below are found, so the next test cannot pass vacuously."""
+    examples = _python_examples()
+    assert len(examples) >= 2
+    assert all(SOCKET in e for e in examples)
+
+
+@pytest.mark.timeout(60)
+def test_python_examples_run_in_order(short_tmp: Path) -> None:
+    """Each example exits 0 against one daemon; the quickstart prints what the
+    README says it prints, the first time and when run again."""
+    config = ServeConfig(data_dir=short_tmp / ".effectd")
+    outputs = []
+    with running_daemon(config):
+        for code in [*_python_examples(), _python_examples()[0]]:
+            run = subprocess.run(
+                [sys.executable, "-"],
+                input=code,
+                cwd=short_tmp,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            assert run.returncode == 0, run.stderr
+            outputs.append(run.stdout)
+    assert "first prepare: EXECUTE" in outputs[0]
+    assert "repeated prepare: RETURN_RESULT {'message_id': 'm-42'}" in outputs[0]
+    assert "first prepare: RETURN_RESULT" in outputs[-1]
