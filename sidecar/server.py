@@ -180,7 +180,9 @@ class Daemon:
         )
         # One pooled client per daemon; redirects are never followed (a 3xx
         # is an answer) and the environment's proxies and .netrc are ignored.
+        # HTTP/2 is used where a TLS upstream offers it (ALPN).
         self._http = httpx.AsyncClient(
+            http2=True,
             transport=self.provider_transport,
             follow_redirects=False,
             trust_env=False,
