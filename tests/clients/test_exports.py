@@ -34,6 +34,11 @@ EXPORTS = {
     "ReconciliationNeeded",
     "RetryRequired",
     "ToolFailed",
+    # model calls through the sidecar
+    "EffectdTransport",
+    "AsyncEffectdTransport",
+    "Httpx2EffectdTransport",
+    "AsyncHttpx2EffectdTransport",
     # refusals: EffectdError and one class per ErrorReason
     "EffectdError",
     "AlreadyCommitted",

@@ -9,6 +9,9 @@ The safe tool call (see `effectd_client._safe` for every outcome):
 `Client` (and `AsyncClient`) have one typed method per RPC of ToolLedger,
 Checkpoints and Recovery; every refusal raises a subclass of `EffectdError`
 named after its `ErrorReason`.
+
+`EffectdTransport` (and its async and httpx2 siblings) send an SDK's HTTP
+requests through the daemon's Provider service: see `effectd_client._transport`.
 """
 
 from effectd_client._aio import AsyncClient as AsyncClient
@@ -59,6 +62,14 @@ from effectd_client._safe import SafeCall as SafeCall
 from effectd_client._safe import SafeTool as SafeTool
 from effectd_client._safe_aio import AsyncRun as AsyncRun
 from effectd_client._safe_aio import AsyncSafeTool as AsyncSafeTool
+from effectd_client._transport import AsyncEffectdTransport as AsyncEffectdTransport
+from effectd_client._transport import (
+    AsyncHttpx2EffectdTransport as AsyncHttpx2EffectdTransport,
+)
+from effectd_client._transport import EffectdTransport as EffectdTransport
+from effectd_client._transport import (
+    Httpx2EffectdTransport as Httpx2EffectdTransport,
+)
 from effectd_client._types import Checkpoint as Checkpoint
 from effectd_client._types import Decision as Decision
 from effectd_client._types import Effect as Effect
@@ -74,6 +85,8 @@ __all__ = [
     "AlreadyCommitted",
     "ApprovalPending",
     "AsyncClient",
+    "AsyncEffectdTransport",
+    "AsyncHttpx2EffectdTransport",
     "AsyncRun",
     "AsyncSafeTool",
     "AttemptsExhausted",
@@ -86,7 +99,9 @@ __all__ = [
     "Decision",
     "Effect",
     "EffectdError",
+    "EffectdTransport",
     "FieldViolation",
+    "Httpx2EffectdTransport",
     "InputMismatch",
     "InvalidRequest",
     "InvalidTransition",

@@ -1,0 +1,695 @@
+"""httpx transports that send every request through effectd's Provider service.
+
+    http = httpx.Client(transport=EffectdTransport(target, route="openai"))
+    llm = openai.OpenAI(
+        base_url="http://effectd/v1", api_key="unused", http_client=http,
+        max_retries=0,
+    )
+
+The host of the request URL is ignored: its path and query become the path
+below the route's base URL, and the method, headers and body are sent as
+they are, except hop-by-hop headers, Host, Content-Length, credential headers
+(`Authorization`, `x-api-key`, `api-key`: the sidecar holds the credential)
+and any `drop_headers` (the headers the route injects itself).
+
+Unary or stream: a request goes through ProviderStream when its `Accept`
+header names `text/event-stream` or its body is a JSON object whose
+`"stream"` is `true`; every other request through ProviderCall. A stream's
+response yields the server-sent events, re-encoded, as they arrive.
+
+The sidecar retries (one bounded policy); the SDK must not stack its own
+retries on top: every answer carries `x-should-retry: false` (any upstream
+value is replaced) and, unless it is a stream still open, the upstream
+requests it took as `x-effectd-attempts`; SDK clients should be made
+with `max_retries=0`.
+
+Failures: the upstream's HTTP answer, whatever its status, is the response.
+A call without any upstream answer raises `httpx.ReadTimeout` (the deadline
+passed) or `httpx.ConnectError` (anything else: no upstream answer, the
+retry budget, a refused route or request, no daemon), the `EffectdError` as
+its `__cause__`. A stream that breaks after its first event (never retried,
+never replayed) raises `httpx.RemoteProtocolError` from the response
+stream, with the sidecar's explanation.
+
+`EffectdTransport` and `AsyncEffectdTransport` are for `httpx`;
+`Httpx2EffectdTransport` and `AsyncHttpx2EffectdTransport` the same for
+`httpx2` clients (SDKs such as `anthropic` 2 accept only an `httpx2.Client`;
+httpx2 is imported on first use).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
+
+import grpc
+import httpx
+from effectd.v1 import provider_pb2 as pb
+from effectd.v1 import provider_pb2_grpc
+
+from effectd_client._errors import EffectdError
+
+if TYPE_CHECKING:
+    import httpx2
+    from httpx2 import AsyncBaseTransport as _AsyncHttpx2Base
+    from httpx2 import BaseTransport as _Httpx2Base
+else:
+    _Httpx2Base = _AsyncHttpx2Base = object
+
+# Never sent: the sidecar refuses them, or sets them itself.
+_NOT_SENT = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        # credentials: the route's own, added by the sidecar
+        "authorization",
+        "x-api-key",
+        "api-key",
+    }
+)
+# Not answered: the body is answered whole and decoded.
+_NOT_ANSWERED = frozenset(
+    {"content-length", "content-encoding", "transfer-encoding", "x-should-retry"}
+)
+
+Kind = Literal["connect", "timeout"]
+
+
+class _Failed(Exception):
+    """Internal: no upstream answer; the flavour raises its own error."""
+
+    def __init__(self, kind: Kind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Broken(Exception):
+    """Internal: a stream ended by a failure after its commit point."""
+
+
+def wants_stream(headers: Iterable[tuple[str, str]], body: bytes) -> bool:
+    """The rule: `Accept` names text/event-stream, or the body is a JSON
+    object with `"stream": true`."""
+    for name, value in headers:
+        if name.lower() == "accept" and "text/event-stream" in value.lower():
+            return True
+    if not body.lstrip().startswith(b"{"):
+        return False
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("stream") is True
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    route: str
+    timeout: float | None
+    max_retries: int | None
+    drop: frozenset[str]
+
+    def request(
+        self,
+        method: str,
+        raw_path: bytes,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+    ) -> pb.ProviderRequest:
+        msg = pb.ProviderRequest(
+            route=self.route,
+            method=method,
+            path=raw_path.decode("ascii"),
+            headers=[
+                pb.Header(name=n, value=v)
+                for n, v in headers
+                if n.lower() not in _NOT_SENT
+                and n.lower() not in self.drop
+                and not n.lower().startswith("proxy-")
+            ],
+            body=body,
+        )
+        if self.max_retries is not None:
+            msg.max_retries = self.max_retries
+        return msg
+
+
+def _options(
+    route: str,
+    timeout: float | None,
+    max_retries: int | None,
+    drop_headers: Iterable[str],
+) -> _Options:
+    return _Options(
+        route=route,
+        timeout=timeout,
+        max_retries=max_retries,
+        drop=frozenset(h.lower() for h in drop_headers),
+    )
+
+
+def _headers(
+    headers: Sequence[pb.Header], attempts: int | None
+) -> list[tuple[str, str]]:
+    """The answer's headers; the attempt count is known unless a stream is
+    still open."""
+    out = [(h.name, h.value) for h in headers if h.name.lower() not in _NOT_ANSWERED]
+    out.append(("x-should-retry", "false"))
+    if attempts is not None:
+        out.append(("x-effectd-attempts", str(attempts)))
+    return out
+
+
+def _sse(events: Sequence[pb.SseEvent]) -> bytes:
+    """Events re-encoded; `message`, the default type, is left implicit."""
+    out: list[str] = []
+    for e in events:
+        if e.event and e.event != "message":
+            out.append(f"event: {e.event}\n")
+        if e.id:
+            out.append(f"id: {e.id}\n")
+        out.extend(f"data: {line}\n" for line in e.data.split("\n"))
+        out.append("\n")
+    return "".join(out).encode()
+
+
+def _failure(exc: grpc.RpcError) -> _Failed:
+    err = EffectdError.from_rpc_error(exc)
+    timeout = (
+        err.reason == "UPSTREAM_DEADLINE_EXCEEDED"
+        or err.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    )
+    failed = _Failed("timeout" if timeout else "connect", f"effectd: {err}")
+    failed.__cause__ = err
+    return failed
+
+
+def _broken(end: pb.StreamEnd) -> _Broken | None:
+    if not (end.committed and end.error):
+        return None
+    return _Broken(
+        f"effectd: the upstream stream failed after {end.events_delivered} "
+        f"events ({end.error}; {pb.StopReason.Name(end.stop_reason)}); "
+        "a committed stream is never retried or replayed"
+    )
+
+
+@dataclass(slots=True)
+class _Answer:
+    """What every flavour turns into its response."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    # Whole: the body. Streamed: None, and `chunks` yields it.
+    body: bytes | None
+
+
+def _unary(msg: pb.ProviderResponse) -> _Answer:
+    return _Answer(msg.status, _headers(msg.headers, len(msg.attempts)), msg.body)
+
+
+def _first(msg: pb.ProviderStreamMessage) -> _Answer:
+    """The answer of a stream's first message; its body when the stream
+    ended in it (a non-2xx answer, an error event)."""
+    if not msg.HasField("head"):
+        raise _Failed("connect", "effectd: the stream began without its head")
+    attempts = len(msg.end.attempts) if msg.HasField("end") else None
+    answer = _Answer(msg.head.status, _headers(msg.head.headers, attempts), None)
+    if msg.HasField("end") and _broken(msg.end) is None:
+        answer.body = _sse(msg.events) + msg.end.body
+    return answer
+
+
+def _tail(msg: pb.ProviderStreamMessage) -> tuple[bytes, bool]:
+    """The bytes of one message and whether it was the last; raises `_Broken`."""
+    data = _sse(msg.events)
+    if not msg.HasField("end"):
+        return data, False
+    broken = _broken(msg.end)
+    if broken is not None:
+        raise _BrokenAfter(data, broken)
+    return data + msg.end.body, True
+
+
+class _BrokenAfter(Exception):
+    """Internal: the last bytes before a `_Broken`."""
+
+    def __init__(self, data: bytes, broken: _Broken) -> None:
+        super().__init__(str(broken))
+        self.data = data
+        self.broken = broken
+
+
+# -- the gRPC side, sync and async ------------------------------------------
+
+
+class _SyncCore:
+    def __init__(self, target: str, options: _Options) -> None:
+        self._options = options
+        self._channel = grpc.insecure_channel(target)
+        self._stub = provider_pb2_grpc.ProviderStub(self._channel)
+
+    def exchange(
+        self, method: str, raw_path: bytes, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[_Answer, Iterator[bytes] | None, Callable[[], None]]:
+        """The answer; for an open stream also its remaining bytes and how
+        to cancel it."""
+        req = self._options.request(method, raw_path, headers, body)
+        timeout = self._options.timeout
+        try:
+            if not wants_stream(headers, body):
+                msg = self._stub.ProviderCall(req, timeout=timeout)
+                return _unary(msg), None, _nothing
+            call = self._stub.ProviderStream(req, timeout=timeout)
+            messages: Iterator[pb.ProviderStreamMessage] = iter(call)
+            first = next(messages)
+        except grpc.RpcError as exc:
+            raise _failure(exc) from None
+        except StopIteration:
+            raise _Failed("connect", "effectd: the stream ended at once") from None
+        answer = _first(first)
+        cancel: Callable[[], None] = call.cancel
+        if answer.body is not None:
+            cancel()
+            return answer, None, _nothing
+        return answer, _sync_chunks(first, messages), cancel
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _sync_chunks(
+    first: pb.ProviderStreamMessage, call: Iterator[pb.ProviderStreamMessage]
+) -> Iterator[bytes]:
+    msg = first
+    while True:
+        data, last = _tail(msg)
+        if data:
+            yield data
+        if last:
+            return
+        try:
+            msg = next(call)
+        except StopIteration:
+            raise _Broken("effectd: the stream ended without its end") from None
+        except grpc.RpcError as exc:
+            raise _Broken(str(_failure(exc))) from None
+
+
+class _AsyncCore:
+    def __init__(self, target: str, options: _Options) -> None:
+        self._target = target
+        self._options = options
+        self._channel: grpc.aio.Channel | None = None
+
+    def _stub(self) -> provider_pb2_grpc.ProviderAsyncStub:
+        # Made on first use: an aio channel belongs to the running loop.
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self._target)
+        return provider_pb2_grpc.ProviderStub(self._channel)
+
+    async def exchange(
+        self, method: str, raw_path: bytes, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[_Answer, AsyncIterator[bytes] | None, Callable[[], None]]:
+        req = self._options.request(method, raw_path, headers, body)
+        timeout = self._options.timeout
+        stub = self._stub()
+        try:
+            if not wants_stream(headers, body):
+                msg = await stub.ProviderCall(req, timeout=timeout)
+                return _unary(msg), None, _nothing
+            call = stub.ProviderStream(req, timeout=timeout)
+            messages = aiter(call)
+            first = await anext(messages, None)
+        except grpc.RpcError as exc:
+            raise _failure(exc) from None
+        if first is None:
+            raise _Failed("connect", "effectd: the stream ended at once")
+        answer = _first(first)
+
+        def cancel() -> None:
+            call.cancel()
+
+        if answer.body is not None:
+            cancel()
+            return answer, None, _nothing
+        return answer, _async_chunks(first, messages), cancel
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(None)
+            self._channel = None
+
+
+async def _async_chunks(
+    first: pb.ProviderStreamMessage,
+    messages: AsyncIterator[pb.ProviderStreamMessage],
+) -> AsyncIterator[bytes]:
+    msg = first
+    while True:
+        data, last = _tail(msg)
+        if data:
+            yield data
+        if last:
+            return
+        try:
+            nxt = await anext(messages, None)
+        except grpc.RpcError as exc:
+            raise _Broken(str(_failure(exc))) from None
+        if nxt is None:
+            raise _Broken("effectd: the stream ended without its end")
+        msg = nxt
+
+
+# -- httpx --------------------------------------------------------------------
+
+
+class _HttpxStream(httpx.SyncByteStream):
+    def __init__(self, chunks: Iterator[bytes], cancel: Callable[[], None]) -> None:
+        self._chunks = chunks
+        self._cancel = cancel
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._chunks
+        except _BrokenAfter as exc:
+            if exc.data:
+                yield exc.data
+            raise httpx.RemoteProtocolError(str(exc.broken)) from None
+        except _Broken as exc:
+            raise httpx.RemoteProtocolError(str(exc)) from None
+
+    def close(self) -> None:
+        self._cancel()
+
+
+class _AsyncHttpxStream(httpx.AsyncByteStream):
+    def __init__(
+        self, chunks: AsyncIterator[bytes], cancel: Callable[[], None]
+    ) -> None:
+        self._chunks = chunks
+        self._cancel = cancel
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._chunks:
+                yield chunk
+        except _BrokenAfter as exc:
+            if exc.data:
+                yield exc.data
+            raise httpx.RemoteProtocolError(str(exc.broken)) from None
+        except _Broken as exc:
+            raise httpx.RemoteProtocolError(str(exc)) from None
+
+    async def aclose(self) -> None:
+        self._cancel()
+
+
+def _httpx_error(exc: _Failed, request: httpx.Request) -> httpx.TransportError:
+    kind = httpx.ReadTimeout if exc.kind == "timeout" else httpx.ConnectError
+    error = kind(str(exc), request=request)
+    error.__cause__ = exc.__cause__
+    return error
+
+
+class EffectdTransport(httpx.BaseTransport):
+    """An `httpx.Client` transport: each request is one ProviderCall or
+    ProviderStream on `route` of the daemon at `target` (`unix:PATH` or
+    `HOST:PORT`).
+
+    `timeout`: the gRPC deadline in seconds, covering the sidecar's retries
+    and a whole stream (None: the daemon's 600 s). `max_retries`: lowers
+    the route's retry cap. `drop_headers`: more request headers not to send
+    (those the route injects itself, which the sidecar refuses).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        route: str,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+        drop_headers: Iterable[str] = (),
+    ) -> None:
+        self._core = _SyncCore(
+            target, _options(route, timeout, max_retries, drop_headers)
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        try:
+            answer, chunks, cancel = self._core.exchange(
+                request.method,
+                request.url.raw_path,
+                request.headers.multi_items(),
+                body,
+            )
+        except _Failed as exc:
+            raise _httpx_error(exc, request) from exc.__cause__
+        if chunks is None:
+            return httpx.Response(
+                answer.status, headers=answer.headers, content=answer.body
+            )
+        return httpx.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=_HttpxStream(chunks, cancel),
+        )
+
+    def close(self) -> None:
+        self._core.close()
+
+
+class AsyncEffectdTransport(httpx.AsyncBaseTransport):
+    """`EffectdTransport` for an `httpx.AsyncClient` (grpc.aio); make and
+    use it inside a running event loop."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        route: str,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+        drop_headers: Iterable[str] = (),
+    ) -> None:
+        self._core = _AsyncCore(
+            target, _options(route, timeout, max_retries, drop_headers)
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        try:
+            answer, chunks, cancel = await self._core.exchange(
+                request.method,
+                request.url.raw_path,
+                request.headers.multi_items(),
+                body,
+            )
+        except _Failed as exc:
+            raise _httpx_error(exc, request) from exc.__cause__
+        if chunks is None:
+            return httpx.Response(
+                answer.status, headers=answer.headers, content=answer.body
+            )
+        return httpx.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=_AsyncHttpxStream(chunks, cancel),
+        )
+
+    async def aclose(self) -> None:
+        await self._core.close()
+
+
+# -- httpx2 (imported on first use) -----------------------------------------
+
+
+@functools.cache
+def _httpx2_streams() -> tuple[
+    type[httpx2.SyncByteStream], type[httpx2.AsyncByteStream]
+]:
+    import httpx2  # noqa: PLC0415 - optional
+
+    class Stream(httpx2.SyncByteStream):
+        def __init__(self, chunks: Iterator[bytes], cancel: Callable[[], None]) -> None:
+            self._chunks = chunks
+            self._cancel = cancel
+
+        def __iter__(self) -> Iterator[bytes]:
+            try:
+                yield from self._chunks
+            except _BrokenAfter as exc:
+                if exc.data:
+                    yield exc.data
+                raise httpx2.RemoteProtocolError(str(exc.broken)) from None
+            except _Broken as exc:
+                raise httpx2.RemoteProtocolError(str(exc)) from None
+
+        def close(self) -> None:
+            self._cancel()
+
+    class AsyncStream(httpx2.AsyncByteStream):
+        def __init__(
+            self, chunks: AsyncIterator[bytes], cancel: Callable[[], None]
+        ) -> None:
+            self._chunks = chunks
+            self._cancel = cancel
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            try:
+                async for chunk in self._chunks:
+                    yield chunk
+            except _BrokenAfter as exc:
+                if exc.data:
+                    yield exc.data
+                raise httpx2.RemoteProtocolError(str(exc.broken)) from None
+            except _Broken as exc:
+                raise httpx2.RemoteProtocolError(str(exc)) from None
+
+        async def aclose(self) -> None:
+            self._cancel()
+
+    return Stream, AsyncStream
+
+
+def _httpx2_error(exc: _Failed, request: httpx2.Request) -> Exception:
+    import httpx2  # noqa: PLC0415 - optional
+
+    kind = httpx2.ReadTimeout if exc.kind == "timeout" else httpx2.ConnectError
+    error = kind(str(exc), request=request)
+    error.__cause__ = exc.__cause__
+    return error
+
+
+class Httpx2EffectdTransport(_Httpx2Base):
+    """`EffectdTransport` for an `httpx2.Client`."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        route: str,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+        drop_headers: Iterable[str] = (),
+    ) -> None:
+        self._core = _SyncCore(
+            target, _options(route, timeout, max_retries, drop_headers)
+        )
+
+    def __enter__(self) -> Httpx2EffectdTransport:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        self.close()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        import httpx2  # noqa: PLC0415 - optional
+
+        body = request.read()
+        try:
+            answer, chunks, cancel = self._core.exchange(
+                request.method,
+                request.url.raw_path,
+                request.headers.multi_items(),
+                body,
+            )
+        except _Failed as exc:
+            raise _httpx2_error(exc, request) from exc.__cause__
+        if chunks is None:
+            return httpx2.Response(
+                answer.status, headers=answer.headers, content=answer.body
+            )
+        make: Callable[..., httpx2.SyncByteStream] = _httpx2_streams()[0]
+        return httpx2.Response(
+            answer.status, headers=answer.headers, stream=make(chunks, cancel)
+        )
+
+    def close(self) -> None:
+        self._core.close()
+
+
+class AsyncHttpx2EffectdTransport(_AsyncHttpx2Base):
+    """`AsyncEffectdTransport` for an `httpx2.AsyncClient`."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        route: str,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+        drop_headers: Iterable[str] = (),
+    ) -> None:
+        self._core = _AsyncCore(
+            target, _options(route, timeout, max_retries, drop_headers)
+        )
+
+    async def __aenter__(self) -> AsyncHttpx2EffectdTransport:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        import httpx2  # noqa: PLC0415 - optional
+
+        body = await request.aread()
+        try:
+            answer, chunks, cancel = await self._core.exchange(
+                request.method,
+                request.url.raw_path,
+                request.headers.multi_items(),
+                body,
+            )
+        except _Failed as exc:
+            raise _httpx2_error(exc, request) from exc.__cause__
+        if chunks is None:
+            return httpx2.Response(
+                answer.status, headers=answer.headers, content=answer.body
+            )
+        make: Callable[..., httpx2.AsyncByteStream] = _httpx2_streams()[1]
+        return httpx2.Response(
+            answer.status, headers=answer.headers, stream=make(chunks, cancel)
+        )
+
+    async def aclose(self) -> None:
+        await self._core.close()
+
+
+__all__ = [
+    "AsyncEffectdTransport",
+    "AsyncHttpx2EffectdTransport",
+    "EffectdTransport",
+    "Httpx2EffectdTransport",
+    "wants_stream",
+]
