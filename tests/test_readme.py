@@ -24,7 +24,7 @@ def _python_examples() -> list[str]:
 def test_the_readme_has_python_examples() -> None:
     """The examples below are found, so the next test cannot pass vacuously."""
     examples = _python_examples()
-    assert len(examples) >= 2
+    assert len(examples) >= 3
     assert all(SOCKET in e for e in examples)
 
 
@@ -50,3 +50,5 @@ def test_python_examples_run_in_order(short_tmp: Path) -> None:
     assert "first prepare: EXECUTE" in outputs[0]
     assert "repeated prepare: RETURN_RESULT {'message_id': 'm-42'}" in outputs[0]
     assert "first prepare: RETURN_RESULT" in outputs[-1]
+    safe = next(o for o in outputs if "time(s)" in o)
+    assert safe.splitlines()[-1] == "{'message_id': 'm-1'} sent 1 time(s)"
