@@ -1,4 +1,4 @@
-"""The host-wide retry budget per upstream (retry-anchors §10.4).
+"""The host-wide retry budget per upstream (provider-retries §10.4).
 
 Finagle-style: every first attempt deposits `ratio` credit that expires
 after `ttl` seconds (kept in 1 s buckets); a reserve refills `reserve_rate`

@@ -2,7 +2,7 @@
 
 `ProviderClient.call` sends a request and reads its answer whole;
 `ProviderClient.stream` forwards server-sent events and retries only until
-the first real event (the commit point, retry-anchors §10.5). Both apply the
+the first real event (the commit point, provider-retries §10.5). Both apply the
 pure rules of `sidecar.provider.policy` under the host-wide budget, with the
 clock, the sleep and the random source injected, so tests never sleep.
 Upstream answers are data (`Answer`, `StreamEnd`); a call without any HTTP
@@ -139,7 +139,7 @@ StreamItem = StreamHead | Events | StreamEnd
 
 @dataclass(slots=True)
 class Counters:
-    """In-process counters (retry-anchors §10.8); exported later."""
+    """In-process counters (provider-retries §10.8); exported later."""
 
     attempts: int = 0
     retries: int = 0
@@ -234,7 +234,7 @@ class ProviderClient:
             max_retries=policy.effective_max_retries(
                 request.max_retries, route.max_retries, inbound
             ),
-            # retry-anchors §12.3, the safer choice: a request that may have
+            # provider-retries §12.3, the safer choice: a request that may have
             # executed is replayed only where the upstream de-duplicates it.
             replay_safe=method in policy.IDEMPOTENT_METHODS
             or route.honours_idempotency_key,

@@ -1,4 +1,4 @@
-"""The retry rules of provider calls (retry-anchors §10.2, §10.3), pure.
+"""The retry rules of provider calls (provider-retries §10.2, §10.3), pure.
 
 Functions of an attempt's outcome (status, headers, transport error), the
 attempt number, the time left and an injected random source; they decide
@@ -20,7 +20,7 @@ import httpx
 
 Random = Callable[[], float]
 
-# retry-anchors §10.1.
+# provider-retries §10.1.
 DEFAULT_MAX_RETRIES = 2
 MAX_ATTEMPTS_CEILING = 5
 BASE_SECONDS = 0.5
@@ -32,7 +32,7 @@ DEFAULT_DEADLINE_SECONDS = 600.0
 ERROR_BODY_LIMIT = 64 << 10
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
-# Not transient (retry-anchors §12.1, the safer choice): never retried.
+# Not transient (provider-retries §12.1, the safer choice): never retried.
 PERMANENT_5XX = frozenset({501, 505, 511})
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # Provider body-level codes that make a retryable status permanent (§10.2 row 6).

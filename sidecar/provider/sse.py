@@ -1,7 +1,7 @@
 """Server-sent events, parsed incrementally (WHATWG HTML §9.2.6).
 
 Comments, empty lines and `event: ping` are keep-alives: they never make an
-event and never commit a stream (retry-anchors §10.5).
+event and never commit a stream (provider-retries §10.5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The acceptance cases of retry-anchors §10.10, against a real HTTP server on
+"""The acceptance cases of provider-retries §10.10, against a real HTTP server on
 127.0.0.1 scripted by the test, with a manual clock, a fake sleep and a
 seeded random source (nothing sleeps for real but the wall-clock test)."""
 
@@ -40,7 +40,7 @@ def _date(clock: ManualClock, ahead: float) -> str:
 
 def test_case_1_two_500s_then_200_backs_off_with_jitter() -> None:
     """500, 500, 200 takes 3 attempts, waiting (0.25, 0.5] then (0.5, 1.0]."""
-    # retry-anchors §10.10 case 1, §10.3
+    # provider-retries §10.10 case 1, §10.3
     with serving(Reply(500), Reply(500), Reply(200, body=b'{"ok":true}')) as up:
         answer = run(_call, up.base_url)
     assert (answer.status, answer.body, answer.stop) == (
@@ -58,7 +58,7 @@ def test_case_1_two_500s_then_200_backs_off_with_jitter() -> None:
 
 def test_case_2_retry_after_seconds_is_never_undercut() -> None:
     """429 with `Retry-After: 3` waits within [3, 3.3], never less than 3 s."""
-    # retry-anchors §10.10 case 2
+    # provider-retries §10.10 case 2
     for seed in range(20):
         with serving(Reply(429, [("Retry-After", "3")]), Reply(200)) as up:
             answer = run(_call, up.base_url, seed=seed)
@@ -68,7 +68,7 @@ def test_case_2_retry_after_seconds_is_never_undercut() -> None:
 
 def test_case_3_retry_after_ms_wins_over_retry_after() -> None:
     """`retry-after-ms: 1500` with `Retry-After: 10` waits 1.5 s (+ at most 0.15)."""
-    # retry-anchors §10.10 case 3, §10.3 server_delay order
+    # provider-retries §10.10 case 3, §10.3 server_delay order
     headers = [("retry-after-ms", "1500"), ("Retry-After", "10")]
     with serving(Reply(429, headers), Reply(200)) as up:
         answer = run(_call, up.base_url)
@@ -77,7 +77,7 @@ def test_case_3_retry_after_ms_wins_over_retry_after() -> None:
 
 def test_case_4_http_date_20_seconds_ahead_is_waited() -> None:
     """A Retry-After HTTP-date 20 s ahead of the (injected) wall clock waits ≈ 20 s."""
-    # retry-anchors §10.10 case 4
+    # provider-retries §10.10 case 4
     clock = ManualClock()
     with serving(Reply(503, [("Retry-After", _date(clock, 20))]), Reply(200)) as up:
         answer = run(_call, up.base_url, clock=clock)
@@ -88,7 +88,7 @@ def test_case_4_http_date_20_seconds_ahead_is_waited() -> None:
 def test_case_4_http_date_121_seconds_ahead_stops_and_hands_it_back() -> None:
     """A date 121 s ahead (over the 120 s maximum) is not retried: one request,
     the 503 is the answer and `retry_after` ≈ 121."""
-    # retry-anchors §10.10 case 4, §10.1 retry_after_max
+    # provider-retries §10.10 case 4, §10.1 retry_after_max
     clock = ManualClock()
     with serving(Reply(503, [("Retry-After", _date(clock, 121))])) as up:
         answer = run(_call, up.base_url, clock=clock)
@@ -101,7 +101,7 @@ def test_case_4_http_date_121_seconds_ahead_stops_and_hands_it_back() -> None:
 def test_case_5_a_hint_longer_than_the_time_left_stops_at_once() -> None:
     """`Retry-After: 30` with 10 s left: no retry, stop DEADLINE, the hint is
     handed back and no time is spent waiting."""
-    # retry-anchors §10.10 case 5
+    # provider-retries §10.10 case 5
     clock = ManualClock()
 
     async def body(client: ProviderClient, sleep: FakeSleep) -> Answer:
@@ -123,7 +123,7 @@ def test_case_5_a_hint_longer_than_the_time_left_stops_at_once() -> None:
 def test_case_6_malformed_hints_fall_back_to_backoff(hint: str) -> None:
     """A malformed Retry-After is ignored without an exception: the wait is the
     plain backoff and the first attempt's 503 is kept in the record."""
-    # retry-anchors §10.10 case 6, §10.3 "never an exception"
+    # provider-retries §10.10 case 6, §10.3 "never an exception"
     with serving(Reply(503, [("Retry-After", hint)]), Reply(200)) as up:
         answer = run(_call, up.base_url)
     assert 0.25 < answer.attempts[0].wait <= 0.5
@@ -135,7 +135,7 @@ def test_case_6_malformed_hint_on_the_last_attempt_keeps_the_error() -> None:
     """With no retries left, a malformed hint changes nothing: the upstream
     503 is the answer, with no retry_after."""
 
-    # retry-anchors §10.10 case 6
+    # provider-retries §10.10 case 6
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:
         return await client.call(request(max_retries=0))
 
@@ -147,7 +147,7 @@ def test_case_6_malformed_hint_on_the_last_attempt_keeps_the_error() -> None:
 
 def test_case_7_x_should_retry_false_vetoes() -> None:
     """503 with `x-should-retry: false` is one attempt, stopped as VETOED."""
-    # retry-anchors §10.10 case 7, §10.2 row 7
+    # provider-retries §10.10 case 7, §10.2 row 7
     with serving(Reply(503, [("x-should-retry", "false")])) as up:
         answer = run(_call, up.base_url)
     assert answer.stop is Stop.VETOED
@@ -157,7 +157,7 @@ def test_case_7_x_should_retry_false_vetoes() -> None:
 def test_case_7_x_should_retry_true_never_authorizes() -> None:
     """400 with `x-should-retry: true` is one attempt; the hint is recorded as
     a diagnostic only."""
-    # retry-anchors §10.10 case 7, §10.2 row 8
+    # provider-retries §10.10 case 7, §10.2 row 8
     with serving(Reply(400, [("x-should-retry", "true")])) as up:
         answer = run(_call, up.base_url)
     assert answer.stop is Stop.NON_RETRYABLE
@@ -176,7 +176,7 @@ def test_case_7_x_should_retry_true_never_authorizes() -> None:
 )
 def test_case_8_quota_429s_are_permanent(body: bytes) -> None:
     """429 `insufficient_quota` / `enforced_spend_limit_reached` is not retried."""
-    # retry-anchors §10.10 case 8, §10.2 row 6
+    # provider-retries §10.10 case 8, §10.2 row 6
     with serving(Reply(429, body=body)) as up:
         answer = run(_call, up.base_url)
     assert answer.stop is Stop.NON_RETRYABLE
@@ -204,7 +204,7 @@ class _Faulty(httpx.AsyncBaseTransport):
 def test_case_9_connect_error_is_retried_transparently() -> None:
     """ConnectError then 200: two requests, no counted retry, one transparent
     retry, and no wait."""
-    # retry-anchors §10.10 case 9, §10.2 row 3
+    # provider-retries §10.10 case 9, §10.2 row 3
     transport = _Faulty(httpx.ConnectError("refused"))
     with serving(Reply(200)) as up:
         answer = run(_call, up.base_url, transport=transport)
@@ -218,7 +218,7 @@ def test_case_9_connect_error_is_retried_transparently() -> None:
 def test_case_9_certificate_failure_is_one_attempt() -> None:
     """A connect failure caused by certificate verification is permanent: one
     attempt, and a sidecar error (there is no HTTP answer)."""
-    # retry-anchors §10.10 case 9, §10.2 row 4
+    # provider-retries §10.10 case 9, §10.2 row 4
     error = httpx.ConnectError("certificate verify failed")
     error.__cause__ = ssl.SSLCertVerificationError("bad cert")
     transport = _Faulty(error)
@@ -232,7 +232,7 @@ def test_case_9_certificate_failure_is_one_attempt() -> None:
 def test_case_9_a_refused_port_gets_one_transparent_then_counted_retries() -> None:
     """Against a real closed port: one transparent retry, then the failures
     count as retries until max_retries; the call fails UPSTREAM_UNAVAILABLE."""
-    # retry-anchors §10.2 row 3 ("afterwards treated as retryable")
+    # provider-retries §10.2 row 3 ("afterwards treated as retryable")
     with serving(Reply(200)) as up:
         closed = up.base_url
     with pytest.raises(UpstreamUnavailable) as caught:
@@ -245,7 +245,7 @@ def test_case_9_a_refused_port_gets_one_transparent_then_counted_retries() -> No
 def test_case_10_cancel_during_backoff_stops_at_once() -> None:
     """Cancelling during the backoff ends the call within a scheduler tick and
     sends no further request."""
-    # retry-anchors §10.10 case 10
+    # provider-retries §10.10 case 10
     sleeping = asyncio.Event()
 
     async def body(
@@ -274,7 +274,7 @@ def test_case_10_cancel_during_backoff_stops_at_once() -> None:
 def test_case_10_cancel_mid_attempt_closes_the_upstream_request() -> None:
     """Cancelling while the upstream has not answered closes the upstream
     connection and sends no retry."""
-    # retry-anchors §10.10 case 10
+    # provider-retries §10.10 case 10
     with serving(Reply(hang=True)) as up:
 
         async def body(client: ProviderClient, _: FakeSleep) -> None:
@@ -312,7 +312,7 @@ GOOD = Reply(events=[b"data: one\n\n", b"data: two\n\n"])
 def test_case_11_disconnect_before_the_first_event_is_retried() -> None:
     """200 then a disconnect before any event is retried; the agent sees only
     the second attempt's events."""
-    # retry-anchors §10.10 case 11, §10.5 S2
+    # provider-retries §10.10 case 11, §10.5 S2
     with serving(Reply(events=[], break_off=True), GOOD) as up:
         items = run(_collect, up.base_url)
     assert _events(items) == ["one", "two"]
@@ -325,7 +325,7 @@ def test_case_11_disconnect_before_the_first_event_is_retried() -> None:
 def test_case_11_keepalives_do_not_commit() -> None:
     """Comments, empty lines and `event: ping` before a disconnect do not commit
     the stream: it is retried and no keep-alive is forwarded."""
-    # retry-anchors §10.5 "keep-alive traffic does not commit"
+    # provider-retries §10.5 "keep-alive traffic does not commit"
     keepalive = Reply(
         events=[b": keep-alive\n\n", b"\n\n", b"event: ping\ndata: {}\n\n"],
         break_off=True,
@@ -338,7 +338,7 @@ def test_case_11_keepalives_do_not_commit() -> None:
 
 def test_case_11_overloaded_first_event_is_retried() -> None:
     """200 whose first event is `overloaded_error` is retried, not forwarded."""
-    # retry-anchors §10.10 case 11, §10.5 S2
+    # provider-retries §10.10 case 11, §10.5 S2
     overloaded = Reply(
         events=[
             b"event: error\n"
@@ -355,7 +355,7 @@ def test_case_11_overloaded_first_event_is_retried() -> None:
 def test_case_11_a_permanent_first_error_event_is_forwarded_not_retried() -> None:
     """A first error event that is not transient is forwarded as the terminal
     answer, uncommitted, without a retry."""
-    # retry-anchors §10.5 S2 "otherwise → forward as terminal error"
+    # provider-retries §10.5 S2 "otherwise → forward as terminal error"
     invalid = Reply(
         events=[b'data: {"type":"error","error":{"type":"invalid_request_error"}}\n\n']
     )
@@ -374,7 +374,7 @@ def test_case_11_a_permanent_first_error_event_is_forwarded_not_retried() -> Non
 def test_case_11_failure_after_the_first_event_is_never_retried() -> None:
     """200, one event delivered, then a disconnect: no retry, no replay, a
     terminal StreamEnd with committed=true and events_delivered=1."""
-    # retry-anchors §10.10 case 11, §10.5 S3
+    # provider-retries §10.10 case 11, §10.5 S3
     with serving(Reply(events=[b"data: one\n\n"], break_off=True), GOOD) as up:
         items = run(_collect, up.base_url)
         assert len(up.seen) == 1
@@ -388,7 +388,7 @@ def test_case_11_failure_after_the_first_event_is_never_retried() -> None:
 def test_case_12_a_storm_of_503s_stays_within_the_budget() -> None:
     """50 concurrent calls all answered 503: total retries ≤ 0.2·50 + the
     reserve of 10; the others stop with retry_budget_exhausted."""
-    # retry-anchors §10.10 case 12, §10.4
+    # provider-retries §10.10 case 12, §10.4
     clock = ManualClock()
 
     async def body(client: ProviderClient, _: FakeSleep) -> list[Answer]:
@@ -409,7 +409,7 @@ def test_case_12_a_storm_of_503s_stays_within_the_budget() -> None:
 def test_case_12_negative_control_without_the_budget_retries_double() -> None:
     """Negative control: with an unlimited budget the same storm takes every
     retry (100), so the bound above is the budget's doing."""
-    # retry-anchors §10.4
+    # provider-retries §10.4
     clock = ManualClock()
     unlimited = RetryBudget(clock, reserve_cap=1e9)
 
@@ -424,7 +424,7 @@ def test_case_12_negative_control_without_the_budget_retries_double() -> None:
 def test_case_13_a_silent_upstream_ends_within_the_deadline() -> None:
     """A 2 s deadline with an upstream that never answers ends within the
     deadline plus a small margin (wall clock, real sleeps)."""
-    # retry-anchors §10.10 case 13
+    # provider-retries §10.10 case 13
     with serving(Reply(hang=True)) as up:
 
         async def main() -> float:
@@ -446,7 +446,7 @@ def test_case_15_inbound_retry_count_reduces_our_retries() -> None:
     """An inbound `x-stainless-retry-count: 2` leaves no retry of ours: one
     attempt (the amplification guard)."""
 
-    # retry-anchors §10.10 case 15, §11 item 3
+    # provider-retries §10.10 case 15, §11 item 3
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:
         return await client.call(request(headers=(("x-stainless-retry-count", "2"),)))
 
@@ -459,7 +459,7 @@ def test_case_15_inbound_retry_count_reduces_our_retries() -> None:
 def test_case_15_the_request_field_counts_too() -> None:
     """`client_retry_count = 1` leaves one retry of the default two."""
 
-    # retry-anchors §11 item 3
+    # provider-retries §11 item 3
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:
         return await client.call(request(client_retry_count=1))
 
@@ -471,7 +471,7 @@ def test_case_15_the_request_field_counts_too() -> None:
 @pytest.mark.parametrize(
     ("cap", "asked", "attempts"),
     [
-        (4, 10, 5),  # retry-anchors §10.10 case 16: clamped to the ceiling
+        (4, 10, 5),  # provider-retries §10.10 case 16: clamped to the ceiling
         (2, 10, 3),  # never above the route's cap
         (2, 0, 1),  # ADR-010 R1: lowered to 0
     ],
@@ -480,7 +480,7 @@ def test_case_16_max_retries_is_clamped(cap: int, asked: int, attempts: int) -> 
     """max_retries above the cap is clamped (never more than 5 attempts);
     a request may lower it to 0."""
 
-    # retry-anchors §10.10 case 16
+    # provider-retries §10.10 case 16
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:
         return await client.call(request(max_retries=asked))
 
@@ -493,7 +493,7 @@ def test_case_16_max_retries_is_clamped(cap: int, asked: int, attempts: int) -> 
 def test_one_idempotency_key_across_attempts() -> None:
     """Every attempt of one logical request carries the same Idempotency-Key,
     which the answer reports."""
-    # retry-anchors §10.6, AIP-155
+    # provider-retries §10.6, AIP-155
     with serving(Reply(500), Reply(502), Reply(200)) as up:
         answer = run(_call, up.base_url)
         keys = {s.headers["idempotency-key"] for s in up.seen}
@@ -505,7 +505,7 @@ def test_an_agent_key_is_passed_through_and_not_sent_to_other_routes() -> None:
     """The agent's key is sent unchanged to a route that honours it; a route
     that does not gets no Idempotency-Key at all."""
 
-    # retry-anchors §10.6
+    # provider-retries §10.6
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:
         return await client.call(request(idempotency_key="run-1:call-7"))
 
@@ -521,7 +521,7 @@ def test_an_agent_key_is_passed_through_and_not_sent_to_other_routes() -> None:
 def test_a_reset_after_the_request_is_retried_only_when_replay_safe() -> None:
     """A reset after the request was read may have executed: retried for a
     route that honours Idempotency-Key, not for a POST to one that does not."""
-    # retry-anchors §10.2 row 5, §12.3 (the safer choice)
+    # provider-retries §10.2 row 5, §12.3 (the safer choice)
     with serving(Reply(reset=True), Reply(200)) as up:
         answer = run(_call, up.base_url)
     assert answer.attempts[0].cause is Cause.MAYBE_EXECUTED
@@ -539,7 +539,7 @@ def test_a_retry_is_logged_before_its_sleep_without_credentials(
 ) -> None:
     """One `retry_scheduled` event is logged per retry, before the sleep, and
     no log record carries the credential."""
-    # retry-anchors §10.8
+    # provider-retries §10.8
     order: list[str] = []
 
     async def body(client: ProviderClient, sleep: FakeSleep) -> Answer:
@@ -564,7 +564,7 @@ def test_a_retry_is_logged_before_its_sleep_without_credentials(
 def test_counters_count_attempts_waits_stops_and_denials() -> None:
     """The in-process counters see attempts, retries, waits, stop reasons."""
 
-    # retry-anchors §10.8
+    # provider-retries §10.8
     async def body(client: ProviderClient, _: FakeSleep) -> ProviderClient:
         await client.call(request())
         return client
@@ -581,7 +581,7 @@ def test_counters_count_attempts_waits_stops_and_denials() -> None:
 def test_the_deadline_covers_the_waits() -> None:
     """With 2 s left and 500s, the call retries only while a wait plus a
     minimal attempt still fits, then stops DEADLINE within the 2 s."""
-    # retry-anchors §10.3 "never sleep past the deadline", §10.1 min_attempt_budget
+    # provider-retries §10.3 "never sleep past the deadline", §10.1 min_attempt_budget
     clock = ManualClock()
 
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:
@@ -606,7 +606,7 @@ def test_an_oversized_answer_is_refused_not_truncated() -> None:
 def test_a_committed_stream_that_stalls_ends_at_the_deadline() -> None:
     """A stream that stalls after its first event ends at the deadline with a
     committed StreamEnd (real clock): the deadline covers the stream too."""
-    # retry-anchors §10.1 overall deadline, §10.5 S3
+    # provider-retries §10.1 overall deadline, §10.5 S3
     with serving(Reply(events=[b"data: one\n\n"], stall=True)) as up:
 
         async def main() -> tuple[float, list[StreamItem]]:
@@ -633,7 +633,7 @@ def test_a_committed_stream_that_stalls_ends_at_the_deadline() -> None:
 def test_events_that_arrive_together_go_out_together() -> None:
     """Events of one upstream read are forwarded as one item, in order, and
     keep-alives after the commit point are dropped too."""
-    # retry-anchors §10.5; provider.proto ProviderStreamMessage.events
+    # provider-retries §10.5; provider.proto ProviderStreamMessage.events
     burst = Reply(events=[b"data: a\n\n", b"data: b\n\n: ka\n\ndata: c\n\ndata: d\n\n"])
     with serving(burst) as up:
         items = run(_collect, up.base_url)

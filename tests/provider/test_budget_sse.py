@@ -1,4 +1,4 @@
-"""The host-wide retry budget (retry-anchors §10.4) and the SSE parser (§10.5)."""
+"""The host-wide retry budget (provider-retries §10.4) and the SSE parser (§10.5)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from sidecar.provider.sse import Event, EventTooLarge, Parser
 
 def test_a_fresh_budget_has_its_full_reserve() -> None:
     """A fresh daemon can retry 10 times from the reserve, then no more."""
-    # retry-anchors §10.4 (reserve starts full: documented in provider.proto)
+    # provider-retries §10.4 (reserve starts full: documented in provider.proto)
     budget = RetryBudget(ManualClock())
     assert [budget.withdraw("k") for _ in range(11)] == [True] * 10 + [False]
 
 
 def test_first_attempts_deposit_a_fifth() -> None:
     """With the reserve spent, five first attempts buy one retry."""
-    # retry-anchors §10.4 ratio 0.2
+    # provider-retries §10.4 ratio 0.2
     budget = RetryBudget(ManualClock(), reserve_cap=0)
     for _ in range(4):
         budget.deposit("k")
@@ -30,7 +30,7 @@ def test_first_attempts_deposit_a_fifth() -> None:
 
 def test_deposits_expire_after_the_ttl() -> None:
     """Deposits older than 10 s no longer pay for retries."""
-    # retry-anchors §10.4 ttl
+    # provider-retries §10.4 ttl
     clock = ManualClock()
     budget = RetryBudget(clock, reserve_cap=0)
     for _ in range(5):
@@ -41,7 +41,7 @@ def test_deposits_expire_after_the_ttl() -> None:
 
 def test_the_reserve_refills_one_per_second_up_to_its_cap() -> None:
     """The reserve refills 1 credit per second, capped at 10."""
-    # retry-anchors §10.4 reserve
+    # provider-retries §10.4 reserve
     clock = ManualClock()
     budget = RetryBudget(clock)
     for _ in range(10):
@@ -54,7 +54,7 @@ def test_the_reserve_refills_one_per_second_up_to_its_cap() -> None:
 
 def test_keys_are_separate() -> None:
     """One upstream's storm does not spend another's budget."""
-    # retry-anchors §10.4 per upstream key
+    # provider-retries §10.4 per upstream key
     budget = RetryBudget(ManualClock())
     for _ in range(10):
         budget.withdraw("a")
@@ -76,7 +76,7 @@ def test_sse_events_across_chunks_and_line_endings() -> None:
 
 def test_sse_comments_and_blank_lines_are_no_events() -> None:
     """Comments and blank lines are keep-alives; `event: ping` is flagged."""
-    # retry-anchors §10.5 keep-alives
+    # provider-retries §10.5 keep-alives
     parser = Parser()
     assert parser.feed(b": hello\n\n\n\n") == []
     [ping] = parser.feed(b"event: ping\ndata: {}\n\n")
@@ -85,6 +85,6 @@ def test_sse_comments_and_blank_lines_are_no_events() -> None:
 
 def test_sse_events_are_bounded() -> None:
     """An event larger than the 1 MiB pre-commit bound is refused."""
-    # retry-anchors §10.1 response pre-commit buffer
+    # provider-retries §10.1 response pre-commit buffer
     with pytest.raises(EventTooLarge):
         Parser().feed(b"data: " + b"x" * (1 << 20) + b"\n")

@@ -1,4 +1,4 @@
-"""The pure retry rules of provider calls as truth tables (retry-anchors §10)."""
+"""The pure retry rules of provider calls as truth tables (provider-retries §10)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def rng() -> policy.Random:
 @pytest.mark.parametrize(
     ("status", "retryable"),
     [
-        (408, True),  # retry-anchors §10.2 row 6
-        (409, True),  # retry-anchors §12.2 (brief: yes)
+        (408, True),  # provider-retries §10.2 row 6
+        (409, True),  # provider-retries §12.2 (brief: yes)
         (425, True),
         (429, True),
         (500, True),
@@ -30,7 +30,7 @@ def rng() -> policy.Random:
         (503, True),
         (529, True),  # Anthropic overloaded
         (599, True),
-        (501, False),  # retry-anchors §12.1, the safer choice
+        (501, False),  # provider-retries §12.1, the safer choice
         (505, False),
         (511, False),
         (200, False),
@@ -49,7 +49,7 @@ def test_status_table(status: int, retryable: bool) -> None:
 @pytest.mark.parametrize(
     ("headers", "delay"),
     [
-        ({"retry-after-ms": "1500"}, 1.5),  # retry-anchors §10.3 source 1
+        ({"retry-after-ms": "1500"}, 1.5),  # provider-retries §10.3 source 1
         ({"retry-after-ms": "1500", "retry-after": "10"}, 1.5),
         ({"retry-after-ms": "-1", "retry-after": "10"}, 10.0),  # no shadowing
         ({"retry-after-ms": "abc", "retry-after": "2"}, 2.0),
@@ -68,20 +68,20 @@ def test_status_table(status: int, retryable: bool) -> None:
 )
 def test_server_delay_table(headers: dict[str, str], delay: float | None) -> None:
     """The server's delay: first valid source wins, invalid ones are ignored."""
-    # retry-anchors §10.3 server_delay
+    # provider-retries §10.3 server_delay
     assert policy.server_delay(headers, WALL) == delay
 
 
 @pytest.mark.parametrize(
     ("requested", "cap", "inbound", "effective"),
     [
-        (None, 2, 0, 2),  # retry-anchors §10.1 default
+        (None, 2, 0, 2),  # provider-retries §10.1 default
         (0, 2, 0, 0),  # ADR-010 R1: lowered to 0
         (1, 2, 0, 1),
         (10, 2, 0, 2),  # never raised above the cap
-        (10, 4, 0, 4),  # retry-anchors §10.10 case 16
+        (10, 4, 0, 4),  # provider-retries §10.10 case 16
         (10, 9, 0, 4),  # hard ceiling of 5 attempts
-        (None, 2, 2, 0),  # retry-anchors §10.10 case 15
+        (None, 2, 2, 0),  # provider-retries §10.10 case 15
         (None, 2, 1, 1),
         (None, 2, 7, 0),  # floored at 0
     ],
@@ -97,7 +97,7 @@ def test_effective_max_retries_table(
     ("field", "headers", "count"),
     [
         (0, {}, 0),
-        (0, {"x-stainless-retry-count": "2"}, 2),  # retry-anchors §11 item 3
+        (0, {"x-stainless-retry-count": "2"}, 2),  # provider-retries §11 item 3
         (3, {"x-stainless-retry-count": "1"}, 3),
         (0, {"x-stainless-retry-count": "lots"}, 0),
     ],
@@ -208,7 +208,7 @@ def test_decision_table(
 def test_the_transparent_retry_is_immediate_and_once() -> None:
     """A provably unsent attempt is retried at once, marked transparent; the
     second one is a counted retry with a backoff."""
-    # retry-anchors §10.2 row 3
+    # provider-retries §10.2 row 3
     first = _decide(Outcome(Cause.NEVER_SENT))
     assert (first.transparent, first.delay) == (True, 0.0)
     second = _decide(Outcome(Cause.NEVER_SENT), transparent_used=True)
@@ -219,7 +219,7 @@ def test_the_transparent_retry_is_immediate_and_once() -> None:
 def test_jitter_survives_the_cap() -> None:
     """At k = 6 (past the 8 s cap) 1000 delays are not all equal, and all lie
     in (4, 8]."""
-    # retry-anchors §10.10 case 14
+    # provider-retries §10.10 case 14
     draw = rng()
     delays = [policy.backoff(6, draw) for _ in range(1000)]
     assert len(set(delays)) > 1
@@ -232,14 +232,14 @@ def test_jitter_survives_the_cap() -> None:
 )
 def test_backoff_schedule(k: int, low: float, high: float) -> None:
     """The default schedule: b = min(8, 0.5·2^k), delay in (b/2, b]."""
-    # retry-anchors §10.3
+    # provider-retries §10.3
     draw = rng()
     assert all(low < policy.backoff(k, draw) <= high for _ in range(200))
 
 
 def test_a_hint_is_never_undercut() -> None:
     """A server delay plus its positive jitter stays within [h, h + min(1, h/10)]."""
-    # retry-anchors §10.1 server-hint jitter
+    # provider-retries §10.1 server-hint jitter
     draw = rng()
     for hint in (0.1, 3.0, 20.0, 100.0):
         delays = [policy.hinted_delay(hint, draw) for _ in range(200)]
@@ -262,7 +262,7 @@ def test_a_hint_is_never_undercut() -> None:
 )
 def test_body_error_code_table(body: bytes, code: str) -> None:
     """A provider body's machine code, never an exception."""
-    # retry-anchors §10.2 row 6
+    # provider-retries §10.2 row 6
     assert policy.body_error_code(body) == code
 
 
@@ -283,6 +283,6 @@ def test_body_error_code_table(body: bytes, code: str) -> None:
 )
 def test_error_event_table(event: str, data: str, error: bool, kind: str) -> None:
     """Which first events are error events, and their type."""
-    # retry-anchors §10.5 S2
+    # provider-retries §10.5 S2
     assert policy.is_error_event(event, data) is error
     assert policy.event_error_type(data) == kind

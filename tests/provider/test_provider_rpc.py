@@ -90,7 +90,7 @@ def test_a_429_after_the_last_retry_is_an_answer(
     """Three 429s answer as data: status, body, three attempts, stop
     MAX_RETRIES, the pushback trailer; the credential reached the upstream
     and appears in no answer and no log."""
-    # DESIGN §9, retry-anchors §10.7
+    # DESIGN §9, provider-retries §10.7
     caplog.set_level("INFO")
     busy = Reply(429, [("Retry-After", "1"), ("x-request-id", "req-1")], b"slow down")
     with proxied(short_tmp, busy) as (stub, up):
@@ -166,7 +166,7 @@ def test_redirects_are_answered_not_followed(short_tmp: Path) -> None:
 def test_no_http_answer_is_unavailable_with_pushback(short_tmp: Path) -> None:
     """A closed upstream port: UNAVAILABLE / UPSTREAM_UNAVAILABLE with the stop
     reason and attempts in ErrorInfo and `grpc-retry-pushback-ms: -1`."""
-    # retry-anchors §10.7 sidecar-originated failures
+    # provider-retries §10.7 sidecar-originated failures
     with serving(Reply(200)) as gone:
         closed = gone.base_url
     with (
@@ -184,7 +184,7 @@ def test_no_http_answer_is_unavailable_with_pushback(short_tmp: Path) -> None:
 
 def test_a_known_delay_is_sent_as_retry_info() -> None:
     """An upstream failure with a known delay carries google.rpc.RetryInfo."""
-    # retry-anchors §10.7
+    # provider-retries §10.7
     status = to_status(RetryBudgetExhausted("no credit", {"route": "up"}, 1.5))
     assert status.code is grpc.StatusCode.RESOURCE_EXHAUSTED
     [rich] = [v for k, v in status.trailing_metadata if k == "grpc-status-details-bin"]
@@ -205,7 +205,7 @@ def test_a_known_delay_is_sent_as_retry_info() -> None:
 def test_a_stream_forwards_events_after_a_precommit_retry(short_tmp: Path) -> None:
     """A stream that dies before its first event is retried; the agent gets the
     head with the first event, every event, then a StreamEnd."""
-    # retry-anchors §10.5
+    # provider-retries §10.5
     good = Reply(events=[b": hi\n\n", b"data: one\n\n", b"data: two\n\n"])
     with proxied(short_tmp, Reply(events=[], break_off=True), good) as (stub, up):
         messages = list(stub.ProviderStream(_request(), timeout=30))
@@ -230,7 +230,7 @@ def test_a_stream_broken_after_its_first_event_ends_committed(
 ) -> None:
     """After the first event a failure is a terminal message: committed, one
     event delivered, why, and no second upstream request."""
-    # retry-anchors §10.5 S3, §10.10 case 11
+    # provider-retries §10.5 S3, §10.10 case 11
     broken = Reply(events=[b"data: one\n\n"], break_off=True)
     with proxied(short_tmp, broken, Reply(200)) as (stub, up):
         messages = list(stub.ProviderStream(_request(), timeout=30))
@@ -248,7 +248,7 @@ def test_a_stream_broken_after_its_first_event_ends_committed(
 def test_a_stream_answered_429_ends_with_the_answer(short_tmp: Path) -> None:
     """A stream whose upstream answers 429 on every attempt ends with the head
     and a StreamEnd carrying the error body: data, not a gRPC error."""
-    # retry-anchors §10.7
+    # provider-retries §10.7
     with proxied(short_tmp, Reply(429, body=b"limit")) as (stub, _):
         messages = list(stub.ProviderStream(_request(), timeout=30))
     [only] = messages
@@ -262,7 +262,7 @@ def test_a_stream_answered_429_ends_with_the_answer(short_tmp: Path) -> None:
 def test_the_deadline_covers_every_attempt_on_the_wall_clock(short_tmp: Path) -> None:
     """A 2 s gRPC deadline with an upstream that never answers ends within
     the deadline plus a small margin, and the upstream request is closed."""
-    # retry-anchors §10.10 case 13 (real clock, real sleep)
+    # provider-retries §10.10 case 13 (real clock, real sleep)
     with proxied(
         short_tmp, Reply(hang=True), clock=SystemClock(), fake_sleep=False
     ) as (stub, up):
@@ -279,7 +279,7 @@ def test_the_deadline_covers_every_attempt_on_the_wall_clock(short_tmp: Path) ->
 def test_cancelling_the_rpc_closes_the_upstream_request(short_tmp: Path) -> None:
     """When the agent cancels, the upstream request is closed at once and no
     retry is sent."""
-    # retry-anchors §10.10 case 10, §10.2 row 1
+    # provider-retries §10.10 case 10, §10.2 row 1
     with proxied(short_tmp, Reply(hang=True)) as (stub, up):
         future: Any = stub.ProviderCall.future(_request(), timeout=30)
         assert wait_until(lambda: len(up.seen) == 1)
@@ -317,7 +317,7 @@ def test_a_stream_to_no_route_fails_before_any_message(short_tmp: Path) -> None:
 def test_a_stream_without_any_answer_is_unavailable(short_tmp: Path) -> None:
     """A stream whose upstream resets every attempt before answering sends no
     message and fails UPSTREAM_UNAVAILABLE after the retries."""
-    # retry-anchors §10.5 S0, §10.7
+    # provider-retries §10.5 S0, §10.7
     with proxied(short_tmp, Reply(reset=True)) as (stub, up):
         with pytest.raises(grpc.RpcError) as caught:
             list(stub.ProviderStream(_request(), timeout=30))
@@ -374,7 +374,7 @@ def test_a_storm_through_the_daemon_stays_within_the_budget(short_tmp: Path) -> 
     """50 concurrent ProviderCalls against an upstream answering 503: the
     daemon's host-wide budget keeps the retries ≤ 0.2·50 + 10, and every call
     still gets its 503 as an answer."""
-    # retry-anchors §10.10 case 12, §10.4 (the clock stands still)
+    # provider-retries §10.10 case 12, §10.4 (the clock stands still)
     with proxied(short_tmp, Reply(503), frozen=True) as (stub, up):
         futures: list[Any] = [
             stub.ProviderCall.future(_request(), timeout=30) for _ in range(50)

@@ -6,7 +6,7 @@ Provider calls through the sidecar (DESIGN §9, ADR-010 D4).
 The agent names a configured route (`effectd serve --providers FILE`) and
 a path below it; the daemon adds the route's credential and headers, sends
 the request with httpx and retries it under one bounded policy
-(retry-anchors §10). Nothing but a configured route can be reached: no
+(provider-retries §10). Nothing but a configured route can be reached: no
 absolute URLs, no `..`, no redirects followed (a 3xx is answered as
 data). Violations: ROUTE_NOT_ALLOWED. Credentials never appear in answers
 or logs.
@@ -18,7 +18,7 @@ Retry policy:
     `x-stainless-retry-count` request header, whichever is larger) are
     subtracted: one logical call never costs more than 1 + cap requests.
   * Retried: HTTP 408, 409, 425, 429 and 5xx except 501, 505 and 511 (not
-    transient: the safer choice of retry-anchors §12.1); provider
+    transient: the safer choice of provider-retries §12.1); provider
     body-level permanent codes (429 `insufficient_quota`,
     `enforced_spend_limit_reached`) are not retried.
   * Transport failures: a provably unsent one (connect failure, pool
@@ -26,7 +26,7 @@ Retry policy:
     (`transparent`); a failure after the request may have executed (read
     timeout, reset, EOF) is retried only when the method is idempotent
     (GET, HEAD, OPTIONS, PUT, DELETE) or the route honours
-    Idempotency-Key (the safer choice of retry-anchors §12.3); a permanent
+    Idempotency-Key (the safer choice of provider-retries §12.3); a permanent
     one (TLS verification, protocol, URL) never.
   * `x-should-retry: false` from the upstream vetoes a retry; `true`, or
     any `retryable`-style hint, never authorizes one (it is recorded as a
