@@ -6,7 +6,6 @@ nothing; Put and Delete are one-key Txns.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ from sidecar.clock import Clock
 from sidecar.errors import NotFound
 from sidecar.ledger import paging
 from sidecar.ledger.checkpoints import Expect, Op, check
+from sidecar.services._common import committed
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.records import StoredCheckpoint
@@ -60,7 +60,7 @@ class CheckpointService:
                     records.save_checkpoint(view, namespace, cp)
             return revision
 
-        return await asyncio.wrap_future(self._store.submit(apply))
+        return await committed(self._store, apply)
 
     async def put(self, namespace: str, expect: Expect, value: bytes) -> int:
         return await self.txn(namespace, [expect], [Op(expect.key, value)])

@@ -9,7 +9,6 @@ the commit.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from sidecar.ledger.model import CallRef, Result, State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
+from sidecar.services._common import answered, committed, moment
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 
@@ -29,12 +29,6 @@ from sidecar.storage.api import ReadView, Store, Table, WriteView
 class Page:
     calls: list[ToolCall]
     next_page_token: str
-
-
-def _raise_refusal(reply: Answer | EffectdError) -> Answer:
-    if isinstance(reply, EffectdError):
-        raise reply
-    return reply
 
 
 class LedgerService:
@@ -47,12 +41,10 @@ class LedgerService:
         self._policy = policy
 
     def now(self) -> Now:
-        return Now(
-            self._clock.wall_ns(), self._clock.monotonic_ns(), self._store.incarnation
-        )
+        return moment(self._clock, self._store)
 
     async def _write(self, fn: Callable[[WriteView], Answer | EffectdError]) -> Answer:
-        return _raise_refusal(await asyncio.wrap_future(self._store.submit(fn)))
+        return await answered(self._store, fn)
 
     def _mutation(
         self, ref: CallRef, rule: Callable[[ToolCall, Now], Step]
@@ -99,7 +91,7 @@ class LedgerService:
                 answers.append(reply)
             return answers
 
-        return await asyncio.wrap_future(self._store.submit(apply))
+        return await committed(self._store, apply)
 
     async def start(
         self, ref: CallRef, *, lease_ms: int, retry: bool, expected_revision: int | None
@@ -235,7 +227,7 @@ class LedgerService:
                 settled += 1
             return settled
 
-        return await asyncio.wrap_future(self._store.submit(apply))
+        return await committed(self._store, apply)
 
 
 def _prepare_one(

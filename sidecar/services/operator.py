@@ -10,7 +10,6 @@ sees the first one's revision and is refused.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from sidecar.ledger.model import CallRef, Resolution, ToolCall
 from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
 from sidecar.ledger.rules import Answer, Now
 from sidecar.ledger.validation import Limits
+from sidecar.services._common import answered, moment
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Store, WriteView
 
@@ -42,9 +42,7 @@ class OperatorService:
         self.limits = limits
 
     def now(self) -> Now:
-        return Now(
-            self._clock.wall_ns(), self._clock.monotonic_ns(), self._store.incarnation
-        )
+        return moment(self._clock, self._store)
 
     async def _write(
         self, apply: Callable[[WriteView, Now], Answer | EffectdError]
@@ -52,10 +50,7 @@ class OperatorService:
         def run(view: WriteView) -> Answer | EffectdError:
             return apply(view, self.now())
 
-        reply = await asyncio.wrap_future(self._store.submit(run))
-        if isinstance(reply, EffectdError):
-            raise reply
-        return reply
+        return await answered(self._store, run)
 
     async def decide_approval(self, ref: CallRef, decision: ApprovalDecision) -> Answer:
         """Approves or rejects; the record and its audit entry are one write."""

@@ -8,7 +8,6 @@ executes a call.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from sidecar.ledger.model import CallRef, Event, State, ToolCall
 from sidecar.ledger.policy import PolicySource
 from sidecar.ledger.rules import Now
 from sidecar.ledger.validation import Limits
+from sidecar.services._common import committed, moment
 from sidecar.storage import records
 from sidecar.storage.api import Store, Table, WriteView
 
@@ -40,9 +40,7 @@ class RecoveryService:
         self._policy = policy
 
     def now(self) -> Now:
-        return Now(
-            self._clock.wall_ns(), self._clock.monotonic_ns(), self._store.incarnation
-        )
+        return moment(self._clock, self._store)
 
     async def recover(self, namespace: str, run_id: str) -> Recovered:
         """The plan of a run, after stale STARTED calls became UNKNOWN."""
@@ -64,7 +62,7 @@ class RecoveryService:
                 calls.append(new)
             return Recovered(recovery.plan(calls, policy), settled)
 
-        return await asyncio.wrap_future(self._store.submit(apply))
+        return await committed(self._store, apply)
 
     async def acknowledge(
         self, namespace: str, run_id: str, call_ids: Sequence[str]
@@ -84,7 +82,7 @@ class RecoveryService:
                     raise
             return done
 
-        return await asyncio.wrap_future(self._store.submit(apply))
+        return await committed(self._store, apply)
 
 
 def _acknowledge(view: WriteView, ref: CallRef, now: Now) -> ToolCall:

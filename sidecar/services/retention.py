@@ -9,7 +9,6 @@ pass at start and then periodically (`sidecar.server`).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ from sidecar.clock import Clock
 from sidecar.ledger import retention
 from sidecar.ledger.model import State
 from sidecar.ledger.policy import Policy, PolicySource
+from sidecar.services._common import committed
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import Store, Table, WriteView
 
@@ -82,10 +82,9 @@ class RetentionService:
         after: bytes | None = None
         examined = compacted = transactions = 0
         while True:
-            batch = await asyncio.wrap_future(
-                self._store.submit(
-                    functools.partial(self._compact_batch, policy=policy, after=after)
-                )
+            batch = await committed(
+                self._store,
+                functools.partial(self._compact_batch, policy=policy, after=after),
             )
             examined += batch.examined
             compacted += batch.compacted

@@ -17,6 +17,7 @@ from sidecar.ledger import retry, rules
 from sidecar.ledger.model import CallRef
 from sidecar.ledger.policy import PolicySource
 from sidecar.ledger.rules import Now
+from sidecar.services._common import moment
 from sidecar.storage import records
 from sidecar.storage.api import Store
 
@@ -38,9 +39,7 @@ class RetryService:
         self._backoff = backoff or retry.Backoff()
 
     def _now(self) -> Now:
-        return Now(
-            self._clock.wall_ns(), self._clock.monotonic_ns(), self._store.incarnation
-        )
+        return moment(self._clock, self._store)
 
     def facts_of(
         self, ref: CallRef, question: retry.RetryQuestion

@@ -1,0 +1,36 @@
+"""What every service does the same way: take the moment a rule runs, and
+wait for a write function's durable commit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+from sidecar.clock import Clock
+from sidecar.errors import EffectdError
+from sidecar.ledger.rules import Answer, Now
+from sidecar.storage.api import Store, WriteView
+
+T = TypeVar("T")
+
+
+def moment(clock: Clock, store: Store) -> Now:
+    """Both clocks and the store's incarnation, read together."""
+    return Now(clock.wall_ns(), clock.monotonic_ns(), store.incarnation)
+
+
+async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:
+    """Runs `fn` in the writer; returns its value once the commit is durable."""
+    return await asyncio.wrap_future(store.submit(fn))
+
+
+async def answered(
+    store: Store, fn: Callable[[WriteView], Answer | EffectdError]
+) -> Answer:
+    """`committed`, for rules whose refusal may carry a change: the change is
+    committed first, then the refusal is raised."""
+    reply = await committed(store, fn)
+    if isinstance(reply, EffectdError):
+        raise reply
+    return reply
