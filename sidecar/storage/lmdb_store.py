@@ -253,11 +253,6 @@ class LmdbStore:
         os.chmod(data, 0o600)
         return data.stat().st_size
 
-    def disk_usage(self) -> tuple[int, int]:
-        """(bytes in use, map size)."""
-        info, stat = self._env.info(), self._env.stat()
-        return (info["last_pgno"] + 1) * stat["psize"], info["map_size"]
-
     # -- the writer thread -------------------------------------------------
 
     def _run(self) -> None:
