@@ -20,6 +20,39 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Quotas:
+    """Per-namespace limits; 0 means unlimited."""
+
+    # Calls not yet COMMITTED (PREPARED, AWAITING_APPROVAL, STARTED, UNKNOWN).
+    open_calls: int = 10_000
+    # Bytes of records (calls and checkpoints) the namespace keeps stored.
+    stored_bytes: int = 1 << 30
+    # Sustained requests per second, with `burst` requests of headroom.
+    requests_per_second: float = 0.0
+    burst: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """Transport limits of the gRPC server (see docs/operations.md)."""
+
+    # Both directions, server and shipped clients.
+    max_message_bytes: int = 8 << 20
+    # RPCs in flight over the whole server; more get RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int = 256
+    # HTTP/2 streams per connection.
+    max_concurrent_streams: int = 128
+    # A TLS or HTTP/2 handshake that takes longer is dropped.
+    handshake_timeout_seconds: float = 5.0
+    # The deadline given to a call that brings none.
+    default_deadline_seconds: float = 60.0
+    # Client keepalive pings more frequent than this are answered with GOAWAY.
+    min_ping_interval_seconds: float = 10.0
+    # Idle connections are closed after this long.
+    max_connection_idle_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
 class ServeConfig:
     data_dir: Path = Path(".effectd")
     # Default: effectd.sock in the data directory.
@@ -30,8 +63,26 @@ class ServeConfig:
     # fsync on every commit; off survives a process crash but not power loss.
     sync: bool = True
     grace_seconds: float = DEFAULT_GRACE_SECONDS
-    max_message_bytes: int = 8 << 20
     reflection: bool = True
+    # Bearer tokens: a TOML file of [[token]] tables, mode 0600 (see
+    # sidecar.auth), or the same text from the environment (EFFECTD_TOKENS).
+    # Neither: authentication is off, and only the socket and loopback serve.
+    tokens_file: Path | None = None
+    tokens_text: str | None = None
+    # TLS for the TCP listener: certificate chain and key (PEM); with
+    # `tls_client_ca`, clients must present a certificate signed by it.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    # A plaintext TCP address serving only grpc.health.v1 (probes).
+    health_listen: str | None = None
+    # A loopback HTTP address serving Prometheus metrics at /metrics.
+    metrics_listen: str | None = None
+    # "json" (one object per line) or "text".
+    log_format: str = "json"
+    log_level: str = "info"
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
+    quotas: Quotas = field(default_factory=Quotas)
     # A TOML policy file (see sidecar.policy_file); None: the default policy.
     policy_file: Path | None = None
     # A TOML file of provider routes (see sidecar.provider.routes); None: the
@@ -41,6 +92,14 @@ class ServeConfig:
     # the first pass runs at start.
     retention_interval_seconds: float = DEFAULT_RETENTION_INTERVAL_SECONDS
     limits: Limits = field(default_factory=Limits)
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.server_limits.max_message_bytes
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
     @property
     def socket_path(self) -> Path:
@@ -55,8 +114,7 @@ class ServeConfig:
                 f"socket: the path {path!r} is longer than {MAX_SOCKET_PATH} bytes; "
                 "choose a shorter --socket or --data-dir"
             )
-        if self.listen is not None:
-            loopback_host(self.listen)
+        self._validate_listeners()
         if self.map_size < 1 << 20:
             raise ConfigError("map-size: must be at least 1 MiB")
         if self.grace_seconds < 0:
@@ -65,21 +123,77 @@ class ServeConfig:
             raise ConfigError(
                 "retention-interval: must be a positive number of seconds"
             )
+        if self.log_format not in ("json", "text"):
+            raise ConfigError("log-format: must be json or text")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError("log-level: must be debug, info, warning or error")
+        _positive(self.server_limits, "max_message_bytes", 1 << 10)
+        _positive(self.server_limits, "max_concurrent_rpcs", 1)
+        _positive(self.server_limits, "max_concurrent_streams", 1)
+        for name in (
+            "handshake_timeout_seconds",
+            "default_deadline_seconds",
+            "min_ping_interval_seconds",
+            "max_connection_idle_seconds",
+        ):
+            _positive(self.server_limits, name, 0.001)
+        for name in ("open_calls", "stored_bytes", "requests_per_second", "burst"):
+            if getattr(self.quotas, name) < 0:
+                raise ConfigError(f"quota-{_flag(name)}: must not be negative")
+
+    def _validate_listeners(self) -> None:
+        if self.listen is not None:
+            if self.tls:
+                split_host_port("listen", self.listen)
+            else:
+                loopback_host(self.listen)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls-cert and tls-key: set both or neither")
+        if self.tls_client_ca is not None and not self.tls:
+            raise ConfigError("tls-client-ca: needs tls-cert and tls-key")
+        if self.tls and self.listen is None:
+            raise ConfigError("tls-cert: TLS serves the TCP listener; set listen")
+        if self.health_listen is not None:
+            split_host_port("health-listen", self.health_listen)
+        if self.metrics_listen is not None:
+            loopback_host(self.metrics_listen, setting="metrics-listen")
 
 
-def loopback_host(listen: str) -> tuple[str, int]:
-    """Splits HOST:PORT and refuses any host that is not loopback: without
-    authentication the daemon must not be reachable from other machines."""
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _positive(limits: ServerLimits, name: str, least: float) -> None:
+    if getattr(limits, name) < least:
+        raise ConfigError(f"{_flag(name)}: must be at least {least}")
+
+
+def split_host_port(setting: str, listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"listen: {listen!r} is not HOST:PORT")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{setting}: {listen!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        loopback = bare == "localhost" or ipaddress.ip_address(bare).is_loopback
+        return bare == "localhost" or ipaddress.ip_address(bare).is_loopback
     except ValueError:
-        loopback = False
-    if not loopback:
+        return False
+
+
+def loopback_host(listen: str, setting: str = "listen") -> tuple[str, int]:
+    """Splits HOST:PORT and refuses any host that is not loopback: without
+    TLS the daemon must not be reachable from other machines."""
+    host, port = split_host_port(setting, listen)
+    if not is_loopback(host):
         raise ConfigError(
-            f"listen: {host!r} is not a loopback address (127.0.0.1 or [::1])"
+            f"{setting}: {host!r} is not a loopback address (127.0.0.1 or [::1]);"
+            + (
+                " other addresses need tls-cert and tls-key"
+                if setting == "listen"
+                else ""
+            )
         )
-    return host, int(port)
+    return host, port

@@ -26,6 +26,11 @@
     │   ├── UpstreamUnavailable  UPSTREAM_UNAVAILABLE
     │   ├── UpstreamDeadlineExceeded UPSTREAM_DEADLINE_EXCEEDED
     │   └── RetryBudgetExhausted RETRY_BUDGET_EXHAUSTED
+    ├── Unauthenticated          UNAUTHENTICATED          (no handler ran)
+    ├── PermissionDenied         PERMISSION_DENIED
+    ├── Throttled                (RESOURCE_EXHAUSTED, with a retry delay)
+    │   ├── QuotaExceeded        QUOTA_EXCEEDED
+    │   └── RateLimited          RATE_LIMITED
     ├── StorageFull              STORAGE_FULL
     ├── StorageUnavailable       STORAGE_UNAVAILABLE
     ├── ShuttingDown             SHUTTING_DOWN
@@ -205,6 +210,44 @@ class UpstreamDeadlineExceeded(UpstreamFailed):
 
 class RetryBudgetExhausted(UpstreamFailed):
     reason = "RETRY_BUDGET_EXHAUSTED"
+
+
+class Unauthenticated(EffectdError):
+    """Authentication is on and the call's bearer token is missing or unknown."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(EffectdError):
+    """The caller's credential does not allow this call."""
+
+    reason = "PERMISSION_DENIED"
+
+
+class Throttled(EffectdError):
+    """A limit of the caller's namespace refused the request before anything
+    was done; `retry_delay` (seconds) is when trying again makes sense."""
+
+    def __init__(
+        self,
+        message: str,
+        metadata: Mapping[str, str] | None = None,
+        retry_delay: float | None = None,
+    ) -> None:
+        super().__init__(message, metadata)
+        self.retry_delay = retry_delay
+
+
+class QuotaExceeded(Throttled):
+    """The namespace holds as many open calls or stored bytes as allowed."""
+
+    reason = "QUOTA_EXCEEDED"
+
+
+class RateLimited(Throttled):
+    """The namespace sent more requests per second than allowed."""
+
+    reason = "RATE_LIMITED"
 
 
 class StorageFull(EffectdError):

@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.clock import Clock, SystemClock
-from sidecar.config import ServeConfig, loopback_host
+from sidecar.config import ServeConfig, split_host_port
 from sidecar.errors import ShuttingDown
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.locking import ExclusiveLock
@@ -218,7 +218,7 @@ class Daemon:
         server.add_insecure_port(f"unix:{sock}")
         tcp = None
         if cfg.listen is not None:
-            host, _ = loopback_host(cfg.listen)
+            host, _ = split_host_port("listen", cfg.listen)
             port = server.add_insecure_port(cfg.listen)
             tcp = f"{host}:{port}"
         await server.start()

@@ -20,12 +20,15 @@ from sidecar.errors import (
     InvalidArgument,
     NotFound,
     NotImplementedYet,
+    PermissionDenied,
     PreconditionFailed,
     RetryBudgetExhausted,
     RevisionConflict,
     ShuttingDown,
     StorageFull,
     StorageUnavailable,
+    Throttled,
+    Unauthenticated,
     UpstreamDeadlineExceeded,
     UpstreamFailed,
     UpstreamUnavailable,
@@ -46,6 +49,9 @@ CODES: dict[type[EffectdError], grpc.StatusCode] = {
     UpstreamUnavailable: grpc.StatusCode.UNAVAILABLE,
     UpstreamDeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     RetryBudgetExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    Throttled: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 # gRFC A6 pushback: the sidecar has retried already; clients must not stack theirs.
@@ -83,9 +89,12 @@ def to_status(error: EffectdError) -> grpc.Status:
             for v in error.violations
         ]
         details.append(_pack(error_details_pb2.BadRequest(field_violations=violations)))
-    if isinstance(error, UpstreamFailed) and error.retry_delay is not None:
+    retry_delay = (
+        error.retry_delay if isinstance(error, UpstreamFailed | Throttled) else None
+    )
+    if retry_delay is not None:
         delay = duration_pb2.Duration()
-        delay.FromNanoseconds(int(error.retry_delay * 1e9))
+        delay.FromNanoseconds(int(retry_delay * 1e9))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     status = status_pb2.Status(
         code=code.value[0], message=error.message, details=details

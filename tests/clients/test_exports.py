@@ -69,6 +69,9 @@ EXPORTS = {
     "StorageUnavailable",
     "UpstreamDeadlineExceeded",
     "UpstreamUnavailable",
+    "Unauthenticated",
+    "QuotaExceeded",
+    "RateLimited",
 }
 
 

@@ -35,6 +35,8 @@ from effectd_client._exceptions import NotImplementedYet as NotImplementedYet
 from effectd_client._exceptions import OutcomeUnknown as OutcomeUnknown
 from effectd_client._exceptions import PermissionDenied as PermissionDenied
 from effectd_client._exceptions import PolicyInvalid as PolicyInvalid
+from effectd_client._exceptions import QuotaExceeded as QuotaExceeded
+from effectd_client._exceptions import RateLimited as RateLimited
 from effectd_client._exceptions import ReconciliationNeeded as ReconciliationNeeded
 from effectd_client._exceptions import ReconciliationRequired as ReconciliationRequired
 from effectd_client._exceptions import ResultCompacted as ResultCompacted
@@ -52,6 +54,7 @@ from effectd_client._exceptions import StorageFull as StorageFull
 from effectd_client._exceptions import StorageUnavailable as StorageUnavailable
 from effectd_client._exceptions import ToolCallStopped as ToolCallStopped
 from effectd_client._exceptions import ToolFailed as ToolFailed
+from effectd_client._exceptions import Unauthenticated as Unauthenticated
 from effectd_client._exceptions import (
     UpstreamDeadlineExceeded as UpstreamDeadlineExceeded,
 )
@@ -115,6 +118,8 @@ __all__ = [
     "PlanItem",
     "PolicyInvalid",
     "Prepared",
+    "QuotaExceeded",
+    "RateLimited",
     "ReconciliationNeeded",
     "ReconciliationRequired",
     "RecoveryAction",
@@ -140,6 +145,7 @@ __all__ = [
     "ToolCallStopped",
     "ToolFailed",
     "ToolResult",
+    "Unauthenticated",
     "UpstreamDeadlineExceeded",
     "UpstreamUnavailable",
 ]

@@ -197,6 +197,25 @@ class RetryBudgetExhausted(EffectdError):
     REASON: ClassVar[str] = "RETRY_BUDGET_EXHAUSTED"
 
 
+class Unauthenticated(EffectdError):
+    """Authentication is on and the call's bearer token is missing or unknown."""
+
+    REASON: ClassVar[str] = "UNAUTHENTICATED"
+
+
+class QuotaExceeded(EffectdError):
+    """The namespace is at its quota of open calls or stored bytes; see
+    `metadata["quota"]` and `retry_delay`."""
+
+    REASON: ClassVar[str] = "QUOTA_EXCEEDED"
+
+
+class RateLimited(EffectdError):
+    """The namespace is over its request rate; wait `retry_delay` seconds."""
+
+    REASON: ClassVar[str] = "RATE_LIMITED"
+
+
 REASON_CLASSES: dict[str, type[EffectdError]] = {
     cls.REASON: cls
     for cls in (
@@ -228,6 +247,9 @@ REASON_CLASSES: dict[str, type[EffectdError]] = {
         UpstreamUnavailable,
         UpstreamDeadlineExceeded,
         RetryBudgetExhausted,
+        Unauthenticated,
+        QuotaExceeded,
+        RateLimited,
     )
 }
 

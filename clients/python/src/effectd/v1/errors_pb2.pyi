@@ -140,6 +140,22 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     retry budget of its route had no credit; google.rpc.RetryInfo says when
     to try again when known.
     """
+    UNAUTHENTICATED: _ErrorReason.ValueType  # 29
+    """UNAUTHENTICATED. Authentication is on and the call brought no bearer
+    token (`authorization: Bearer TOKEN`), an empty one, or one the daemon
+    does not know. No handler ran.
+    """
+    QUOTA_EXCEEDED: _ErrorReason.ValueType  # 30
+    """RESOURCE_EXHAUSTED. The namespace holds as many open (not committed)
+    calls, or as many stored bytes, as its quota allows; nothing was
+    written. The ErrorInfo metadata names the quota and its limit;
+    google.rpc.RetryInfo says when trying again makes sense.
+    """
+    RATE_LIMITED: _ErrorReason.ValueType  # 31
+    """RESOURCE_EXHAUSTED. The namespace sent more requests per second than
+    its rate limit allows; nothing was done. google.rpc.RetryInfo says when
+    the next request will be admitted.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The reason string of `google.rpc.ErrorInfo` is the value name. The values
@@ -257,5 +273,21 @@ RETRY_BUDGET_EXHAUSTED: ErrorReason.ValueType  # 28
 """RESOURCE_EXHAUSTED. A provider call needed a retry and the host-wide
 retry budget of its route had no credit; google.rpc.RetryInfo says when
 to try again when known.
+"""
+UNAUTHENTICATED: ErrorReason.ValueType  # 29
+"""UNAUTHENTICATED. Authentication is on and the call brought no bearer
+token (`authorization: Bearer TOKEN`), an empty one, or one the daemon
+does not know. No handler ran.
+"""
+QUOTA_EXCEEDED: ErrorReason.ValueType  # 30
+"""RESOURCE_EXHAUSTED. The namespace holds as many open (not committed)
+calls, or as many stored bytes, as its quota allows; nothing was
+written. The ErrorInfo metadata names the quota and its limit;
+google.rpc.RetryInfo says when trying again makes sense.
+"""
+RATE_LIMITED: ErrorReason.ValueType  # 31
+"""RESOURCE_EXHAUSTED. The namespace sent more requests per second than
+its rate limit allows; nothing was done. google.rpc.RetryInfo says when
+the next request will be admitted.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
