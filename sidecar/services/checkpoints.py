@@ -2,6 +2,10 @@
 (ADR-010 D1, DESIGN §8) in write transactions. A Txn checks all its compares
 before it writes anything, inside one write function, so it applies all or
 nothing; Put and Delete are one-key Txns.
+
+A Txn that would grow the namespace over its `stored_bytes` quota is refused
+whole (`ledger.quota`); one that shrinks it or deletes is always applied, so a
+namespace over its quota can always free space.
 """
 
 from __future__ import annotations
@@ -10,11 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
+from sidecar.config import Quotas
 from sidecar.errors import NotFound
-from sidecar.ledger import paging
+from sidecar.ledger import paging, quota
 from sidecar.ledger.checkpoints import Expect, Op, check
 from sidecar.services._common import committed
-from sidecar.storage import records
+from sidecar.storage import records, usage
 from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.records import StoredCheckpoint
 
@@ -26,9 +31,12 @@ class CheckpointPage:
 
 
 class CheckpointService:
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(
+        self, store: Store, clock: Clock, *, quotas: Quotas | None = None
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._quotas = quotas or Quotas()
 
     def get(self, namespace: str, key: str) -> StoredCheckpoint:
         found = self._store.read(
@@ -47,6 +55,7 @@ class CheckpointService:
         given to the puts. Put, Delete and Txn all go through here."""
 
         def apply(view: WriteView) -> int:
+            before = usage.load(view, namespace)
             for expect in compares:
                 current = records.load_checkpoint(view, namespace, expect.key)
                 check(expect, None if current is None else current.revision)
@@ -58,6 +67,11 @@ class CheckpointService:
                 else:
                     cp = StoredCheckpoint(op.key, op.value, revision, now)
                     records.save_checkpoint(view, namespace, cp)
+            after = usage.load(view, namespace)
+            refusal = quota.refuse_growth(namespace, before, after, self._quotas)
+            if refusal is not None:
+                # Raised inside the write function: none of the ops is kept.
+                raise refusal
             return revision
 
         return await committed(self._store, apply)

@@ -5,6 +5,12 @@ with the moment the writer runs it, store the result, return the reply. The
 store runs it inside a write transaction, so read, decision and write are one
 atomic compare-and-swap on the record, and the reply is released only after
 the commit.
+
+Quotas (`ledger.quota`) refuse only a prepare that creates a record; every
+request that finishes or records work already done (StartTool, CommitTool,
+ReportUnknown, Heartbeat, and the operator's and recovery's writes) is never
+refused by a quota: a tool that ran must always be able to record its result,
+and committing is what frees a namespace's open-call quota.
 """
 
 from __future__ import annotations
@@ -14,14 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
-from sidecar.errors import EffectdError, NotFound
-from sidecar.ledger import paging, retention, rules
+from sidecar.config import Quotas
+from sidecar.errors import EffectdError, NotFound, QuotaExceeded
+from sidecar.ledger import paging, quota, retention, rules
 from sidecar.ledger.model import CallRef, Result, State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import answered, committed, moment
-from sidecar.storage import records, tombstones
+from sidecar.storage import records, tombstones, usage
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 
 
@@ -33,12 +40,19 @@ class Page:
 
 class LedgerService:
     def __init__(
-        self, store: Store, clock: Clock, limits: Limits, policy: PolicySource
+        self,
+        store: Store,
+        clock: Clock,
+        limits: Limits,
+        policy: PolicySource,
+        *,
+        quotas: Quotas | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self.limits = limits
         self._policy = policy
+        self._quotas = quotas or Quotas()
 
     def now(self) -> Now:
         return moment(self._clock, self._store)
@@ -71,7 +85,7 @@ class LedgerService:
         policy = self._policy.current()
 
         def apply(view: WriteView) -> Answer | EffectdError:
-            return _prepare_one(view, spec, self.now(), policy)
+            return _prepare_one(view, spec, self.now(), policy, self._quotas)
 
         return await self._write(apply)
 
@@ -84,7 +98,11 @@ class LedgerService:
             now = self.now()
             answers = []
             for index, spec in enumerate(specs):
-                reply = _prepare_one(view, spec, now, policy)
+                try:
+                    reply = _prepare_one(view, spec, now, policy, self._quotas)
+                except QuotaExceeded as exc:
+                    exc.metadata["index"] = str(index)
+                    raise
                 if isinstance(reply, EffectdError):
                     reply.metadata["index"] = str(index)
                     raise reply
@@ -231,8 +249,16 @@ class LedgerService:
 
 
 def _prepare_one(
-    view: WriteView, spec: PrepareSpec, now: Now, policy: Policy
+    view: WriteView, spec: PrepareSpec, now: Now, policy: Policy, quotas: Quotas
 ) -> Answer | EffectdError:
+    """The answer of one prepare.
+
+    Raises:
+        QuotaExceeded: the prepare would create a record past the namespace's
+            open-call or stored-byte quota; raised (not returned), so the
+            write function leaves nothing behind. A repeated prepare of an
+            existing record is always answered.
+    """
     old = records.load_call(view, spec.ref)
     if old is None:
         tomb = tombstones.load(view, spec.ref)
@@ -240,7 +266,17 @@ def _prepare_one(
             # DESIGN §4: the tombstone still refuses a re-execution.
             return retention.duplicate_prepare(tomb, spec)
     step = rules.prepare(old, spec, now, policy)
-    if old is None or step.call.revision != old.revision:
+    if old is None:
+        namespace = spec.ref.namespace
+        before = usage.load(view, namespace)
+        records.save_call(view, old, step.call)
+        # Measured after the save: the stored size is the encoded record's.
+        refusal = quota.refuse_growth(
+            namespace, before, usage.load(view, namespace), quotas
+        )
+        if refusal is not None:
+            raise refusal
+    elif step.call.revision != old.revision:
         records.save_call(view, old, step.call)
     return step.reply
 

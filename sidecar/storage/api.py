@@ -31,6 +31,9 @@ class Table(enum.Enum):
     # Record key -> tombstone of a call compacted after the retention window
     # (DESIGN §4); it still refuses a re-execution.
     TOMBSTONES = "tombstones"
+    # Namespace -> (open calls, stored bytes); kept in step with CALLS,
+    # CALL_STATES, CHECKPOINTS and TOMBSTONES by `sidecar.storage.usage`.
+    USAGE = "usage"
 
 
 class BackupTargetError(ValueError):
@@ -64,7 +67,9 @@ class Store(Protocol):
         ...
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
-        """Queues `fn` for the writer; the future resolves after the commit."""
+        """Queues `fn` for the writer; the future resolves after the commit.
+        `fn` runs on a `usage.Counting` view, so the usage counters change in
+        the same transaction as the records they count."""
         ...
 
     def close(self) -> None:

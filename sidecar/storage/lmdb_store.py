@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -25,12 +26,17 @@ import lmdb
 
 from sidecar.errors import ShuttingDown, StorageFull, StorageUnavailable
 from sidecar.locking import ExclusiveLock
+from sidecar.storage import usage
 from sidecar.storage.api import BackupTargetError, ReadView, Table, WriteView
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = b"1"
+# 2: per-namespace usage counters (Table.USAGE), kept by every write. A
+# daemon that reads only format 1 would write without updating them, so it
+# must not open a format 2 store; format 1 is upgraded at open.
+FORMAT_VERSION = b"2"
+_UPGRADABLE = frozenset({b"1"})
 _FORMAT_KEY = b"format_version"
 _INCARNATION_KEY = b"incarnation"
 
@@ -49,6 +55,9 @@ class LmdbOptions:
     sync: bool = True
     max_readers: int = 1024
     max_batch: int = 256
+    # Called by the writer thread after each durable commit with the batch
+    # size and the seconds the commit took (fsync included); must be cheap.
+    on_commit: Callable[[int, float], None] | None = None
 
 
 @dataclass(slots=True)
@@ -165,6 +174,10 @@ class LmdbStore:
         self._writer.start()
         try:
             self._incarnation = self.submit(_open_incarnation).result()
+            # A store written before the usage counters existed gets them now.
+            counted = self.submit(usage.ensure_counted).result()
+            if counted:
+                log.info("usage counters of %d namespaces counted", counted)
         except BaseException:
             self.close()
             raise
@@ -209,7 +222,7 @@ class LmdbStore:
             if self._closed:
                 future.set_exception(ShuttingDown("the store is closed"))
             else:
-                self._queue.put((fn, future))
+                self._queue.put((usage.counted(fn), future))
         return future
 
     def close(self) -> None:
@@ -221,6 +234,13 @@ class LmdbStore:
         self._writer.join()
         self._env.close()
         self._lock.release()
+
+    def entries(self, table: Table) -> int:
+        """How many keys `table` holds, from its B-tree header: O(1)."""
+        if self._closed:
+            raise ShuttingDown("the store is closed")
+        with self._env.begin(write=False) as txn:
+            return int(txn.stat(self._dbs[table])["entries"])
 
     def backup(self, path: Path) -> int:
         """Copies a consistent, compacted snapshot of the store into `path`, a
@@ -280,6 +300,8 @@ class LmdbStore:
         try:
             with self._env.begin(write=True) as txn:
                 outcomes = self._apply(txn, batch)
+                applied = time.perf_counter()
+            committed = time.perf_counter() - applied
         except lmdb.MapFullError:
             if len(batch) > 1:
                 # Find the requests that do not fit; the others still commit.
@@ -300,6 +322,11 @@ class LmdbStore:
             return
         # Durable now: answer.
         _resolve(outcomes)
+        if self.options.on_commit is not None:
+            try:
+                self.options.on_commit(len(batch), committed)
+            except Exception:  # an observer must never stop the writer
+                log.exception("the commit observer failed")
 
     def _apply(self, txn: lmdb.Transaction, batch: list[_Item]) -> list[_Outcome]:
         """Runs each write function on its own buffered view; a function
@@ -333,7 +360,9 @@ def _resolve(outcomes: list[_Outcome]) -> None:
 
 def _open_incarnation(view: WriteView) -> int:
     found = view.get(Table.META, _FORMAT_KEY)
-    if found is None:
+    if found is None or found in _UPGRADABLE:
+        # Upgrading 1 to 2 is counting the usage (`usage.ensure_counted`,
+        # right after); done again at the next open if this one stops first.
         view.put(Table.META, _FORMAT_KEY, FORMAT_VERSION)
     elif found != FORMAT_VERSION:
         raise StoreFormatError(

@@ -1,0 +1,207 @@
+"""The usage counters of each namespace, kept in the store and exact.
+
+`Table.USAGE` maps a namespace to its open calls (records whose by-state
+index entry is not COMMITTED) and its stored bytes (key and value of its call
+records, tombstones and checkpoints). The counters are not updated by the
+code that saves records: every write function a store runs gets a `Counting`
+view, which adjusts them on each put and delete of a counted table, in the
+same transaction. No save path can forget them, and any store that runs its
+write functions through `counted` (LMDB now, another backend later) keeps
+them the same way. A store that holds records from before the table existed
+is recounted once when it is opened (`ensure_counted`).
+
+Keys of the counted tables start with `namespace NUL` (see
+`records.call_key`, `records.checkpoint_key`); index keys of CALL_STATES
+have one state byte before that.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from sidecar.ledger.model import State
+from sidecar.ledger.quota import Usage
+from sidecar.storage import records
+from sidecar.storage.api import ReadView, Table, WriteView
+
+T = TypeVar("T")
+
+_SEP = b"\x00"
+_VALUE = struct.Struct(">qq")
+# Set in META once the counters were counted from the records themselves.
+_COUNTED_KEY = b"usage_counted"
+# Tables whose rows count as the namespace's stored bytes.
+SIZED = (Table.CALLS, Table.CHECKPOINTS, Table.TOMBSTONES)
+_COMMITTED_CODE = records.state_prefix(State.COMMITTED)[0]
+
+
+def _namespace_of(key: bytes) -> bytes:
+    return key.split(_SEP, 1)[0]
+
+
+def _decode(raw: bytes | None) -> Usage:
+    if raw is None:
+        return Usage()
+    open_calls, stored_bytes = _VALUE.unpack(raw)
+    return Usage(open_calls, stored_bytes)
+
+
+def load(view: ReadView, namespace: str) -> Usage:
+    """The counters of `namespace` as of `view`, including the changes a
+    `Counting` view has not written yet."""
+    key = namespace.encode()
+    found = _decode(view.get(Table.USAGE, key))
+    if isinstance(view, Counting):
+        return found.plus(*view.pending(key))
+    return found
+
+
+def stored(view: ReadView) -> dict[str, Usage]:
+    """Every namespace's counters as stored; namespaces with nothing are
+    absent."""
+    return {key.decode(): _decode(raw) for key, raw in view.scan(Table.USAGE, b"")}
+
+
+def _add(view: WriteView, namespace: bytes, open_calls: int, stored_bytes: int) -> None:
+    raw = view.get(Table.USAGE, namespace)
+    if raw is not None:
+        was_open, was_stored = _VALUE.unpack(raw)
+        open_calls += was_open
+        stored_bytes += was_stored
+    if open_calls == 0 and stored_bytes == 0:
+        # An empty namespace leaves no row behind.
+        view.delete(Table.USAGE, namespace)
+    else:
+        view.put(Table.USAGE, namespace, _VALUE.pack(open_calls, stored_bytes))
+
+
+def _sized(table: Table) -> bool:
+    # Identity tests: this runs on every put, and enum hashing is slow.
+    return (
+        table is Table.CALLS or table is Table.CHECKPOINTS or table is Table.TOMBSTONES
+    )
+
+
+class Counting:
+    """A `WriteView` that keeps `Table.USAGE` in step with every put and
+    delete of the counted tables it passes on to `view`.
+
+    The changes are summed per namespace and written by `flush`, once per
+    write function rather than once per row; `load` adds those not yet
+    written."""
+
+    def __init__(self, view: WriteView) -> None:
+        self._view = view
+        self._pending: dict[bytes, list[int]] = {}
+
+    def pending(self, namespace: bytes) -> tuple[int, int]:
+        """The (open calls, stored bytes) changes of `namespace` not yet
+        written to `Table.USAGE`."""
+        open_calls, stored_bytes = self._pending.get(namespace, (0, 0))
+        return open_calls, stored_bytes
+
+    def _count(self, namespace: bytes, open_calls: int, stored_bytes: int) -> None:
+        change = self._pending.setdefault(namespace, [0, 0])
+        change[0] += open_calls
+        change[1] += stored_bytes
+
+    def flush(self) -> None:
+        """Writes the summed changes to `Table.USAGE`."""
+        for namespace, (open_calls, stored_bytes) in self._pending.items():
+            if open_calls or stored_bytes:
+                _add(self._view, namespace, open_calls, stored_bytes)
+        self._pending.clear()
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        return self._view.get(table, key)
+
+    def scan(
+        self, table: Table, prefix: bytes, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        return self._view.scan(table, prefix, after=after)
+
+    def put(self, table: Table, key: bytes, value: bytes) -> None:
+        if _sized(table):
+            old = self._view.get(table, key)
+            grown = len(value) - (-len(key) if old is None else len(old))
+            self._view.put(table, key, value)
+            self._count(_namespace_of(key), 0, grown)
+        elif table is Table.CALL_STATES:
+            new = _is_open(key) and self._view.get(table, key) is None
+            self._view.put(table, key, value)
+            if new:
+                self._count(_namespace_of(key[1:]), 1, 0)
+        else:
+            self._view.put(table, key, value)
+
+    def delete(self, table: Table, key: bytes) -> None:
+        if _sized(table):
+            old = self._view.get(table, key)
+            self._view.delete(table, key)
+            if old is not None:
+                self._count(_namespace_of(key), 0, -(len(key) + len(old)))
+        elif table is Table.CALL_STATES:
+            gone = _is_open(key) and self._view.get(table, key) is not None
+            self._view.delete(table, key)
+            if gone:
+                self._count(_namespace_of(key[1:]), -1, 0)
+        else:
+            self._view.delete(table, key)
+
+
+def _is_open(index_key: bytes) -> bool:
+    return bool(index_key) and index_key[0] != _COMMITTED_CODE
+
+
+def counted(fn: Callable[[WriteView], T]) -> Callable[[WriteView], T]:
+    """`fn`, run on a `Counting` view of the view it is given, its counter
+    changes written after it returns (a function that raises leaves none)."""
+
+    def run(view: WriteView) -> T:
+        counting = Counting(view)
+        value = fn(counting)
+        counting.flush()
+        return value
+
+    return run
+
+
+def recount(view: ReadView) -> dict[str, Usage]:
+    """Every namespace's counters, counted from the tables they describe."""
+    found: dict[bytes, Usage] = {}
+    for table in SIZED:
+        for key, raw in view.scan(table, b""):
+            namespace = _namespace_of(key)
+            found[namespace] = found.get(namespace, Usage()).plus(
+                stored_bytes=len(key) + len(raw)
+            )
+    for key, _ in view.scan(Table.CALL_STATES, b""):
+        if _is_open(key):
+            namespace = _namespace_of(key[1:])
+            found[namespace] = found.get(namespace, Usage()).plus(open_calls=1)
+    return {
+        namespace.decode(): usage
+        for namespace, usage in found.items()
+        if usage != Usage()
+    }
+
+
+def ensure_counted(view: WriteView) -> int:
+    """At open: counts every namespace from its records, once, when the
+    store was written before the counters existed. Returns how many
+    namespaces it counted (0 when the counters were there already)."""
+    if view.get(Table.META, _COUNTED_KEY) is not None:
+        return 0
+    for key, _ in list(view.scan(Table.USAGE, b"")):
+        view.delete(Table.USAGE, key)
+    counts = recount(view)
+    for namespace, usage in counts.items():
+        view.put(
+            Table.USAGE,
+            namespace.encode(),
+            _VALUE.pack(usage.open_calls, usage.stored_bytes),
+        )
+    view.put(Table.META, _COUNTED_KEY, b"1")
+    return len(counts)
