@@ -29,6 +29,7 @@ from sidecar.errors import (
     UpstreamFailed,
     UpstreamUnavailable,
 )
+from sidecar.observability import trace
 from sidecar.provider import policy
 from sidecar.provider.budget import RetryBudget
 from sidecar.provider.policy import Cause, Outcome, Random, Stop
@@ -149,6 +150,11 @@ class Counters:
     budget_denied: int = 0
     stream_pre_commit_retries: int = 0
     possibly_executed: int = 0
+    # (route name, "attempts" | "retries" | "transparent_retries" |
+    # "budget_denied") -> count: the same events per route, for metrics.
+    by_route: collections.Counter[tuple[str, str]] = field(
+        default_factory=collections.Counter
+    )
 
 
 @dataclass(slots=True)
@@ -221,6 +227,13 @@ class ProviderClient:
             headers.append((route.credential_header, route.credential))
         if route.honours_idempotency_key:
             headers.append(("Idempotency-Key", key))
+        context = trace.current()
+        if context is not None and trace.TRACEPARENT not in lowered:
+            # W3C Trace Context: the upstream's spans join the agent's trace.
+            # One child for the logical request, its retries included.
+            headers += [
+                (n, v) for n, v in context.child().headers() if n not in lowered
+            ]
         method = request.method.upper() or "POST"
         inbound = policy.inbound_retry_count(request.client_retry_count, lowered)
         seconds = policy.DEFAULT_DEADLINE_SECONDS if timeout is None else timeout
@@ -286,6 +299,7 @@ class ProviderClient:
                 outcome = Outcome(Cause.MAYBE_EXECUTED)
                 return outcome, policy.Step(retry=False, stop=Stop.DEADLINE)
             self.counters.attempts += 1
+            self.counters.by_route[p.route.name, "attempts"] += 1
             try:
                 async with asyncio.timeout(left):
                     outcome, record = await attempt(left)
@@ -314,6 +328,7 @@ class ProviderClient:
             )
             if denied:
                 self.counters.budget_denied += 1
+                self.counters.by_route[p.route.name, "budget_denied"] += 1
                 step = policy.Step(
                     retry=False, stop=Stop.RETRY_BUDGET_EXHAUSTED, hint=step.hint
                 )
@@ -324,9 +339,11 @@ class ProviderClient:
                 transparent_used = run.next_transparent = True
                 run.transparent += 1
                 self.counters.transparent_retries += 1
+                self.counters.by_route[p.route.name, "transparent_retries"] += 1
             else:
                 run.retries += 1
                 self.counters.retries += 1
+                self.counters.by_route[p.route.name, "retries"] += 1
                 if stream:
                     self.counters.stream_pre_commit_retries += 1
             self.counters.wait_seconds += step.delay

@@ -1,0 +1,206 @@
+"""Collectors that read, at scrape time, what lives elsewhere: the ledger's
+records by state (from the store) and the provider proxy's counters and
+retry budget. The hot paths pay nothing for them; a scrape pays what is
+documented on each."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from sidecar.ledger.model import State
+from sidecar.provider.budget import RetryBudget
+from sidecar.provider.client import Counters
+from sidecar.provider.policy import Stop
+from sidecar.provider.routes import Route
+from sidecar.storage.api import ReadView, Store, Table
+from sidecar.storage.records import state_prefix
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class CountsEntries(Protocol):
+    """A store that knows a table's entry count without a scan (LMDB)."""
+
+    def entries(self, table: Table) -> int: ...
+
+
+class ProviderSource(Protocol):
+    """What `watch_provider` reads of `sidecar.provider.client.ProviderClient`."""
+
+    @property
+    def routes(self) -> Mapping[str, Route]: ...
+
+    @property
+    def counters(self) -> Counters: ...
+
+    @property
+    def budget(self) -> RetryBudget: ...
+
+
+def count_states(store: Store) -> dict[State, int]:
+    """Ledger records by state, from the by-state index.
+
+    The states a record leaves (all but COMMITTED) are counted by a scan of
+    their index prefix: these are the calls in flight, bounded by the
+    open-calls quota. COMMITTED, which grows until retention compacts it, is
+    the index's entry count (an O(1) read of the B-tree header) minus the
+    others when the store offers it, so a scrape costs O(open calls), not
+    O(all calls): measured with 2,000 open of 200,000 records, 3 ms against
+    240 ms for a scan of the whole index. The count is read in a second
+    snapshot: a gauge is a sample, off by at most the commits in between.
+    """
+    counting = isinstance(store, CountsEntries)
+    wanted = [s for s in State if not (counting and s is State.COMMITTED)]
+
+    def scan(view: ReadView) -> dict[State, int]:
+        return {
+            state: sum(1 for _ in view.scan(Table.CALL_STATES, state_prefix(state)))
+            for state in wanted
+        }
+
+    counts = store.read(scan)
+    if isinstance(store, CountsEntries):
+        in_flight = sum(counts.values())
+        counts[State.COMMITTED] = max(0, store.entries(Table.CALL_STATES) - in_flight)
+    return counts
+
+
+class LedgerCollector:
+    """Reads the store at scrape time, from the HTTP server's threads."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        # Held while a scrape reads the store: closing an LMDB environment
+        # under a reader in another thread is not safe.
+        self._reading = threading.Lock()
+        self._stopped = False
+
+    def stop(self) -> None:
+        with self._reading:
+            self._stopped = True
+
+    def describe(self) -> Iterable[Metric]:
+        return [_ledger_family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = _ledger_family()
+        try:
+            with self._reading:
+                if self._stopped:
+                    return [family]
+                counts = count_states(self._store)
+        except Exception:
+            # A scrape during shutdown, or a storage failure: no sample
+            # rather than a wrong one, and the scrape itself still answers.
+            log.debug("ledger counts unavailable for this scrape", exc_info=True)
+            return [family]
+        for state in State:
+            family.add_metric([state.name], counts.get(state, 0))
+        return [family]
+
+
+def _ledger_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "effectd_ledger_calls",
+        "Ledger records by state, read from the by-state index at scrape time.",
+        labels=("state",),
+    )
+
+
+_Family = CounterMetricFamily | GaugeMetricFamily
+# Every way a provider call ends: the stop reasons, and a cancellation.
+_STOPS = (*(s.value for s in Stop), "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderCollector:
+    """Reads the proxy's in-process counters at scrape time. They are
+    mutated on the event loop; this thread only looks keys up (never
+    iterates a dict that may grow), and each value is a sample."""
+
+    provider: ProviderSource
+
+    def describe(self) -> Iterable[Metric]:
+        return list(_provider_families().values())
+
+    def collect(self) -> Iterable[Metric]:
+        families = _provider_families()
+        c = self.provider.counters
+        for name, route in sorted(self.provider.routes.items()):
+            per = c.by_route
+            families["attempts"].add_metric([name], per.get((name, "attempts"), 0))
+            families["retries"].add_metric(
+                [name, "backoff"], per.get((name, "retries"), 0)
+            )
+            families["retries"].add_metric(
+                [name, "transparent"], per.get((name, "transparent_retries"), 0)
+            )
+            families["budget_denied"].add_metric(
+                [name], per.get((name, "budget_denied"), 0)
+            )
+            credit = self.provider.budget.available(route.budget_key)
+            families["budget"].add_metric([name], credit)
+        families["stream_retries"].add_metric([], c.stream_pre_commit_retries)
+        families["wait"].add_metric([], c.wait_seconds)
+        families["possibly_executed"].add_metric([], c.possibly_executed)
+        for stop in _STOPS:
+            families["stops"].add_metric([stop], c.stops.get(stop, 0))
+        return list(families.values())
+
+
+def _provider_families() -> dict[str, _Family]:
+    return {
+        "attempts": CounterMetricFamily(
+            "effectd_provider_attempts",
+            "HTTP attempts sent to a route's upstream, retries included.",
+            labels=("route",),
+        ),
+        "retries": CounterMetricFamily(
+            "effectd_provider_retries",
+            "Provider retries: backoff (after a wait) or transparent (unsent).",
+            labels=("route", "kind"),
+        ),
+        "budget_denied": CounterMetricFamily(
+            "effectd_provider_budget_denied",
+            "Retries refused because the upstream's retry budget was empty.",
+            labels=("route",),
+        ),
+        "budget": GaugeMetricFamily(
+            "effectd_provider_retry_budget_credits",
+            "Retry credit left in the host-wide budget of each route's upstream.",
+            labels=("route",),
+        ),
+        "stream_retries": CounterMetricFamily(
+            "effectd_provider_stream_precommit_retries",
+            "Stream retries before the first event reached the agent.",
+        ),
+        "wait": CounterMetricFamily(
+            "effectd_provider_retry_wait_seconds",
+            "Seconds of backoff waited before provider retries.",
+        ),
+        "possibly_executed": CounterMetricFamily(
+            "effectd_provider_possibly_executed",
+            "Attempts that failed after the upstream may have executed them.",
+        ),
+        "stops": CounterMetricFamily(
+            "effectd_provider_stops",
+            "Provider calls finished, by why retrying stopped.",
+            labels=("reason",),
+        ),
+    }
+
+
+__all__ = [
+    "CountsEntries",
+    "LedgerCollector",
+    "ProviderCollector",
+    "ProviderSource",
+    "count_states",
+]
