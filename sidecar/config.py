@@ -98,6 +98,10 @@ class ServeConfig:
         return self.server_limits.max_message_bytes
 
     @property
+    def authenticated(self) -> bool:
+        return self.tokens_file is not None or self.tokens_text is not None
+
+    @property
     def tls(self) -> bool:
         return self.tls_cert is not None
 
@@ -143,10 +147,14 @@ class ServeConfig:
 
     def _validate_listeners(self) -> None:
         if self.listen is not None:
-            if self.tls:
-                split_host_port("listen", self.listen)
-            else:
+            if not self.tls:
                 loopback_host(self.listen)
+            host, _ = split_host_port("listen", self.listen)
+            if not is_loopback(host) and not self.authenticated:
+                raise ConfigError(
+                    f"listen: {host!r} is not loopback: other machines may reach "
+                    "it, so it needs tokens (tokens-file or EFFECTD_TOKENS)"
+                )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls-cert and tls-key: set both or neither")
         if self.tls_client_ca is not None and not self.tls:

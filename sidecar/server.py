@@ -13,8 +13,11 @@ import contextlib
 import logging
 import os
 import random
+import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import httpx
@@ -30,16 +33,23 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sidecar.auth import tokens
+from sidecar.auth.access import Credentials
 from sidecar.clock import Clock, SystemClock
-from sidecar.config import ServeConfig, split_host_port
+from sidecar.config import ConfigError, ServeConfig, split_host_port
 from sidecar.errors import ShuttingDown
 from sidecar.ledger.policy import FixedPolicy, PolicySource
+from sidecar.ledger.quota import RateLimiter
 from sidecar.locking import ExclusiveLock
+from sidecar.observability import logs
+from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
 from sidecar.policy_file import PolicyFile
 from sidecar.provider.client import ProviderClient, Sleep
 from sidecar.provider.routes import Route, load_providers
+from sidecar.rpc import tls
 from sidecar.rpc.admin import Admin
 from sidecar.rpc.checkpoints import Checkpoints
+from sidecar.rpc.gate import Gate
 from sidecar.rpc.handlers import generic_handler
 from sidecar.rpc.ledger import ToolLedger
 from sidecar.rpc.provider import Provider
@@ -67,6 +77,65 @@ SERVICES = (
 )
 
 
+def server_options(cfg: ServeConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments (reliability-anchors §7)."""
+    limits = cfg.server_limits
+
+    def ms(seconds: float) -> int:
+        return max(1, int(seconds * 1000))
+
+    return [
+        # A second daemon must fail to bind, not share the port.
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", limits.max_message_bytes),
+        ("grpc.max_send_message_length", limits.max_message_bytes),
+        ("grpc.max_metadata_size", 16 << 10),
+        ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+        ("grpc.server_handshake_timeout_ms", ms(limits.handshake_timeout_seconds)),
+        ("grpc.max_connection_idle_ms", ms(limits.max_connection_idle_seconds)),
+        # Keepalive enforcement: pings more frequent than this (with or
+        # without calls in flight) earn strikes, then GOAWAY.
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            ms(limits.min_ping_interval_seconds),
+        ),
+        (
+            "grpc.http2.min_recv_ping_interval_without_data_ms",
+            ms(limits.min_ping_interval_seconds),
+        ),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # The server pings idle connections to find peers that died without
+        # closing (a crashed agent, a dropped network).
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+    ]
+
+
+def load_credentials(cfg: ServeConfig) -> Credentials | None:
+    if cfg.tokens_file is not None and cfg.tokens_text is not None:
+        raise ConfigError("tokens-file and EFFECTD_TOKENS: set one, not both")
+    if cfg.tokens_file is not None:
+        return tokens.load_file(cfg.tokens_file)
+    if cfg.tokens_text is not None:
+        return tokens.parse(cfg.tokens_text)
+    return None
+
+
+def refuse_unsafe_directory(path: Path) -> None:
+    """Refuses a data directory others may write to: whoever can replace the
+    ledger's files can make the daemon replay or forget side effects."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return  # created 0700 by the store
+    if mode & 0o022:
+        raise ConfigError(
+            f"data-dir: {path} is group- or world-writable (mode "
+            f"{stat.S_IMODE(mode):04o}); chmod 700 it"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoints:
     """Where a started daemon listens: gRPC targets for clients."""
@@ -81,6 +150,16 @@ class Daemon:
         self.config = config
         self._clock = clock or SystemClock()
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_address: str | None = None
+        self.credentials: Credentials | None = load_credentials(config)
+        self.metrics = Metrics()
+        self.metrics_server: MetricsServer | None = None
+        # HOST:PORT of /metrics once started (port 0 resolved), or None.
+        self.metrics_address: str | None = None
+        self._unwatch: list[Callable[[], None]] = []
+        if self.credentials is not None:
+            logs.add_secret_digests(self.credentials.digests())
         self._health: health_aio.HealthServicer | None = None
         self._store: Store | None = None
         self._socket_lock: ExclusiveLock | None = None
@@ -100,6 +179,7 @@ class Daemon:
         self.routes: dict[str, Route] = (
             {} if providers is None else load_providers(providers)
         )
+        logs.add_secrets(r.credential for r in self.routes.values() if r.credential)
         # Seams of the provider proxy: the HTTP transport (None: httpx's own
         # pooled one) and the sleep between retries.
         self.provider_transport: httpx.AsyncBaseTransport | None = None
@@ -108,11 +188,22 @@ class Daemon:
         self.provider: ProviderClient | None = None
 
     def open_store(self) -> Store:
-        options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
+        refuse_unsafe_directory(self.config.data_dir)
+        options = LmdbOptions(
+            map_size=self.config.map_size,
+            sync=self.config.sync,
+            on_commit=self.metrics.commit_observed,
+        )
         return LmdbStore(self.config.data_dir, options)
 
     def make_ledger(self, store: Store) -> LedgerService:
-        return LedgerService(store, self._clock, self.config.limits, self.policy)
+        return LedgerService(
+            store,
+            self._clock,
+            self.config.limits,
+            self.policy,
+            quotas=self.config.quotas,
+        )
 
     def make_operator(self, store: Store) -> OperatorService:
         return OperatorService(store, self._clock, self.config.limits)
@@ -121,6 +212,13 @@ class Daemon:
         cfg = self.config
         sock = cfg.socket_path
         sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if sock.parent.stat().st_mode & 0o022:
+            # The socket itself is 0600, but others could replace it here.
+            log.warning(
+                "the socket directory %s is group- or world-writable; prefer a "
+                "0700 directory only the daemon's user can write",
+                sock.parent,
+            )
         self._socket_lock = ExclusiveLock(
             sock.with_name(sock.name + ".lock"), f"socket {sock}"
         )
@@ -133,6 +231,7 @@ class Daemon:
     async def _start(self) -> Endpoints:
         cfg = self.config
         store = self._store = self.open_store()
+        self._unwatch.append(self.metrics.watch_store(store))
         ledger = self.make_ledger(store)
         settled = await ledger.settle_earlier_incarnations()
         if settled:
@@ -143,11 +242,9 @@ class Daemon:
         self._policies = PolicyService(store, self._clock, self.policy)
 
         server = self._server = grpc.aio.server(
-            options=[
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_receive_message_length", cfg.max_message_bytes),
-                ("grpc.max_send_message_length", cfg.max_message_bytes),
-            ]
+            interceptors=[self._gate()],
+            options=server_options(cfg),
+            maximum_concurrent_rpcs=cfg.server_limits.max_concurrent_rpcs,
         )
         operator = self.make_operator(store)
         server.add_generic_rpc_handlers(
@@ -159,7 +256,10 @@ class Daemon:
                 ),
                 generic_handler(
                     SERVICES[1],
-                    Checkpoints(CheckpointService(store, self._clock), cfg.limits),
+                    Checkpoints(
+                        CheckpointService(store, self._clock, quotas=cfg.quotas),
+                        cfg.limits,
+                    ),
                 ),
                 generic_handler(
                     recovery_pb2.DESCRIPTOR.services_by_name["Recovery"],
@@ -195,6 +295,7 @@ class Daemon:
             rng=self.retry_random,
             sleep=self.provider_sleep,
         )
+        self._unwatch.append(self.metrics.watch_provider(self.provider))
         server.add_generic_rpc_handlers(
             (
                 generic_handler(
@@ -219,10 +320,18 @@ class Daemon:
         tcp = None
         if cfg.listen is not None:
             host, _ = split_host_port("listen", cfg.listen)
-            port = server.add_insecure_port(cfg.listen)
+            if cfg.tls:
+                port = server.add_secure_port(cfg.listen, tls.server_credentials(cfg))
+            else:
+                port = server.add_insecure_port(cfg.listen)
             tcp = f"{host}:{port}"
         await server.start()
         os.chmod(sock, 0o600)
+        self.health_address = await self._start_health_port()
+        if cfg.metrics_listen is not None:
+            host, port = split_host_port("metrics-listen", cfg.metrics_listen)
+            self.metrics_server = serve_metrics(self.metrics, host, port)
+            self.metrics_address = self.metrics_server.address
         for name in ("", *names):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.endpoints = Endpoints(f"unix:{sock}", tcp)
@@ -236,6 +345,43 @@ class Daemon:
             self._retention_loop(), name="effectd-retention"
         )
         return self.endpoints
+
+    def _gate(self) -> Gate:
+        cfg = self.config
+        quotas = cfg.quotas
+        admission = (
+            RateLimiter(quotas.requests_per_second, quotas.burst, time.monotonic)
+            if quotas.requests_per_second > 0
+            else None
+        )
+        if self.credentials is None:
+            log.warning(
+                "authentication is off (no tokens-file, no EFFECTD_TOKENS): "
+                "serving only the Unix socket%s",
+                f" and loopback {cfg.listen}" if cfg.listen else "",
+            )
+        else:
+            log.info("authentication is on: %d tokens", len(self.credentials))
+        return Gate(
+            self.credentials,
+            admission=admission,
+            observer=self.metrics,
+            default_deadline=cfg.server_limits.default_deadline_seconds,
+        )
+
+    async def _start_health_port(self) -> str | None:
+        """A plaintext port serving only grpc.health.v1, for probes that can
+        bring neither credentials nor a Unix socket (Kubernetes)."""
+        if self.config.health_listen is None or self._health is None:
+            return None
+        server = self._health_server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0)]
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        host, _ = split_host_port("health-listen", self.config.health_listen)
+        port = server.add_insecure_port(self.config.health_listen)
+        await server.start()
+        return f"{host}:{port}"
 
     async def compact_expired(self) -> PassResult | None:
         """One compaction pass of the retention window (DESIGN §4); a failure
@@ -286,9 +432,19 @@ class Daemon:
             self._server = None
             with contextlib.suppress(FileNotFoundError):
                 self.config.socket_path.unlink()
+        if self._health_server is not None:
+            await self._health_server.stop(0)
+            self._health_server = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.close)
+            self.metrics_server = None
+        # Waits for a scrape reading the store; no later one reads it.
+        for unwatch in self._unwatch:
+            unwatch()
+        self._unwatch.clear()
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -16,7 +16,7 @@ from sidecar.ledger import policy_change
 from sidecar.ledger.audit import Action, Entry
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.validation import Violations
-from sidecar.rpc import convert
+from sidecar.rpc import convert, gate
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
 from sidecar.storage.api import BackupTargetError
@@ -90,8 +90,10 @@ class Admin:
     ) -> pb.ListAuditResponse:
         v = Violations()
         namespace = req.namespace
-        if namespace:
-            convert.namespace(v, namespace)
+        # No namespace named: the whole log, for a caller who may see it all;
+        # otherwise the credential's namespace.
+        if namespace or not gate.whole_daemon():
+            namespace = convert.namespace(v, namespace)
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
         page = self._operator.list_audit(
@@ -113,10 +115,9 @@ class Admin:
         v.require()
         if self._policy is None:
             raise NoPolicyFile("this daemon serves no policy reloads")
-        # Until auth names the caller, an RPC reload is the operator's.
-        done = await self._policy.reload(
-            actor=policy_change.OPERATOR, reason=req.reason
-        )
+        # Without authentication an RPC reload is the operator's.
+        actor = gate.actor(v, "", "") or policy_change.OPERATOR
+        done = await self._policy.reload(actor=actor, reason=req.reason)
         return pb.ReloadPolicyResponse(
             policy=policy_pb(done.policy),
             previous=policy_pb(done.previous),

@@ -34,6 +34,7 @@ from sidecar.ledger.model import (
 from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
 from sidecar.ledger.rules import Answer, PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
+from sidecar.rpc import gate
 from sidecar.storage.records import StoredCheckpoint
 
 EFFECTS: dict[int, Effect] = {
@@ -64,11 +65,13 @@ def _join(prefix: str, name: str) -> str:
 
 
 def namespace(v: Violations, value: str, field: str = "namespace") -> str:
-    return v.namespace(field, value)
+    """The namespace the request acts in: with authentication on, the
+    caller's credential decides (see `gate.namespace`)."""
+    return gate.namespace(v, field, value)
 
 
 def ref(v: Violations, msg: pb.CallRef, limits: Limits, field: str = "ref") -> CallRef:
-    ns = v.namespace(_join(field, "namespace"), msg.namespace)
+    ns = gate.namespace(v, _join(field, "namespace"), msg.namespace)
     v.text_id(_join(field, "run_id"), msg.run_id, limits.max_id_bytes, no_colon=True)
     v.text_id(_join(field, "call_id"), msg.call_id, limits.max_id_bytes)
     return CallRef(ns, msg.run_id, msg.call_id)
@@ -354,24 +357,29 @@ def _reconciliation_pb(r: Reconciliation) -> pb.Reconciliation:
 
 def _operator_text(
     v: Violations, limits: Limits, actor: tuple[str, str], reason: str
-) -> None:
-    v.text_id(actor[0], actor[1], limits.max_id_bytes)
+) -> str:
+    """Validates the actor and reason of an operator action; returns the
+    actor to record: with authentication on, the credential's name."""
+    name = gate.actor(v, actor[0], actor[1])
+    if name == actor[1]:
+        v.text_id(actor[0], actor[1], limits.max_id_bytes)
     if not reason:
         v.add("reason", "is required")
     v.text("reason", reason, limits.max_text_bytes)
+    return name
 
 
 def approval_decision(
     v: Violations, req: pb.DecideApprovalRequest, limits: Limits
 ) -> ApprovalDecision:
-    _operator_text(v, limits, ("approver", req.approver), req.reason)
+    approver = _operator_text(v, limits, ("approver", req.approver), req.reason)
     if req.expected_revision == 0:
         v.add("expected_revision", "is required: the revision the approver saw")
     if not _FINGERPRINT.fullmatch(req.input_fingerprint):
         v.add("input_fingerprint", "must be the call's sha256:<64 hex> fingerprint")
     return ApprovalDecision(
         approve=req.approve,
-        approver=req.approver,
+        approver=approver,
         reason=req.reason,
         expected_revision=req.expected_revision,
         input_fingerprint=req.input_fingerprint,
@@ -381,7 +389,7 @@ def approval_decision(
 def reconcile_order(
     v: Violations, req: pb.ReconcileRequest, limits: Limits
 ) -> ReconcileOrder:
-    _operator_text(v, limits, ("operator", req.operator), req.reason)
+    operator = _operator_text(v, limits, ("operator", req.operator), req.reason)
     if req.expected_revision == 0:
         v.add("expected_revision", "is required: the revision the operator saw")
     if not req.evidence:
@@ -398,7 +406,7 @@ def reconcile_order(
     return ReconcileOrder(
         expected_revision=req.expected_revision,
         result=found,
-        operator=req.operator,
+        operator=operator,
         reason=req.reason,
         evidence=req.evidence,
     )

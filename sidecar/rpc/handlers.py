@@ -20,6 +20,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
 from sidecar.errors import EffectdError, FieldViolation, InvalidArgument
+from sidecar.rpc import gate
 from sidecar.rpc.errors import internal_status, to_status
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def _guard(method: str, handler: Handler) -> Handler:
                 )
             return await handler(request, context)
         except EffectdError as exc:
+            gate.note_refusal(exc.reason)
             status = to_status(exc)
         except Exception:
             log.exception("internal error in %s", method)
@@ -86,6 +88,7 @@ def _guard_stream(method: str, handler: StreamHandler) -> StreamHandler:
                 yield item
             return
         except EffectdError as exc:
+            gate.note_refusal(exc.reason)
             status = to_status(exc)
         except Exception:
             log.exception("internal error in %s", method)

@@ -28,6 +28,7 @@ from sidecar.provider.client import (
     StreamHead,
 )
 from sidecar.provider.policy import Cause, Stop
+from sidecar.rpc import gate
 from sidecar.rpc.errors import NO_PUSHBACK
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -178,7 +179,9 @@ class Provider:
     async def ProviderCall(
         self, req: pb.ProviderRequest, context: Context
     ) -> pb.ProviderResponse:
-        answer = await self.client.call(self._request(req), context.time_remaining())
+        answer = await self.client.call(
+            self._request(req), gate.time_remaining(context)
+        )
         context.set_trailing_metadata(_trailers(answer.attempts))
         return answer_message(answer)
 
@@ -187,7 +190,7 @@ class Provider:
     ) -> AsyncIterator[pb.ProviderStreamMessage]:
         request = self._request(req)
         head: StreamHead | None = None
-        stream = self.client.stream(request, context.time_remaining())
+        stream = self.client.stream(request, gate.time_remaining(context))
         async for item in stream:
             if isinstance(item, StreamHead):
                 # Sent with the first message only (§10.5: nothing before it).

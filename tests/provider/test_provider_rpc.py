@@ -25,7 +25,7 @@ from sidecar.testing import running_daemon
 from tests.provider.support import FakeSleep
 from tests.provider.upstream import Reply, Upstream, serving, wait_until
 
-SECRET = "sk-grpc-secret-4242"  # noqa: S105 - a test credential
+SECRET = "sk-grpc-secret-4242"
 
 
 @contextmanager

@@ -170,7 +170,7 @@ def test_a_token_continues_only_its_own_listing(
             namespace="team-a", newest_first=True, page_token=token
         ),
         admin_pb2.ListAuditRequest(page_token=token),
-        admin_pb2.ListAuditRequest(page_token="not a token!"),  # noqa: S106
+        admin_pb2.ListAuditRequest(page_token="not a token!"),
     ):
         got = refused(lambda o=other: admin_stub.ListAudit(o, timeout=5))  # type: ignore[misc]
         assert (got.code, got.fields) == (

@@ -141,7 +141,7 @@ TRUNCATED = length_delimited(1, length_delimited(2, b"run"))[:-1]
 KEY_BAD_UTF8 = length_delimited(2, b"k\xe2\x82")
 
 # Neither base64 nor a key of any listing.
-NOT_A_TOKEN = "not a token"  # noqa: S105 - a page token, not a secret
+NOT_A_TOKEN = "not a token"
 LONG_ASCII = "x" * 257
 # 129 two-byte characters: 258 bytes, although only 129 characters.
 LONG_UTF8 = "é" * 129

@@ -1,0 +1,360 @@
+"""The one interceptor every RPC passes (DESIGN §10; reliability-anchors §7).
+
+In order, before any handler runs (and before the request is parsed):
+authenticate the bearer token, authorize the method for the token's roles
+(default deny: a method without a rule is refused to everyone). Then around
+the handler: admit the namespace through its rate limit, give a call that
+brought no deadline the default one, and record the outcome (metrics, one
+access log line). Health is open: probes carry no credentials, and it tells
+only whether the daemon serves.
+
+The caller's identity reaches the handlers through `CURRENT`, a ContextVar
+set by the wrapper the interceptor puts around each handler (it runs in the
+handler's own task), so the translation layer can take the namespace from
+the credential and never from the request body (`namespace` below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+
+from sidecar.auth.access import (
+    OPEN_METHODS,
+    Credentials,
+    Principal,
+    authorize,
+    bearer_token,
+)
+from sidecar.errors import EffectdError, NotFound
+from sidecar.ledger.model import DEFAULT_NAMESPACE
+from sidecar.ledger.validation import Violations
+from sidecar.observability import trace
+from sidecar.rpc.errors import to_status
+
+access_log = logging.getLogger("effectd.access")
+
+Context = grpc.aio.ServicerContext[Any, Any]
+# A rate-limit key longer than any valid namespace comes from a request that
+# will be refused anyway; it is cut so it cannot grow the limiter's memory.
+_MAX_KEY = 64
+
+
+class Admission(Protocol):
+    def admit(self, namespace: str) -> None: ...
+
+
+class RpcObserver(Protocol):
+    def rpc_finished(
+        self, method: str, code: grpc.StatusCode, seconds: float
+    ) -> None: ...
+
+    def refused(self, reason: str) -> None: ...
+
+
+@dataclass(slots=True)
+class CallState:
+    """What the gate knows of the call being served."""
+
+    method: str
+    principal: Principal | None
+    # Event-loop time by which the call must be answered; None: no deadline.
+    deadline: float | None = None
+    # The ErrorInfo reason of the refusal answered, set by the error boundary.
+    reason: str = ""
+    namespace: str = field(default="")
+    trace: trace.TraceParent | None = None
+
+
+CURRENT: ContextVar[CallState | None] = ContextVar("effectd_call", default=None)
+
+
+def namespace(v: Violations, field_path: str, requested: str) -> str:
+    """The namespace a request acts in. Without authentication: the one it
+    names (validated), default `default`. With authentication: the
+    credential decides (`Principal.namespace`); one outside its grants
+    answers NOT_FOUND."""
+    before = len(v.items)
+    named = v.namespace(field_path, requested)
+    state = CURRENT.get()
+    if state is None or state.principal is None or len(v.items) > before:
+        return named
+    chosen = state.principal.namespace(requested)
+    if chosen is None:
+        v.add(field_path, "is required: this token may touch several namespaces")
+        return named
+    return chosen
+
+
+def actor(v: Violations, field_path: str, named: str) -> str:
+    """Who an operator action is recorded as: the name the request gives,
+    or with authentication on the credential's name (a request may repeat
+    it, never name someone else)."""
+    state = CURRENT.get()
+    if state is None or state.principal is None:
+        return named
+    if named and named != state.principal.name:
+        v.add(field_path, "must be empty or the name of the caller's token")
+    return state.principal.name
+
+
+def whole_daemon() -> bool:
+    """Whether the caller may act on every namespace (no authentication, or a
+    token granted them all)."""
+    state = CURRENT.get()
+    return state is None or state.principal is None or state.principal.every_namespace
+
+
+def note_refusal(reason: str) -> None:
+    state = CURRENT.get()
+    if state is not None:
+        state.reason = reason
+
+
+def time_remaining(context: Context) -> float | None:
+    """Seconds left for the call: its own deadline, or the default one the
+    gate gave it."""
+    remaining: float | None = context.time_remaining()
+    if remaining is not None:
+        return remaining
+    state = CURRENT.get()
+    if state is None or state.deadline is None:
+        return None
+    return max(0.0, state.deadline - asyncio.get_running_loop().time())
+
+
+def _requested_namespace(request: object) -> str:
+    """The namespace a request names, for the rate limit (the handler
+    validates and resolves it again)."""
+    descriptor = getattr(request, "DESCRIPTOR", None)
+    if descriptor is None:
+        return ""
+    fields = descriptor.fields_by_name
+    if "namespace" in fields:
+        return str(request.namespace)  # type: ignore[attr-defined]
+    for name in ("ref", "call"):
+        if name in fields and fields[name].message_type is not None:
+            return str(getattr(request, name).namespace)
+    if "calls" in fields and request.calls:  # type: ignore[attr-defined]
+        return str(request.calls[0].ref.namespace)  # type: ignore[attr-defined]
+    return ""
+
+
+class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    def __init__(
+        self,
+        credentials: Credentials | None,
+        *,
+        admission: Admission | None = None,
+        observer: RpcObserver | None = None,
+        default_deadline: float | None = None,
+    ) -> None:
+        self._credentials = credentials
+        self._admission = admission
+        self._observer = observer
+        self._default_deadline = default_deadline
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        method = details.method
+        metadata = tuple(details.invocation_metadata or ())
+        handler = await continuation(details)
+        principal: Principal | None = None
+        if self._credentials is not None and method not in OPEN_METHODS:
+            try:
+                principal = self._credentials.authenticate(bearer_token(metadata))
+                authorize(principal, method)
+            except EffectdError as exc:
+                self._finished(method, principal, exc, 0.0, metadata)
+                return _deny(handler, exc)
+        if handler is None:
+            return None
+        return self._wrap(handler, method, principal, metadata)
+
+    def _wrap(
+        self,
+        handler: Any,
+        method: str,
+        principal: Principal | None,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> Any:
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request: Any, context: Context) -> Any:
+                state, tokens = self._enter(method, principal, metadata)
+                started = time.perf_counter()
+                try:
+                    self._admit(state, request)
+                    if context.time_remaining() is None and self._default_deadline:
+                        state.deadline = (
+                            asyncio.get_running_loop().time() + self._default_deadline
+                        )
+                    try:
+                        async with asyncio.timeout_at(state.deadline):
+                            return await inner(request, context)
+                    except TimeoutError:
+                        await context.abort(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            "the default deadline of a call without one passed",
+                        )
+                except EffectdError as exc:
+                    status = to_status(exc)
+                    state.reason = exc.reason
+                    await context.abort(
+                        status.code, status.details, status.trailing_metadata
+                    )
+                finally:
+                    self._leave(state, tokens, context, started, metadata)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+                state, tokens = self._enter(method, principal, metadata)
+                started = time.perf_counter()
+                try:
+                    self._admit(state, request)
+                    async for item in inner_stream(request, context):
+                        yield item
+                except EffectdError as exc:
+                    status = to_status(exc)
+                    state.reason = exc.reason
+                    await context.abort(
+                        status.code, status.details, status.trailing_metadata
+                    )
+                finally:
+                    self._leave(state, tokens, context, started, metadata)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        # Streaming requests (server reflection): authenticated above; served
+        # as they are.
+        return handler
+
+    def _enter(
+        self,
+        method: str,
+        principal: Principal | None,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> tuple[CallState, tuple[Any, Any]]:
+        state = CallState(method, principal, trace=trace.from_metadata(metadata))
+        return state, (CURRENT.set(state), trace.CURRENT.set(state.trace))
+
+    def _admit(self, state: CallState, request: object) -> None:
+        requested = _requested_namespace(request)
+        try:
+            resolved = (
+                state.principal.namespace(requested)
+                if state.principal is not None
+                else requested or DEFAULT_NAMESPACE
+            )
+        except NotFound:
+            # The handler answers NOT_FOUND; charge the namespace the
+            # credential acts for.
+            resolved = None
+        state.namespace = (resolved or requested)[:_MAX_KEY]
+        if self._admission is not None:
+            self._admission.admit(state.namespace)
+
+    def _leave(
+        self,
+        state: CallState,
+        tokens: tuple[Any, Any],
+        context: Context,
+        started: float,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> None:
+        CURRENT.reset(tokens[0])
+        trace.CURRENT.reset(tokens[1])
+        code = _code_of(context)
+        self._record(state, code, time.perf_counter() - started, metadata)
+
+    def _finished(
+        self,
+        method: str,
+        principal: Principal | None,
+        exc: EffectdError,
+        seconds: float,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> None:
+        state = CallState(
+            method, principal, reason=exc.reason, trace=trace.from_metadata(metadata)
+        )
+        self._record(state, to_status(exc).code, seconds, metadata)
+
+    def _record(
+        self,
+        state: CallState,
+        code: grpc.StatusCode,
+        seconds: float,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> None:
+        if self._observer is not None:
+            self._observer.rpc_finished(state.method, code, seconds)
+            if state.reason:
+                self._observer.refused(state.reason)
+        # Never the request, its payloads or the token: names and outcomes.
+        access_log.info(
+            "rpc",
+            extra={
+                "method": state.method,
+                "code": code.name,
+                "reason": state.reason or None,
+                "namespace": state.namespace or None,
+                "principal": state.principal.name if state.principal else None,
+                "duration_ms": round(seconds * 1000, 3),
+                "trace_id": state.trace.trace_id if state.trace else None,
+            },
+        )
+
+
+def _code_of(context: Context) -> grpc.StatusCode:
+    code: object = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    if isinstance(code, int):
+        for candidate in grpc.StatusCode:
+            if candidate.value[0] == code:
+                return candidate
+    return grpc.StatusCode.OK
+
+
+def _deny(handler: Any, exc: EffectdError) -> Any:
+    """A handler of the same kind as the refused one that answers the
+    refusal without parsing the request (the bytes stay bytes)."""
+    status = to_status(exc)
+
+    async def refuse(_: Any, context: Context) -> Any:
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+    async def refuse_stream(_: Any, context: Context) -> AsyncIterator[Any]:
+        # The empty loop makes this a generator that yields nothing.
+        nothing: tuple[Any, ...] = ()
+        for item in nothing:
+            yield item
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+    if handler is not None and handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(refuse_stream)
+    if handler is not None and handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(refuse_stream)
+    return grpc.unary_unary_rpc_method_handler(refuse)

@@ -1,0 +1,153 @@
+"""TLS and mutual TLS on the TCP listener (DESIGN §10; reliability-anchors
+§4.3: a failed mTLS handshake surfaces as UNAVAILABLE, not UNAUTHENTICATED)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import ledger_pb2_grpc
+
+from sidecar.config import ServeConfig
+from sidecar.testing import running_daemon
+from tests.auth.support import AGENT_A, TOKENS
+from tests.support.certs import Pki, make_pki
+
+PROBE_TIMEOUT = 10.0
+
+
+def tls_config(data_dir: Path, pki: Pki, *, mutual: bool) -> ServeConfig:
+    return ServeConfig(
+        data_dir=data_dir,
+        listen="127.0.0.1:0",
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        tls_client_ca=pki.ca if mutual else None,
+        tokens_text=TOKENS,
+    )
+
+
+def get(channel: grpc.Channel) -> grpc.StatusCode:
+    """The code of a GetToolCall over `channel` (NOT_FOUND means it was
+    served: the call reached the handler)."""
+    stub = ledger_pb2_grpc.ToolLedgerStub(channel)
+    try:
+        stub.GetToolCall(
+            pb.GetToolCallRequest(ref=pb.CallRef(run_id="r", call_id="c")),
+            metadata=(("authorization", f"Bearer {AGENT_A}"),),
+            timeout=PROBE_TIMEOUT,
+        )
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def secure(
+    target: str,
+    root: bytes,
+    cert: bytes | None = None,
+    key: bytes | None = None,
+) -> grpc.Channel:
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=root, private_key=key, certificate_chain=cert
+    )
+    return grpc.secure_channel(target, credentials)
+
+
+def test_tls_serves_a_client_that_trusts_the_server(short_tmp: Path) -> None:
+    pki = make_pki(short_tmp / "pki")
+    with running_daemon(tls_config(short_tmp / "data", pki, mutual=False)) as d:
+        assert d.endpoints.tcp is not None
+        with secure(d.endpoints.tcp, pki.ca_pem) as channel:
+            assert get(channel) is grpc.StatusCode.NOT_FOUND
+        # A client that trusts another CA refuses the server.
+        with secure(d.endpoints.tcp, pki.untrusted_ca_pem) as channel:
+            assert get(channel) is grpc.StatusCode.UNAVAILABLE
+
+
+def test_plaintext_against_the_tls_port_fails(short_tmp: Path) -> None:
+    pki = make_pki(short_tmp / "pki")
+    with running_daemon(tls_config(short_tmp / "data", pki, mutual=False)) as d:
+        assert d.endpoints.tcp is not None
+        with grpc.insecure_channel(d.endpoints.tcp) as channel:
+            assert get(channel) is grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_requires_a_client_certificate(short_tmp: Path) -> None:
+    pki = make_pki(short_tmp / "pki")
+    with running_daemon(tls_config(short_tmp / "data", pki, mutual=True)) as d:
+        target = d.endpoints.tcp
+        assert target is not None
+        with secure(
+            target, pki.ca_pem, pki.client.cert_pem, pki.client.key_pem
+        ) as channel:
+            assert get(channel) is grpc.StatusCode.NOT_FOUND
+        with secure(target, pki.ca_pem) as channel:
+            assert get(channel) is grpc.StatusCode.UNAVAILABLE
+        untrusted = pki.untrusted_client
+        with secure(target, pki.ca_pem, untrusted.cert_pem, untrusted.key_pem) as ch:
+            assert get(ch) is grpc.StatusCode.UNAVAILABLE
+
+
+def test_without_a_client_ca_no_client_certificate_is_needed(short_tmp: Path) -> None:
+    """Control for the test above: the refusal there comes from the client
+    CA setting, not from the client's channel."""
+    pki = make_pki(short_tmp / "pki")
+    with running_daemon(tls_config(short_tmp / "data", pki, mutual=False)) as d:
+        assert d.endpoints.tcp is not None
+        with secure(d.endpoints.tcp, pki.ca_pem) as channel:
+            assert get(channel) is grpc.StatusCode.NOT_FOUND
+
+
+def test_a_rotated_certificate_serves_new_connections(short_tmp: Path) -> None:
+    """Certificates are re-read at the next handshake after their files
+    change: no restart."""
+    old = make_pki(short_tmp / "old")
+    new = make_pki(short_tmp / "new")
+    live = short_tmp / "live"
+    live.mkdir()
+    cert, key = live / "cert.pem", live / "key.pem"
+    shutil.copy(old.server.cert, cert)
+    shutil.copy(old.server.key, key)
+    config = ServeConfig(
+        data_dir=short_tmp / "data",
+        listen="127.0.0.1:0",
+        tls_cert=cert,
+        tls_key=key,
+        tokens_text=TOKENS,
+    )
+    with running_daemon(config) as d:
+        target = d.endpoints.tcp
+        assert target is not None
+        with secure(target, old.ca_pem) as channel:
+            assert get(channel) is grpc.StatusCode.NOT_FOUND
+        # Rotate: write the new pair beside, then rename over (atomic).
+        for src, dst in ((new.server.cert, cert), (new.server.key, key)):
+            tmp = dst.with_suffix(".tmp")
+            shutil.copy(src, tmp)
+            tmp.replace(dst)
+        with secure(target, new.ca_pem) as channel:
+            assert get(channel) is grpc.StatusCode.NOT_FOUND
+        with secure(target, old.ca_pem) as channel:
+            assert get(channel) is grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("missing", ["tls_cert", "tls_key"])
+def test_tls_needs_both_files(short_tmp: Path, missing: str) -> None:
+    pki = make_pki(short_tmp / "pki")
+    config = replace(
+        ServeConfig(data_dir=short_tmp, listen="127.0.0.1:0", tokens_text=TOKENS),
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+    )
+    broken = (
+        replace(config, tls_cert=None)
+        if missing == "tls_cert"
+        else replace(config, tls_key=None)
+    )
+    with pytest.raises(ValueError, match="tls-cert and tls-key"):
+        broken.validate()

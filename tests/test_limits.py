@@ -1,0 +1,152 @@
+"""Transport limits and the rate limit: overload and abuse get clear
+refusals while others keep being served (issue: limits; reliability-anchors
+§7 "Resource limits")."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import ledger_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.config import Quotas, ServeConfig, ServerLimits
+from sidecar.ledger.rules import Answer, PrepareSpec
+from sidecar.server import Daemon
+from sidecar.services.ledger import LedgerService
+from sidecar.storage.api import Store
+from sidecar.testing import running_daemon
+from tests.rpc.support import refused
+
+
+def prepare(call_id: str, namespace: str = "", size: int = 2) -> pb.PrepareToolRequest:
+    return pb.PrepareToolRequest(
+        ref=pb.CallRef(namespace=namespace, run_id="r", call_id=call_id),
+        tool_name="t",
+        input=pb.Payload(json='"' + "x" * (size - 2) + '"'),
+    )
+
+
+class HeldLedger(LedgerService):
+    """Holds every prepare until the test lets them go."""
+
+    entered = threading.Semaphore(0)
+    release: asyncio.Event
+
+    async def prepare(self, spec: PrepareSpec) -> Answer:
+        self.entered.release()
+        await self.release.wait()
+        return await super().prepare(spec)
+
+
+class HeldDaemon(Daemon):
+    ledger: HeldLedger
+
+    def make_ledger(self, store: Store) -> LedgerService:
+        self.ledger = HeldLedger(store, self._clock, self.config.limits, self.policy)
+        self.ledger.release = asyncio.Event()
+        return self.ledger
+
+
+def test_an_oversized_message_is_resource_exhausted(short_tmp: Path) -> None:
+    limits = ServerLimits(max_message_bytes=64 << 10)
+    config = ServeConfig(data_dir=short_tmp / "data", server_limits=limits)
+    with (
+        running_daemon(config) as daemon,
+        grpc.insecure_channel(daemon.target) as channel,
+    ):
+        ledger = ledger_pb2_grpc.ToolLedgerStub(channel)
+        big = prepare("big", size=65 << 10)
+        refusal = refused(lambda: ledger.PrepareTool(big))
+        assert refusal.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Just under the limit is served.
+        assert ledger.PrepareTool(prepare("fits", size=60 << 10)).call.revision == 1
+
+
+def test_calls_beyond_the_concurrency_limit_are_refused(short_tmp: Path) -> None:
+    limits = ServerLimits(max_concurrent_rpcs=2)
+    config = ServeConfig(data_dir=short_tmp / "data", server_limits=limits)
+    daemon = HeldDaemon(config)
+    with (
+        running_daemon(config, daemon=daemon) as running,
+        grpc.insecure_channel(running.target) as channel,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        ledger = ledger_pb2_grpc.ToolLedgerStub(channel)
+        held = [pool.submit(ledger.PrepareTool, prepare(f"h{i}")) for i in range(2)]
+        for _ in held:
+            assert daemon.ledger.entered.acquire(timeout=10)
+        refusal = refused(lambda: ledger.PrepareTool(prepare("third"), timeout=10))
+        assert refusal.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        running.loop.call_soon_threadsafe(daemon.ledger.release.set)
+        assert all(f.result(timeout=10).call.revision == 1 for f in held)
+        # Once they finished, calls are served again.
+        assert ledger.PrepareTool(prepare("after")).call.revision == 1
+
+
+def test_a_call_without_a_deadline_gets_the_default_one(short_tmp: Path) -> None:
+    limits = ServerLimits(default_deadline_seconds=0.2)
+    config = ServeConfig(data_dir=short_tmp / "data", server_limits=limits)
+    daemon = HeldDaemon(config)
+    with (
+        running_daemon(config, daemon=daemon) as running,
+        grpc.insecure_channel(running.target) as channel,
+    ):
+        ledger = ledger_pb2_grpc.ToolLedgerStub(channel)
+        refusal = refused(lambda: ledger.PrepareTool(prepare("slow")))
+        assert refusal.code is grpc.StatusCode.DEADLINE_EXCEEDED
+        running.loop.call_soon_threadsafe(daemon.ledger.release.set)
+
+
+def test_a_namespace_over_its_rate_is_refused_and_others_are_served(
+    short_tmp: Path,
+) -> None:
+    # One request per 100 s after a burst of 3: the 4th within the test is
+    # over the rate whatever the machine's speed.
+    quotas = Quotas(requests_per_second=0.01, burst=3)
+    config = ServeConfig(data_dir=short_tmp / "data", quotas=quotas)
+    with (
+        running_daemon(config) as daemon,
+        grpc.insecure_channel(daemon.target) as channel,
+    ):
+        ledger = ledger_pb2_grpc.ToolLedgerStub(channel)
+        for i in range(3):
+            ledger.PrepareTool(prepare(f"a{i}", namespace="noisy"))
+        refusal = refused(lambda: ledger.PrepareTool(prepare("a3", namespace="noisy")))
+        assert refusal.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refusal.reason == "RATE_LIMITED"
+        assert refusal.metadata["namespace"] == "noisy"
+        # The well-behaved namespace has its own bucket.
+        for i in range(3):
+            ledger.PrepareTool(prepare(f"b{i}", namespace="quiet"))
+
+
+def test_the_health_port_serves_only_health(short_tmp: Path) -> None:
+    config = replace(
+        ServeConfig(data_dir=short_tmp / "data"), health_listen="127.0.0.1:0"
+    )
+    with running_daemon(config) as running:
+        address = running.daemon.health_address
+        assert address is not None
+        with grpc.insecure_channel(address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            status = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+            ledger = ledger_pb2_grpc.ToolLedgerStub(channel)
+            refusal = refused(lambda: ledger.PrepareTool(prepare("c"), timeout=10))
+            assert refusal.code is grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_world_writable_data_directory_is_refused(short_tmp: Path) -> None:
+    data = short_tmp / "data"
+    data.mkdir()
+    data.chmod(0o777)
+    daemon = Daemon(ServeConfig(data_dir=data))
+    with pytest.raises(ValueError, match="world-writable"):
+        asyncio.run(daemon.start())
