@@ -8,20 +8,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
-from sidecar import __version__, ctl
-from sidecar.config import (
-    DEFAULT_GRACE_SECONDS,
-    DEFAULT_MAP_SIZE,
-    DEFAULT_RETENTION_INTERVAL_SECONDS,
-    ConfigError,
-    ServeConfig,
-)
+from sidecar import __version__, ctl, settings
+from sidecar.config import ConfigError, ServeConfig
 from sidecar.errors import EffectdError
 from sidecar.ledger import policy_change
 from sidecar.locking import AlreadyLocked
+from sidecar.observability import logs
 from sidecar.policy_file import PolicyError
 from sidecar.provider.routes import ProvidersError
 from sidecar.server import Daemon
@@ -30,83 +25,18 @@ from sidecar.storage.lmdb_store import StoreFormatError
 log = logging.getLogger("effectd")
 
 
-def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    text = text.strip().lower().removesuffix("ib").removesuffix("b")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="effectd", description="The effectd sidecar daemon."
     )
     p.add_argument("--version", action="version", version=f"effectd {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the daemon")
-    s.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("EFFECTD_DATA_DIR", ".effectd")),
-        help="LMDB data directory (default .effectd, env EFFECTD_DATA_DIR)",
+    # No abbreviated flags: `--tokens` must not silently mean --tokens-file,
+    # and a new flag must not change what an old abbreviation meant.
+    s = sub.add_parser(
+        "serve", help="run the daemon", epilog=settings.EPILOG, allow_abbrev=False
     )
-    s.add_argument(
-        "--socket",
-        type=Path,
-        default=None,
-        help="Unix socket path (default DATA_DIR/effectd.sock)",
-    )
-    s.add_argument(
-        "--listen",
-        default=None,
-        metavar="HOST:PORT",
-        help="also listen on a loopback TCP address, e.g. 127.0.0.1:50051",
-    )
-    s.add_argument(
-        "--map-size",
-        type=_size,
-        default=DEFAULT_MAP_SIZE,
-        help="LMDB map size, e.g. 8GiB (address space; the file grows as needed)",
-    )
-    s.add_argument(
-        "--no-sync",
-        action="store_true",
-        help="skip fsync: survives a process crash, not a power loss",
-    )
-    s.add_argument(
-        "--grace",
-        type=float,
-        default=DEFAULT_GRACE_SECONDS,
-        help="seconds in-flight calls may take to finish at shutdown",
-    )
-    s.add_argument(
-        "--no-reflection", action="store_true", help="do not serve gRPC reflection"
-    )
-    s.add_argument(
-        "--policy",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="TOML policy file (retries, leases, retention, forced effects); "
-        "reloaded on SIGHUP",
-    )
-    s.add_argument(
-        "--providers",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="TOML file of provider routes (base URL, credential, headers) that "
-        "ProviderCall / ProviderStream may reach; none: no route",
-    )
-    s.add_argument(
-        "--retention-interval",
-        type=float,
-        default=DEFAULT_RETENTION_INTERVAL_SECONDS,
-        metavar="SECONDS",
-        help="seconds between passes that compact acknowledged calls older than "
-        "the retention window to tombstones (default %(default)s)",
-    )
+    settings.add_arguments(s)
     ctl.add_parser(sub)
     return p
 
@@ -163,32 +93,52 @@ def main(
     args = parser().parse_args(argv)
     if args.command == "ctl":
         return ctl.run(args)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        resolved = settings.load(args, os.environ)
+    except ConfigError as exc:
+        print(f"effectd: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        for warning in resolved.warnings:
+            print(f"effectd: warning: {warning}", file=sys.stderr)
+        sys.stdout.write(settings.render(resolved))
+        return 0
+    with _logging(resolved.config):
+        for warning in resolved.warnings:
+            log.warning("%s", warning)
+        return _run(resolved, daemon_class)
+
+
+@contextmanager
+def _logging(config: ServeConfig) -> Iterator[None]:
+    """The daemon's log output while it runs. Undone on return, because
+    tests call `main` in-process: a handler left on the root logger would
+    keep writing to a captured stream that is closed after the test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    logs.configure(config.log_format, config.log_level)
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)
+
+
+def _run(resolved: settings.Resolved, daemon_class: type[Daemon]) -> int:
     # Everything the daemon creates (data files, socket, locks) is private.
     os.umask(0o077)
-    config = ServeConfig(
-        data_dir=args.data_dir,
-        socket=args.socket,
-        listen=args.listen,
-        map_size=args.map_size,
-        sync=not args.no_sync,
-        grace_seconds=args.grace,
-        reflection=not args.no_reflection,
-        policy_file=args.policy,
-        providers_file=args.providers,
-        retention_interval_seconds=args.retention_interval,
-    )
     try:
-        asyncio.run(_serve(config, daemon_class))
-    except (
-        ConfigError,
-        PolicyError,
-        ProvidersError,
-        AlreadyLocked,
-        StoreFormatError,
-    ) as exc:
+        asyncio.run(_serve(resolved.config, daemon_class))
+    except ConfigError as exc:
+        # Raised while starting (a tokens file, a certificate): named as the
+        # user wrote the setting that points at it.
+        print(
+            f"effectd: {settings.relabel(str(exc), resolved.sources)}", file=sys.stderr
+        )
+        return 2
+    except (PolicyError, ProvidersError, AlreadyLocked, StoreFormatError) as exc:
         print(f"effectd: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -22,6 +22,7 @@ from sidecar.cli import parser
 from sidecar.clock import ManualClock
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.services.retention import PassResult, RetentionService
+from sidecar.settings import load
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import assert_serving, expect_refusal, prepare_request, ref
 
@@ -273,4 +274,4 @@ def test_a_failing_pass_is_logged_and_the_daemon_serves(
 def test_the_interval_is_a_serve_flag() -> None:
     """`effectd serve --retention-interval SECONDS` reaches the parser."""
     args = parser().parse_args(["serve", "--retention-interval", "2.5"])
-    assert args.retention_interval == 2.5
+    assert load(args, {}).config.retention_interval_seconds == 2.5
