@@ -12,7 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb_store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import refused
+from tests.support.certs import Pki, make_pki
 from tests.support.processes import ROOT
 
 RUN = "run-1"
@@ -498,3 +499,209 @@ def test_json_of_client_values_is_plain() -> None:
     assert doc["effect"] == "READ"
     assert doc["history"] == ["prepare"]
     assert set(doc) == {f.name for f in dataclasses.fields(ToolCall)}
+
+
+# -- credentials: token file, EFFECTD_TOKEN, TLS ------------------------------
+
+AGENT = "agent-token-0123456789abcdef"
+OPERATOR = "operator-token-0123456789abcdef"
+TOKENS = f"""
+[[token]]
+name = "agent-a"
+secret = "{AGENT}"
+roles = ["agent"]
+namespaces = ["team-a"]
+
+[[token]]
+name = "oncall"
+secret = "{OPERATOR}"
+roles = ["agent", "approver", "operator"]
+namespaces = ["*"]
+"""
+
+
+@pytest.fixture
+def auth_daemon(short_tmp: Path) -> Iterator[RunningDaemon]:
+    """A daemon that requires bearer tokens (TOKENS)."""
+    config = ServeConfig(data_dir=short_tmp / "data", tokens_text=TOKENS)
+    with running_daemon(config) as running:
+        yield running
+
+
+def _token_file(directory: Path, token: str, mode: int = 0o600) -> Path:
+    path = directory / f"token-{mode:o}"
+    path.write_text(token + "\n")
+    path.chmod(mode)
+    return path
+
+
+def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["ctl", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_token_file_or_effectd_token_authenticates(
+    auth_daemon: RunningDaemon,
+    short_tmp: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator's token from a 0600 file, or from EFFECTD_TOKEN, lists the
+    agent's calls of its namespace."""
+    with Client(auth_daemon.target, token=AGENT) as agent:
+        _unknown(agent, "c1")
+    where = ("--target", auth_daemon.target, "--namespace", "team-a")
+    token = _token_file(short_tmp, OPERATOR)
+    code, out, err = _main(capsys, *where, "--token-file", str(token), "list")
+    assert code == 0, err
+    assert [row[0] for row in _rows(out)] == ["UNKNOWN"]
+    monkeypatch.setenv("EFFECTD_TOKEN", OPERATOR)
+    code, out, err = _main(capsys, *where, "--json", "list")
+    assert code == 0, err
+    assert [c["call_id"] for c in json.loads(out)] == ["c1"]
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_a_token_file_others_may_access_is_refused_with_exit_2(
+    short_tmp: Path, capsys: pytest.CaptureFixture[str], mode: int
+) -> None:
+    """A token readable (or writable) by group or others is refused before
+    anything is sent: exit 2 against a daemon that is not even there (it
+    would be 3 if ctl tried), the fix named, the token not printed."""
+    token = _token_file(short_tmp, OPERATOR, mode)
+    absent = f"unix:{short_tmp / 'absent.sock'}"
+    code, _, err = _main(capsys, "--target", absent, "--token-file", str(token), "list")
+    assert code == 2
+    assert f"mode {mode:04o}" in err
+    assert "chmod 600" in err
+    assert OPERATOR not in err
+    token.chmod(0o600)  # the control: the same file, private, gets as far as 3
+    code, _, _ = _main(
+        capsys, "--target", absent, "--timeout", "2", "--token-file", str(token), "list"
+    )
+    assert code == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "No such file"), ("", "empty"), ("two words", "token")],
+)
+def test_a_missing_empty_or_malformed_token_file_exits_2(
+    short_tmp: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str | None,
+    message: str,
+) -> None:
+    """Every unusable token file is a usage error that names the problem."""
+    path = short_tmp / "token"
+    if content is not None:
+        _token_file(short_tmp, content).rename(path)
+    code, _, err = _main(
+        capsys, "--target", "unix:x.sock", "--token-file", str(path), "list"
+    )
+    assert code == 2
+    assert message in err
+
+
+def test_without_a_token_ctl_exits_1_unauthenticated(
+    auth_daemon: RunningDaemon,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No token: refused as UNAUTHENTICATED (exit 1), saying how to give one."""
+    monkeypatch.delenv("EFFECTD_TOKEN", raising=False)
+    code, _, err = _main(capsys, "--target", auth_daemon.target, "list")
+    assert code == 1
+    assert "refused: UNAUTHENTICATED" in err
+    assert "--token-file" in err
+
+
+def test_an_agent_token_may_not_reconcile_exit_1_permission_denied(
+    auth_daemon: RunningDaemon, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The agent's token reconciling: PERMISSION_DENIED (exit 1) naming the
+    role; the operator's (the control) reconciles."""
+    with Client(auth_daemon.target, token=AGENT) as agent:
+        _unknown(agent, "c1")
+    reconcile = ("reconcile", RUN, "c1", "--not-executed")
+    why = ("--reason", "checked", "--evidence", "no charge")
+    where = ("--target", auth_daemon.target, "--namespace", "team-a")
+    agent_token = _token_file(short_tmp, AGENT)
+    code, _, err = _main(
+        capsys, *where, "--token-file", str(agent_token), *reconcile, *why
+    )
+    assert code == 1
+    assert "refused: PERMISSION_DENIED" in err
+    assert "operator" in err
+    operator_token = _token_file(short_tmp, OPERATOR, 0o400)
+    code, _, err = _main(
+        capsys, *where, "--token-file", str(operator_token), *reconcile, *why
+    )
+    assert code == 0, err
+    # No --operator: the audit names the token, not the shell's $USER.
+    code, out, _ = _main(
+        capsys, *where, "--token-file", str(operator_token), "show", RUN, "c1"
+    )
+    assert code == 0
+    reconciled = out.split("\nreconciliations\n")[1]
+    assert "oncall" in _rows(reconciled)[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--tls-cert", "{pki}/client.pem"],
+        ["--tls-key", "{pki}/client-key.pem"],
+        ["--tls-ca", "{pki}/missing.pem"],
+    ],
+    ids=["cert-without-key", "key-without-cert", "missing-ca"],
+)
+def test_bad_tls_options_exit_2(
+    pki: Pki, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """Half a client identity or an unreadable PEM file is a usage error."""
+    args = [a.format(pki=pki.ca.parent) for a in argv]
+    code, _, err = _main(capsys, "--target", "127.0.0.1:1", *args, "list")
+    assert code == 2
+    assert "--tls-" in err
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def test_ctl_over_mutual_tls(
+    short_tmp: Path, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Against a TLS listener requiring client certificates: with the CA, the
+    client certificate and a token ctl is served; without the CA the
+    handshake fails and ctl says the daemon is not reachable (exit 3)."""
+    config = ServeConfig(
+        data_dir=short_tmp / "data",
+        tokens_text=TOKENS,
+        listen="127.0.0.1:0",
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        tls_client_ca=pki.ca,
+    )
+    token = _token_file(short_tmp, OPERATOR)
+    with running_daemon(config) as running:
+        target = running.endpoints.tcp
+        assert target is not None
+        where = ("--target", target, "--token-file", str(token), "--timeout", "5")
+        identity = (
+            "--tls-cert",
+            str(pki.client.cert),
+            "--tls-key",
+            str(pki.client.key),
+        )
+        code, _, err = _main(
+            capsys, *where, "--tls-ca", str(pki.ca), *identity, "audit", "verify"
+        )
+        assert code == 0, err
+        code, _, err = _main(capsys, *where, *identity, "audit", "verify")
+        assert code == 3
+        assert "not reachable" in err

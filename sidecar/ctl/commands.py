@@ -20,6 +20,7 @@ from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, EffectdError, State, ToolCall
+from effectd_client._channel import Connection
 from sidecar.ctl.output import emit_json, enum_name, fields, table, when
 
 T = TypeVar("T")
@@ -34,12 +35,27 @@ _FIRST = {State.UNKNOWN: 0, State.AWAITING_APPROVAL: 1}
 class Console:
     """The daemon as the console sees it: the typed client plus raw stubs."""
 
-    def __init__(self, target: str, namespace: str, timeout: float) -> None:
-        self.target = target
+    def __init__(self, connection: Connection, namespace: str, timeout: float) -> None:
+        self.target = connection.target
         self.namespace = namespace
         self.timeout = timeout
-        self.client = Client(target, namespace=namespace, timeout=timeout)
+        self._connection = connection
+        self.client = Client(
+            connection.target,
+            namespace=namespace,
+            timeout=timeout,
+            # "" rather than None: the console already read EFFECTD_TOKEN.
+            token=connection.token or "",
+            root_certificates=connection.root_certificates,
+            certificate_chain=connection.certificate_chain,
+            private_key=connection.private_key,
+            max_message_bytes=connection.max_message_bytes,
+        )
         self._channel: grpc.Channel | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self._connection.token is not None
 
     def close(self) -> None:
         self.client.close()
@@ -48,7 +64,7 @@ class Console:
 
     def _stub_channel(self) -> grpc.Channel:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.target)
+            self._channel = self._connection.channel()
         return self._channel
 
     @property
@@ -61,14 +77,24 @@ class Console:
 
     def call(self, method: Callable[..., T], request: object) -> T:
         try:
-            return method(request, timeout=self.timeout)
+            return method(
+                request, timeout=self.timeout, metadata=self._connection.metadata
+            )
         except grpc.RpcError as exc:
             raise EffectdError.from_rpc_error(exc) from None
 
 
-def _user(name: str | None) -> str:
+def _actor(con: Console, name: str | None) -> str:
+    """Who the audit log records. With a token the daemon records the
+    token's name (and refuses any other), so none is sent unless given."""
     if name:
         return name
+    if con.authenticated:
+        return ""
+    return _user()
+
+
+def _user() -> str:
     try:
         return os.environ.get("USER") or getpass.getuser()
     except (OSError, KeyError):  # no passwd entry for the uid
@@ -210,7 +236,7 @@ def decide(con: Console, args: argparse.Namespace) -> int:
         args.run,
         args.call,
         approve=args.ctl_command == "approve",
-        approver=_user(args.approver),
+        approver=_actor(con, args.approver),
         reason=args.reason,
         expected_revision=seen.revision,
         input_fingerprint=seen.input_fingerprint,
@@ -225,7 +251,7 @@ def reconcile(con: Console, args: argparse.Namespace) -> int:
         args.run,
         args.call,
         expected_revision=seen.revision,
-        operator=_user(args.operator),
+        operator=_actor(con, args.operator),
         reason=args.reason,
         evidence=args.evidence,
         result=args.result,

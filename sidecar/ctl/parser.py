@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 
 
 def default_target() -> str:
-    """`unix:` the socket of the default data directory (env EFFECTD_DATA_DIR)."""
+    """`unix:` the daemon's socket as `effectd serve` finds it: env
+    EFFECTD_SOCKET (the container image sets it), else the socket of the
+    default data directory (env EFFECTD_DATA_DIR)."""
+    socket = os.environ.get("EFFECTD_SOCKET")
+    if socket:
+        return f"unix:{socket}"
     data_dir = Path(os.environ.get("EFFECTD_DATA_DIR", ".effectd"))
     return f"unix:{data_dir / 'effectd.sock'}"
 
@@ -68,7 +73,7 @@ def _decision(sub: Subparsers, name: str, verb: str) -> None:
         "--approver",
         default=None,
         metavar="NAME",
-        help="who decides (default $USER)",
+        help="who decides (default $USER; with a token, the token's name)",
     )
 
 
@@ -86,8 +91,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="PATH",
-        help="the daemon's Unix socket (default $EFFECTD_DATA_DIR/effectd.sock, "
-        "else .effectd/effectd.sock)",
+        help="the daemon's Unix socket (default $EFFECTD_SOCKET, else "
+        "$EFFECTD_DATA_DIR/effectd.sock, else .effectd/effectd.sock)",
     )
     where.add_argument(
         "--target",
@@ -108,6 +113,35 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         default=DEFAULT_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="deadline of each RPC (default %(default)s)",
+    )
+    ctl.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a file holding the bearer token, readable by its owner only "
+        "(default: $EFFECTD_TOKEN when set, else no token)",
+    )
+    ctl.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS: PEM roots that verify the daemon's certificate",
+    )
+    ctl.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS: PEM client certificate, for a daemon that requires one",
+    )
+    ctl.add_argument(
+        "--tls-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS: PEM private key of --tls-cert",
     )
     cmds = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
 
@@ -167,7 +201,10 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         help="what was checked in the target system (kept in the audit log)",
     )
     p.add_argument(
-        "--operator", default=None, metavar="NAME", help="who (default $USER)"
+        "--operator",
+        default=None,
+        metavar="NAME",
+        help="who (default $USER; with a token, the token's name)",
     )
 
     p = cmds.add_parser(

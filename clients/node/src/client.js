@@ -5,7 +5,8 @@
  * to an EffectdError (subclass) here, and nowhere else.
  */
 
-const grpc = require('@grpc/grpc-js');
+const { inspect } = require('node:util');
+const { connection } = require('./connection');
 const { load } = require('./proto');
 const { fromServiceError } = require('./errors');
 const c = require('./convert');
@@ -18,7 +19,13 @@ class Client {
    * @param {string} [options.target] `unix:PATH` or `HOST:PORT` (default `unix:.effectd/effectd.sock`).
    * @param {string} [options.namespace] '' means "default".
    * @param {number} [options.timeoutMs] deadline of every call (default 10 s).
-   * @param {grpc.ChannelCredentials} [options.credentials] default insecure (local socket).
+   * @param {string} [options.token] bearer token, sent as `authorization: Bearer` metadata on
+   *   every call (default `EFFECTD_TOKEN`; '' sends none). Never shown by inspecting the client.
+   * @param {true | {ca?: Buffer, cert?: Buffer, key?: Buffer}} [options.tls] TLS: `ca` verifies the
+   *   daemon (default the system roots), `cert` and `key` are the client's own (mutual TLS).
+   * @param {number} [options.maxMessageBytes] largest message sent or received (default 8 MiB,
+   *   the daemon's default).
+   * @param {grpc.ChannelCredentials} [options.credentials] default insecure (local socket); not with `tls`.
    * @param {object} [options.channelOptions] passed to @grpc/grpc-js.
    * @param {string} [options.protosDir] where effectd/v1/*.proto are (default the repository's protos/).
    */
@@ -26,7 +33,10 @@ class Client {
     target = DEFAULT_TARGET,
     namespace = '',
     timeoutMs = 10_000,
-    credentials = grpc.credentials.createInsecure(),
+    token,
+    tls,
+    maxMessageBytes,
+    credentials,
     channelOptions = {},
     protosDir,
   } = {}) {
@@ -34,12 +44,21 @@ class Client {
     this.target = target;
     this.namespace = namespace;
     this.timeoutMs = timeoutMs;
-    this._ledger = new services.ledger(target, credentials, channelOptions);
+    const conn = connection({ token, tls, credentials, maxMessageBytes, channelOptions });
+    this._connection = conn;
+    credentials = conn.credentials;
+    this._ledger = new services.ledger(target, credentials, conn.channelOptions);
     // The other stubs share the first one's channel.
     const shared = { channelOverride: this._ledger.getChannel() };
     this._checkpoints = new services.checkpoints(target, credentials, shared);
     this._recovery = new services.recovery(target, credentials, shared);
     this._retry = new services.retry(target, credentials, shared);
+  }
+
+  /** What `console.log` and `util.inspect` show: whether a token is set, never the token. */
+  [inspect.custom]() {
+    const token = this._connection.hasToken ? ", token: '<hidden>'" : '';
+    return `Client { target: '${this.target}', namespace: '${this.namespace}', tls: ${this._connection.secure}${token} }`;
   }
 
   /** Closes the channel; pending calls fail. */
@@ -49,7 +68,8 @@ class Client {
 
   _call(stub, method, request) {
     return new Promise((resolve, reject) => {
-      stub[method](request, { deadline: Date.now() + this.timeoutMs }, (error, response) => {
+      const options = { deadline: Date.now() + this.timeoutMs };
+      stub[method](request, this._connection.metadata(), options, (error, response) => {
         if (error) reject(fromServiceError(error));
         else resolve(response);
       });

@@ -76,6 +76,9 @@ Object.defineProperty(errors.REVISION_CONFLICT.prototype, 'currentRevision', {
   },
 });
 
+// The codes that mean exactly one ErrorReason, whoever sent them.
+const REASON_OF_CODE = ['UNAUTHENTICATED', 'PERMISSION_DENIED'];
+
 function decodeDetails(metadata) {
   const found = { reason: '', metadata: {}, violations: [], retryDelayMs: null };
   const values = metadata && typeof metadata.get === 'function' ? metadata.get(DETAILS_KEY) : [];
@@ -114,7 +117,11 @@ function decodeDetails(metadata) {
 function fromServiceError(error) {
   if (error instanceof EffectdError) return error;
   const code = typeof error.code === 'number' ? grpc.status[error.code] || String(error.code) : 'UNKNOWN';
-  const { reason, metadata, violations, retryDelayMs } = decodeDetails(error.metadata);
+  const details = decodeDetails(error.metadata);
+  const { metadata, violations, retryDelayMs } = details;
+  // A refusal made before the daemon's error table (a proxy, a transport
+  // check) still names its one possible reason.
+  const reason = details.reason || (REASON_OF_CODE.includes(code) ? code : '');
   const Cls = Object.hasOwn(errors, reason) ? errors[reason] : EffectdError;
   return new Cls({
     code,

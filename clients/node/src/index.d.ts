@@ -139,10 +139,23 @@ export interface RetryDecision {
   idempotencyKey: string;
 }
 
+/** TLS material, PEM: `ca` verifies the daemon (default the system roots); `cert` and `key` are the client's (mutual TLS). */
+export interface TlsOptions {
+  ca?: Buffer;
+  cert?: Buffer;
+  key?: Buffer;
+}
+
 export interface ClientOptions {
   target?: string;
   namespace?: string;
   timeoutMs?: number;
+  /** Bearer token sent as `authorization: Bearer` on every call; default `EFFECTD_TOKEN`, '' sends none. */
+  token?: string;
+  /** TLS to the daemon; `true` trusts the system roots. Not together with `credentials`. */
+  tls?: true | TlsOptions;
+  /** Largest message sent or received, both directions; default 8 MiB (the daemon's default). */
+  maxMessageBytes?: number;
   credentials?: ChannelCredentials;
   channelOptions?: ChannelOptions;
   protosDir?: string;

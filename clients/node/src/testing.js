@@ -23,12 +23,15 @@ const DEFAULT_PYTHON = path.resolve(__dirname, '..', '..', '..', '.venv', 'bin',
  * @param {object} [options]
  * @param {string} [options.python] default EFFECTD_PYTHON, else ../../.venv/bin/python.
  * @param {string[]} [options.args] more `effectd serve` arguments.
+ * @param {Record<string, string>} [options.env] more environment variables of the daemon, e.g.
+ *   `EFFECTD_TOKENS` (the tokens TOML) to require bearer tokens.
  * @param {number} [options.readyTimeoutMs] default 20 s.
- * @returns {Promise<{target: string, socket: string, dataDir: string, process: import('node:child_process').ChildProcess, stop: () => Promise<void>}>}
+ * @returns {Promise<{target: string, tcp: string | null, socket: string, dataDir: string, process: import('node:child_process').ChildProcess, stop: () => Promise<void>}>}
  */
 async function startDaemon({
   python = process.env.EFFECTD_PYTHON || DEFAULT_PYTHON,
   args = ['--no-sync'],
+  env = {},
   readyTimeoutMs = 20_000,
 } = {}) {
   // Unix socket paths are limited to ~107 bytes: keep the directory short.
@@ -37,6 +40,7 @@ async function startDaemon({
   const socket = path.join(dataDir, 'effectd.sock');
   const child = spawn(python, ['-m', 'sidecar', 'serve', '--data-dir', dataDir, ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, ...env },
   });
   const killOnExit = () => child.kill('SIGKILL');
   process.once('exit', killOnExit);
@@ -60,7 +64,8 @@ async function startDaemon({
       child.stderr.setEncoding('utf8');
       child.stderr.on('data', (chunk) => {
         stderr += chunk;
-        if (/\bready\b/.test(stderr) && fs.existsSync(socket)) {
+        // The whole ready line: it names the TCP address too.
+        if (/\bready on [^\n]*\n/.test(stderr) && fs.existsSync(socket)) {
           clearTimeout(timer);
           resolve();
         }
@@ -85,7 +90,9 @@ async function startDaemon({
     fs.rmSync(dataDir, { recursive: true, force: true });
   }
 
-  return { target: `unix:${socket}`, socket, dataDir, process: child, stop, stderr: () => stderr };
+  // "effectd X ready on unix:PATH and HOST:PORT" when a TCP listener was asked for.
+  const tcp = stderr.match(/\bready on \S+ and (\S+)/)?.[1] ?? null;
+  return { target: `unix:${socket}`, tcp, socket, dataDir, process: child, stop, stderr: () => stderr };
 }
 
 module.exports = { startDaemon, DEFAULT_PYTHON };

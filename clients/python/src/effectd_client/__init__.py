@@ -12,6 +12,14 @@ named after its `ErrorReason`.
 
 `EffectdTransport` (and its async and httpx2 siblings) send an SDK's HTTP
 requests through the daemon's Provider service: see `effectd_client._transport`.
+
+Every entry point takes the same connection options (`effectd_client._channel`):
+`token=` (sent as `authorization: Bearer` metadata; default `EFFECTD_TOKEN`),
+TLS with `root_certificates=`, `certificate_chain=` and `private_key=` (or
+`tls=True` for the system roots), and `max_message_bytes=` (default 8 MiB, the
+daemon's). `Run` and `AsyncRun` use their client's.
+
+    Client("127.0.0.1:50051", token=token, root_certificates=ca_pem)
 """
 
 from effectd_client._aio import AsyncClient as AsyncClient

@@ -13,6 +13,7 @@ import grpc
 from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 
 from effectd_client import _requests as req
+from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, connection
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
 from effectd_client._types import (
@@ -31,6 +32,7 @@ class AsyncClient:
     """An asyncio connection to effectd (`unix:PATH` or `HOST:PORT`).
 
     Create and use it inside a running event loop; `async with` closes it.
+    The options are those of `Client`.
     """
 
     def __init__(
@@ -39,13 +41,32 @@ class AsyncClient:
         *,
         namespace: str = "",
         timeout: float = 10.0,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target)
+        self._connection = connection(
+            target,
+            token=token,
+            tls=tls,
+            root_certificates=root_certificates,
+            certificate_chain=certificate_chain,
+            private_key=private_key,
+            max_message_bytes=max_message_bytes,
+        )
+        self._metadata = self._connection.metadata
+        self._channel = self._connection.aio_channel()
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
+
+    def __repr__(self) -> str:
+        return self._connection.describe("AsyncClient", self.namespace)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -58,7 +79,7 @@ class AsyncClient:
 
     async def _call(self, method: Callable[..., Awaitable[T]], request: object) -> T:
         try:
-            return await method(request, timeout=self.timeout)
+            return await method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise EffectdError.from_rpc_error(exc) from None
 

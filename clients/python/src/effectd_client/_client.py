@@ -9,6 +9,7 @@ import grpc
 from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 
 from effectd_client import _requests as req
+from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, connection
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
 from effectd_client._types import (
@@ -24,7 +25,26 @@ T = TypeVar("T")
 
 
 class Client:
-    """A connection to effectd (`unix:PATH` or `HOST:PORT`)."""
+    """A connection to effectd (`unix:PATH` or `HOST:PORT`).
+
+    Args:
+        target: `unix:PATH` or `HOST:PORT`.
+        namespace: sent with every request; with authentication on, empty
+            means the token's namespace when it grants exactly one.
+        timeout: the deadline of each call, in seconds.
+        token: the bearer token, sent as `authorization: Bearer` metadata on
+            every call; None reads `EFFECTD_TOKEN`, "" sends none. Never
+            shown by `repr()`.
+        tls: TLS with the system's root certificates; implied by any of the
+            three PEM options.
+        root_certificates: PEM roots that verify the daemon's certificate.
+        certificate_chain: PEM client certificate (mutual TLS), with
+            `private_key`.
+        private_key: PEM key of `certificate_chain`.
+        max_message_bytes: the largest message sent or received, by
+            default the daemon's own default (8 MiB); a larger request
+            fails before it is sent, as RESOURCE_EXHAUSTED.
+    """
 
     def __init__(
         self,
@@ -32,13 +52,32 @@ class Client:
         *,
         namespace: str = "",
         timeout: float = 10.0,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target)
+        self._connection = connection(
+            target,
+            token=token,
+            tls=tls,
+            root_certificates=root_certificates,
+            certificate_chain=certificate_chain,
+            private_key=private_key,
+            max_message_bytes=max_message_bytes,
+        )
+        self._metadata = self._connection.metadata
+        self._channel = self._connection.channel()
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
+
+    def __repr__(self) -> str:
+        return self._connection.describe("Client", self.namespace)
 
     def __enter__(self) -> Client:
         return self
@@ -51,7 +90,7 @@ class Client:
 
     def _call(self, method: Callable[..., T], request: object) -> T:
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise EffectdError.from_rpc_error(exc) from None
 

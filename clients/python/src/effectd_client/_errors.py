@@ -9,6 +9,11 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 _DETAILS_KEY = "grpc-status-details-bin"
+# The codes that mean exactly one ErrorReason, whoever sent them.
+_REASON_OF_CODE = {
+    grpc.StatusCode.UNAUTHENTICATED: "UNAUTHENTICATED",
+    grpc.StatusCode.PERMISSION_DENIED: "PERMISSION_DENIED",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +80,13 @@ class EffectdError(Exception):
                 retry = error_details_pb2.RetryInfo()
                 detail.Unpack(retry)
                 retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+        code = call.code()
+        if not reason:
+            # A refusal made before the daemon's error table (a proxy, a
+            # transport-level check) still names its one possible reason.
+            reason = _REASON_OF_CODE.get(code, "")
         return class_of(reason)(
-            call.code(),
+            code,
             reason,
             call.details() or "",
             metadata,

@@ -51,6 +51,7 @@ import httpx
 from effectd.v1 import provider_pb2 as pb
 from effectd.v1 import provider_pb2_grpc
 
+from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._errors import EffectdError
 
 if TYPE_CHECKING:
@@ -257,9 +258,10 @@ class _BrokenAfter(Exception):
 
 
 class _SyncCore:
-    def __init__(self, target: str, options: _Options) -> None:
+    def __init__(self, connection: Connection, options: _Options) -> None:
         self._options = options
-        self._channel = grpc.insecure_channel(target)
+        self._metadata = connection.metadata
+        self._channel = connection.channel()
         self._stub = provider_pb2_grpc.ProviderStub(self._channel)
 
     def exchange(
@@ -271,9 +273,13 @@ class _SyncCore:
         timeout = self._options.timeout
         try:
             if not wants_stream(headers, body):
-                msg = self._stub.ProviderCall(req, timeout=timeout)
+                msg = self._stub.ProviderCall(
+                    req, timeout=timeout, metadata=self._metadata
+                )
                 return _unary(msg), None, _nothing
-            call = self._stub.ProviderStream(req, timeout=timeout)
+            call = self._stub.ProviderStream(
+                req, timeout=timeout, metadata=self._metadata
+            )
             messages: Iterator[pb.ProviderStreamMessage] = iter(call)
             first = next(messages)
         except grpc.RpcError as exc:
@@ -314,15 +320,16 @@ def _sync_chunks(
 
 
 class _AsyncCore:
-    def __init__(self, target: str, options: _Options) -> None:
-        self._target = target
+    def __init__(self, connection: Connection, options: _Options) -> None:
+        self._connection = connection
+        self._metadata = connection.metadata
         self._options = options
         self._channel: grpc.aio.Channel | None = None
 
     def _stub(self) -> provider_pb2_grpc.ProviderAsyncStub:
         # Made on first use: an aio channel belongs to the running loop.
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._target)
+            self._channel = self._connection.aio_channel()
         return provider_pb2_grpc.ProviderStub(self._channel)
 
     async def exchange(
@@ -333,9 +340,11 @@ class _AsyncCore:
         stub = self._stub()
         try:
             if not wants_stream(headers, body):
-                msg = await stub.ProviderCall(req, timeout=timeout)
+                msg = await stub.ProviderCall(
+                    req, timeout=timeout, metadata=self._metadata
+                )
                 return _unary(msg), None, _nothing
-            call = stub.ProviderStream(req, timeout=timeout)
+            call = stub.ProviderStream(req, timeout=timeout, metadata=self._metadata)
             messages = aiter(call)
             first = await anext(messages, None)
         except grpc.RpcError as exc:
@@ -437,7 +446,9 @@ class EffectdTransport(httpx.BaseTransport):
     `timeout`: the gRPC deadline in seconds, covering the sidecar's retries
     and a whole stream (None: the daemon's 600 s). `max_retries`: lowers
     the route's retry cap. `drop_headers`: more request headers not to send
-    (those the route injects itself, which the sidecar refuses).
+    (those the route injects itself, which the sidecar refuses). `token`,
+    `tls`, `root_certificates`, `certificate_chain`, `private_key` and
+    `max_message_bytes` reach the daemon as they do for `Client`.
     """
 
     def __init__(
@@ -448,9 +459,24 @@ class EffectdTransport(httpx.BaseTransport):
         timeout: float | None = None,
         max_retries: int | None = None,
         drop_headers: Iterable[str] = (),
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._core = _SyncCore(
-            target, _options(route, timeout, max_retries, drop_headers)
+            connection(
+                target,
+                token=token,
+                tls=tls,
+                root_certificates=root_certificates,
+                certificate_chain=certificate_chain,
+                private_key=private_key,
+                max_message_bytes=max_message_bytes,
+            ),
+            _options(route, timeout, max_retries, drop_headers),
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -490,9 +516,24 @@ class AsyncEffectdTransport(httpx.AsyncBaseTransport):
         timeout: float | None = None,
         max_retries: int | None = None,
         drop_headers: Iterable[str] = (),
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._core = _AsyncCore(
-            target, _options(route, timeout, max_retries, drop_headers)
+            connection(
+                target,
+                token=token,
+                tls=tls,
+                root_certificates=root_certificates,
+                certificate_chain=certificate_chain,
+                private_key=private_key,
+                max_message_bytes=max_message_bytes,
+            ),
+            _options(route, timeout, max_retries, drop_headers),
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -591,9 +632,24 @@ class Httpx2EffectdTransport(_Httpx2Base):
         timeout: float | None = None,
         max_retries: int | None = None,
         drop_headers: Iterable[str] = (),
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._core = _SyncCore(
-            target, _options(route, timeout, max_retries, drop_headers)
+            connection(
+                target,
+                token=token,
+                tls=tls,
+                root_certificates=root_certificates,
+                certificate_chain=certificate_chain,
+                private_key=private_key,
+                max_message_bytes=max_message_bytes,
+            ),
+            _options(route, timeout, max_retries, drop_headers),
         )
 
     def __enter__(self) -> Httpx2EffectdTransport:
@@ -644,9 +700,24 @@ class AsyncHttpx2EffectdTransport(_AsyncHttpx2Base):
         timeout: float | None = None,
         max_retries: int | None = None,
         drop_headers: Iterable[str] = (),
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self._core = _AsyncCore(
-            target, _options(route, timeout, max_retries, drop_headers)
+            connection(
+                target,
+                token=token,
+                tls=tls,
+                root_certificates=root_certificates,
+                certificate_chain=certificate_chain,
+                private_key=private_key,
+                max_message_bytes=max_message_bytes,
+            ),
+            _options(route, timeout, max_retries, drop_headers),
         )
 
     async def __aenter__(self) -> AsyncHttpx2EffectdTransport:
