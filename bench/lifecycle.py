@@ -4,8 +4,10 @@ One lifecycle is PrepareTool(start=True) + CommitTool over the Unix socket,
 durable (fsync on every commit, the daemon's default). The baseline is a
 plain grpc.aio echo server answering the same two round trips with no work.
 Both servers are separate processes; the load comes from a third, with 1 and
-32 calls in flight. The machine is shared and noisy: read the ratios, not the
-absolute numbers.
+32 calls in flight. A second daemon with authentication on (a bearer token
+on every call) and metrics served measures what the gate costs (token check,
+metrics, the access log line) against the first. The machine is shared and
+noisy: read the ratios, not the absolute numbers.
 
     python bench/lifecycle.py [--seconds 3]
 """
@@ -19,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -29,6 +32,14 @@ from effectd.v1 import ledger_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO = "/bench.Echo/Echo"
+TOKEN = "bench-token-0123456789abcdef"  # noqa: S105 (a made-up token)
+TOKENS = f"""
+[[token]]
+name = "bench"
+secret = "{TOKEN}"
+roles = ["agent"]
+namespaces = ["default"]
+"""
 
 
 async def echo_server(address: str) -> None:
@@ -96,6 +107,7 @@ async def client(kind: str, target: str, in_flight: int, seconds: float) -> None
 
         else:
             stub = ledger_pb2_grpc.ToolLedgerStub(channel)
+            md = (("authorization", f"Bearer {TOKEN}"),) if kind == "auth" else ()
 
             async def op(i: int) -> None:
                 ref = pb.CallRef(run_id=run, call_id=str(i))
@@ -105,7 +117,8 @@ async def client(kind: str, target: str, in_flight: int, seconds: float) -> None
                         tool_name="t",
                         input=pb.Payload(json='{"a":1}'),
                         start=True,
-                    )
+                    ),
+                    metadata=md,
                 )
                 result = pb.ToolResult(
                     outcome=pb.OUTCOME_OK, payload=pb.Payload(json="{}")
@@ -113,13 +126,14 @@ async def client(kind: str, target: str, in_flight: int, seconds: float) -> None
                 await stub.CommitTool(
                     pb.CommitToolRequest(
                         ref=ref, attempt=started.call.attempt, result=result
-                    )
+                    ),
+                    metadata=md,
                 )
 
         print(json.dumps(await measure(op, in_flight, seconds)), flush=True)
 
 
-def _spawn(args: list[str]) -> subprocess.Popen[str]:
+def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *args],
         cwd=ROOT,
@@ -127,7 +141,22 @@ def _spawn(args: list[str]) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
+
+
+def _daemon(
+    data_dir: str, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """A daemon, once it is ready; its log (one access line per call) is
+    drained in a thread so a full pipe never stalls it."""
+    proc = _spawn(["-m", "sidecar", "serve", "--data-dir", data_dir, *flags], env)
+    assert proc.stderr is not None
+    while "ready" not in proc.stderr.readline():
+        if proc.poll() is not None:
+            raise RuntimeError("the daemon did not start")
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc
 
 
 def _load(kind: str, target: str, in_flight: int, seconds: float) -> dict[str, float]:
@@ -161,29 +190,44 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="effectd-bench-", dir="/tmp") as tmp:
         echo_target = f"unix:{tmp}/echo.sock"
         echo = _spawn([__file__, "--echo-server", echo_target])
-        daemon = _spawn(["-m", "sidecar", "serve", "--data-dir", f"{tmp}/data"])
+        procs = [echo]
         try:
             assert echo.stdout is not None
             echo.stdout.readline()
-            assert daemon.stderr is not None
-            while "ready" not in daemon.stderr.readline():
-                pass
+            procs.append(_daemon(f"{tmp}/data"))
+            procs.append(
+                _daemon(
+                    f"{tmp}/auth",
+                    "--metrics-listen",
+                    "127.0.0.1:0",
+                    env={"EFFECTD_TOKENS": TOKENS},
+                )
+            )
             target = f"unix:{tmp}/data/effectd.sock"
+            auth_target = f"unix:{tmp}/auth/effectd.sock"
             print(f"effectd lifecycle bench: {args.seconds:g} s a point, durable")
             _row("in flight", "what", "ops/s", "p50 ms", "p99 ms")
+            keys = ("ops_s", "p50_ms", "p99_ms")
             for n in (1, 32):
                 base = _load("echo", echo_target, n, args.seconds)
                 life = _load("lifecycle", target, n, args.seconds)
-                for name, r in (("echo x2 (baseline)", base), ("lifecycle", life)):
-                    _row(
-                        n, name, *(f"{r[k]:.2f}" for k in ("ops_s", "p50_ms", "p99_ms"))
-                    )
-                ratios = (
-                    f"{life[k] / base[k]:.2f}" for k in ("ops_s", "p50_ms", "p99_ms")
+                auth = _load("auth", auth_target, n, args.seconds)
+                for name, r in (
+                    ("echo x2 (baseline)", base),
+                    ("lifecycle", life),
+                    ("lifecycle, auth+metrics", auth),
+                ):
+                    _row(n, name, *(f"{r[k]:.2f}" for k in keys))
+                _row(
+                    n,
+                    "ratio lifecycle/echo",
+                    *(f"{life[k] / base[k]:.2f}" for k in keys),
                 )
-                _row(n, "ratio lifecycle/echo", *ratios)
+                _row(
+                    n, "ratio auth/no auth", *(f"{auth[k] / life[k]:.2f}" for k in keys)
+                )
         finally:
-            for proc in (echo, daemon):
+            for proc in procs:
                 if proc.stdin is not None:
                     proc.stdin.close()
                 proc.terminate()

@@ -312,8 +312,16 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             self._observer.rpc_finished(state.method, code, seconds)
             if state.reason:
                 self._observer.refused(state.reason)
+        # Refusals and failures at INFO (security-relevant: a wrong token, a
+        # denied role), answered calls at DEBUG: a line per call costs as
+        # much as the call's own work (bench/lifecycle.py), and the metrics
+        # count every call anyway.
+        level = logging.DEBUG if code is grpc.StatusCode.OK else logging.INFO
+        if not access_log.isEnabledFor(level):
+            return
         # Never the request, its payloads or the token: names and outcomes.
-        access_log.info(
+        access_log.log(
+            level,
             "rpc",
             extra={
                 "method": state.method,
