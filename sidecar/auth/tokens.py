@@ -14,6 +14,7 @@ Only digests are kept in memory; a token is never logged.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tomllib
 from collections.abc import Mapping
@@ -53,7 +54,7 @@ def parse(text: str, setting: str = "EFFECTD_TOKENS") -> Credentials:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # The message quotes no input: it may be a token.
-        raise ConfigError(f"{setting}: not valid TOML (line {_line(exc)})") from None
+        raise ConfigError(f"{setting}: not valid TOML ({_where(exc)})") from None
     unknown = set(doc) - {"token"}
     if unknown:
         raise ConfigError(f"{setting}: unknown key {sorted(unknown)[0]!r}")
@@ -73,8 +74,11 @@ def parse(text: str, setting: str = "EFFECTD_TOKENS") -> Credentials:
     return Credentials(credentials)
 
 
-def _line(exc: tomllib.TOMLDecodeError) -> str:
-    return str(getattr(exc, "lineno", "?"))
+def _where(exc: tomllib.TOMLDecodeError) -> str:
+    """Where the error is, from tomllib's message "... (at line N, column M)";
+    the rest of the message may quote the text, which may hold a token."""
+    found = re.search(r"\((at [a-z0-9 ,]+)\)$", str(exc))
+    return found.group(1) if found else "position unknown"
 
 
 def _credential(table: Any, where: str) -> Credential:

@@ -353,3 +353,9 @@ def test_a_stream_passes_the_same_gate(short_tmp: Path) -> None:
             with pytest.raises(grpc.RpcError) as info:
                 list(s.provider.ProviderStream(request, metadata=s.metadata))
             assert info.value.code() is code, token
+
+
+def test_a_tokens_text_that_is_not_toml_is_refused_without_quoting_it() -> None:
+    with pytest.raises(ConfigError, match=r"not valid TOML \(at line 2") as info:
+        tokens.parse('[[token]]\nsecret = "a-secret-in-broken-toml" junk\n')
+    assert "a-secret-in-broken-toml" not in str(info.value)
