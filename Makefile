@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: run test check node-test protos bench clean
+.PHONY: run test check node-test protos bench image-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ protos: $(DEV_INSTALLED)
 bench: $(DEV_INSTALLED)
 	$(PY) bench/lifecycle.py
 	$(PY) bench/serving_model.py
+
+## image-test: build the container image with podman and probe it (opt-in; root,
+## installs podman, buildah, debootstrap and runc with apt-get if missing)
+image-test: $(INSTALLED)
+	PY=$(abspath $(PY)) scripts/image_test.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .coverage

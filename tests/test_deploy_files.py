@@ -1,0 +1,497 @@
+"""The deployment artefacts parse and keep their security properties.
+
+`Dockerfile`, `deploy/kubernetes/` and `deploy/systemd/` are read by tools
+this suite cannot run everywhere (a container engine, a cluster, systemd),
+so their claims are checked statically: the image runs as a fixed non-root
+user with a HEALTHCHECK through `sidecar.probe`; effectd is a native sidecar
+with gRPC probes on its health port, a socket on a shared in-memory volume,
+data on a claim, tokens from a Secret, and a restricted security context;
+the systemd unit carries its hardening. The daemon arguments each of them
+passes are resolved by the daemon's own configuration code. Each checker is
+also run on a broken copy, which it must reject (the negative control).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sidecar import cli, settings
+from sidecar.auth import tokens
+from sidecar.config import ServeConfig, split_host_port
+from sidecar.policy_file import parse_policy
+from tests.support.processes import ROOT
+
+KUBE = ROOT / "deploy" / "kubernetes"
+UNIT = ROOT / "deploy" / "systemd" / "effectd.service"
+IMAGE_UID = 10001
+
+Instructions = list[tuple[str, str]]
+Unit = dict[str, dict[str, list[str]]]
+
+
+# --- reading the artefacts ---------------------------------------------------
+
+
+def dockerfile(text: str) -> Instructions:
+    """(INSTRUCTION, arguments) pairs; continuations joined, comments dropped."""
+    out: Instructions = []
+    pending = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        word, _, rest = (pending + stripped).partition(" ")
+        out.append((word.upper(), rest.strip()))
+        pending = ""
+    return out
+
+
+def image_env(instructions: Instructions) -> dict[str, str]:
+    """The final stage's ENV (the run stage is the last FROM)."""
+    last_from = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
+    env: dict[str, str] = {}
+    for word, rest in instructions[last_from:]:
+        if word == "ENV":
+            for pair in shlex.split(rest):
+                key, _, value = pair.partition("=")
+                env[key] = value
+    return env
+
+
+def systemd_unit(text: str) -> Unit:
+    """Section → key → values (a key may repeat); continuations joined."""
+    unit: Unit = {}
+    section: dict[str, list[str]] = {}
+    pending = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith(("#", ";"))):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        stripped, pending = pending + stripped, ""
+        if stripped.startswith("[") and stripped.endswith("]"):
+            section = unit.setdefault(stripped[1:-1], {})
+            continue
+        key, _, value = stripped.partition("=")
+        section.setdefault(key.strip(), []).append(value.strip())
+    return unit
+
+
+def kube_documents() -> Iterator[Any]:
+    for path in sorted(KUBE.glob("*.yaml")):
+        yield from yaml.safe_load_all(path.read_text())
+
+
+def deployment() -> Any:
+    (found,) = [d for d in kube_documents() if d.get("kind") == "Deployment"]
+    return found
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg.startswith(f"{flag}="):
+            return arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def effective(args: list[str], environ: dict[str, str]) -> ServeConfig:
+    """The configuration `effectd serve ARGS` resolves in that environment,
+    by the daemon's own settings code (an unknown flag fails here)."""
+    return settings.load(cli.parser().parse_args(["serve", *args]), environ).config
+
+
+def container_config(c: Any) -> ServeConfig:
+    """A container's effective daemon configuration: the image's environment,
+    then the container's, then its arguments."""
+    env = image_env(dockerfile((ROOT / "Dockerfile").read_text()))
+    env.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
+    return effective(c.get("args", []), env)
+
+
+def under(path: str, mount: str) -> bool:
+    return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+
+# --- the checkers: each returns what is wrong --------------------------------
+
+
+def dockerfile_problems(instructions: Instructions) -> list[str]:
+    found = []
+    words = [w for w, _ in instructions]
+    if ("ARG", "BASE=python:3.11-slim") not in instructions or words.index(
+        "ARG"
+    ) > words.index("FROM"):
+        found.append("no ARG BASE=python:3.11-slim before the first FROM")
+    froms = [rest for w, rest in instructions if w == "FROM"]
+    if len(froms) < 2 or any(not f.startswith("${BASE}") for f in froms):
+        found.append(f"not a multi-stage build on ${{BASE}}: {froms}")
+    users = [rest for w, rest in instructions if w == "USER"]
+    if not users or users[-1] != f"{IMAGE_UID}:{IMAGE_UID}":
+        found.append(f"the final USER is not {IMAGE_UID}:{IMAGE_UID}: {users}")
+    checks = [rest for w, rest in instructions if w == "HEALTHCHECK"]
+    command = checks[-1].partition("CMD")[2].strip() if checks else ""
+    try:
+        probe = json.loads(command)
+    except json.JSONDecodeError:
+        probe = None
+    if not isinstance(probe, list) or probe[1:3] != ["-m", "sidecar.probe"]:
+        found.append(f"HEALTHCHECK is not the exec-form probe: {checks}")
+    expected = {
+        "ENTRYPOINT": '["effectd", "serve"]',
+        "STOPSIGNAL": "SIGTERM",
+        "VOLUME": "/var/lib/effectd",
+    }
+    for word, rest in expected.items():
+        if (word, rest) not in instructions:
+            found.append(f"no {word} {rest}")
+    env = image_env(instructions)
+    wanted_env = {
+        "EFFECTD_DATA_DIR": "/var/lib/effectd",
+        "EFFECTD_SOCKET": "/run/effectd/effectd.sock",
+    }
+    for key, value in wanted_env.items():
+        if env.get(key) != value:
+            found.append(f"ENV {key} is {env.get(key)!r}, not {value!r}")
+    health = env.get("EFFECTD_HEALTH_LISTEN")
+    exposed = [rest for w, rest in instructions if w == "EXPOSE"]
+    if health is None or [str(split_host_port("h", health)[1])] != exposed:
+        found.append(f"EXPOSE {exposed} is not the health port of {health!r}")
+    return found
+
+
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _container_problems(c: Any) -> list[str]:
+    found = []
+    context = c.get("securityContext", {})
+    for key, value in RESTRICTED.items():
+        if context.get(key) != value:
+            found.append(f"{c['name']}: securityContext.{key} is {context.get(key)}")
+    resources = c.get("resources", {})
+    if not resources.get("requests") or "memory" not in resources.get("limits", {}):
+        found.append(f"{c['name']}: no resource requests and memory limit")
+    return found
+
+
+def _sidecar_problems(pod: Any, effectd: Any) -> list[str]:
+    found = []
+    if effectd.get("restartPolicy") != "Always":
+        found.append("effectd is not a native sidecar (restartPolicy Always)")
+    config = container_config(effectd)
+    health = config.health_listen
+    port = split_host_port("health-listen", health)[1] if health else None
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if effectd.get(probe, {}).get("grpc", {}).get("port") != port:
+            found.append(f"effectd: {probe} is not gRPC on the health port {port}")
+    ports = [p.get("containerPort") for p in effectd.get("ports", [])]
+    if port not in ports:
+        found.append(f"effectd: the health port {port} is not declared")
+    if not pod.get("terminationGracePeriodSeconds", 30) > config.grace_seconds:
+        found.append("terminationGracePeriodSeconds is not longer than --grace")
+    return found
+
+
+def _volume_problems(pod: Any, effectd: Any, agent: Any) -> list[str]:
+    found = []
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+
+    def mounts(c: Any) -> list[Any]:
+        return list(c.get("volumeMounts", []))
+
+    def mount_of(c: Any, path: str) -> Any:
+        for m in mounts(c):
+            if under(path, m["mountPath"]):
+                return volumes.get(m["name"], {})
+        return {}
+
+    config = container_config(effectd)
+    sock = str(config.socket_path)
+    shared = mount_of(effectd, sock)
+    if shared.get("emptyDir", {}).get("medium") != "Memory":
+        found.append(f"the socket {sock!r} is not on an in-memory emptyDir")
+    if mount_of(agent, sock) is not shared or not shared:
+        found.append("the agent does not mount the socket's volume")
+    data = mount_of(effectd, str(config.data_dir))
+    claims = {
+        d["metadata"]["name"]
+        for d in kube_documents()
+        if d.get("kind") == "PersistentVolumeClaim"
+    }
+    if data.get("persistentVolumeClaim", {}).get("claimName") not in claims:
+        found.append("the data directory is not on the PersistentVolumeClaim")
+    secrets = [v for v in volumes.values() if "secret" in v]
+    if not secrets or any(v["secret"].get("defaultMode") != 0o400 for v in secrets):
+        found.append("the tokens Secret is not mounted with defaultMode 0400")
+    if not mount_of(effectd, str(config.tokens_file or "/")):
+        found.append("--tokens-file is not on a mounted volume")
+    roots = {m["mountPath"].rstrip("/") for m in mounts(effectd)}
+    # Directories the daemon makes itself, 0700: a volume's root is group-
+    # or world-writable, and the daemon refuses (data) or warns (socket).
+    for directory in (str(config.socket_path.parent), str(config.data_dir)):
+        if directory in roots:
+            found.append(f"{directory} is a volume's root")
+    return found
+
+
+def kube_problems(deploy: Any) -> list[str]:
+    pod = deploy["spec"]["template"]["spec"]
+    found = []
+    context = pod.get("securityContext", {})
+    if context.get("runAsNonRoot") is not True or context.get("runAsUser") in (
+        None,
+        0,
+    ):
+        found.append(f"the pod may run as root: {context}")
+    inits = {c["name"]: c for c in pod.get("initContainers", [])}
+    mains = {c["name"]: c for c in pod.get("containers", [])}
+    for c in [*inits.values(), *mains.values()]:
+        found += _container_problems(c)
+    effectd, agent = inits.get("effectd"), mains.get("agent")
+    if effectd is None or agent is None:
+        return [*found, "no effectd init container or no agent container"]
+    found += _sidecar_problems(pod, effectd)
+    found += _volume_problems(pod, effectd, agent)
+    return found
+
+
+HARDENING = {
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "RuntimeDirectory": "effectd",
+    "RuntimeDirectoryMode": "0700",
+    "UMask": "0077",
+    "CapabilityBoundingSet": "",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+    "KillSignal": "SIGTERM",
+    "ExecReload": "/bin/kill -HUP $MAINPID",
+}
+
+
+def unit_problems(unit: Unit) -> list[str]:
+    service = unit.get("Service", {})
+    found = []
+    for key, value in HARDENING.items():
+        if service.get(key, [None])[-1] != value:
+            found.append(f"{key}={service.get(key)}, not {value!r}")
+    if "effectd" not in " ".join(service.get("StateDirectory", [])).split():
+        found.append("no StateDirectory=effectd")
+    if "@system-service" not in service.get("SystemCallFilter", []):
+        found.append("SystemCallFilter does not allow only @system-service")
+    user = service.get("User", ["root"])[-1]
+    if service.get("DynamicUser", ["no"])[-1] != "yes" and user in ("root", "0"):
+        found.append("runs as root")
+    if not service.get("ReadWritePaths"):
+        found.append("ReadWritePaths is not limited")
+    args = shlex.split(service.get("ExecStart", [""])[-1])[1:]
+    grace = float(flag_value(args, "--grace") or 5)
+    if not float(service.get("TimeoutStopSec", ["0"])[-1]) > grace:
+        found.append("TimeoutStopSec is not longer than --grace")
+    return found
+
+
+# --- the tests ---------------------------------------------------------------
+
+
+def test_dockerfile_builds_a_non_root_image_with_a_grpc_healthcheck() -> None:
+    """ARG BASE, multi-stage, USER 10001, HEALTHCHECK via sidecar.probe."""
+    assert dockerfile_problems(dockerfile((ROOT / "Dockerfile").read_text())) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("USER 10001:10001", "USER root"),
+        ('"-m", "sidecar.probe"', '"-c", "print()"'),
+        ("ARG BASE=python:3.11-slim", "ARG BASE=python:3.12"),
+        ("EXPOSE 50052", "EXPOSE 8080"),
+        ("STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"),
+    ],
+)
+def test_negative_control_a_broken_dockerfile_is_caught(old: str, new: str) -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert old in text
+    assert dockerfile_problems(dockerfile(text.replace(old, new))) != []
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build() -> None:
+    """No venv, node_modules, data directory, caches or git history."""
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for entry in (".git", ".venv", "**/node_modules", ".effectd", "**/__pycache__"):
+        assert entry in ignored
+
+
+def test_kubernetes_manifests_parse_and_kustomize_lists_them() -> None:
+    """Every YAML parses; the kustomization names files that exist."""
+    docs = list(kube_documents())
+    assert {d["kind"] for d in docs} >= {"Deployment", "PersistentVolumeClaim"}
+    kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
+    for name in kustomization["resources"]:
+        assert (KUBE / name).is_file()
+    for generator in kustomization.get("configMapGenerator", []):
+        for name in generator["files"]:
+            assert (KUBE / name.split("=")[-1]).is_file()
+
+
+def test_effectd_is_a_restricted_native_sidecar() -> None:
+    """Native sidecar, gRPC probes on the health port, shared in-memory
+    socket volume, data on the claim, tokens from a 0400 Secret, every
+    container restricted."""
+    assert kube_problems(deployment()) == []
+
+
+def _break(deploy: Any, change: Callable[[Any], None]) -> Any:
+    broken = copy.deepcopy(deploy)
+    change(broken["spec"]["template"]["spec"])
+    return broken
+
+
+def _effectd(pod: Any) -> Any:
+    return next(c for c in pod["initContainers"] if c["name"] == "effectd")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda pod: _effectd(pod).pop("restartPolicy"),
+        lambda pod: _effectd(pod)["readinessProbe"].update(grpc={"port": 1}),
+        lambda pod: _effectd(pod)["securityContext"].update(
+            readOnlyRootFilesystem=False
+        ),
+        lambda pod: pod["containers"][0]["securityContext"]["capabilities"].update(
+            drop=[]
+        ),
+        lambda pod: pod["securityContext"].update(runAsUser=0),
+        lambda pod: pod.update(terminationGracePeriodSeconds=5),
+        lambda pod: pod["volumes"][1].update(emptyDir={}),
+        lambda pod: pod["containers"][0].update(volumeMounts=[]),
+        lambda pod: pod["volumes"][3]["secret"].update(defaultMode=0o644),
+        lambda pod: _effectd(pod)["env"][0].update(value="/var/lib/effectd"),
+        lambda pod: _effectd(pod)["env"][1].update(value="/run/effectd/x.sock"),
+        lambda pod: _effectd(pod)["env"][1].update(value="/var/run/other/x.sock"),
+    ],
+    ids=[
+        "not-native",
+        "probe-port",
+        "writable-root",
+        "capabilities",
+        "root",
+        "grace",
+        "disk-socket",
+        "no-shared-socket",
+        "secret-mode",
+        "data-in-volume-root",
+        "socket-in-volume-root",
+        "socket-not-shared",
+    ],
+)
+def test_negative_control_a_weakened_deployment_is_caught(
+    change: Callable[[Any], None],
+) -> None:
+    assert kube_problems(_break(deployment(), change)) != []
+
+
+def test_the_daemon_accepts_the_arguments_every_artefact_passes() -> None:
+    """The flags and variables in the manifests, the unit and the image are
+    the daemon's, and valid together: a renamed flag or setting fails here,
+    not in production."""
+    image = image_env(dockerfile((ROOT / "Dockerfile").read_text()))
+    alone = effective([], image)
+    alone.validate()
+    assert alone.data_dir == Path("/var/lib/effectd")
+    assert alone.socket_path == Path("/run/effectd/effectd.sock")
+    assert alone.health_listen == "0.0.0.0:50052"
+
+    sidecar = container_config(_effectd(deployment()["spec"]["template"]["spec"]))
+    sidecar.validate()
+    assert sidecar.tokens_file is not None
+    assert sidecar.socket_path == Path("/run/effectd/sock/effectd.sock")
+
+    exec_start = systemd_unit(UNIT.read_text())["Service"]["ExecStart"][-1]
+    unit_args = shlex.split(exec_start)[2:]
+    specifiers = {"%S": "/var/lib", "%t": "/run"}
+    for spec, value in specifiers.items():
+        unit_args = [a.replace(spec, value) for a in unit_args]
+    unit = effective(unit_args, {})
+    unit.validate()
+    assert unit.socket_path == Path("/run/effectd/effectd.sock")
+    assert unit.tokens_file == Path("/etc/effectd/tokens.toml")
+
+
+def test_the_example_tokens_and_policy_are_valid() -> None:
+    """tokens.example.toml, with its placeholders filled, is a tokens file
+    the daemon loads; policy.toml is a policy it accepts."""
+    text = (KUBE / "tokens.example.toml").read_text()
+    for n, placeholder in enumerate(
+        sorted({w.strip('"') for w in text.split() if w.startswith('"replace-')})
+    ):
+        digest = hashlib.sha256(f"example-token-{n}".encode()).hexdigest()
+        text = text.replace(placeholder, digest)
+    assert len(tokens.parse(text, "tokens.example.toml")) == 2
+    parse_policy((KUBE / "policy.toml").read_text(), "policy.toml")
+
+
+def test_systemd_unit_is_hardened() -> None:
+    """The unit's sandboxing keys are there, with their values."""
+    assert unit_problems(systemd_unit(UNIT.read_text())) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("ProtectSystem=strict", "ProtectSystem=full"),
+        ("NoNewPrivileges=yes", "NoNewPrivileges=no"),
+        ("CapabilityBoundingSet=\n", "CapabilityBoundingSet=CAP_NET_ADMIN\n"),
+        ("User=effectd", "User=root"),
+        ("TimeoutStopSec=30", "TimeoutStopSec=5"),
+        ("UMask=0077", "UMask=0022"),
+    ],
+)
+def test_negative_control_a_weakened_unit_is_caught(old: str, new: str) -> None:
+    text = UNIT.read_text()
+    assert old in text
+    assert unit_problems(systemd_unit(text.replace(old, new))) != []
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="needs systemd-analyze"
+)
+def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
+    """systemd's own parser finds nothing wrong (ExecStart pointed at an
+    executable that exists here)."""
+    unit = tmp_path / "effectd.service"
+    unit.write_text(UNIT.read_text().replace("/opt/effectd/bin/effectd", "/bin/true"))
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
