@@ -59,6 +59,9 @@ class PrepareSpec:
     require_approval: bool
     start: bool
     lease_ms: int
+    # Who prepares: recorded in the history (the token's name with
+    # authentication on).
+    actor: str = AGENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,12 +143,14 @@ def _answer(
     return Answer(decision, call, attempt_held=held, retry_required=retry)
 
 
-def _start(call: ToolCall, now: Now, lease_ms: int, event: Event) -> ToolCall:
+def _start(
+    call: ToolCall, now: Now, lease_ms: int, event: Event, actor: str
+) -> ToolCall:
     return machine.apply(
         call,
         event,
         at_ns=now.wall_ns,
-        actor=AGENT,
+        actor=actor,
         attempt=call.attempt + 1,
         lease=_lease(now, lease_ms),
     )
@@ -175,14 +180,14 @@ def prepare(
             return Step(existing, InputMismatch(mismatch, meta))
         call = settle(existing, now)
     if spec.start and call.state is State.PREPARED:
-        started = _start(call, now, spec.lease_ms, Event.START)
+        started = _start(call, now, spec.lease_ms, Event.START, spec.actor)
         return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
     return Step(call, _answer(call, policy=policy))
 
 
 def _create(spec: PrepareSpec, now: Now) -> ToolCall:
     state = State.AWAITING_APPROVAL if spec.require_approval else State.PREPARED
-    entry = Transition(None, state, Event.PREPARE, now.wall_ns, AGENT, "", 1, 0)
+    entry = Transition(None, state, Event.PREPARE, now.wall_ns, spec.actor, "", 1, 0)
     return ToolCall(
         ref=spec.ref,
         tool_name=spec.tool_name,
@@ -218,6 +223,7 @@ def start(
     retry: bool,
     expected_revision: int | None,
     policy: Policy,
+    actor: str = AGENT,
 ) -> Step:
     """StartTool: only the caller that finds the call PREPARED gets EXECUTE.
 
@@ -230,15 +236,17 @@ def start(
         return Step(call, exc)
     settled = settle(call, now)
     if settled.state is State.PREPARED:
-        started = _start(settled, now, lease_ms, Event.START)
+        started = _start(settled, now, lease_ms, Event.START, actor)
         return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
     if settled.state is State.UNKNOWN:
-        return _retry(settled, now, lease_ms=lease_ms, retry=retry, policy=policy)
+        return _retry(
+            settled, now, lease_ms=lease_ms, retry=retry, policy=policy, actor=actor
+        )
     return Step(settled, _answer(settled))
 
 
 def _retry(
-    call: ToolCall, now: Now, *, lease_ms: int, retry: bool, policy: Policy
+    call: ToolCall, now: Now, *, lease_ms: int, retry: bool, policy: Policy, actor: str
 ) -> Step:
     refusal: EffectdError | None = None
     # DESIGN §4: StartTool answers a side effect's retry RECONCILIATION_REQUIRED
@@ -279,7 +287,7 @@ def _retry(
             refusal = retry_rules.refusal(decision, call.attempt)
     if refusal is not None:
         return Step(call, refusal)
-    started = _start(call, now, lease_ms, Event.RETRY)
+    started = _start(call, now, lease_ms, Event.RETRY, actor)
     return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
 
 
@@ -300,6 +308,7 @@ def commit(
     attempt: int,
     result: Result,
     expected_revision: int | None,
+    actor: str = AGENT,
 ) -> Step:
     """CommitTool: store the result of the attempt that holds the call."""
     if call.state is State.COMMITTED:
@@ -324,7 +333,7 @@ def commit(
     if stale is not None:
         return Step(call, stale)
     committed = machine.apply(
-        call, Event.COMMIT, at_ns=now.wall_ns, actor=AGENT, lease=None, result=result
+        call, Event.COMMIT, at_ns=now.wall_ns, actor=actor, lease=None, result=result
     )
     return Step(committed, Answer(decide(committed), committed))
 
@@ -336,6 +345,7 @@ def report_unknown(
     attempt: int,
     reason: str,
     policy: Policy | None = None,
+    actor: str = AGENT,
 ) -> Step:
     """ReportUnknown: the attempt cannot tell whether the tool ran."""
     if call.state is State.UNKNOWN and attempt == call.attempt:
@@ -349,14 +359,16 @@ def report_unknown(
         call,
         Event.REPORT_UNKNOWN,
         at_ns=now.wall_ns,
-        actor=AGENT,
+        actor=actor,
         reason=reason,
         lease=None,
     )
     return Step(unknown, _answer(unknown, policy=policy))
 
 
-def heartbeat(call: ToolCall, now: Now, *, attempt: int, lease_ms: int) -> Step:
+def heartbeat(
+    call: ToolCall, now: Now, *, attempt: int, lease_ms: int, actor: str = AGENT
+) -> Step:
     """Heartbeat: extend the lease of the attempt that holds a live call."""
     settled = settle(call, now)
     if settled.state is not State.STARTED:
@@ -368,7 +380,7 @@ def heartbeat(call: ToolCall, now: Now, *, attempt: int, lease_ms: int) -> Step:
         settled,
         Event.HEARTBEAT,
         at_ns=now.wall_ns,
-        actor=AGENT,
+        actor=actor,
         lease=_lease(now, lease_ms),
     )
     return Step(extended, _answer(extended))

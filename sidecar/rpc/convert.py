@@ -32,7 +32,7 @@ from sidecar.ledger.model import (
     Transition,
 )
 from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
-from sidecar.ledger.rules import Answer, PrepareSpec
+from sidecar.ledger.rules import AGENT, Answer, PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.rpc import gate
 from sidecar.storage.records import StoredCheckpoint
@@ -143,6 +143,7 @@ def prepare_spec(
         require_approval=req.require_approval,
         start=req.start,
         lease_ms=lease,
+        actor=gate.caller(AGENT),
     )
 
 

@@ -105,6 +105,15 @@ def actor(v: Violations, field_path: str, named: str) -> str:
     return state.principal.name
 
 
+def caller(default: str) -> str:
+    """Who a change is recorded as: the token's name with authentication on,
+    else `default`."""
+    state = CURRENT.get()
+    if state is None or state.principal is None:
+        return default
+    return state.principal.name
+
+
 def whole_daemon() -> bool:
     """Whether the caller may act on every namespace (no authentication, or a
     token granted them all)."""

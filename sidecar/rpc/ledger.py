@@ -7,8 +7,9 @@ from typing import Any
 import grpc
 from effectd.v1 import ledger_pb2 as pb
 
+from sidecar.ledger.rules import AGENT
 from sidecar.ledger.validation import Violations
-from sidecar.rpc import convert
+from sidecar.rpc import convert, gate
 from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
 
@@ -65,6 +66,7 @@ class ToolLedger:
             lease_ms=lease,
             retry=req.retry,
             expected_revision=convert.optional_revision(req),
+            actor=gate.caller(AGENT),
         )
         return pb.StartToolResponse(
             decision=convert.DECISION_TO_PB[answer.decision],
@@ -88,6 +90,7 @@ class ToolLedger:
             attempt=req.attempt,
             result=result,
             expected_revision=convert.optional_revision(req),
+            actor=gate.caller(AGENT),
         )
         return pb.CommitToolResponse(call=convert.call_pb(answer.call))
 
@@ -101,7 +104,7 @@ class ToolLedger:
         v.text("reason", req.reason, self._limits.max_text_bytes)
         v.require()
         answer = await self._ledger.report_unknown(
-            ref, attempt=req.attempt, reason=req.reason
+            ref, attempt=req.attempt, reason=req.reason, actor=gate.caller(AGENT)
         )
         return pb.ReportUnknownResponse(call=convert.call_pb(answer.call))
 
@@ -114,7 +117,9 @@ class ToolLedger:
             v.add("attempt", "is required")
         lease = convert.lease_ms(v, req.lease_ms, self._limits)
         v.require()
-        answer = await self._ledger.heartbeat(ref, attempt=req.attempt, lease_ms=lease)
+        answer = await self._ledger.heartbeat(
+            ref, attempt=req.attempt, lease_ms=lease, actor=gate.caller(AGENT)
+        )
         return pb.HeartbeatResponse(call=convert.call_pb(answer.call))
 
     async def DecideApproval(

@@ -112,7 +112,13 @@ class LedgerService:
         return await committed(self._store, apply)
 
     async def start(
-        self, ref: CallRef, *, lease_ms: int, retry: bool, expected_revision: int | None
+        self,
+        ref: CallRef,
+        *,
+        lease_ms: int,
+        retry: bool,
+        expected_revision: int | None,
+        actor: str = rules.AGENT,
     ) -> Answer:
         policy = self._policy.current()
         return await self._write(
@@ -125,6 +131,7 @@ class LedgerService:
                     retry=retry,
                     expected_revision=expected_revision,
                     policy=policy,
+                    actor=actor,
                 ),
             )
         )
@@ -136,6 +143,7 @@ class LedgerService:
         attempt: int,
         result: Result,
         expected_revision: int | None,
+        actor: str = rules.AGENT,
     ) -> Answer:
         return await self._write(
             self._mutation(
@@ -146,29 +154,41 @@ class LedgerService:
                     attempt=attempt,
                     result=result,
                     expected_revision=expected_revision,
+                    actor=actor,
                 ),
             )
         )
 
     async def report_unknown(
-        self, ref: CallRef, *, attempt: int, reason: str
+        self, ref: CallRef, *, attempt: int, reason: str, actor: str = rules.AGENT
     ) -> Answer:
         policy = self._policy.current()
         return await self._write(
             self._mutation(
                 ref,
                 lambda call, now: rules.report_unknown(
-                    call, now, attempt=attempt, reason=reason, policy=policy
+                    call,
+                    now,
+                    attempt=attempt,
+                    reason=reason,
+                    policy=policy,
+                    actor=actor,
                 ),
             )
         )
 
-    async def heartbeat(self, ref: CallRef, *, attempt: int, lease_ms: int) -> Answer:
+    async def heartbeat(
+        self, ref: CallRef, *, attempt: int, lease_ms: int, actor: str = rules.AGENT
+    ) -> Answer:
         return await self._write(
             self._mutation(
                 ref,
                 lambda call, now: rules.heartbeat(
-                    call, now, attempt=attempt, lease_ms=self._lease_ms(lease_ms)
+                    call,
+                    now,
+                    attempt=attempt,
+                    lease_ms=self._lease_ms(lease_ms),
+                    actor=actor,
                 ),
             )
         )

@@ -359,3 +359,32 @@ def test_a_tokens_text_that_is_not_toml_is_refused_without_quoting_it() -> None:
     with pytest.raises(ConfigError, match=r"not valid TOML \(at line 2") as info:
         tokens.parse('[[token]]\nsecret = "a-secret-in-broken-toml" junk\n')
     assert "a-secret-in-broken-toml" not in str(info.value)
+
+
+def test_the_history_names_the_token_that_acted(short_tmp: Path) -> None:
+    """With authentication on, each transition's actor is the token's name;
+    without it, "agent" (control)."""
+    with authenticated_daemon(short_tmp / "data") as (_, channel):
+        a = stubs(channel, AGENT_A)
+        request = prepare("traced")
+        request.start = True
+        started = a.ledger.PrepareTool(request, metadata=a.metadata).call
+        a.ledger.Heartbeat(
+            pb.HeartbeatRequest(ref=started.ref, attempt=started.attempt),
+            metadata=a.metadata,
+        )
+        done = a.ledger.CommitTool(
+            pb.CommitToolRequest(
+                ref=started.ref,
+                attempt=started.attempt,
+                result=pb.ToolResult(outcome=pb.OUTCOME_OK),
+            ),
+            metadata=a.metadata,
+        ).call
+        events = [t.event for t in done.history]
+        assert {"prepare", "start", "commit"} <= set(events)
+        assert {t.actor for t in done.history} == {"agent-a"}
+    with running_daemon(ServeConfig(data_dir=short_tmp / "open")) as daemon:
+        ledger = ledger_pb2_grpc.ToolLedgerStub(grpc.insecure_channel(daemon.target))
+        call = ledger.PrepareTool(prepare("open")).call
+        assert [t.actor for t in call.history] == ["agent"]
