@@ -15,6 +15,7 @@ accept clients with none (measured: reliability-anchors §4.3).
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class _Files:
+class TlsFiles:
     cert: Path
     key: Path
     client_ca: Path | None
@@ -43,19 +44,36 @@ class _Files:
         return tuple(stamps)
 
     def configuration(self) -> Any:
+        """The files as gRPC's configuration; refuses a key that does not
+        belong to the certificate (gRPC would accept it and fail every
+        handshake)."""
         cert = self.cert.read_bytes()
         key = self.key.read_bytes()
         ca = self.client_ca.read_bytes() if self.client_ca else None
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                self.cert, self.key
+            )
+            if self.client_ca is not None:
+                ssl.create_default_context(cafile=self.client_ca)
+        except ssl.SSLError as exc:
+            raise MismatchedFiles(
+                exc.reason or "not a certificate and its key"
+            ) from None
         return grpc.ssl_server_certificate_configuration(
             [(key, cert)], root_certificates=ca
         )
+
+
+class MismatchedFiles(ValueError):
+    """The TLS files are readable but not a certificate, its key and a CA."""
 
 
 class CertificateReloader:
     """The fetcher gRPC calls before each handshake: a new configuration
     when the files changed since the last one, else None (keep it)."""
 
-    def __init__(self, files: _Files) -> None:
+    def __init__(self, files: TlsFiles) -> None:
         self._files = files
         self._lock = threading.Lock()
         self._stamp = files.stamp()
@@ -75,6 +93,11 @@ class CertificateReloader:
                     exc.strerror,
                 )
                 return None
+            except MismatchedFiles as exc:
+                log.error(
+                    "TLS files rejected (%s); the certificate in force stays", exc
+                )
+                return None
             self._stamp = stamp
             self.reloads += 1
             log.info("TLS certificate reloaded from %s", self._files.cert)
@@ -84,13 +107,15 @@ class CertificateReloader:
 def server_credentials(cfg: ServeConfig) -> grpc.ServerCredentials:
     if cfg.tls_cert is None or cfg.tls_key is None:
         raise ConfigError("tls-cert: TLS needs tls-cert and tls-key")
-    files = _Files(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+    files = TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     try:
         reloader = CertificateReloader(files)
     except OSError as exc:
         raise ConfigError(
             f"tls-cert: cannot read {exc.filename}: {exc.strerror}"
         ) from None
+    except MismatchedFiles as exc:
+        raise ConfigError(f"tls-cert and tls-key: {exc}") from None
     return grpc.dynamic_ssl_server_credentials(
         reloader.initial,
         reloader,

@@ -12,7 +12,8 @@ import pytest
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 
-from sidecar.config import ServeConfig
+from sidecar.config import ConfigError, ServeConfig
+from sidecar.rpc import tls
 from sidecar.testing import running_daemon
 from tests.auth.support import AGENT_A, TOKENS
 from tests.support.certs import Pki, make_pki
@@ -151,3 +152,65 @@ def test_tls_needs_both_files(short_tmp: Path, missing: str) -> None:
     )
     with pytest.raises(ValueError, match="tls-cert and tls-key"):
         broken.validate()
+
+
+def _reloader(live: Path, pki: Pki) -> tls.CertificateReloader:
+    live.mkdir()
+    shutil.copy(pki.server.cert, live / "cert.pem")
+    shutil.copy(pki.server.key, live / "key.pem")
+    return tls.CertificateReloader(
+        tls.TlsFiles(live / "cert.pem", live / "key.pem", None)
+    )
+
+
+def _swap(source: Path, target: Path) -> None:
+    tmp = target.with_suffix(".tmp")
+    shutil.copy(source, tmp)
+    tmp.replace(target)
+
+
+def test_the_reloader_answers_a_new_configuration_only_after_a_change(
+    short_tmp: Path,
+) -> None:
+    """gRPC asks before every handshake: None keeps the configuration in
+    force; a changed pair is read once."""
+    old, new = make_pki(short_tmp / "old"), make_pki(short_tmp / "new")
+    reloader = _reloader(short_tmp / "live", old)
+    assert reloader() is None
+    _swap(new.server.key, short_tmp / "live" / "key.pem")
+    _swap(new.server.cert, short_tmp / "live" / "cert.pem")
+    assert reloader() is not None
+    assert reloader.reloads == 1
+    assert reloader() is None
+
+
+def test_a_rotation_to_bad_files_keeps_the_certificate_in_force(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old, new = make_pki(short_tmp / "old"), make_pki(short_tmp / "new")
+    live = short_tmp / "live"
+    reloader = _reloader(live, old)
+    # Half a rotation: the new certificate with the old key.
+    _swap(new.server.cert, live / "cert.pem")
+    assert reloader() is None
+    (live / "key.pem").unlink()
+    assert reloader() is None
+    assert reloader.reloads == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("rejected" in m for m in messages)
+    assert any("unreadable" in m for m in messages)
+
+
+def test_a_daemon_does_not_start_with_a_key_of_another_certificate(
+    short_tmp: Path,
+) -> None:
+    one, other = make_pki(short_tmp / "one"), make_pki(short_tmp / "other")
+    config = ServeConfig(
+        data_dir=short_tmp / "data",
+        listen="127.0.0.1:0",
+        tls_cert=one.server.cert,
+        tls_key=other.server.key,
+        tokens_text=TOKENS,
+    )
+    with pytest.raises(ConfigError, match="tls-cert and tls-key"):
+        tls.server_credentials(config)
