@@ -204,7 +204,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 state, tokens = self._enter(method, principal, metadata)
                 started = time.perf_counter()
                 try:
-                    self._admit(state, request)
+                    await self._admit(state, request, context)
                     if context.time_remaining() is None and self._default_deadline:
                         state.deadline = (
                             asyncio.get_running_loop().time() + self._default_deadline
@@ -217,12 +217,6 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                             grpc.StatusCode.DEADLINE_EXCEEDED,
                             "the default deadline of a call without one passed",
                         )
-                except EffectdError as exc:
-                    status = to_status(exc)
-                    state.reason = exc.reason
-                    await context.abort(
-                        status.code, status.details, status.trailing_metadata
-                    )
                 finally:
                     self._leave(state, tokens, context, started, metadata)
 
@@ -238,15 +232,9 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 state, tokens = self._enter(method, principal, metadata)
                 started = time.perf_counter()
                 try:
-                    self._admit(state, request)
+                    await self._admit(state, request, context)
                     async for item in inner_stream(request, context):
                         yield item
-                except EffectdError as exc:
-                    status = to_status(exc)
-                    state.reason = exc.reason
-                    await context.abort(
-                        status.code, status.details, status.trailing_metadata
-                    )
                 finally:
                     self._leave(state, tokens, context, started, metadata)
 
@@ -268,7 +256,9 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         state = CallState(method, principal, trace=trace.from_metadata(metadata))
         return state, (CURRENT.set(state), trace.CURRENT.set(state.trace))
 
-    def _admit(self, state: CallState, request: object) -> None:
+    async def _admit(self, state: CallState, request: object, context: Context) -> None:
+        """Charges the call to its namespace's rate limit; over it, the call
+        is refused (RATE_LIMITED) before its handler runs."""
         requested = _requested_namespace(request)
         try:
             resolved = (
@@ -281,8 +271,14 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             # credential acts for.
             resolved = None
         state.namespace = (resolved or requested)[:_MAX_KEY]
-        if self._admission is not None:
+        if self._admission is None:
+            return
+        try:
             self._admission.admit(state.namespace)
+        except EffectdError as exc:
+            state.reason = exc.reason
+            status = to_status(exc)
+            await context.abort(status.code, status.details, status.trailing_metadata)
 
     def _leave(
         self,
