@@ -705,3 +705,34 @@ def test_ctl_over_mutual_tls(
         code, _, err = _main(capsys, *where, *identity, "audit", "verify")
         assert code == 3
         assert "not reachable" in err
+
+
+def test_stats_counts_open_calls_by_state_and_bytes(
+    ctl: Ctl, client: Client, daemon: RunningDaemon
+) -> None:
+    """`stats` shows what waits for a person (AWAITING, UNKNOWN), the open
+    calls the quota counts and the bytes stored, per namespace."""
+    _committed(client, "done")
+    _awaiting(client, "approve-me")
+    _unknown(client, "lost")
+    client.prepare_tool(RUN, "ready", "search", {"q": 1})
+    with Client(daemon.target, namespace="other") as other:
+        other.prepare_tool(RUN, "x", "search", {"q": 2})
+    code, out, _ = ctl("--json", "stats")
+    assert code == 0
+    answer = json.loads(out)
+    by_name = {n["namespace"]: n for n in answer["namespaces"]}
+    assert set(by_name) == {"default", "other"}
+    mine = by_name["default"]
+    assert mine["open_calls"] == "3"
+    assert (mine["prepared"], mine["awaiting_approval"], mine["unknown"]) == (
+        "1",
+        "1",
+        "1",
+    )
+    assert int(mine["stored_bytes"]) > 0
+    assert by_name["other"]["open_calls"] == "1"
+    code, out, _ = ctl("--namespace", "other", "stats")
+    assert code == 0
+    assert [row[0] for row in _rows(out.split("\n\n")[0])] == ["other"]
+    assert "open calls 10000" in out

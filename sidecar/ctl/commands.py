@@ -380,6 +380,51 @@ def policy_reload(con: Console, args: argparse.Namespace) -> int:
     return OK
 
 
+def _limit(value: float) -> str:
+    return "unlimited" if value == 0 else f"{value:g}"
+
+
+def stats(con: Console, args: argparse.Namespace) -> int:
+    done = con.call(con.admin.GetStats, apb.GetStatsRequest(namespace=con.namespace))
+    if args.json:
+        emit_json(done)
+        return OK
+    rows = [
+        [
+            n.namespace,
+            n.open_calls,
+            n.prepared,
+            n.awaiting_approval,
+            n.started,
+            n.unknown,
+            n.stored_bytes,
+        ]
+        for n in done.namespaces
+    ]
+    if rows:
+        table(
+            (
+                "NAMESPACE",
+                "OPEN",
+                "PREPARED",
+                "AWAITING",
+                "STARTED",
+                "UNKNOWN",
+                "BYTES",
+            ),
+            rows,
+        )
+    else:
+        print("no namespace holds anything")
+    q = done.quotas
+    print(
+        f"\nquotas per namespace: open calls {_limit(q.open_calls)}, stored bytes "
+        f"{_limit(q.stored_bytes)}, requests/s {_limit(q.requests_per_second)}"
+        f"; incarnation {done.incarnation}"
+    )
+    return OK
+
+
 Command = Callable[[Console, argparse.Namespace], int]
 
 
@@ -398,4 +443,5 @@ def command_of(args: argparse.Namespace) -> Command:
         "reconcile": reconcile,
         "recover": recover,
         "backup": backup,
+        "stats": stats,
     }[name]

@@ -104,7 +104,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "--namespace",
         default="",
         help="the namespace of the records (default: the default namespace; "
-        "audit list: every namespace)",
+        "audit list and stats: every namespace)",
     )
     ctl.add_argument("--json", action="store_true", help="print JSON for scripts")
     ctl.add_argument(
@@ -237,6 +237,14 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "daemon on the copy with `effectd serve --data-dir PATH`.",
     )
     p.add_argument("path", type=Path, metavar="PATH", help="the directory to write")
+
+    cmds.add_parser(
+        "stats",
+        help="what each namespace holds: open calls by state, bytes, quotas",
+        description="Per namespace (or the one of --namespace): calls not yet "
+        "committed, by state (AWAITING and UNKNOWN wait for a person), and the "
+        "bytes stored, against the quotas in force.",
+    )
 
     p = cmds.add_parser("policy", help="the operator's policy")
     policy = p.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")

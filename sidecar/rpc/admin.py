@@ -11,9 +11,11 @@ import grpc
 from effectd.v1 import admin_pb2 as pb
 from effectd.v1 import ledger_pb2
 
+from sidecar.config import Quotas
 from sidecar.errors import NoPolicyFile, NotImplementedYet
 from sidecar.ledger import policy_change
 from sidecar.ledger.audit import Action, Entry
+from sidecar.ledger.model import State
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert, gate
@@ -68,8 +70,12 @@ class Admin:
         operator: OperatorService,
         policy: PolicyService | None = None,
         backup: Callable[[Path], int] | None = None,
+        quotas: Quotas | None = None,
+        incarnation: int = 0,
     ) -> None:
         self._operator = operator
+        self._quotas = quotas or Quotas()
+        self._incarnation = incarnation
         self._limits = operator.limits
         self._policy = policy
         self._backup = backup
@@ -145,3 +151,38 @@ class Admin:
             v.require()
             raise
         return pb.BackupResponse(path=str(path), bytes=size)
+
+    async def GetStats(
+        self, req: pb.GetStatsRequest, _: Context
+    ) -> pb.GetStatsResponse:
+        v = Violations()
+        namespace: str | None = req.namespace
+        # Like ListAudit: no namespace named is every one, for a caller who
+        # may see them all; otherwise the credential's.
+        if req.namespace or not gate.whole_daemon():
+            namespace = convert.namespace(v, req.namespace)
+        else:
+            namespace = None
+        v.require()
+        q = self._quotas
+        return pb.GetStatsResponse(
+            namespaces=[
+                pb.NamespaceStats(
+                    namespace=n.namespace,
+                    open_calls=n.usage.open_calls,
+                    prepared=n.by_state.get(State.PREPARED, 0),
+                    awaiting_approval=n.by_state.get(State.AWAITING_APPROVAL, 0),
+                    started=n.by_state.get(State.STARTED, 0),
+                    unknown=n.by_state.get(State.UNKNOWN, 0),
+                    stored_bytes=n.usage.stored_bytes,
+                )
+                for n in self._operator.stats(namespace)
+            ],
+            quotas=pb.NamespaceQuotas(
+                open_calls=q.open_calls,
+                stored_bytes=q.stored_bytes,
+                requests_per_second=q.requests_per_second,
+                burst=q.burst,
+            ),
+            incarnation=self._incarnation,
+        )

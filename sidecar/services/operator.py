@@ -18,13 +18,14 @@ from sidecar.clock import Clock
 from sidecar.errors import EffectdError, NotFound
 from sidecar.ledger import audit, operator_rules, paging
 from sidecar.ledger.audit import Action
-from sidecar.ledger.model import CallRef, Resolution, ToolCall
+from sidecar.ledger.model import CallRef, Resolution, State, ToolCall
 from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
+from sidecar.ledger.quota import Usage
 from sidecar.ledger.rules import Answer, Now
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import answered, moment
-from sidecar.storage import records
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage import records, usage
+from sidecar.storage.api import ReadView, Store, Table, WriteView
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,17 @@ log = logging.getLogger(__name__)
 class AuditPage:
     entries: list[audit.Entry]
     next_page_token: str
+
+
+OPEN_STATES = (State.PREPARED, State.AWAITING_APPROVAL, State.STARTED, State.UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceStats:
+    namespace: str
+    usage: Usage
+    # Open calls by state (the states of `OPEN_STATES`).
+    by_state: dict[State, int]
 
 
 class OperatorService:
@@ -112,6 +124,30 @@ class OperatorService:
         return await self._write(apply)
 
     # -- the audit log ---------------------------------------------------------
+
+    def stats(self, namespace: str | None) -> list[NamespaceStats]:
+        """The usage counters and open calls by state of one namespace, or of
+        every one (None), from one snapshot. Counting by state reads the
+        index entries of open calls only: bounded by the open-call quotas."""
+
+        def count(view: ReadView) -> list[NamespaceStats]:
+            counters = usage.stored(view)
+            if namespace is not None:
+                counters = {namespace: counters.get(namespace, Usage())}
+            by_state: dict[str, dict[State, int]] = {ns: {} for ns in counters}
+            for state in OPEN_STATES:
+                for key, _ in view.scan(
+                    Table.CALL_STATES, records.state_prefix(state, namespace)
+                ):
+                    ns = records.ref_of(key[1:]).namespace
+                    if ns in by_state:
+                        by_state[ns][state] = by_state[ns].get(state, 0) + 1
+            return [
+                NamespaceStats(ns, counters[ns], by_state[ns])
+                for ns in sorted(counters)
+            ]
+
+        return self._store.read(count)
 
     def verify_audit(self) -> audit.Verdict:
         """Walks the whole chain on one snapshot."""

@@ -337,6 +337,14 @@ def attacks(s: Seeded) -> dict[str, list[tuple[str, Attack]]]:
                 ),
             )
         ],
+        "/effectd.v1.Admin/GetStats": [
+            (
+                OPERATOR_A,
+                lambda x: x.admin.GetStats(
+                    admin_pb2.GetStatsRequest(namespace="b"), metadata=x.metadata
+                ),
+            )
+        ],
         "/effectd.v1.Admin/VerifyAudit": [
             (
                 OPERATOR_A,
@@ -459,6 +467,21 @@ def test_a_guard_that_trusts_the_request_body_is_caught(
         problems = run_matrix(channel)
     assert any("GetToolCall: answered" in p for p in problems)
     assert "B's records changed" in problems
+
+
+def test_operator_of_one_namespace_sees_only_its_stats(short_tmp: Path) -> None:
+    with authenticated_daemon(short_tmp / "data") as (_, channel):
+        seed(stubs(channel, AGENT_B), stubs(channel, OPERATOR_ALL))
+        a = stubs(channel, OPERATOR_A)
+        mine = a.admin.GetStats(admin_pb2.GetStatsRequest(), metadata=a.metadata)
+        assert [n.namespace for n in mine.namespaces] == ["a"]
+        assert mine.namespaces[0].open_calls == 0
+        everyone = stubs(channel, OPERATOR_ALL)
+        whole = everyone.admin.GetStats(
+            admin_pb2.GetStatsRequest(), metadata=everyone.metadata
+        )
+        b = next(n for n in whole.namespaces if n.namespace == "b")
+        assert (b.awaiting_approval, b.started, b.open_calls) == (1, 1, 2)
 
 
 def test_operator_of_one_namespace_lists_only_its_audit(short_tmp: Path) -> None:

@@ -415,3 +415,129 @@ class BackupResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BackupResponse: _TypeAlias = BackupResponse  # noqa: Y015
+
+@_typing.final
+class GetStatsRequest(_message.Message):
+    """-- stats --------------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    """One namespace; empty means every namespace (with authentication on: the
+    token's namespace, required when the token holds several).
+    """
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStatsRequest: _TypeAlias = GetStatsRequest  # noqa: Y015
+
+@_typing.final
+class NamespaceStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    OPEN_CALLS_FIELD_NUMBER: _builtins.int
+    PREPARED_FIELD_NUMBER: _builtins.int
+    AWAITING_APPROVAL_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    STORED_BYTES_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    open_calls: _builtins.int
+    """Calls not yet COMMITTED (what the open_calls quota counts) ..."""
+    prepared: _builtins.int
+    """... and of those, by state."""
+    awaiting_approval: _builtins.int
+    started: _builtins.int
+    unknown: _builtins.int
+    stored_bytes: _builtins.int
+    """Keys and values of its calls, tombstones and checkpoints (what the
+    stored_bytes quota counts).
+    """
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        open_calls: _builtins.int = ...,
+        prepared: _builtins.int = ...,
+        awaiting_approval: _builtins.int = ...,
+        started: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        stored_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "namespace", b"namespace", "open_calls", b"open_calls", "prepared", b"prepared", "started", b"started", "stored_bytes", b"stored_bytes", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NamespaceStats: _TypeAlias = NamespaceStats  # noqa: Y015
+
+@_typing.final
+class NamespaceQuotas(_message.Message):
+    """The per-namespace limits in force; 0 means unlimited."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPEN_CALLS_FIELD_NUMBER: _builtins.int
+    STORED_BYTES_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    open_calls: _builtins.int
+    stored_bytes: _builtins.int
+    requests_per_second: _builtins.float
+    burst: _builtins.int
+    def __init__(
+        self,
+        *,
+        open_calls: _builtins.int = ...,
+        stored_bytes: _builtins.int = ...,
+        requests_per_second: _builtins.float = ...,
+        burst: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["burst", b"burst", "open_calls", b"open_calls", "requests_per_second", b"requests_per_second", "stored_bytes", b"stored_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NamespaceQuotas: _TypeAlias = NamespaceQuotas  # noqa: Y015
+
+@_typing.final
+class GetStatsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACES_FIELD_NUMBER: _builtins.int
+    QUOTAS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.int
+    """How many times a daemon opened this store, this one included."""
+    @_builtins.property
+    def namespaces(self) -> _containers.RepeatedCompositeFieldContainer[Global___NamespaceStats]:
+        """In namespace order; a namespace that never held anything is absent."""
+
+    @_builtins.property
+    def quotas(self) -> Global___NamespaceQuotas: ...
+    def __init__(
+        self,
+        *,
+        namespaces: _abc.Iterable[Global___NamespaceStats] | None = ...,
+        quotas: Global___NamespaceQuotas | None = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015

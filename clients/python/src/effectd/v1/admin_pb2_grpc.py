@@ -54,6 +54,11 @@ class AdminStub:
                 request_serializer=effectd_dot_v1_dot_admin__pb2.BackupRequest.SerializeToString,
                 response_deserializer=effectd_dot_v1_dot_admin__pb2.BackupResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/effectd.v1.Admin/GetStats',
+                request_serializer=effectd_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=effectd_dot_v1_dot_admin__pb2.GetStatsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -96,6 +101,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """What the daemon holds per namespace: open calls by state (UNKNOWN and
+        AWAITING_APPROVAL are the ones waiting for a person), stored bytes, and
+        the quotas they count against. With authentication on, only the
+        namespaces of the caller's token; another namespace answers NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -118,6 +133,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Backup,
                     request_deserializer=effectd_dot_v1_dot_admin__pb2.BackupRequest.FromString,
                     response_serializer=effectd_dot_v1_dot_admin__pb2.BackupResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=effectd_dot_v1_dot_admin__pb2.GetStatsRequest.FromString,
+                    response_serializer=effectd_dot_v1_dot_admin__pb2.GetStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -228,6 +248,33 @@ class Admin:
             '/effectd.v1.Admin/Backup',
             effectd_dot_v1_dot_admin__pb2.BackupRequest.SerializeToString,
             effectd_dot_v1_dot_admin__pb2.BackupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectd.v1.Admin/GetStats',
+            effectd_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
+            effectd_dot_v1_dot_admin__pb2.GetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

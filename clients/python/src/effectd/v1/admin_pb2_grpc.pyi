@@ -56,6 +56,12 @@ class AdminStub:
     INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
     by starting a daemon with `effectd serve --data-dir PATH`.
     """
+    GetStats: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.GetStatsResponse]
+    """What the daemon holds per namespace: open calls by state (UNKNOWN and
+    AWAITING_APPROVAL are the ones waiting for a person), stored bytes, and
+    the quotas they count against. With authentication on, only the
+    namespaces of the caller's token; another namespace answers NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -79,6 +85,12 @@ class AdminAsyncStub(AdminStub):
     absolute path to a new or empty directory, refused otherwise with
     INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
     by starting a daemon with `effectd serve --data-dir PATH`.
+    """
+    GetStats: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.GetStatsResponse]  # type: ignore[assignment]
+    """What the daemon holds per namespace: open calls by state (UNKNOWN and
+    AWAITING_APPROVAL are the ones waiting for a person), stored bytes, and
+    the quotas they count against. With authentication on, only the
+    namespaces of the caller's token; another namespace answers NOT_FOUND.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -124,6 +136,18 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         absolute path to a new or empty directory, refused otherwise with
         INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
         by starting a daemon with `effectd serve --data-dir PATH`.
+        """
+
+    @_abc_1.abstractmethod
+    def GetStats(
+        self,
+        request: _admin_pb2.GetStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetStatsResponse, _abc.Awaitable[_admin_pb2.GetStatsResponse]]:
+        """What the daemon holds per namespace: open calls by state (UNKNOWN and
+        AWAITING_APPROVAL are the ones waiting for a person), stored bytes, and
+        the quotas they count against. With authentication on, only the
+        namespaces of the caller's token; another namespace answers NOT_FOUND.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
