@@ -107,6 +107,7 @@ class RacyLedger(LedgerService):
         lease_ms: int,
         retry: bool,
         expected_revision: int | None,
+        actor: str = rules.AGENT,
     ) -> Answer:
         old = self.get(ref)
         await asyncio.sleep(0.001)
@@ -117,6 +118,7 @@ class RacyLedger(LedgerService):
             retry=retry,
             policy=self._policy.current(),
             expected_revision=expected_revision,
+            actor=actor,
         )
 
         def blind_write(view: WriteView) -> Answer | EffectdError:
