@@ -81,6 +81,9 @@ class ServeConfig:
     # "json" (one object per line) or "text".
     log_format: str = "json"
     log_level: str = "info"
+    # One OpenTelemetry server span per RPC; needs the otel extra, and takes
+    # its exporter and sampler from the SDK's OTEL_* variables.
+    otel: bool = False
     server_limits: ServerLimits = field(default_factory=ServerLimits)
     quotas: Quotas = field(default_factory=Quotas)
     # A TOML policy file (see sidecar.policy_file); None: the default policy.

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import httpx
@@ -64,6 +65,9 @@ from sidecar.services.retention import PassResult, RetentionService
 from sidecar.services.retry import RetryService
 from sidecar.storage.api import Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+
+if TYPE_CHECKING:
+    from sidecar.observability.otel import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +124,22 @@ def load_credentials(cfg: ServeConfig) -> Credentials | None:
     if cfg.tokens_text is not None:
         return tokens.parse(cfg.tokens_text)
     return None
+
+
+def load_tracing(cfg: ServeConfig) -> Tracing | None:
+    """OpenTelemetry spans with `otel` on; imported only then, so a daemon
+    without it loads none of the SDK."""
+    if not cfg.otel:
+        return None
+    try:
+        from sidecar.observability import otel  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("opentelemetry"):
+            raise
+        raise ConfigError(
+            "otel: needs the otel extra (pip install effectd[otel])"
+        ) from None
+    return otel.from_environment()
 
 
 def refuse_unsafe_directory(path: Path) -> None:
@@ -186,6 +206,9 @@ class Daemon:
         self.provider_sleep: Sleep = asyncio.sleep
         self._http: httpx.AsyncClient | None = None
         self.provider: ProviderClient | None = None
+        # Last: its exporters may start threads. A seam: tests put a provider
+        # with an in-memory exporter here.
+        self.tracing: Tracing | None = load_tracing(config)
 
     def open_store(self) -> Store:
         refuse_unsafe_directory(self.config.data_dir)
@@ -252,7 +275,13 @@ class Daemon:
                 generic_handler(SERVICES[0], ToolLedger(ledger, operator)),
                 generic_handler(
                     admin_pb2.DESCRIPTOR.services_by_name["Admin"],
-                    Admin(operator, self._policies, backup=store.backup),
+                    Admin(
+                        operator,
+                        self._policies,
+                        backup=store.backup,
+                        quotas=cfg.quotas,
+                        incarnation=store.incarnation,
+                    ),
                 ),
                 generic_handler(
                     SERVICES[1],
@@ -366,6 +395,7 @@ class Daemon:
             self.credentials,
             admission=admission,
             observer=self.metrics,
+            tracer=self.tracing,
             default_deadline=cfg.server_limits.default_deadline_seconds,
         )
 
@@ -441,6 +471,9 @@ class Daemon:
         if self.metrics_server is not None:
             await asyncio.to_thread(self.metrics_server.close)
             self.metrics_server = None
+        if self.tracing is not None:
+            # Exports the spans still queued (bounded by the SDK's timeout).
+            await asyncio.to_thread(self.tracing.close)
         # Waits for a scrape reading the store; no later one reads it.
         for unwatch in self._unwatch:
             unwatch()

@@ -253,6 +253,12 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("debug", "info", "warning", "error"),
     ),
     Setting(
+        "otel",
+        Kind.BOOL,
+        "record an OpenTelemetry span per RPC (needs effectd[otel]; exporter "
+        "and sampler from the OTEL_* variables)",
+    ),
+    Setting(
         "max_message_size",
         Kind.SIZE,
         "largest gRPC message, both directions",

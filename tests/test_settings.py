@@ -191,6 +191,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "metrics_listen": ("127.0.0.1:9090", "127.0.0.1:9090"),
     "log_format": ("text", "text"),
     "log_level": ("WARNING", "warning"),
+    "otel": ("true", True),
     "max_message_size": ("16MiB", 16 << 20),
     "max_concurrent_rpcs": ("64", 64),
     "max_concurrent_streams": ("16", 16),
@@ -243,7 +244,10 @@ def test_every_setting_is_read_from_every_layer(key: str, layer: Layer) -> None:
             assert _error((), env, f"{key} = {text!r}").startswith(f"{key} in {FILE}:")
         return
     if layer is Layer.FLAG:
-        argv = (s.flag, text) if s.kind is not settings.Kind.BOOL else (f"--no-{key}",)
+        if s.kind is not settings.Kind.BOOL:
+            argv = (s.flag, text)
+        else:
+            argv = (s.flag,) if value else (f"--no-{key}",)
     elif layer is Layer.ENV:
         env[s.env] = text
     else:

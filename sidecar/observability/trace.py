@@ -2,11 +2,12 @@
 
 The gRPC gate reads `traceparent` and `tracestate` from an RPC's metadata
 into `CURRENT`, a context variable, so whatever runs for that RPC (log lines,
-provider calls) sees it without passing it along. effectd starts no spans of
-its own: a provider call forwards a child of the caller's context (same
-trace-id and flags, a fresh parent-id), so the upstream's spans join the
-agent's trace. Parsing is strict, as the specification asks: a malformed
-header is ignored, never repaired, and never forwarded.
+provider calls) sees it without passing it along. Without OpenTelemetry
+effectd records no spans: a provider call forwards a child of the caller's
+context (same trace-id and flags, a fresh parent-id), so the upstream's spans
+join the agent's trace; with it, the RPC's own server span is the parent.
+Parsing is strict, as the specification asks: a malformed header is ignored,
+never repaired, and never forwarded.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class TraceParent:
     flags: str
     version: str = VERSION
     tracestate: str = ""
+    # parent_id is a span effectd records itself (OpenTelemetry on, see
+    # sidecar.observability.otel): the requests it sends are its children.
+    recorded: bool = False
 
     @property
     def sampled(self) -> bool:
@@ -45,7 +49,10 @@ class TraceParent:
 
     def child(self) -> TraceParent:
         """The context of a request effectd sends on the caller's behalf: the
-        same trace and flags, a new random parent-id, version 00."""
+        same trace and flags, a new random parent-id, version 00. A recorded
+        span is itself the parent of those requests: its id is forwarded."""
+        if self.recorded:
+            return self
         parent = "0" * 16
         while parent == "0" * 16:
             parent = secrets.token_hex(8)

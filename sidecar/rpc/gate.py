@@ -4,9 +4,9 @@ In order, before any handler runs (and before the request is parsed):
 authenticate the bearer token, authorize the method for the token's roles
 (default deny: a method without a rule is refused to everyone). Then around
 the handler: admit the namespace through its rate limit, give a call that
-brought no deadline the default one, and record the outcome (metrics, one
-access log line). Health is open: probes carry no credentials, and it tells
-only whether the daemon serves.
+brought no deadline the default one, and record the outcome (metrics, a span
+with OpenTelemetry on, one access log line). Health is open: probes carry no
+credentials, and it tells only whether the daemon serves.
 
 The caller's identity reaches the handlers through `CURRENT`, a ContextVar
 set by the wrapper the interceptor puts around each handler (it runs in the
@@ -59,6 +59,15 @@ class RpcObserver(Protocol):
     def refused(self, reason: str) -> None: ...
 
 
+class RpcTracer(Protocol):
+    """Records a span per RPC (sidecar.observability.otel)."""
+
+    def rpc_started(self, state: CallState) -> trace.TraceParent | None:
+        """Starts the call's span; the context its provider requests carry."""
+
+    def rpc_finished(self, state: CallState, code: grpc.StatusCode) -> None: ...
+
+
 @dataclass(slots=True)
 class CallState:
     """What the gate knows of the call being served."""
@@ -71,6 +80,8 @@ class CallState:
     reason: str = ""
     namespace: str = field(default="")
     trace: trace.TraceParent | None = None
+    # The tracer's span of this call, if it records one.
+    span: object = None
 
 
 CURRENT: ContextVar[CallState | None] = ContextVar("effectd_call", default=None)
@@ -163,11 +174,13 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         *,
         admission: Admission | None = None,
         observer: RpcObserver | None = None,
+        tracer: RpcTracer | None = None,
         default_deadline: float | None = None,
     ) -> None:
         self._credentials = credentials
         self._admission = admission
         self._observer = observer
+        self._tracer = tracer
         self._default_deadline = default_deadline
 
     async def intercept_service(
@@ -254,6 +267,8 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         metadata: tuple[tuple[str, str | bytes], ...],
     ) -> tuple[CallState, tuple[Any, Any]]:
         state = CallState(method, principal, trace=trace.from_metadata(metadata))
+        if self._tracer is not None:
+            state.trace = self._tracer.rpc_started(state)
         return state, (CURRENT.set(state), trace.CURRENT.set(state.trace))
 
     async def _admit(self, state: CallState, request: object, context: Context) -> None:
@@ -313,6 +328,8 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         seconds: float,
         metadata: tuple[tuple[str, str | bytes], ...],
     ) -> None:
+        if self._tracer is not None:
+            self._tracer.rpc_finished(state, code)
         if self._observer is not None:
             self._observer.rpc_finished(state.method, code, seconds)
             if state.reason:
