@@ -5,7 +5,10 @@ refusals while others keep being served (issue: limits; reliability-anchors
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -150,3 +153,74 @@ def test_a_world_writable_data_directory_is_refused(short_tmp: Path) -> None:
     daemon = Daemon(ServeConfig(data_dir=data))
     with pytest.raises(ValueError, match="world-writable"):
         asyncio.run(daemon.start())
+
+
+# -- the HTTP/2 limits, as a raw client sees them ----------------------------
+
+SETTINGS, GOAWAY = 4, 7
+MAX_CONCURRENT_STREAMS = 3
+
+
+def _frames(sock: socket.socket, until: float) -> list[tuple[int, bytes]]:
+    """(type, payload) of every HTTP/2 frame the server sends before it
+    closes the connection or `until` seconds pass without a byte."""
+    sock.settimeout(until)
+    data = b""
+    with contextlib.suppress(TimeoutError):
+        while chunk := sock.recv(4096):
+            data += chunk
+    frames = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        frames.append((data[3], data[9 : 9 + length]))
+        data = data[9 + length :]
+    return frames
+
+
+def _settings(payload: bytes) -> dict[int, int]:
+    return {
+        int.from_bytes(payload[i : i + 2], "big"): int.from_bytes(
+            payload[i + 2 : i + 6], "big"
+        )
+        for i in range(0, len(payload), 6)
+    }
+
+
+@contextlib.contextmanager
+def _raw_connection(short_tmp: Path, handshake: float) -> Iterator[socket.socket]:
+    limits = ServerLimits(
+        handshake_timeout_seconds=handshake,
+        max_concurrent_streams=7,
+    )
+    config = ServeConfig(
+        data_dir=short_tmp / "data", listen="127.0.0.1:0", server_limits=limits
+    )
+    with running_daemon(config) as daemon:
+        assert daemon.endpoints.tcp is not None
+        host, port = daemon.endpoints.tcp.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            yield sock
+
+
+def test_a_client_that_never_finishes_the_handshake_is_dropped(
+    short_tmp: Path,
+) -> None:
+    """A connection that sends nothing is told GOAWAY and closed once the
+    handshake timeout passes; the server's SETTINGS carry the stream limit."""
+    with _raw_connection(short_tmp, handshake=0.2) as sock:
+        frames = _frames(sock, until=10)
+    settings = [_settings(p) for t, p in frames if t == SETTINGS]
+    assert settings[0][MAX_CONCURRENT_STREAMS] == 7
+    goaways = [p for t, p in frames if t == GOAWAY]
+    assert goaways
+    assert b"handshake timeout" in goaways[0]
+
+
+def test_within_the_handshake_timeout_the_connection_stays(short_tmp: Path) -> None:
+    """Control: with a long handshake timeout the same silent connection is
+    still open (no GOAWAY) when the client stops listening."""
+    with _raw_connection(short_tmp, handshake=60) as sock:
+        frames = _frames(sock, until=1.0)
+    types = [t for t, _ in frames]
+    assert SETTINGS in types
+    assert GOAWAY not in types
