@@ -64,6 +64,15 @@ def entry_pb(entry: Entry) -> pb.AuditEntry:
     )
 
 
+def _scope(v: Violations, requested: str) -> str | None:
+    """The namespace an operator read covers: None (every one) when none is
+    named and the caller may see them all; otherwise the named one or the
+    credential's (`gate.namespace`)."""
+    if requested or not gate.whole_daemon():
+        return convert.namespace(v, requested)
+    return None
+
+
 class Admin:
     def __init__(
         self,
@@ -95,15 +104,11 @@ class Admin:
         self, req: pb.ListAuditRequest, _: Context
     ) -> pb.ListAuditResponse:
         v = Violations()
-        namespace = req.namespace
-        # No namespace named: the whole log, for a caller who may see it all;
-        # otherwise the credential's namespace.
-        if namespace or not gate.whole_daemon():
-            namespace = convert.namespace(v, namespace)
+        namespace = _scope(v, req.namespace)
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
         page = self._operator.list_audit(
-            namespace=namespace,
+            namespace=namespace or "",
             newest_first=req.newest_first,
             page_size=size,
             page_token=req.page_token,
@@ -156,13 +161,7 @@ class Admin:
         self, req: pb.GetStatsRequest, _: Context
     ) -> pb.GetStatsResponse:
         v = Violations()
-        namespace: str | None = req.namespace
-        # Like ListAudit: no namespace named is every one, for a caller who
-        # may see them all; otherwise the credential's.
-        if req.namespace or not gate.whole_daemon():
-            namespace = convert.namespace(v, req.namespace)
-        else:
-            namespace = None
+        namespace = _scope(v, req.namespace)
         v.require()
         q = self._quotas
         return pb.GetStatsResponse(
