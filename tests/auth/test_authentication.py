@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sidecar.auth import access, tokens
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.ledger.rules import Answer, PrepareSpec
-from sidecar.server import Daemon
+from sidecar.server import Daemon, load_credentials
 from sidecar.services.ledger import LedgerService
 from sidecar.storage.api import Store
 from sidecar.testing import running_daemon
@@ -388,3 +388,23 @@ def test_the_history_names_the_token_that_acted(short_tmp: Path) -> None:
         ledger = ledger_pb2_grpc.ToolLedgerStub(grpc.insecure_channel(daemon.target))
         call = ledger.PrepareTool(prepare("open")).call
         assert [t.actor for t in call.history] == ["agent"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
+def test_a_tokens_file_of_another_user_is_refused(short_tmp: Path) -> None:
+    path = short_tmp / "tokens.toml"
+    path.write_text(TOKENS)
+    os.chmod(path, 0o600)
+    os.chown(path, 65534, -1)
+    with pytest.raises(ConfigError, match="not owned by the daemon's user"):
+        tokens.load_file(path)
+
+
+def test_tokens_come_from_one_place(short_tmp: Path) -> None:
+    path = short_tmp / "tokens.toml"
+    path.write_text(TOKENS)
+    os.chmod(path, 0o600)
+    config = ServeConfig(data_dir=short_tmp, tokens_file=path, tokens_text=TOKENS)
+    with pytest.raises(ConfigError, match="set one, not both"):
+        load_credentials(config)
+    assert load_credentials(ServeConfig(data_dir=short_tmp, tokens_file=path))
