@@ -62,6 +62,18 @@ HOP_BY_HOP = frozenset(
     }
 )
 FORBIDDEN_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length"}
+# An agent's own credentials: never sent upstream, whatever header the route
+# puts its credential in (DESIGN §9: provider keys live in the sidecar).
+CREDENTIAL_HEADERS = frozenset(
+    {
+        "authorization",
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "ocp-apim-subscription-key",
+        "cookie",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +233,11 @@ class ProviderClient:
         lowered = {n.lower(): v for n, v in request.headers}
         key = request.idempotency_key or lowered.get("idempotency-key", "")
         key = key or str(uuid.uuid4())
-        headers = [(n, v) for n, v in request.headers if n.lower() != "idempotency-key"]
+        headers = [
+            (n, v)
+            for n, v in request.headers
+            if n.lower() != "idempotency-key" and n.lower() not in CREDENTIAL_HEADERS
+        ]
         headers += list(route.headers.items())
         if route.credential_header:
             headers.append((route.credential_header, route.credential))

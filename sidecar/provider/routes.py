@@ -55,6 +55,9 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 # RFC 3986 path and query characters; anything else is refused, not encoded.
+# A percent that does not start an escape: some servers read `%u002e`.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+MAX_DECODINGS = 3
 _PATH = re.compile(
     r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*(\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$"
 )
@@ -213,6 +216,31 @@ def load_providers(path: Path) -> dict[str, Route]:
     return parse_providers(text, str(path))
 
 
+def _leaves_the_base(bare: str) -> bool:
+    """Whether the path, as sent or as any further percent-decoding reads it
+    (an upstream, or a proxy in front of it, may decode more than once),
+    could climb out of the route's base."""
+    form = bare
+    for _ in range(MAX_DECODINGS + 1):
+        if not _stays_below(form):
+            return True
+        decoded = urllib.parse.unquote(form)
+        if decoded == form:
+            return False
+        form = decoded
+    return True  # still encoded after that many decodings: nobody means that
+
+
+def _stays_below(form: str) -> bool:
+    """No `.` or `..` segment, even behind path parameters (`..;x`, which
+    servlet containers read as `..`), no `//`, no backslash, no control."""
+    if "\\" in form or "//" in form:
+        return False
+    if any(ord(c) < 0x20 or c == "\x7f" for c in form):
+        return False
+    return all(s.split(";", 1)[0] not in (".", "..") for s in form.split("/"))
+
+
 def resolve(routes: Mapping[str, Route], name: str, path: str) -> tuple[Route, str]:
     """The route and absolute URL of a request; ROUTE_NOT_ALLOWED for an
     unknown route or any path that could leave the route's base."""
@@ -225,9 +253,9 @@ def resolve(routes: Mapping[str, Route], name: str, path: str) -> tuple[Route, s
     if not _PATH.match(path) or path.startswith("//"):
         raise RouteNotAllowed("the path must be a relative path starting with /", meta)
     bare = path.split("?", 1)[0]
-    decoded = urllib.parse.unquote(bare)
-    segments = decoded.split("/")
-    if "\\" in decoded or "//" in decoded or any(s in (".", "..") for s in segments):
+    if _BAD_ESCAPE.search(path):
+        raise RouteNotAllowed("the path has a % not followed by two hex digits", meta)
+    if _leaves_the_base(bare):
         raise RouteNotAllowed("the path must not contain . or .. segments or //", meta)
     if not any(bare.startswith(prefix) for prefix in route.paths):
         raise RouteNotAllowed("the path is outside the route's allowed paths", meta)

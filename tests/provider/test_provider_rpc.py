@@ -117,6 +117,8 @@ def test_a_429_after_the_last_retry_is_an_answer(
     [
         ("nope", "/v1/chat"),
         ("up", "/v1/../admin"),
+        ("up", "/v1/..;/admin"),
+        ("up", "/v1/%252e%252e/admin"),
         ("up", "http://169.254.169.254/latest"),
         ("up", "//evil.example/v1/"),
         ("up", "/internal"),
@@ -148,6 +150,33 @@ def test_requests_cannot_set_the_routes_headers(short_tmp: Path, header: str) ->
             stub.ProviderCall(req, timeout=30)
         assert not up.seen
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "x-api-key",
+        "api-key",
+        "X-Goog-Api-Key",
+        "Ocp-Apim-Subscription-Key",
+        "Cookie",
+    ],
+)
+def test_an_agents_own_credential_never_reaches_the_upstream(
+    short_tmp: Path, header: str
+) -> None:
+    """A credential-like header the route does not set itself is dropped: the
+    upstream gets the route's credential only (issue 10 item 27: fails before
+    the fix: the agent's x-api-key reached an Authorization route)."""
+    # DESIGN §9 "provider API keys live in the sidecar's configuration"
+    with proxied(short_tmp, Reply(200)) as (stub, up):
+        req = _request(headers=[pb.Header(name=header, value="sk-agent-own-key")])
+        answer = stub.ProviderCall(req, timeout=30)
+        [seen] = up.seen
+    assert answer.status == 200
+    assert header.lower() not in seen.headers
+    assert "sk-agent-own-key" not in repr(seen)
+    assert seen.headers["authorization"] == f"Bearer {SECRET}"
 
 
 def test_redirects_are_answered_not_followed(short_tmp: Path) -> None:

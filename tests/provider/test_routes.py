@@ -152,6 +152,35 @@ def test_paths_that_could_leave_the_route_are_refused(path: str) -> None:
         resolve(ROUTES, "r", path)
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/..;/admin",  # a servlet container reads `..;` as `..`
+        "/v1/..;jsessionid=1/admin",
+        "/v1/%2e%2e;/admin",
+        "/v1/%2e%2e%3b/admin",
+        "/v1/.;/x",
+        "/v1/%252e%252e/admin",  # decoded twice upstream
+        "/v1/%252e%252e%253b/admin",
+        "/v1/%25252e%25252e/admin",  # three times
+        "/v1/%252f%252fevil.example",
+        "/v1/%255c..%255cadmin",
+        "/v1/%2525252e",  # still encoded after three decodings
+        "/v1/%u002e%u002e/admin",  # not an escape: IIS reads it as one
+        "/v1/%0d%0aHost:%20evil",
+        "/v1/x%00",
+    ],
+)
+def test_paths_that_leave_after_another_decoding_are_refused(path: str) -> None:
+    """Dot segments behind path parameters, double-encoded dots and slashes,
+    and malformed escapes are ROUTE_NOT_ALLOWED: an upstream that reads them
+    differently could serve a path outside the route (issue 10 item 27:
+    fails before the fix: they resolved to a URL on the route's host)."""
+    # DESIGN §9 "Only configured routes can be called (no open proxy)"
+    with pytest.raises(RouteNotAllowed):
+        resolve(ROUTES, "r", path)
+
+
 def test_an_unknown_route_is_refused() -> None:
     """A route that is not configured is ROUTE_NOT_ALLOWED."""
     with pytest.raises(RouteNotAllowed, match="no provider route"):
@@ -164,6 +193,9 @@ def test_an_unknown_route_is_refused() -> None:
         ("/v1/chat", "https://api.example.com/base/v1/chat"),
         ("/v1/models?limit=2", "https://api.example.com/base/v1/models?limit=2"),
         ("/v1/files/file-abc:1", "https://api.example.com/base/v1/files/file-abc:1"),
+        ("/v1/a;b/c", "https://api.example.com/base/v1/a;b/c"),
+        ("/v1/a%20b", "https://api.example.com/base/v1/a%20b"),
+        ("/v1/..x/.y", "https://api.example.com/base/v1/..x/.y"),
     ],
 )
 def test_paths_below_the_base_are_resolved(path: str, url: str) -> None:

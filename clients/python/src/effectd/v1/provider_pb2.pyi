@@ -202,7 +202,10 @@ class ProviderRequest(_message.Message):
     path: _builtins.str
     """The path below the route's base URL, starting with `/`, with an
     optional `?query`; it must start with one of the route's allowed
-    prefixes. No scheme, host, `..` or `.` segment, `//`, backslash.
+    prefixes. No scheme, host, `..` or `.` segment (also not behind `;`
+    parameters, as in `..;`), `//`, backslash or control character, as
+    sent or after up to three more percent-decodings (`%252e%252e`), and
+    no `%` that does not start an escape (ROUTE_NOT_ALLOWED).
     """
     body: _builtins.bytes
     max_retries: _builtins.int
@@ -217,7 +220,10 @@ class ProviderRequest(_message.Message):
     def headers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Header]:
         """Headers to send. Hop-by-hop headers, Host, Content-Length and the
         headers the route sets itself (its credential and injected headers)
-        are refused (INVALID_REQUEST).
+        are refused (INVALID_REQUEST). Other credential-like headers
+        (Authorization, x-api-key, api-key, x-goog-api-key,
+        Ocp-Apim-Subscription-Key, Cookie) are dropped on every route: an
+        agent's own credentials never reach the upstream.
         """
 
     def __init__(
