@@ -33,7 +33,7 @@ from sidecar.observability import trace
 from sidecar.provider import policy
 from sidecar.provider.budget import RetryBudget
 from sidecar.provider.policy import Cause, Outcome, Random, Stop
-from sidecar.provider.routes import Route, resolve
+from sidecar.provider.routes import Route, RouteEffect, resolve
 from sidecar.provider.sse import Event, EventTooLarge, Parser
 
 log = logging.getLogger(__name__)
@@ -263,10 +263,10 @@ class ProviderClient:
             max_retries=policy.effective_max_retries(
                 request.max_retries, route.max_retries, inbound
             ),
-            # provider-retries §12.3, the safer choice: a request that may have
-            # executed is replayed only where the upstream de-duplicates it.
-            replay_safe=method in policy.IDEMPOTENT_METHODS
-            or route.honours_idempotency_key,
+            # ADR-010 D4: model inference is retried after an ambiguous
+            # failure (with the route's Idempotency-Key where it honours one);
+            # a side-effect route is not (provider-retries §12.3).
+            replay_safe=route.effect is RouteEffect.INFERENCE,
             deadline_ns=self._clock.monotonic_ns() + int(max(0.0, seconds) * 1e9),
         )
 

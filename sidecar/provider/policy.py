@@ -34,7 +34,9 @@ ERROR_BODY_LIMIT = 64 << 10
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 # Not transient (provider-retries §12.1, the safer choice): never retried.
 PERMANENT_5XX = frozenset({501, 505, 511})
-IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# The answers by which the upstream itself says it did not process the
+# request; a 5xx may come after it did (a gateway's 502/504, a crash).
+NOT_PROCESSED_STATUSES = RETRYABLE_STATUSES
 # Provider body-level codes that make a retryable status permanent (§10.2 row 6).
 PERMANENT_ERROR_CODES = frozenset(
     {"insufficient_quota", "enforced_spend_limit_reached"}
@@ -246,13 +248,22 @@ class Step:
 
 
 def retryable_outcome(outcome: Outcome, replay_safe: bool) -> bool:
-    """Whether the outcome itself may be retried (§10.2 rows 3-6, §12.3)."""
+    """Whether the outcome itself may be retried (§10.2 rows 3-6, §12.3).
+
+    `replay_safe` is false on a side-effect route: there an outcome after
+    which the upstream may have executed the request (a transport failure
+    after sending, a 5xx, a 2xx stream whose first event is an error) is not
+    retried, only one it provably did not process (ADR-010 D1, D4).
+    """
     if outcome.cause is Cause.RESPONSE:
-        if not status_retryable(outcome.status):
-            return False
-        return body_error_code(outcome.body) not in PERMANENT_ERROR_CODES
+        unprocessed = outcome.status in NOT_PROCESSED_STATUSES
+        return (
+            status_retryable(outcome.status)
+            and (replay_safe or unprocessed)
+            and body_error_code(outcome.body) not in PERMANENT_ERROR_CODES
+        )
     if outcome.cause is Cause.ERROR_EVENT:
-        return outcome.error_type in TRANSIENT_EVENT_ERRORS
+        return replay_safe and outcome.error_type in TRANSIENT_EVENT_ERRORS
     if outcome.cause is Cause.NEVER_SENT:
         return True
     if outcome.cause is Cause.MAYBE_EXECUTED:

@@ -6,6 +6,7 @@
     credential_header = "Authorization"  # default; "Bearer " prefixed for it
     credential_prefix = "Bearer "        # default: "Bearer " for Authorization
     idempotency_key = true               # the upstream honours Idempotency-Key
+    effect = "inference"                 # or "side-effect": no ambiguous retry
     max_retries = 2                      # the cap a request may lower (0..4)
     paths = ["/v1/"]                     # allowed path prefixes (default "/")
     read_timeout_seconds = 600           # per attempt, bounded by the deadline
@@ -19,6 +20,7 @@ route's base and refuses anything else (ROUTE_NOT_ALLOWED).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import os
 import re
@@ -47,6 +49,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "credential_header": str,
     "credential_prefix": str,
     "idempotency_key": bool,
+    "effect": str,
     "max_retries": int,
     "paths": list,
     "read_timeout_seconds": (int, float),
@@ -63,6 +66,20 @@ _PATH = re.compile(
 )
 
 
+class RouteEffect(enum.Enum):
+    """What a route's requests do upstream, for the retry policy.
+
+    INFERENCE (the default): model inference, whose replay costs money but
+    repeats no business effect, so an attempt that may have executed is
+    retried (ADR-010 D4). SIDE_EFFECT: a replay could repeat an effect (an
+    upload, a batch, a fine-tune), so only an attempt the upstream provably
+    did not process is retried (ADR-010 D1, D2).
+    """
+
+    INFERENCE = "inference"
+    SIDE_EFFECT = "side-effect"
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """One configured upstream. `credential` never leaves this value except
@@ -73,6 +90,7 @@ class Route:
     credential_header: str = ""
     credential: str = field(default="", repr=False)
     honours_idempotency_key: bool = False
+    effect: RouteEffect = RouteEffect.INFERENCE
     max_retries: int = DEFAULT_MAX_RETRIES
     paths: tuple[str, ...] = ("/",)
     read_timeout: float = 600.0
@@ -139,6 +157,14 @@ def _credential(where: str, table: dict[str, Any], environ: Mapping[str, str]) -
     return secret
 
 
+def _effect(where: str, table: dict[str, Any]) -> RouteEffect:
+    value = table.get("effect", RouteEffect.INFERENCE.value)
+    for effect in RouteEffect:
+        if effect.value == value:
+            return effect
+    raise ProvidersError(f'{where}.effect: must be "inference" or "side-effect"')
+
+
 def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
     where = f"routes.{name}"
     if not _NAME.match(name):
@@ -182,6 +208,7 @@ def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
         credential_header=header,
         credential=f"{prefix}{credential}" if credential else "",
         honours_idempotency_key=table.get("idempotency_key", False),
+        effect=_effect(where, table),
         max_retries=max_retries,
         paths=paths,
         read_timeout=timeout,

@@ -40,7 +40,6 @@ def route(base_url: str, **options: object) -> Route:
         "base_url": base_url,
         "credential_header": "Authorization",
         "credential": "Bearer sk-secret-test-key",
-        "honours_idempotency_key": True,
     }
     values.update(options)
     return Route(**values)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import asyncio
 import email.utils
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import httpx
@@ -25,6 +26,7 @@ from sidecar.provider.client import (
     StreamItem,
 )
 from sidecar.provider.policy import Cause, Stop
+from sidecar.provider.routes import RouteEffect
 from tests.provider.support import FakeSleep, request, route, run
 from tests.provider.upstream import Reply, serving, wait_until
 
@@ -310,8 +312,9 @@ GOOD = Reply(events=[b"data: one\n\n", b"data: two\n\n"])
 
 
 def test_case_11_disconnect_before_the_first_event_is_retried() -> None:
-    """200 then a disconnect before any event is retried; the agent sees only
-    the second attempt's events."""
+    """200 then a disconnect before any event is retried on a default route;
+    the agent sees only the second attempt's events (issue 10 item 21: fails
+    before the fix: only a route honouring Idempotency-Key retried it)."""
     # provider-retries §10.10 case 11, §10.5 S2
     with serving(Reply(events=[], break_off=True), GOOD) as up:
         items = run(_collect, up.base_url)
@@ -495,7 +498,7 @@ def test_one_idempotency_key_across_attempts() -> None:
     which the answer reports."""
     # provider-retries §10.6, AIP-155
     with serving(Reply(500), Reply(502), Reply(200)) as up:
-        answer = run(_call, up.base_url)
+        answer = run(_call, up.base_url, honours_idempotency_key=True)
         keys = {s.headers["idempotency-key"] for s in up.seen}
     assert keys == {answer.idempotency_key}
     assert len(up.seen) == 3
@@ -510,7 +513,7 @@ def test_an_agent_key_is_passed_through_and_not_sent_to_other_routes() -> None:
         return await client.call(request(idempotency_key="run-1:call-7"))
 
     with serving(Reply(200)) as up:
-        answer = run(body, up.base_url)
+        answer = run(body, up.base_url, honours_idempotency_key=True)
         assert up.seen[0].headers["idempotency-key"] == "run-1:call-7"
     assert answer.idempotency_key == "run-1:call-7"
     with serving(Reply(200)) as up:
@@ -518,20 +521,97 @@ def test_an_agent_key_is_passed_through_and_not_sent_to_other_routes() -> None:
         assert "idempotency-key" not in up.seen[0].headers
 
 
-def test_a_reset_after_the_request_is_retried_only_when_replay_safe() -> None:
-    """A reset after the request was read may have executed: retried for a
-    route that honours Idempotency-Key, not for a POST to one that does not."""
-    # provider-retries §10.2 row 5, §12.3 (the safer choice)
-    with serving(Reply(reset=True), Reply(200)) as up:
-        answer = run(_call, up.base_url)
+@pytest.mark.parametrize(
+    "failure",
+    [Reply(reset=True), Reply(hang=True)],
+    ids=["reset", "read-timeout"],
+)
+def test_an_ambiguous_failure_of_a_default_post_is_retried(failure: Reply) -> None:
+    """A reset or a read timeout after the request was sent may have executed;
+    on a default (inference) route a POST is still retried, bounded, and the
+    attempt is marked possibly executed (issue 10 item 21: fails before the
+    fix: only GET-like methods or an Idempotency-Key route were retried)."""
+    # ADR-010 D4 "or on a retryable transport error"; provider-retries §10.2 row 5
+    with serving(failure, Reply(200)) as up:
+        answer = run(_call, up.base_url, read_timeout=0.2)
+        assert len(up.seen) == 2
+    assert answer.status == 200
     assert answer.attempts[0].cause is Cause.MAYBE_EXECUTED
     assert answer.attempts[0].possibly_executed
-    assert answer.status == 200
-    with serving(Reply(reset=True), Reply(200)) as up:
-        with pytest.raises(UpstreamUnavailable) as caught:
-            run(_call, up.base_url, honours_idempotency_key=False)
-        assert len(up.seen) == 1
-    assert caught.value.metadata["stopReason"] == "non_retryable"
+    assert answer.retries == 1
+
+
+OVERLOADED = Reply(
+    events=[
+        b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
+    ]
+)
+# (first reply, stream?, requests the upstream sees on a side-effect route)
+SIDE_EFFECT_CASES = {
+    "reset": (Reply(reset=True), False, 1),
+    "read-timeout": (Reply(hang=True), False, 1),
+    "500": (Reply(500), False, 1),
+    "502": (Reply(502), False, 1),
+    "503": (Reply(503), False, 1),
+    "eof-before-first-event": (Reply(events=[], break_off=True), True, 1),
+    "overloaded-first-event": (OVERLOADED, True, 1),
+    "429": (Reply(429), False, 2),
+    "409": (Reply(409), False, 2),
+}
+
+
+def _send(stream: bool) -> Callable[[ProviderClient, FakeSleep], Awaitable[object]]:
+    async def body(client: ProviderClient, _: FakeSleep) -> object:
+        try:
+            if stream:
+                return [i async for i in client.stream(request(body=b"{}"))]
+            return await client.call(request(body=b"{}"))
+        except UpstreamUnavailable as exc:
+            return exc
+
+    return body
+
+
+@pytest.mark.parametrize("case", SIDE_EFFECT_CASES)
+def test_a_side_effect_route_never_replays_what_may_have_executed(case: str) -> None:
+    """On a route marked `effect = "side-effect"` an attempt the upstream may
+    have executed (reset, read timeout, 5xx, a stream that failed after its 2xx
+    head) is never sent again; one it provably did not process (429, 409) is
+    (issue 10 item 21: fails before the fix: routes had no effect)."""
+    # ADR-010 D1 (no automatic replay of a side effect), D4
+    first, stream, expected = SIDE_EFFECT_CASES[case]
+    with serving(first, Reply(200), GOOD if stream else Reply(200)) as up:
+        run(
+            _send(stream), up.base_url, read_timeout=0.2, effect=RouteEffect.SIDE_EFFECT
+        )
+        assert len(up.seen) == expected
+
+
+@pytest.mark.parametrize(
+    "case", [c for c, (_, _, n) in SIDE_EFFECT_CASES.items() if n == 1]
+)
+def test_negative_control_an_inference_route_replays_the_same_failures(
+    case: str,
+) -> None:
+    """Negative control: the same failures on a default route are retried, so
+    the single request above is the side-effect setting's doing."""
+    first, stream, _ = SIDE_EFFECT_CASES[case]
+    with serving(first, Reply(200), GOOD if stream else Reply(200)) as up:
+        run(_send(stream), up.base_url, read_timeout=0.2)
+        assert len(up.seen) > 1
+
+
+def test_a_side_effect_route_still_retries_a_request_never_sent() -> None:
+    """A connect failure proves the request was not sent: its transparent
+    retry stays on a side-effect route."""
+    # provider-retries §10.2 row 3
+    transport = _Faulty(httpx.ConnectError("refused"))
+    with serving(Reply(200)) as up:
+        answer = run(
+            _call, up.base_url, transport=transport, effect=RouteEffect.SIDE_EFFECT
+        )
+    assert transport.calls == 2
+    assert answer.transparent_retries == 1
 
 
 def test_a_retry_is_logged_before_its_sleep_without_credentials(

@@ -188,6 +188,20 @@ def _http(status: int, **headers: str) -> Outcome:
             Stop.NON_RETRYABLE,
         ),
         (Outcome(Cause.PERMANENT), {}, False, Stop.NON_RETRYABLE),  # row 4
+        # A side-effect route (not replay-safe), ADR-010 D1: only what the
+        # upstream provably did not process is retried.
+        (_http(500), {"replay_safe": False}, False, Stop.NON_RETRYABLE),
+        (_http(502), {"replay_safe": False}, False, Stop.NON_RETRYABLE),
+        (_http(503), {"replay_safe": False}, False, Stop.NON_RETRYABLE),
+        (_http(429), {"replay_safe": False}, True, None),
+        (_http(408), {"replay_safe": False}, True, None),
+        (Outcome(Cause.NEVER_SENT), {"replay_safe": False}, True, None),
+        (
+            Outcome(Cause.ERROR_EVENT, error_type="overloaded_error"),
+            {"replay_safe": False},
+            False,
+            Stop.NON_RETRYABLE,
+        ),
         (Outcome(Cause.ERROR_EVENT, error_type="overloaded_error"), {}, True, None),
         (
             Outcome(Cause.ERROR_EVENT, error_type="invalid_request_error"),

@@ -12,6 +12,7 @@ from sidecar.errors import RouteNotAllowed
 from sidecar.provider.routes import (
     ProvidersError,
     Route,
+    RouteEffect,
     load_providers,
     parse_providers,
     resolve,
@@ -42,6 +43,17 @@ def test_a_route_is_read_with_its_defaults() -> None:
     assert route.max_retries == 3
     assert dict(route.headers) == {"OpenAI-Beta": "assistants=v2"}
     assert route.own_headers == {"authorization", "openai-beta"}
+
+
+def test_a_route_serves_inference_unless_marked_side_effect() -> None:
+    """`effect` defaults to inference; "side-effect" marks a route whose
+    ambiguous failures are never retried."""
+    # ADR-010 D4; provider-retries §12.3
+    [route] = parse_providers(GOOD, environ=ENV).values()
+    assert route.effect is RouteEffect.INFERENCE
+    text = '[routes.files]\nbase_url = "https://x"\neffect = "side-effect"\n'
+    [marked] = parse_providers(text, environ={}).values()
+    assert marked.effect is RouteEffect.SIDE_EFFECT
 
 
 def test_the_credential_never_shows() -> None:
@@ -102,6 +114,14 @@ def test_load_names_an_unreadable_file(tmp_path: Path) -> None:
             "headers.x",
         ),
         ("routes = 1\n", "routes: must be"),
+        (
+            '[routes.a]\nbase_url = "https://x"\neffect = "write"\n',
+            "routes.a.effect",
+        ),
+        (
+            '[routes.a]\nbase_url = "https://x"\neffect = true\n',
+            "routes.a.effect",
+        ),
         ("not toml [", "not valid TOML"),
     ],
 )

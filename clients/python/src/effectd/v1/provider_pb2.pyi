@@ -24,10 +24,16 @@ Retry policy:
   * Transport failures: a provably unsent one (connect failure, pool
     timeout) is retried once at once, not counted as a retry
     (`transparent`); a failure after the request may have executed (read
-    timeout, reset, EOF) is retried only when the method is idempotent
-    (GET, HEAD, OPTIONS, PUT, DELETE) or the route honours
-    Idempotency-Key (the safer choice of provider-retries §12.3); a permanent
+    timeout, reset, EOF, also before a stream's first event) is retried
+    like a retryable status, whatever the method, and its attempt is
+    marked `possibly_executed` (ADR-010 D4: model inference); a permanent
     one (TLS verification, protocol, URL) never.
+  * A route marked `effect = "side-effect"` in the providers file (an
+    upload, a batch, a fine-tune: a replay could repeat an effect) never
+    retries an attempt the upstream may have executed: no transport
+    failure after sending, no 5xx, no stream whose 2xx answer began with
+    an error event. Only a provably unsent attempt and the answers 408,
+    409, 425 and 429 are retried there.
   * `x-should-retry: false` from the upstream vetoes a retry; `true`, or
     any `retryable`-style hint, never authorizes one (it is recorded as a
     diagnostic in the attempt).

@@ -61,7 +61,9 @@ class ProviderServicer:
         has been forwarded (the commit point): SSE comments, empty lines and
         `event: ping` are keep-alives, consumed and never forwarded, and do not
         commit. A transient error event as the first event (Anthropic
-        `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too.
+        `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too,
+        and so is a failure before the first event, except on a side-effect
+        route.
         Nothing is sent to the agent before the commit point. After it, an
         upstream failure is never retried and nothing is replayed: the stream
         ends with a `StreamEnd` whose `committed` is true. The last message of

@@ -24,10 +24,16 @@ Retry policy:
   * Transport failures: a provably unsent one (connect failure, pool
     timeout) is retried once at once, not counted as a retry
     (`transparent`); a failure after the request may have executed (read
-    timeout, reset, EOF) is retried only when the method is idempotent
-    (GET, HEAD, OPTIONS, PUT, DELETE) or the route honours
-    Idempotency-Key (the safer choice of provider-retries §12.3); a permanent
+    timeout, reset, EOF, also before a stream's first event) is retried
+    like a retryable status, whatever the method, and its attempt is
+    marked `possibly_executed` (ADR-010 D4: model inference); a permanent
     one (TLS verification, protocol, URL) never.
+  * A route marked `effect = "side-effect"` in the providers file (an
+    upload, a batch, a fine-tune: a replay could repeat an effect) never
+    retries an attempt the upstream may have executed: no transport
+    failure after sending, no 5xx, no stream whose 2xx answer began with
+    an error event. Only a provably unsent attempt and the answers 408,
+    409, 425 and 429 are retried there.
   * `x-should-retry: false` from the upstream vetoes a retry; `true`, or
     any `retryable`-style hint, never authorizes one (it is recorded as a
     diagnostic in the attempt).
@@ -100,7 +106,9 @@ class ProviderStub:
     has been forwarded (the commit point): SSE comments, empty lines and
     `event: ping` are keep-alives, consumed and never forwarded, and do not
     commit. A transient error event as the first event (Anthropic
-    `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too.
+    `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too,
+    and so is a failure before the first event, except on a side-effect
+    route.
     Nothing is sent to the agent before the commit point. After it, an
     upstream failure is never retried and nothing is replayed: the stream
     ends with a `StreamEnd` whose `committed` is true. The last message of
@@ -119,7 +127,9 @@ class ProviderAsyncStub(ProviderStub):
     has been forwarded (the commit point): SSE comments, empty lines and
     `event: ping` are keep-alives, consumed and never forwarded, and do not
     commit. A transient error event as the first event (Anthropic
-    `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too.
+    `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too,
+    and so is a failure before the first event, except on a side-effect
+    route.
     Nothing is sent to the agent before the commit point. After it, an
     upstream failure is never retried and nothing is replayed: the stream
     ends with a `StreamEnd` whose `committed` is true. The last message of
@@ -147,7 +157,9 @@ class ProviderServicer(metaclass=_abc_1.ABCMeta):
         has been forwarded (the commit point): SSE comments, empty lines and
         `event: ping` are keep-alives, consumed and never forwarded, and do not
         commit. A transient error event as the first event (Anthropic
-        `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too.
+        `overloaded_error` / `api_error`, OpenAI `server_error`) is retried too,
+        and so is a failure before the first event, except on a side-effect
+        route.
         Nothing is sent to the agent before the commit point. After it, an
         upstream failure is never retried and nothing is replayed: the stream
         ends with a `StreamEnd` whose `committed` is true. The last message of
