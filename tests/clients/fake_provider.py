@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import ServeConfig
+from sidecar.config import ServeConfig, ServerLimits
 from sidecar.testing import running_daemon
 from tests.provider.upstream import Reply, Upstream, serving
 
@@ -143,23 +143,33 @@ def rate_limited(retry_after_ms: int = 50) -> Reply:
 
 @contextmanager
 def proxied(
-    tmp: Path, *script: Reply, max_retries: int = 2
+    tmp: Path,
+    *script: Reply,
+    max_retries: int = 2,
+    effect: str = "inference",
+    default_deadline: float = 60.0,
 ) -> Iterator[tuple[str, Upstream]]:
-    """The daemon's target and the fake upstream both routes point at."""
+    """The daemon's target and the fake upstream both routes point at;
+    `effect` is both routes' setting, `default_deadline` the daemon's deadline
+    of a call that brings none."""
     with serving(*script) as up:
         (tmp / "openai.key").write_text(OPENAI_KEY + "\n")
         providers = tmp / "providers.toml"
+        common = f'paths = ["/v1/"]\nmax_retries = {max_retries}\neffect = "{effect}"\n'
         providers.write_text(
             f'[routes.openai]\nbase_url = "{up.base_url}"\n'
-            f'credential_file = "{tmp / "openai.key"}"\n'
-            f'paths = ["/v1/"]\nmax_retries = {max_retries}\n'
+            f'credential_file = "{tmp / "openai.key"}"\n{common}'
             f'[routes.anthropic]\nbase_url = "{up.base_url}"\n'
             f'credential_env = "{ANTHROPIC_ENV}"\ncredential_header = "x-api-key"\n'
-            f'paths = ["/v1/"]\nmax_retries = {max_retries}\n'
+            f"{common}"
         )
         os.environ[ANTHROPIC_ENV] = ANTHROPIC_KEY
         try:
-            config = ServeConfig(data_dir=tmp / "data", providers_file=providers)
+            config = ServeConfig(
+                data_dir=tmp / "data",
+                providers_file=providers,
+                server_limits=ServerLimits(default_deadline_seconds=default_deadline),
+            )
             with running_daemon(config) as running:
                 yield running.target, up
         finally:

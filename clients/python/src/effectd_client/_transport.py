@@ -3,7 +3,7 @@
     http = httpx.Client(transport=EffectdTransport(target, route="openai"))
     llm = openai.OpenAI(
         base_url="http://effectd/v1", api_key="unused", http_client=http,
-        max_retries=0,
+        timeout=30,
     )
 
 The host of the request URL is ignored: its path and query become the path
@@ -17,19 +17,29 @@ header names `text/event-stream` or its body is a JSON object whose
 `"stream"` is `true`; every other request through ProviderCall. A stream's
 response yields the server-sent events, re-encoded, as they arrive.
 
-The sidecar retries (one bounded policy); the SDK must not stack its own
-retries on top: every answer carries `x-should-retry: false` (any upstream
-value is replaced) and, unless it is a stream still open, the upstream
-requests it took as `x-effectd-attempts`; SDK clients should be made
-with `max_retries=0`.
+Deadline: the request's read timeout (what an SDK's `timeout=` sets) is the
+call's gRPC deadline, bounded by the transport's `timeout`; it covers the
+sidecar's retries and a whole stream, and the upstream request is closed
+when it passes. A plain `httpx.Client` brings httpx's default of 5 s.
+
+The sidecar retries (one bounded policy) and the SDK must not send again
+what the sidecar decided: every answer carries `x-should-retry: false` (any
+upstream value is replaced), which the openai and anthropic SDKs obey at
+their default `max_retries`, and, unless it is a stream still open, the
+upstream requests it took as `x-effectd-attempts`.
 
 Failures: the upstream's HTTP answer, whatever its status, is the response.
-A call without any upstream answer raises `httpx.ReadTimeout` (the deadline
-passed) or `httpx.ConnectError` (anything else: no upstream answer, the
-retry budget, a refused route or request, no daemon), the `EffectdError` as
-its `__cause__`. A stream that breaks after its first event (never retried,
-never replayed) raises `httpx.RemoteProtocolError` from the response
-stream, with the sidecar's explanation.
+A call the sidecar ended without any upstream answer is answered too, never
+raised (an SDK retries every exception a transport raises): 502 (no
+upstream answer, UPSTREAM_UNAVAILABLE), 503 (the route's retry budget,
+RETRY_BUDGET_EXHAUSTED, with `retry-after-ms`) or 504 (the deadline passed),
+with `x-should-retry: false`, the reason as `x-effectd-reason`, the
+attempts when known and a JSON error body. Only what never reached the
+upstream raises `httpx.ConnectError`, the `EffectdError` as its
+`__cause__`: a refused route or request, or no daemon. A stream that breaks
+after its first event (never retried, never replayed) raises
+`httpx.RemoteProtocolError` from the response stream, with the sidecar's
+explanation.
 
 `EffectdTransport` and `AsyncEffectdTransport` are for `httpx`;
 `Httpx2EffectdTransport` and `AsyncHttpx2EffectdTransport` the same for
@@ -41,10 +51,17 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import grpc
 import httpx
@@ -86,15 +103,24 @@ _NOT_ANSWERED = frozenset(
     {"content-length", "content-encoding", "transfer-encoding", "x-should-retry"}
 )
 
-Kind = Literal["connect", "timeout"]
+# The sidecar's decisions about a request it sent, or may have sent, upstream
+# without an HTTP answer to show: answered as HTTP with `x-should-retry:
+# false`, never raised. The SDKs (openai, anthropic) retry every exception a
+# transport raises, whatever that header says, so a raised error would send
+# the request upstream again after the sidecar decided not to.
+_DECIDED = {
+    "UPSTREAM_UNAVAILABLE": 502,
+    "RETRY_BUDGET_EXHAUSTED": 503,
+    "UPSTREAM_DEADLINE_EXCEEDED": 504,
+    # The call's deadline passed before the daemon answered: it covers every
+    # attempt the sidecar made.
+    "DEADLINE_EXCEEDED": 504,
+}
 
 
 class _Failed(Exception):
-    """Internal: no upstream answer; the flavour raises its own error."""
-
-    def __init__(self, kind: Kind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+    """Internal: the daemon took no decision about the upstream (it could not
+    be reached, or refused the request); the flavour raises its own error."""
 
 
 class _Broken(Exception):
@@ -116,12 +142,30 @@ def wants_stream(headers: Iterable[tuple[str, str]], body: bytes) -> bool:
     return isinstance(doc, dict) and doc.get("stream") is True
 
 
+def _read_timeout(extensions: Mapping[str, object]) -> float | None:
+    """The read timeout of an httpx or httpx2 request (`timeout=3` in an SDK
+    makes it 3): the longest its caller waits for the answer; None: none."""
+    timeout = extensions.get("timeout")
+    if not isinstance(timeout, Mapping):
+        return None
+    read = timeout.get("read")
+    if isinstance(read, bool) or not isinstance(read, int | float):
+        return None
+    return float(read)
+
+
 @dataclass(frozen=True, slots=True)
 class _Options:
     route: str
     timeout: float | None
     max_retries: int | None
     drop: frozenset[str]
+
+    def deadline(self, requested: float | None) -> float | None:
+        """The call's gRPC deadline: the request's own timeout, bounded by
+        the transport's."""
+        given = [t for t in (self.timeout, requested) if t is not None]
+        return min(given, default=None)
 
     def request(
         self,
@@ -189,13 +233,31 @@ def _sse(events: Sequence[pb.SseEvent]) -> bytes:
 
 def _failure(exc: grpc.RpcError) -> _Failed:
     err = EffectdError.from_rpc_error(exc)
-    timeout = (
-        err.reason == "UPSTREAM_DEADLINE_EXCEEDED"
-        or err.code is grpc.StatusCode.DEADLINE_EXCEEDED
-    )
-    failed = _Failed("timeout" if timeout else "connect", f"effectd: {err}")
+    failed = _Failed(f"effectd: {err}")
     failed.__cause__ = err
     return failed
+
+
+def _decided(exc: grpc.RpcError) -> _Answer:
+    """The answer of a call the sidecar ended without an upstream answer;
+    raises `_Failed` when the daemon decided nothing about the upstream."""
+    err = EffectdError.from_rpc_error(exc)
+    reason = err.reason or err.code.name
+    status = _DECIDED.get(reason)
+    if status is None:
+        raise _failure(exc)
+    error = {"type": reason.lower(), "code": reason, "message": f"effectd: {err}"}
+    headers = [
+        ("content-type", "application/json"),
+        ("x-should-retry", "false"),
+        ("x-effectd-reason", reason),
+    ]
+    if "attempts" in err.metadata:
+        headers.append(("x-effectd-attempts", err.metadata["attempts"]))
+    if err.retry_delay is not None:
+        headers.append(("retry-after-ms", str(round(err.retry_delay * 1000))))
+    body = json.dumps({"type": "error", "error": error}).encode()
+    return _Answer(status, headers, body)
 
 
 def _broken(end: pb.StreamEnd) -> _Broken | None:
@@ -226,7 +288,7 @@ def _first(msg: pb.ProviderStreamMessage) -> _Answer:
     """The answer of a stream's first message; its body when the stream
     ended in it (a non-2xx answer, an error event)."""
     if not msg.HasField("head"):
-        raise _Failed("connect", "effectd: the stream began without its head")
+        raise _Failed("effectd: the stream began without its head")
     attempts = len(msg.end.attempts) if msg.HasField("end") else None
     answer = _Answer(msg.head.status, _headers(msg.head.headers, attempts), None)
     if msg.HasField("end") and _broken(msg.end) is None:
@@ -265,12 +327,14 @@ class _SyncCore:
         self._stub = provider_pb2_grpc.ProviderStub(self._channel)
 
     def exchange(
-        self, method: str, raw_path: bytes, headers: list[tuple[str, str]], body: bytes
+        self, request: httpx.Request | httpx2.Request, body: bytes
     ) -> tuple[_Answer, Iterator[bytes] | None, Callable[[], None]]:
         """The answer; for an open stream also its remaining bytes and how
         to cancel it."""
+        method, raw_path = request.method, request.url.raw_path
+        headers = request.headers.multi_items()
         req = self._options.request(method, raw_path, headers, body)
-        timeout = self._options.timeout
+        timeout = self._options.deadline(_read_timeout(request.extensions))
         try:
             if not wants_stream(headers, body):
                 msg = self._stub.ProviderCall(
@@ -283,9 +347,9 @@ class _SyncCore:
             messages: Iterator[pb.ProviderStreamMessage] = iter(call)
             first = next(messages)
         except grpc.RpcError as exc:
-            raise _failure(exc) from None
+            return _decided(exc), None, _nothing
         except StopIteration:
-            raise _Failed("connect", "effectd: the stream ended at once") from None
+            raise _Failed("effectd: the stream ended at once") from None
         answer = _first(first)
         cancel: Callable[[], None] = call.cancel
         if answer.body is not None:
@@ -333,10 +397,12 @@ class _AsyncCore:
         return provider_pb2_grpc.ProviderStub(self._channel)
 
     async def exchange(
-        self, method: str, raw_path: bytes, headers: list[tuple[str, str]], body: bytes
+        self, request: httpx.Request | httpx2.Request, body: bytes
     ) -> tuple[_Answer, AsyncIterator[bytes] | None, Callable[[], None]]:
+        method, raw_path = request.method, request.url.raw_path
+        headers = request.headers.multi_items()
         req = self._options.request(method, raw_path, headers, body)
-        timeout = self._options.timeout
+        timeout = self._options.deadline(_read_timeout(request.extensions))
         stub = self._stub()
         try:
             if not wants_stream(headers, body):
@@ -348,9 +414,9 @@ class _AsyncCore:
             messages = aiter(call)
             first = await anext(messages, None)
         except grpc.RpcError as exc:
-            raise _failure(exc) from None
+            return _decided(exc), None, _nothing
         if first is None:
-            raise _Failed("connect", "effectd: the stream ended at once")
+            raise _Failed("effectd: the stream ended at once")
         answer = _first(first)
 
         def cancel() -> None:
@@ -432,8 +498,7 @@ class _AsyncHttpxStream(httpx.AsyncByteStream):
 
 
 def _httpx_error(exc: _Failed, request: httpx.Request) -> httpx.TransportError:
-    kind = httpx.ReadTimeout if exc.kind == "timeout" else httpx.ConnectError
-    error = kind(str(exc), request=request)
+    error = httpx.ConnectError(str(exc), request=request)
     error.__cause__ = exc.__cause__
     return error
 
@@ -443,8 +508,9 @@ class EffectdTransport(httpx.BaseTransport):
     ProviderStream on `route` of the daemon at `target` (`unix:PATH` or
     `HOST:PORT`).
 
-    `timeout`: the gRPC deadline in seconds, covering the sidecar's retries
-    and a whole stream (None: the daemon's 600 s). `max_retries`: lowers
+    `timeout`: an upper bound in seconds of each call's gRPC deadline, which
+    is the request's own read timeout (None: the request's alone; neither:
+    the daemon's default deadline). `max_retries`: lowers
     the route's retry cap. `drop_headers`: more request headers not to send
     (those the route injects itself, which the sidecar refuses). `token`,
     `tls`, `root_certificates`, `certificate_chain`, `private_key` and
@@ -482,12 +548,7 @@ class EffectdTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         body = request.read()
         try:
-            answer, chunks, cancel = self._core.exchange(
-                request.method,
-                request.url.raw_path,
-                request.headers.multi_items(),
-                body,
-            )
+            answer, chunks, cancel = self._core.exchange(request, body)
         except _Failed as exc:
             raise _httpx_error(exc, request) from exc.__cause__
         if chunks is None:
@@ -539,12 +600,7 @@ class AsyncEffectdTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
         try:
-            answer, chunks, cancel = await self._core.exchange(
-                request.method,
-                request.url.raw_path,
-                request.headers.multi_items(),
-                body,
-            )
+            answer, chunks, cancel = await self._core.exchange(request, body)
         except _Failed as exc:
             raise _httpx_error(exc, request) from exc.__cause__
         if chunks is None:
@@ -615,8 +671,7 @@ def _httpx2_streams() -> tuple[
 def _httpx2_error(exc: _Failed, request: httpx2.Request) -> Exception:
     import httpx2  # noqa: PLC0415 - optional
 
-    kind = httpx2.ReadTimeout if exc.kind == "timeout" else httpx2.ConnectError
-    error = kind(str(exc), request=request)
+    error = httpx2.ConnectError(str(exc), request=request)
     error.__cause__ = exc.__cause__
     return error
 
@@ -668,12 +723,7 @@ class Httpx2EffectdTransport(_Httpx2Base):
 
         body = request.read()
         try:
-            answer, chunks, cancel = self._core.exchange(
-                request.method,
-                request.url.raw_path,
-                request.headers.multi_items(),
-                body,
-            )
+            answer, chunks, cancel = self._core.exchange(request, body)
         except _Failed as exc:
             raise _httpx2_error(exc, request) from exc.__cause__
         if chunks is None:
@@ -736,12 +786,7 @@ class AsyncHttpx2EffectdTransport(_AsyncHttpx2Base):
 
         body = await request.aread()
         try:
-            answer, chunks, cancel = await self._core.exchange(
-                request.method,
-                request.url.raw_path,
-                request.headers.multi_items(),
-                body,
-            )
+            answer, chunks, cancel = await self._core.exchange(request, body)
         except _Failed as exc:
             raise _httpx2_error(exc, request) from exc.__cause__
         if chunks is None:

@@ -42,8 +42,9 @@ Retry policy:
     seconds or HTTP-date) is never undercut (+ up to min(1 s, 10 %)); a
     delay over 120 s, or one that does not fit the time left, stops
     retrying and is handed back as `retry_after_seconds`.
-  * The gRPC deadline (600 s when none) covers every attempt, every wait
-    and a whole stream; no retry starts with less than 1 s left. Each
+  * The gRPC deadline (when the call brings none, the daemon's
+    `--default-deadline`, 60 s unless configured) covers every attempt,
+    every wait and a whole stream; no retry starts with less than 1 s left. Each
     attempt: connect 5 s, read the route's `read_timeout_seconds`, both
     bounded by the time left. Cancelling the RPC stops the upstream
     request at once (its connection is closed).
@@ -66,9 +67,11 @@ UPSTREAM_UNAVAILABLE, UPSTREAM_DEADLINE_EXCEEDED or RETRY_BUDGET_EXHAUSTED
 route), with google.rpc.RetryInfo when a delay is known (the budget's: 1
 s). These answers and errors carry the trailer `grpc-retry-pushback-ms:
 -1`: the sidecar has retried already, so the agent's gRPC retry policy
-must not stack on top (and agents should set their SDK's max_retries to
-0); answers also carry `x-providercall-attempts` and
-`x-providercall-retry-delay-ms`.
+must not stack on top; answers also carry `x-providercall-attempts` and
+`x-providercall-retry-delay-ms`. An agent that hands the answer to an HTTP
+SDK must keep the SDK from sending the request again: the Python
+client's httpx transports answer every outcome, these errors included,
+with `x-should-retry: false`, which the openai and anthropic SDKs obey.
 """
 
 from collections import abc as _abc
