@@ -33,7 +33,7 @@ from sidecar.errors import (
     UpstreamUnavailable,
 )
 from sidecar.rpc.errors import to_status
-from tests.clients.fake_provider import proxied
+from tests.clients.fake_provider import anthropic_events, openai_chunks, proxied
 from tests.provider.upstream import Reply, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,16 +106,20 @@ def _ask(
     return cast("StatusError", caught.value)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
 @pytest.mark.parametrize("sdk", SDKS)
-def test_the_sdks_timeout_is_the_calls_deadline(short_tmp: Path, sdk: str) -> None:
+def test_the_sdks_timeout_is_the_calls_deadline(
+    short_tmp: Path, sdk: str, stream: bool
+) -> None:
     """An SDK made with `timeout=1` against an upstream that never answers:
-    the daemon's deadline is the SDK's 1 s, the upstream request is closed
-    when it passes, and the SDK gets the sidecar's 504 without retrying it
-    (issue 10 item 19: fails before the fix: the call waited for the daemon's
-    default deadline, then the SDK sent it twice more)."""
+    the deadline of ProviderCall or ProviderStream is the SDK's 1 s, the
+    upstream request is closed when it passes, and the SDK gets the sidecar's
+    504 without retrying it (issue 10 item 19: fails before the fix: a call
+    waited for the daemon's default deadline, then the SDK sent it twice
+    more; a stream, which has none, hung until the test's timeout)."""
     # ADR-010 D4 "obeying ... the deadline"; provider-retries §10.1
     with proxied(short_tmp, Reply(hang=True), default_deadline=4.0) as (target, up):
-        error = _ask(sdk, target, timeout=1.0)
+        error = _ask(sdk, target, stream=stream, timeout=1.0)
         assert wait_until(lambda: up.disconnects == 1)
         assert len(up.seen) == 1
     assert error.status_code == 504
@@ -124,6 +128,47 @@ def test_the_sdks_timeout_is_the_calls_deadline(short_tmp: Path, sdk: str) -> No
         "UPSTREAM_DEADLINE_EXCEEDED",
         "DEADLINE_EXCEEDED",
     }
+
+
+@pytest.mark.parametrize("sdk", SDKS)
+def test_a_committed_stream_ends_at_the_sdks_deadline(
+    short_tmp: Path, sdk: str
+) -> None:
+    """A stream whose upstream stalls after its first event ends when the
+    SDK's `timeout=1` passes: the events before arrive, then the stream's
+    error (openai wraps it as a connection error; never retried), and the
+    upstream request is closed (issue 10 item 19: fails before the fix: a
+    stream brought no deadline, so it hung until the test's timeout)."""
+    # provider-retries §10.5 S3: the deadline covers a whole stream
+    events = openai_chunks("a")[:2] if sdk.startswith("openai") else None
+    events = events or anthropic_events("a")[:2]
+    reply = Reply(events=events, stall=True)
+    with (
+        proxied(short_tmp, reply, default_deadline=4.0) as (target, up),
+        pytest.raises((openai.APIConnectionError, httpx2.RemoteProtocolError)),
+    ):
+        _read_stream(sdk, target, timeout=1.0)
+    assert wait_until(lambda: up.disconnects == 1)
+    assert len(up.seen) == 1
+
+
+def _read_stream(sdk: str, target: str, *, timeout: float) -> None:
+    options = {"timeout": timeout}
+    if sdk.startswith("openai"):
+        with _openai(target, sdk.removeprefix("openai-"), options) as llm:
+            chunks = llm.chat.completions.create(
+                model="gpt-test", messages=MESSAGES, stream=True
+            )
+            list(chunks)
+        return
+    with _anthropic(target, options) as claude:
+        events = claude.messages.create(
+            model="claude-test",
+            max_tokens=16,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+        )
+        list(events)
 
 
 def test_the_async_transport_takes_the_deadline_too(short_tmp: Path) -> None:

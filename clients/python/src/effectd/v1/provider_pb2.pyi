@@ -42,12 +42,13 @@ Retry policy:
     seconds or HTTP-date) is never undercut (+ up to min(1 s, 10 %)); a
     delay over 120 s, or one that does not fit the time left, stops
     retrying and is handed back as `retry_after_seconds`.
-  * The gRPC deadline (when the call brings none, the daemon's
-    `--default-deadline`, 60 s unless configured) covers every attempt,
-    every wait and a whole stream; no retry starts with less than 1 s left. Each
-    attempt: connect 5 s, read the route's `read_timeout_seconds`, both
-    bounded by the time left. Cancelling the RPC stops the upstream
-    request at once (its connection is closed).
+  * The gRPC deadline (when the call brings none: the daemon's
+    `--default-deadline` for ProviderCall, 60 s unless configured; 600 s
+    for ProviderStream) covers every attempt, every wait and a whole
+    stream; no retry starts with less than 1 s left. Each attempt:
+    connect 5 s, read the route's `read_timeout_seconds`, both bounded by
+    the time left. When the deadline passes, or the RPC is cancelled, the
+    upstream request is stopped at once (its connection is closed).
   * A host-wide retry budget per upstream (the route's base URL and
     credential), shared by all agents: every first attempt deposits 0.2
     credit for 10 s, a reserve refills 1 credit/s up to 10 (it starts
