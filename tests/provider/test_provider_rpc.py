@@ -36,13 +36,15 @@ def proxied(
     fake_sleep: bool = True,
     frozen: bool = False,
     base_url: str | None = None,
+    idempotency_key: bool = False,
 ) -> Iterator[tuple[provider_pb2_grpc.ProviderStub, Upstream]]:
     """A daemon whose route `up` points at a scripted upstream."""
     with serving(*script) as up:
         providers = tmp / "providers.toml"
         providers.write_text(
             f'[routes.up]\nbase_url = "{base_url or up.base_url}"\n'
-            f'credential_file = "{tmp / "key"}"\nidempotency_key = true\n'
+            f'credential_file = "{tmp / "key"}"\n'
+            f"idempotency_key = {str(idempotency_key).lower()}\n"
             'paths = ["/v1/"]\n[routes.up.headers]\n"x-injected" = "yes"\n'
         )
         (tmp / "key").write_text(SECRET)
@@ -93,7 +95,7 @@ def test_a_429_after_the_last_retry_is_an_answer(
     # DESIGN §9, provider-retries §10.7
     caplog.set_level("INFO")
     busy = Reply(429, [("Retry-After", "1"), ("x-request-id", "req-1")], b"slow down")
-    with proxied(short_tmp, busy) as (stub, up):
+    with proxied(short_tmp, busy, idempotency_key=True) as (stub, up):
         answer, call = stub.ProviderCall.with_call(_request(), timeout=30)
         seen = list(up.seen)
     assert (answer.status, answer.body) == (429, b"slow down")
@@ -232,8 +234,10 @@ def test_a_known_delay_is_sent_as_retry_info() -> None:
 
 
 def test_a_stream_forwards_events_after_a_precommit_retry(short_tmp: Path) -> None:
-    """A stream that dies before its first event is retried; the agent gets the
-    head with the first event, every event, then a StreamEnd."""
+    """A stream that dies before its first event is retried on a default
+    route; the agent gets the head with the first event, every event, then a
+    StreamEnd (issue 10 item 21: fails before the fix without an
+    Idempotency-Key route)."""
     # provider-retries §10.5
     good = Reply(events=[b": hi\n\n", b"data: one\n\n", b"data: two\n\n"])
     with proxied(short_tmp, Reply(events=[], break_off=True), good) as (stub, up):
@@ -345,7 +349,8 @@ def test_a_stream_to_no_route_fails_before_any_message(short_tmp: Path) -> None:
 
 def test_a_stream_without_any_answer_is_unavailable(short_tmp: Path) -> None:
     """A stream whose upstream resets every attempt before answering sends no
-    message and fails UPSTREAM_UNAVAILABLE after the retries."""
+    message and fails UPSTREAM_UNAVAILABLE after the retries, on a default
+    route (issue 10 item 21: fails before the fix: one attempt only)."""
     # provider-retries §10.5 S0, §10.7
     with proxied(short_tmp, Reply(reset=True)) as (stub, up):
         with pytest.raises(grpc.RpcError) as caught:
