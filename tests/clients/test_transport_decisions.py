@@ -343,6 +343,7 @@ def test_every_failure_without_an_upstream_answer_is_mapped() -> None:
         ({"timeout": None}, None),
         ({}, None),
         ({"timeout": {"read": True}}, None),
+        ({"timeout": {"read": float("inf")}}, None),
     ],
 )
 def test_the_deadline_is_the_requests_read_timeout(

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -151,7 +152,7 @@ def _read_timeout(extensions: Mapping[str, object]) -> float | None:
     read = timeout.get("read")
     if isinstance(read, bool) or not isinstance(read, int | float):
         return None
-    return float(read)
+    return float(read) if math.isfinite(read) else None
 
 
 @dataclass(frozen=True, slots=True)
