@@ -34,9 +34,11 @@ raised (an SDK retries every exception a transport raises): 502 (no
 upstream answer, UPSTREAM_UNAVAILABLE), 503 (the route's retry budget,
 RETRY_BUDGET_EXHAUSTED, with `retry-after-ms`) or 504 (the deadline passed),
 with `x-should-retry: false`, the reason as `x-effectd-reason`, the
-attempts when known and a JSON error body. Only what never reached the
-upstream raises `httpx.ConnectError`, the `EffectdError` as its
-`__cause__`: a refused route or request, or no daemon. A stream that breaks
+attempts when known and a JSON error body. Only a call the daemon took no
+decision on raises `httpx.ConnectError`, the `EffectdError` as its
+`__cause__`: a refused route or request, no daemon, or a daemon gone
+mid-call (the sidecar subtracts an SDK's retries of it, counted in
+`x-stainless-retry-count`, from its own). A stream that breaks
 after its first event (never retried, never replayed) raises
 `httpx.RemoteProtocolError` from the response stream, with the sidecar's
 explanation.
