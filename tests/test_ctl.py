@@ -67,8 +67,8 @@ def _committed(client: Client, call_id: str) -> None:
 
 
 def _rows(out: str) -> list[list[str]]:
-    """The cells of a table, header excluded."""
-    return [line.split() for line in out.splitlines()[1:]]
+    """The cells of a table, header excluded, up to the first blank line."""
+    return [line.split() for line in out.split("\n\n", maxsplit=1)[0].splitlines()[1:]]
 
 
 def test_list_puts_unknown_and_awaiting_approval_first(
@@ -82,10 +82,47 @@ def test_list_puts_unknown_and_awaiting_approval_first(
     _unknown(client, "d-unknown")
     code, out, _ = ctl("list")
     assert code == 0
-    assert [r[2] for r in _rows(out)] == ["d-unknown", "b-approve", "a-done", "c-new"]
+    assert [r[3] for r in _rows(out)] == ["d-unknown", "b-approve", "a-done", "c-new"]
     assert out.splitlines()[0].split() == [
-        *("STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
+        *("NAMESPACE", "STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
     ]
+
+
+def test_list_without_a_namespace_lists_every_namespace_and_says_which(
+    ctl: Ctl, daemon: RunningDaemon
+) -> None:
+    """With no --namespace, `list` finds the calls waiting for a person in
+    every namespace the store holds, not only in `default`, and names the
+    namespaces it searched; --namespace still narrows it to one (issue 10
+    item 30: fails before the fix: it printed "no calls")."""
+    for namespace, make in [("tenant-a", _awaiting), ("tenant-b", _unknown)]:
+        with Client(daemon.target, namespace=namespace) as c:
+            make(c, f"{namespace}-call")
+            _committed(c, f"{namespace}-done")
+    code, out, _ = ctl("list", "--state", "unknown", "--state", "awaiting_approval")
+    assert code == 0
+    assert [(r[0], r[1]) for r in _rows(out)] == [
+        ("tenant-b", "UNKNOWN"),
+        ("tenant-a", "AWAITING_APPROVAL"),
+    ]
+    assert out.splitlines()[-1] == "2 calls in namespaces tenant-a, tenant-b"
+    code, out, err = ctl("--json", "list")
+    assert code == 0
+    assert {c["namespace"] for c in json.loads(out)} == {"tenant-a", "tenant-b"}
+    assert "searched namespaces tenant-a, tenant-b" in err
+    code, out, _ = ctl("list", "--namespace", "tenant-a")
+    assert {r[0] for r in _rows(out)} == {"tenant-a"}
+    assert out.splitlines()[-1] == "2 calls in namespace tenant-a"
+    assert ctl("list", "--namespace", "default")[1] == "no calls in namespace default\n"
+
+
+def test_list_of_an_empty_store_says_so(ctl: Ctl) -> None:
+    """Nothing stored anywhere: `list` says it searched every namespace."""
+    assert ctl("list") == (
+        0,
+        "no calls in every namespace (the store holds none yet)\n",
+        "",
+    )
 
 
 def test_list_filters_by_state_and_run_and_prints_json(
@@ -99,7 +136,9 @@ def test_list_filters_by_state_and_run_and_prints_json(
     assert code == 0
     listed = json.loads(out)
     assert [(c["call_id"], c["state"]) for c in listed] == [("a", "AWAITING_APPROVAL")]
-    assert ctl("list", "--namespace", "elsewhere")[1] == "no calls\n"
+    assert ctl("list", "--namespace", "elsewhere")[1] == (
+        "no calls in namespace elsewhere\n"
+    )
 
 
 def test_show_prints_record_history_approval_and_reconciliation(
@@ -556,7 +595,7 @@ def test_a_token_file_or_effectd_token_authenticates(
     token = _token_file(short_tmp, OPERATOR)
     code, out, err = _main(capsys, *where, "--token-file", str(token), "list")
     assert code == 0, err
-    assert [row[0] for row in _rows(out)] == ["UNKNOWN"]
+    assert [row[1] for row in _rows(out)] == ["UNKNOWN"]
     monkeypatch.setenv("EFFECTD_TOKEN", OPERATOR)
     code, out, err = _main(capsys, *where, "--json", "list")
     assert code == 0, err

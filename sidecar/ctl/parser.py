@@ -104,7 +104,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "--namespace",
         default="",
         help="the namespace of the records (default: the default namespace; "
-        "audit list and stats: every namespace)",
+        "list, audit list and stats: every namespace you may see)",
     )
     ctl.add_argument("--json", action="store_true", help="print JSON for scripts")
     ctl.add_argument(
@@ -149,7 +149,9 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "list",
         help="list calls, those that need a human first",
         description="Lists tool calls: UNKNOWN (to reconcile) and "
-        "AWAITING_APPROVAL first, then the rest.",
+        "AWAITING_APPROVAL first, then the rest. Without --namespace, of every "
+        "namespace you may see (without authentication, all of them; with a "
+        "token, its namespaces), and says which were searched.",
     )
     p.add_argument("--run", default="", help="only calls of this run")
     p.add_argument(
@@ -163,7 +165,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "--namespace",
         dest="list_namespace",
         default=None,
-        help="the namespace to list (same as the global --namespace)",
+        help="only this namespace (same as the global --namespace; default: "
+        "every namespace you may see)",
     )
 
     p = cmds.add_parser(
