@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from sidecar.observability import collectors, logs, metrics, trace
+from sidecar.observability import collectors, logs, metrics, process, trace
 
 
 @pytest.mark.parametrize(
@@ -28,6 +28,7 @@ from sidecar.observability import collectors, logs, metrics, trace
             "JsonFormatter MASK MIN_SECRET_LENGTH Secrets TextFormatter "
             "add_secret_digests add_secrets configure escape fields rfc3339",
         ),
+        (process, "STATUS ResidentMemoryCollector resident_memory"),
         (
             trace,
             "CURRENT TRACEPARENT TRACESTATE TraceParent current from_metadata "
