@@ -25,8 +25,9 @@ from sidecar.observability import collectors, logs, metrics, process, trace
         ),
         (
             logs,
-            "JsonFormatter MASK MIN_SECRET_LENGTH Secrets TextFormatter "
-            "add_secret_digests add_secrets configure escape fields rfc3339",
+            "JsonFormatter MASK MIN_SECRET_LENGTH NativeStderr Secrets "
+            "TextFormatter add_secret_digests add_secrets configure escape fields "
+            "native_record rfc3339",
         ),
         (process, "STATUS ResidentMemoryCollector resident_memory"),
         (
