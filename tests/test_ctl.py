@@ -717,7 +717,7 @@ def test_ctl_over_mutual_tls(
 ) -> None:
     """Against a TLS listener requiring client certificates: with the CA, the
     client certificate and a token ctl is served; without the CA the
-    handshake fails and ctl says the daemon is not reachable (exit 3)."""
+    handshake fails, and ctl says so (exit 5), not "not reachable"."""
     config = ServeConfig(
         data_dir=short_tmp / "data",
         tokens_text=TOKENS,
@@ -742,8 +742,96 @@ def test_ctl_over_mutual_tls(
         )
         assert code == 0, err
         code, _, err = _main(capsys, *where, *identity, "audit", "verify")
-        assert code == 3
-        assert "not reachable" in err
+        assert code == 5
+        assert "not reachable" not in err
+
+
+def _mutual_tls(short_tmp: Path, pki: Pki) -> ServeConfig:
+    return ServeConfig(
+        data_dir=short_tmp / "tls",
+        tokens_text=TOKENS,
+        listen="127.0.0.1:0",
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        tls_client_ca=pki.ca,
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ([], 5, "it probably serves TLS; pass --tls-ca"),
+        (["--tls-ca", "{untrusted_ca}"], 5, "certificate is not trusted"),
+        (["--tls-ca", "{ca}"], 5, "requires a client certificate"),
+        (
+            [
+                *("--tls-ca", "{ca}"),
+                *("--tls-cert", "{untrusted_client}", "--tls-key", "{untrusted_key}"),
+            ],
+            5,
+            "refused the client certificate",
+        ),
+        (
+            [
+                *("--tls-ca", "{ca}"),
+                *("--tls-cert", "{client}", "--tls-key", "{client_key}"),
+            ],
+            1,
+            "refused: UNAUTHENTICATED",
+        ),
+    ],
+    ids=["plaintext", "untrusted-ca", "no-client-cert", "foreign-client", "no-token"],
+)
+def test_tls_and_authentication_failures_are_not_unreachable(
+    short_tmp: Path,
+    pki: Pki,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[list[str], int, str],
+) -> None:
+    """Each TLS mistake against a mutual-TLS listener exits 5 and names the
+    fix; a missing token exits 1 UNAUTHENTICATED; none of them says the
+    daemon is not reachable (issue 10 item 32: fails before the fix: each
+    TLS mistake exited 3, "not reachable ... start one with make run")."""
+    options, code, says = case
+    monkeypatch.delenv("EFFECTD_TOKEN", raising=False)
+    files = {
+        "ca": pki.ca,
+        "untrusted_ca": pki.untrusted_ca,
+        "client": pki.client.cert,
+        "client_key": pki.client.key,
+        "untrusted_client": pki.untrusted_client.cert,
+        "untrusted_key": pki.untrusted_client.key,
+    }
+    argv = [o.format(**files) for o in options]
+    with running_daemon(_mutual_tls(short_tmp, pki)) as running:
+        target = running.endpoints.tcp
+        assert target is not None
+        got, _, err = _main(
+            capsys, "--target", target, "--timeout", "5", *argv, "audit", "verify"
+        )
+    assert (got, says in err) == (code, True), err
+    assert "not reachable" not in err
+    assert "make run" not in err
+
+
+def test_tls_to_a_plaintext_listener_exits_5(
+    short_tmp: Path, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ctl speaking TLS to a loopback listener without it: exit 5, saying the
+    daemon does not serve TLS there; the control, nothing listening, is
+    still exit 3 (issue 10 item 32: fails before the fix: it exited 3)."""
+    config = ServeConfig(data_dir=short_tmp / "data", listen="127.0.0.1:0")
+    with running_daemon(config) as running:
+        target = running.endpoints.tcp
+        assert target is not None
+        argv = ("--timeout", "5", "--tls-ca", str(pki.ca), "audit", "verify")
+        code, _, err = _main(capsys, "--target", target, *argv)
+        assert code == 5
+        assert "does not serve TLS there" in err
+    code, _, err = _main(capsys, "--target", target, *argv)
+    assert code == 3
+    assert "not reachable" in err
 
 
 def test_stats_counts_open_calls_by_state_and_bytes(

@@ -83,7 +83,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "ctl",
         help="the operator's console: list, approve, reconcile, back up, verify",
         description="Talks to a running daemon. Exit codes: 0 ok, 1 refused by the "
-        "daemon, 2 usage, 3 daemon not reachable, 4 audit verification failed.",
+        "daemon, 2 usage, 3 daemon not reachable, 4 audit verification failed, "
+        "5 TLS handshake failed.",
     )
     where = ctl.add_mutually_exclusive_group()
     where.add_argument(
