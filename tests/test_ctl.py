@@ -320,17 +320,26 @@ def test_audit_verify_of_a_tampered_log_exits_4(
 def test_backup_while_serving_restores_into_a_new_data_directory(
     ctl: Ctl, client: Client, short_tmp: Path
 ) -> None:
-    """`backup PATH` copies the live store (0700/0600); a daemon started on
-    the copy serves the records it held, a call then in flight as UNKNOWN."""
+    """`backup PATH` copies the live store (0700/0600); a daemon started, as
+    ctl's hint says, on a copy of it serves the records it held, a call then
+    in flight as UNKNOWN, and leaves the backup as it was (issue 10 item 31:
+    fails before the fix: the hint said to start a daemon on the backup)."""
     _committed(client, "c1")
     client.prepare_tool(RUN, "c2", "charge", {"n": 2}, start=True)
-    copy = short_tmp / "backup"
-    code, out, _ = ctl("backup", str(copy))
+    backup = short_tmp / "backup"
+    code, out, _ = ctl("backup", str(backup))
     assert code == 0
-    assert f"--data-dir {copy}" in out
+    assert f"--data-dir {backup}" not in out
+    hint = out.splitlines()[-1].strip()
+    assert hint == (
+        f"cp -a {backup} NEW_DATA_DIR && effectd serve --data-dir NEW_DATA_DIR"
+    )
     _committed(client, "after-the-backup")
-    assert stat.S_IMODE(copy.stat().st_mode) == 0o700
-    assert stat.S_IMODE((copy / "data.mdb").stat().st_mode) == 0o600
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o700
+    assert stat.S_IMODE((backup / "data.mdb").stat().st_mode) == 0o600
+    kept = (backup / "data.mdb").read_bytes()
+    copy = short_tmp / "restored"
+    subprocess.run(["cp", "-a", str(backup), str(copy)], check=True)
     with (
         running_daemon(ServeConfig(data_dir=copy)) as restored,
         Client(restored.target) as c,
@@ -341,6 +350,7 @@ def test_backup_while_serving_restores_into_a_new_data_directory(
         assert call.result.value == {"hits": 1}
         assert [x.call_id for x in c.list_tool_calls()] == ["c1", "c2"]
         assert c.get_tool_call(RUN, "c2").state is State.UNKNOWN
+    assert (backup / "data.mdb").read_bytes() == kept
 
 
 def test_backup_into_a_non_empty_directory_is_refused(

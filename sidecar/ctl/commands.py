@@ -390,9 +390,13 @@ def backup(con: Console, args: argparse.Namespace) -> int:
     if args.json:
         emit_json(done)
     else:
+        # A daemon started on the backup itself would change it (a new
+        # incarnation, STARTED calls settled): restore from a copy.
         print(
             f"backed up {done.bytes} bytes to {done.path}\n"
-            f"restore: effectd serve --data-dir {done.path}"
+            "restore: stop the daemon and start it on a copy, never on the "
+            f"backup itself:\n  cp -a {done.path} NEW_DATA_DIR && "
+            "effectd serve --data-dir NEW_DATA_DIR"
         )
     return OK
 

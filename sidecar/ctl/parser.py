@@ -237,8 +237,10 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "backup",
         help="a consistent copy of the store, while serving",
         description="Has the daemon copy its store into PATH, a new or empty "
-        "directory on the daemon's machine, created 0700. Restore: start a "
-        "daemon on the copy with `effectd serve --data-dir PATH`.",
+        "directory on the daemon's machine (its parent must exist), created "
+        "0700; a relative PATH is made absolute here. Restore: start a daemon "
+        "on a copy of PATH (`cp -a PATH DIR; effectd serve --data-dir DIR`), "
+        "never on PATH itself, which the daemon would change.",
     )
     p.add_argument("path", type=Path, metavar="PATH", help="the directory to write")
 
