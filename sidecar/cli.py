@@ -103,27 +103,40 @@ def main(
             print(f"effectd: warning: {warning}", file=sys.stderr)
         sys.stdout.write(settings.render(resolved))
         return 0
-    with _logging(resolved.config):
+    # As the program (not called in-process with arguments, as tests do),
+    # the daemon owns the process's stderr, native writes included.
+    with _logging(resolved.config, native_stderr=argv is None):
         for warning in resolved.warnings:
             log.warning("%s", warning)
         return _run(resolved, daemon_class)
 
 
 @contextmanager
-def _logging(config: ServeConfig) -> Iterator[None]:
+def _logging(config: ServeConfig, *, native_stderr: bool) -> Iterator[None]:
     """The daemon's log output while it runs. Undone on return, because
     tests call `main` in-process: a handler left on the root logger would
-    keep writing to a captured stream that is closed after the test."""
+    keep writing to a captured stream that is closed after the test.
+    `native_stderr`: also log what native code (gRPC's C core) writes to
+    descriptor 2, and Python warnings, as the daemon's own lines."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    logs.configure(config.log_format, config.log_level)
+    native = logs.NativeStderr() if native_stderr else None
+    stream = native.start() if native is not None else None
+    logs.configure(config.log_format, config.log_level, stream)
+    logging.captureWarnings(native_stderr)
     try:
         yield
     finally:
+        if native is not None:
+            # Before the handler goes: the last native lines still log.
+            native.stop()
+        logging.captureWarnings(False)
         for handler in [h for h in root.handlers if h not in handlers]:
             root.removeHandler(handler)
             handler.close()
         root.setLevel(level)
+        if native is not None:
+            native.close()
 
 
 def _run(resolved: settings.Resolved, daemon_class: type[Daemon]) -> int:

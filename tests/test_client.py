@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from effectd_client import Client, Decision, RecoveryAction, State
 from sidecar.clock import ManualClock
+from sidecar.testing import RunningDaemon
 
 
 def test_approval_then_execution(client: Client) -> None:
@@ -61,3 +62,20 @@ def test_recover_then_reconcile(client: Client, clock: ManualClock) -> None:
     )
     assert resolved.state is State.COMMITTED
     assert not client.recover("run-b").interrupted
+
+
+def test_list_tool_calls_of_every_namespace(
+    client: Client, daemon: RunningDaemon
+) -> None:
+    """`all_namespaces=True` lists the calls of every namespace the caller may
+    see; without it, only the client's namespace (issue 10 item 30: fails
+    before the fix: there was no such parameter)."""
+    client.prepare_tool("run-c", "mine", "search", {"q": 1})
+    with Client(daemon.target, namespace="elsewhere") as other:
+        other.prepare_tool("run-c", "theirs", "search", {"q": 2})
+    every = client.list_tool_calls("run-c", all_namespaces=True, page_size=1)
+    assert [(c.namespace, c.call_id) for c in every] == [
+        ("default", "mine"),
+        ("elsewhere", "theirs"),
+    ]
+    assert [c.call_id for c in client.list_tool_calls("run-c")] == ["mine"]

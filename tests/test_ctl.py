@@ -67,8 +67,8 @@ def _committed(client: Client, call_id: str) -> None:
 
 
 def _rows(out: str) -> list[list[str]]:
-    """The cells of a table, header excluded."""
-    return [line.split() for line in out.splitlines()[1:]]
+    """The cells of a table, header excluded, up to the first blank line."""
+    return [line.split() for line in out.split("\n\n", maxsplit=1)[0].splitlines()[1:]]
 
 
 def test_list_puts_unknown_and_awaiting_approval_first(
@@ -82,10 +82,47 @@ def test_list_puts_unknown_and_awaiting_approval_first(
     _unknown(client, "d-unknown")
     code, out, _ = ctl("list")
     assert code == 0
-    assert [r[2] for r in _rows(out)] == ["d-unknown", "b-approve", "a-done", "c-new"]
+    assert [r[3] for r in _rows(out)] == ["d-unknown", "b-approve", "a-done", "c-new"]
     assert out.splitlines()[0].split() == [
-        *("STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
+        *("NAMESPACE", "STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
     ]
+
+
+def test_list_without_a_namespace_lists_every_namespace_and_says_which(
+    ctl: Ctl, daemon: RunningDaemon
+) -> None:
+    """With no --namespace, `list` finds the calls waiting for a person in
+    every namespace the store holds, not only in `default`, and names the
+    namespaces it searched; --namespace still narrows it to one (issue 10
+    item 30: fails before the fix: it printed "no calls")."""
+    for namespace, make in [("tenant-a", _awaiting), ("tenant-b", _unknown)]:
+        with Client(daemon.target, namespace=namespace) as c:
+            make(c, f"{namespace}-call")
+            _committed(c, f"{namespace}-done")
+    code, out, _ = ctl("list", "--state", "unknown", "--state", "awaiting_approval")
+    assert code == 0
+    assert [(r[0], r[1]) for r in _rows(out)] == [
+        ("tenant-b", "UNKNOWN"),
+        ("tenant-a", "AWAITING_APPROVAL"),
+    ]
+    assert out.splitlines()[-1] == "2 calls in namespaces tenant-a, tenant-b"
+    code, out, err = ctl("--json", "list")
+    assert code == 0
+    assert {c["namespace"] for c in json.loads(out)} == {"tenant-a", "tenant-b"}
+    assert "searched namespaces tenant-a, tenant-b" in err
+    code, out, _ = ctl("list", "--namespace", "tenant-a")
+    assert {r[0] for r in _rows(out)} == {"tenant-a"}
+    assert out.splitlines()[-1] == "2 calls in namespace tenant-a"
+    assert ctl("list", "--namespace", "default")[1] == "no calls in namespace default\n"
+
+
+def test_list_of_an_empty_store_says_so(ctl: Ctl) -> None:
+    """Nothing stored anywhere: `list` says it searched every namespace."""
+    assert ctl("list") == (
+        0,
+        "no calls in every namespace (the store holds none yet)\n",
+        "",
+    )
 
 
 def test_list_filters_by_state_and_run_and_prints_json(
@@ -99,7 +136,9 @@ def test_list_filters_by_state_and_run_and_prints_json(
     assert code == 0
     listed = json.loads(out)
     assert [(c["call_id"], c["state"]) for c in listed] == [("a", "AWAITING_APPROVAL")]
-    assert ctl("list", "--namespace", "elsewhere")[1] == "no calls\n"
+    assert ctl("list", "--namespace", "elsewhere")[1] == (
+        "no calls in namespace elsewhere\n"
+    )
 
 
 def test_show_prints_record_history_approval_and_reconciliation(
@@ -281,17 +320,26 @@ def test_audit_verify_of_a_tampered_log_exits_4(
 def test_backup_while_serving_restores_into_a_new_data_directory(
     ctl: Ctl, client: Client, short_tmp: Path
 ) -> None:
-    """`backup PATH` copies the live store (0700/0600); a daemon started on
-    the copy serves the records it held, a call then in flight as UNKNOWN."""
+    """`backup PATH` copies the live store (0700/0600); a daemon started, as
+    ctl's hint says, on a copy of it serves the records it held, a call then
+    in flight as UNKNOWN, and leaves the backup as it was (issue 10 item 31:
+    fails before the fix: the hint said to start a daemon on the backup)."""
     _committed(client, "c1")
     client.prepare_tool(RUN, "c2", "charge", {"n": 2}, start=True)
-    copy = short_tmp / "backup"
-    code, out, _ = ctl("backup", str(copy))
+    backup = short_tmp / "backup"
+    code, out, _ = ctl("backup", str(backup))
     assert code == 0
-    assert f"--data-dir {copy}" in out
+    assert f"--data-dir {backup}" not in out
+    hint = out.splitlines()[-1].strip()
+    assert hint == (
+        f"cp -a {backup} NEW_DATA_DIR && effectd serve --data-dir NEW_DATA_DIR"
+    )
     _committed(client, "after-the-backup")
-    assert stat.S_IMODE(copy.stat().st_mode) == 0o700
-    assert stat.S_IMODE((copy / "data.mdb").stat().st_mode) == 0o600
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o700
+    assert stat.S_IMODE((backup / "data.mdb").stat().st_mode) == 0o600
+    kept = (backup / "data.mdb").read_bytes()
+    copy = short_tmp / "restored"
+    subprocess.run(["cp", "-a", str(backup), str(copy)], check=True)
     with (
         running_daemon(ServeConfig(data_dir=copy)) as restored,
         Client(restored.target) as c,
@@ -302,6 +350,7 @@ def test_backup_while_serving_restores_into_a_new_data_directory(
         assert call.result.value == {"hits": 1}
         assert [x.call_id for x in c.list_tool_calls()] == ["c1", "c2"]
         assert c.get_tool_call(RUN, "c2").state is State.UNKNOWN
+    assert (backup / "data.mdb").read_bytes() == kept
 
 
 def test_backup_into_a_non_empty_directory_is_refused(
@@ -556,7 +605,7 @@ def test_a_token_file_or_effectd_token_authenticates(
     token = _token_file(short_tmp, OPERATOR)
     code, out, err = _main(capsys, *where, "--token-file", str(token), "list")
     assert code == 0, err
-    assert [row[0] for row in _rows(out)] == ["UNKNOWN"]
+    assert [row[1] for row in _rows(out)] == ["UNKNOWN"]
     monkeypatch.setenv("EFFECTD_TOKEN", OPERATOR)
     code, out, err = _main(capsys, *where, "--json", "list")
     assert code == 0, err
@@ -678,7 +727,7 @@ def test_ctl_over_mutual_tls(
 ) -> None:
     """Against a TLS listener requiring client certificates: with the CA, the
     client certificate and a token ctl is served; without the CA the
-    handshake fails and ctl says the daemon is not reachable (exit 3)."""
+    handshake fails, and ctl says so (exit 5), not "not reachable"."""
     config = ServeConfig(
         data_dir=short_tmp / "data",
         tokens_text=TOKENS,
@@ -703,8 +752,96 @@ def test_ctl_over_mutual_tls(
         )
         assert code == 0, err
         code, _, err = _main(capsys, *where, *identity, "audit", "verify")
-        assert code == 3
-        assert "not reachable" in err
+        assert code == 5
+        assert "not reachable" not in err
+
+
+def _mutual_tls(short_tmp: Path, pki: Pki) -> ServeConfig:
+    return ServeConfig(
+        data_dir=short_tmp / "tls",
+        tokens_text=TOKENS,
+        listen="127.0.0.1:0",
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+        tls_client_ca=pki.ca,
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ([], 5, "it probably serves TLS; pass --tls-ca"),
+        (["--tls-ca", "{untrusted_ca}"], 5, "certificate is not trusted"),
+        (["--tls-ca", "{ca}"], 5, "requires a client certificate"),
+        (
+            [
+                *("--tls-ca", "{ca}"),
+                *("--tls-cert", "{untrusted_client}", "--tls-key", "{untrusted_key}"),
+            ],
+            5,
+            "refused the client certificate",
+        ),
+        (
+            [
+                *("--tls-ca", "{ca}"),
+                *("--tls-cert", "{client}", "--tls-key", "{client_key}"),
+            ],
+            1,
+            "refused: UNAUTHENTICATED",
+        ),
+    ],
+    ids=["plaintext", "untrusted-ca", "no-client-cert", "foreign-client", "no-token"],
+)
+def test_tls_and_authentication_failures_are_not_unreachable(
+    short_tmp: Path,
+    pki: Pki,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[list[str], int, str],
+) -> None:
+    """Each TLS mistake against a mutual-TLS listener exits 5 and names the
+    fix; a missing token exits 1 UNAUTHENTICATED; none of them says the
+    daemon is not reachable (issue 10 item 32: fails before the fix: each
+    TLS mistake exited 3, "not reachable ... start one with make run")."""
+    options, code, says = case
+    monkeypatch.delenv("EFFECTD_TOKEN", raising=False)
+    files = {
+        "ca": pki.ca,
+        "untrusted_ca": pki.untrusted_ca,
+        "client": pki.client.cert,
+        "client_key": pki.client.key,
+        "untrusted_client": pki.untrusted_client.cert,
+        "untrusted_key": pki.untrusted_client.key,
+    }
+    argv = [o.format(**files) for o in options]
+    with running_daemon(_mutual_tls(short_tmp, pki)) as running:
+        target = running.endpoints.tcp
+        assert target is not None
+        got, _, err = _main(
+            capsys, "--target", target, "--timeout", "5", *argv, "audit", "verify"
+        )
+    assert (got, says in err) == (code, True), err
+    assert "not reachable" not in err
+    assert "make run" not in err
+
+
+def test_tls_to_a_plaintext_listener_exits_5(
+    short_tmp: Path, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ctl speaking TLS to a loopback listener without it: exit 5, saying the
+    daemon does not serve TLS there; the control, nothing listening, is
+    still exit 3 (issue 10 item 32: fails before the fix: it exited 3)."""
+    config = ServeConfig(data_dir=short_tmp / "data", listen="127.0.0.1:0")
+    with running_daemon(config) as running:
+        target = running.endpoints.tcp
+        assert target is not None
+        argv = ("--timeout", "5", "--tls-ca", str(pki.ca), "audit", "verify")
+        code, _, err = _main(capsys, "--target", target, *argv)
+        assert code == 5
+        assert "does not serve TLS there" in err
+    code, _, err = _main(capsys, "--target", target, *argv)
+    assert code == 3
+    assert "not reachable" in err
 
 
 def test_stats_counts_open_calls_by_state_and_bytes(

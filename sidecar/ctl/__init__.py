@@ -6,7 +6,8 @@ This module is the console's error boundary: it turns what can go wrong into
 the exit codes scripts rely on (0 ok, 1 refused by the daemon with its
 ErrorInfo reason, UNAUTHENTICATED and PERMISSION_DENIED included, 2 usage,
 a bad --token-file or TLS file among them, 3 daemon not reachable, 4 audit
-verification failed).
+verification failed, 5 the TLS handshake failed: a certificate not trusted,
+TLS on one side only, or a client certificate missing or refused).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sidecar.ctl.parser import default_target
 REFUSED = 1
 USAGE = 2
 UNREACHABLE = 3
+HANDSHAKE_FAILED = 5
 
 # What an operator does about a refusal of the credential itself.
 _HINTS = {
@@ -54,6 +56,58 @@ def _unreachable(exc: EffectdError) -> bool:
     )
 
 
+# What gRPC's UNAVAILABLE says of a failed TLS handshake, and the fix.
+_TLS_ERRORS = (
+    (
+        "WRONG_VERSION_NUMBER",
+        "the daemon at {target} does not serve TLS there: leave out --tls-ca, "
+        "--tls-cert and --tls-key",
+    ),
+    (
+        "CERTIFICATE_VERIFY_FAILED",
+        "the daemon's certificate is not trusted: --tls-ca must name the CA "
+        "that signed it, and the certificate must name the host of {target}",
+    ),
+)
+
+
+def _handshake_failure(
+    exc: EffectdError, target: str, args: argparse.Namespace
+) -> str | None:
+    """What went wrong in the TLS handshake, and the fix; None when the
+    channel failed for another reason. gRPC reports a handshake only in the
+    text of its UNAVAILABLE, so the text is what is read here."""
+    text = exc.message
+    for marker, why in _TLS_ERRORS:
+        if marker in text:
+            return why.format(target=target)
+    if "handshake failed" in text.lower() or "TSI_" in text:
+        return f"the TLS handshake failed ({text})"
+    # The daemon hangs up at once on a TCP connection that does not complete
+    # its TLS handshake: a plaintext client, or a client certificate missing
+    # or signed by a CA it does not trust. A Unix socket is never TLS.
+    if "Socket closed" not in text or target.startswith("unix:"):
+        return None
+    return _closed_in_handshake(args)
+
+
+def _closed_in_handshake(args: argparse.Namespace) -> str:
+    if args.tls_ca is None:
+        return (
+            "the daemon closed the connection during the handshake: it "
+            "probably serves TLS; pass --tls-ca FILE (the CA of its certificate)"
+        )
+    if args.tls_cert is None:
+        return (
+            "the daemon closed the TLS handshake: it probably requires a client "
+            "certificate; pass --tls-cert FILE and --tls-key FILE"
+        )
+    return (
+        "the daemon refused the client certificate in the TLS handshake: it "
+        "must be signed by the CA the daemon trusts (its --tls-client-ca)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the parsed `effectd ctl` command; returns its exit code."""
     target = _target(args)
@@ -65,6 +119,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         return command_of(args)(console, args)
     except EffectdError as exc:
+        handshake = _handshake_failure(exc, target, args) if _unreachable(exc) else None
+        if handshake is not None:
+            print(
+                f"effectd ctl: no TLS connection to {target}: {handshake}.",
+                file=sys.stderr,
+            )
+            return HANDSHAKE_FAILED
         if _unreachable(exc):
             print(
                 f"effectd ctl: the daemon is not reachable at {target} "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable
 from typing import TypeVar
 
 import grpc
@@ -116,19 +117,56 @@ def _call_row(c: ToolCall) -> list[object]:
 _CALL_HEADERS = ("STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
 
 
+def _listing(
+    con: Console, args: argparse.Namespace, namespace: str | None
+) -> tuple[list[ToolCall], list[str]]:
+    """Every matching call of `namespace`, or of every namespace the caller
+    may see (None), and the namespaces the daemon searched."""
+    calls: list[ToolCall] = []
+    searched: dict[str, None] = {}
+    token = ""
+    while True:
+        page = con.call(
+            con.ledger.ListToolCalls,
+            pb.ListToolCallsRequest(
+                namespace=namespace or "",
+                all_namespaces=namespace is None,
+                run_id=args.run,
+                states=[s.value for s in dict.fromkeys(args.state)],
+                page_token=token,
+            ),
+        )
+        calls.extend(ToolCall.from_pb(c) for c in page.calls)
+        searched.update(dict.fromkeys(page.searched_namespaces))
+        token = page.next_page_token
+        if not token:
+            return calls, sorted(searched)
+
+
 def list_calls(con: Console, args: argparse.Namespace) -> int:
-    if args.list_namespace is not None:
-        con.client.namespace = args.list_namespace
-    found: Iterator[ToolCall] = con.client.list_tool_calls(
-        run_id=args.run, states=tuple(dict.fromkeys(args.state))
-    )
+    # No namespace named: every one the operator may see, so that no call
+    # waiting for a person hides in a namespace nobody thought to ask about.
+    named = args.list_namespace if args.list_namespace is not None else args.namespace
+    found, searched = _listing(con, args, named or None)
     calls = sorted(found, key=lambda c: _FIRST.get(c.state, len(_FIRST)))
+    where = (
+        f"namespace {named}"
+        if named
+        else f"namespaces {', '.join(searched)}"
+        if searched
+        else "every namespace (the store holds none yet)"
+    )
     if args.json:
         emit_json(calls)
+        print(f"searched {where}", file=sys.stderr)
     elif calls:
-        table(_CALL_HEADERS, [_call_row(c) for c in calls])
+        table(
+            ("NAMESPACE", *_CALL_HEADERS), [[c.namespace, *_call_row(c)] for c in calls]
+        )
+        count = f"{len(calls)} call" + ("" if len(calls) == 1 else "s")
+        print(f"\n{count} in {where}")
     else:
-        print("no calls")
+        print(f"no calls in {where}")
     return OK
 
 
@@ -352,9 +390,13 @@ def backup(con: Console, args: argparse.Namespace) -> int:
     if args.json:
         emit_json(done)
     else:
+        # A daemon started on the backup itself would change it (a new
+        # incarnation, STARTED calls settled): restore from a copy.
         print(
             f"backed up {done.bytes} bytes to {done.path}\n"
-            f"restore: effectd serve --data-dir {done.path}"
+            "restore: stop the daemon and start it on a copy, never on the "
+            f"backup itself:\n  cp -a {done.path} NEW_DATA_DIR && "
+            "effectd serve --data-dir NEW_DATA_DIR"
         )
     return OK
 

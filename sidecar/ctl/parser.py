@@ -83,7 +83,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "ctl",
         help="the operator's console: list, approve, reconcile, back up, verify",
         description="Talks to a running daemon. Exit codes: 0 ok, 1 refused by the "
-        "daemon, 2 usage, 3 daemon not reachable, 4 audit verification failed.",
+        "daemon, 2 usage, 3 daemon not reachable, 4 audit verification failed, "
+        "5 TLS handshake failed.",
     )
     where = ctl.add_mutually_exclusive_group()
     where.add_argument(
@@ -104,7 +105,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "--namespace",
         default="",
         help="the namespace of the records (default: the default namespace; "
-        "audit list and stats: every namespace)",
+        "list, audit list and stats: every namespace you may see)",
     )
     ctl.add_argument("--json", action="store_true", help="print JSON for scripts")
     ctl.add_argument(
@@ -149,7 +150,9 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "list",
         help="list calls, those that need a human first",
         description="Lists tool calls: UNKNOWN (to reconcile) and "
-        "AWAITING_APPROVAL first, then the rest.",
+        "AWAITING_APPROVAL first, then the rest. Without --namespace, of every "
+        "namespace you may see (without authentication, all of them; with a "
+        "token, its namespaces), and says which were searched.",
     )
     p.add_argument("--run", default="", help="only calls of this run")
     p.add_argument(
@@ -163,7 +166,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "--namespace",
         dest="list_namespace",
         default=None,
-        help="the namespace to list (same as the global --namespace)",
+        help="only this namespace (same as the global --namespace; default: "
+        "every namespace you may see)",
     )
 
     p = cmds.add_parser(
@@ -233,8 +237,10 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "backup",
         help="a consistent copy of the store, while serving",
         description="Has the daemon copy its store into PATH, a new or empty "
-        "directory on the daemon's machine, created 0700. Restore: start a "
-        "daemon on the copy with `effectd serve --data-dir PATH`.",
+        "directory on the daemon's machine (its parent must exist), created "
+        "0700; a relative PATH is made absolute here. Restore: start a daemon "
+        "on a copy of PATH (`cp -a PATH DIR; effectd serve --data-dir DIR`), "
+        "never on PATH itself, which the daemon would change.",
     )
     p.add_argument("path", type=Path, metavar="PATH", help="the directory to write")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 
 from sidecar.errors import FieldViolation, InvalidArgument
 
@@ -27,6 +28,31 @@ def decode(token: str, prefix: bytes) -> bytes | None:
     if not key or not key.startswith(prefix):
         raise _foreign()
     return key
+
+
+def decode_across(
+    token: str, prefix_of: Callable[[str], bytes], scope: frozenset[str] | None
+) -> tuple[str, bytes] | None:
+    """For a listing over several namespaces (keys `namespace NUL ...`): the
+    namespace the token lies in and the key to continue after, or None for
+    the first page. The token must lie inside its namespace's part of the
+    listing (`prefix_of`), and that namespace in `scope` (None: any), so a
+    token can never lead a caller outside the namespaces it may see."""
+    key = decode(token, b"")
+    if key is None:
+        return None
+    head, separator, _ = key.partition(b"\x00")
+    try:
+        namespace = head.decode()
+    except UnicodeDecodeError:
+        raise _foreign() from None
+    if (
+        not separator
+        or (scope is not None and namespace not in scope)
+        or not key.startswith(prefix_of(namespace))
+    ):
+        raise _foreign()
+    return namespace, key
 
 
 def decode_text(token: str, prefix: str) -> str | None:

@@ -9,7 +9,8 @@ routes. Values that change inside the daemon (RPCs, commits, refusals) are
 counted where they happen; values that already live elsewhere (records by
 state, the provider proxy's counters and retry budget) are read at scrape
 time by the collectors of `sidecar.observability.collectors`, so the hot
-paths do not pay for them.
+paths do not pay for them; so are the process's own (CPU, memory, open
+files: prometheus_client's ProcessCollector and `observability.process`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from effectd.v1 import (
     recovery_pb2,
     retry_pb2,
 )
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
@@ -40,6 +41,7 @@ from sidecar.observability.collectors import (
     ProviderCollector,
     ProviderSource,
 )
+from sidecar.observability.process import ResidentMemoryCollector
 from sidecar.storage.api import Store
 
 # The label of every method the daemon does not serve (probes, typos, scans):
@@ -122,6 +124,12 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # The process: prometheus_client's standard process_* metrics (CPU,
+        # resident and virtual memory, open files, start time), and the
+        # resident memory split into anon and mapped-file pages, since the
+        # LMDB map makes the total look like a leak (observability.process).
+        ProcessCollector(registry=self.registry)
+        self.registry.register(ResidentMemoryCollector())
         self._methods = served_methods()
         self._requests = Counter(
             "effectd_rpc_requests",

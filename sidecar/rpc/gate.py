@@ -132,6 +132,15 @@ def whole_daemon() -> bool:
     return state is None or state.principal is None or state.principal.every_namespace
 
 
+def visible_namespaces() -> frozenset[str] | None:
+    """The namespaces the caller may see: None (every one) without
+    authentication or for a token granted them all, else its grants."""
+    state = CURRENT.get()
+    if state is None or state.principal is None or state.principal.every_namespace:
+        return None
+    return state.principal.namespaces
+
+
 def note_refusal(reason: str) -> None:
     state = CURRENT.get()
     if state is not None:

@@ -154,13 +154,19 @@ class ToolLedger:
         self, req: pb.ListToolCallsRequest, _: Context
     ) -> pb.ListToolCallsResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        scope: frozenset[str] | None
+        if req.all_namespaces:
+            if req.namespace:
+                v.add("namespace", "must be empty with all_namespaces")
+            scope = gate.visible_namespaces()
+        else:
+            scope = frozenset({convert.namespace(v, req.namespace)})
         convert.run_id(v, req.run_id, self._limits)
         states = convert.states(v, list(req.states))
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
         page = self._ledger.list(
-            ns,
+            scope,
             run_id=req.run_id,
             states=states,
             page_size=size,
@@ -169,4 +175,5 @@ class ToolLedger:
         return pb.ListToolCallsResponse(
             calls=[convert.call_pb(c, history=False) for c in page.calls],
             next_page_token=page.next_page_token,
+            searched_namespaces=page.namespaces,
         )

@@ -36,6 +36,8 @@ from sidecar.storage.api import ReadView, Store, Table, WriteView
 class Page:
     calls: list[ToolCall]
     next_page_token: str
+    # The namespaces the listing covers, in key order.
+    namespaces: tuple[str, ...] = ()
 
 
 class LedgerService:
@@ -207,36 +209,53 @@ class LedgerService:
 
     def list(
         self,
-        namespace: str,
+        namespaces: frozenset[str] | None,
         *,
         run_id: str,
         states: frozenset[State],
         page_size: int,
         page_token: str,
     ) -> Page:
-        """Calls in key order; a page may hold fewer than `page_size` calls
-        when a state filter skips many records (the scan per page is bounded)."""
-        prefix = (
-            records.run_prefix(namespace, run_id)
-            if run_id
-            else records.namespace_prefix(namespace)
-        )
-        after = paging.decode(page_token, prefix)
+        """Calls of `namespaces` (None: every namespace the store holds) in
+        key order, namespace after namespace; a page may hold fewer than
+        `page_size` calls when a state filter skips many records (the scan
+        per page is bounded). A page token continues only inside the same
+        namespaces (`paging.decode_across`)."""
+
+        def prefix(namespace: str) -> bytes:
+            if run_id:
+                return records.run_prefix(namespace, run_id)
+            return records.namespace_prefix(namespace)
+
+        resume = paging.decode_across(page_token, prefix, namespaces)
         budget = max(page_size * 10, 1000)
 
         def scan(view: ReadView) -> Page:
+            # Key order is namespace order: no namespace character sorts
+            # before the NUL that ends it.
+            searched = tuple(
+                sorted(usage.stored(view) if namespaces is None else namespaces)
+            )
+            todo = list(searched)
+            after = None
+            if resume is not None:
+                first, after = resume
+                todo = [first, *(n for n in searched if n > first)]
             calls: list[ToolCall] = []
             last = b""
-            for examined, (key, raw) in enumerate(
-                view.scan(Table.CALLS, prefix, after=after)
-            ):
-                if len(calls) == page_size or examined == budget:
-                    return Page(calls, paging.encode(last))
-                last = key
-                call = records.decode_call(raw)
-                if not states or call.state in states:
-                    calls.append(call)
-            return Page(calls, "")
+            examined = 0
+            for i, namespace in enumerate(todo):
+                for key, raw in view.scan(
+                    Table.CALLS, prefix(namespace), after=after if i == 0 else None
+                ):
+                    if len(calls) == page_size or examined == budget:
+                        return Page(calls, paging.encode(last), searched)
+                    examined += 1
+                    last = key
+                    call = records.decode_call(raw)
+                    if not states or call.state in states:
+                        calls.append(call)
+            return Page(calls, "", searched)
 
         return self._store.read(scan)
 

@@ -4,6 +4,7 @@ changes nothing of B (DESIGN §3, §11; reliability-anchors §7)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,12 @@ from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.auth import access
+from sidecar.ledger import paging
+from sidecar.rpc import gate
 from sidecar.server import SERVICES
 from tests.auth.support import (
     AGENT_A,
+    AGENT_AB,
     AGENT_B,
     APPROVER_A,
     OPERATOR_A,
@@ -498,3 +502,105 @@ def test_operator_of_one_namespace_lists_only_its_audit(short_tmp: Path) -> None
             admin_pb2.ListAuditRequest(), metadata=everyone.metadata
         )
         assert any(e.ref.namespace == "b" for e in whole.entries)
+
+
+# -- listing every namespace the token may see ---------------------------------
+
+
+def _list_all(
+    x: Stubs, page_size: int = 1, page_token: str = ""
+) -> tuple[list[pb.ToolCall], list[str], list[str]]:
+    """ListToolCalls over every namespace the token may see, page by page:
+    the calls, the namespaces searched and the page tokens handed out."""
+    calls: list[pb.ToolCall] = []
+    searched: set[str] = set()
+    tokens: list[str] = []
+    while True:
+        page = x.ledger.ListToolCalls(
+            pb.ListToolCallsRequest(
+                all_namespaces=True, page_size=page_size, page_token=page_token
+            ),
+            metadata=x.metadata,
+        )
+        calls.extend(page.calls)
+        searched.update(page.searched_namespaces)
+        page_token = page.next_page_token
+        if not page_token:
+            return calls, sorted(searched), tokens
+        tokens.append(page_token)
+
+
+def listing_leaks(channel: grpc.Channel) -> list[str]:
+    """Every token of A lists every namespace it may see, page by page, and
+    then follows page tokens of a listing that covered B; returns what
+    leaked."""
+    seed(stubs(channel, AGENT_B), stubs(channel, OPERATOR_ALL))
+    a = stubs(channel, AGENT_A)
+    a.ledger.PrepareTool(
+        pb.PrepareToolRequest(ref=ref("mine", "a"), tool_name="pay", input=payload()),
+        metadata=a.metadata,
+    )
+    _, _, tokens = _list_all(stubs(channel, OPERATOR_ALL))
+    into_b = [t for t in tokens if base64.urlsafe_b64decode(t).startswith(b"b\0")]
+    assert into_b, "the operator of every namespace paged through B"
+    problems = []
+    for token in (AGENT_A, APPROVER_A, OPERATOR_A):
+        x = stubs(channel, token)
+        calls, searched, _ = _list_all(x)
+        if searched != ["a"]:
+            problems.append(f"searched {searched}")
+        if any(c.ref.namespace != "a" for c in calls) or MARKER in str(calls):
+            problems.append("listed a call of B")
+        for page_token in into_b:
+            try:
+                leaked, _, _ = _list_all(x, page_token=page_token)
+            except grpc.RpcError as exc:
+                if exc.code() is not grpc.StatusCode.INVALID_ARGUMENT:
+                    problems.append(f"B's page token: {exc.code().name}")
+                continue
+            problems.append(f"followed B's page token to {len(leaked)} calls")
+    return problems
+
+
+def test_a_listing_of_every_namespace_holds_only_the_tokens_namespaces(
+    short_tmp: Path,
+) -> None:
+    """ListToolCalls with all_namespaces lists, for each token of A, A's
+    calls only and says it searched A; a page token that points into B is
+    refused (issue 10 item 30: fails before the fix: the request had no
+    all_namespaces)."""
+    with authenticated_daemon(short_tmp / "data") as (_, channel):
+        assert listing_leaks(channel) == []
+        both = stubs(channel, AGENT_AB)
+        calls, searched, _ = _list_all(both, page_size=100)
+        assert searched == ["a", "b"]
+        assert {c.ref.namespace for c in calls} == {"a", "b"}
+        everyone = stubs(channel, OPERATOR_ALL)
+        calls, searched, _ = _list_all(everyone, page_size=100)
+        assert searched == ["a", "b"]
+        assert MARKER in str(calls)
+
+
+@pytest.mark.parametrize("broken", ["scope", "page-token"])
+def test_a_listing_that_ignores_the_grants_is_caught(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    """Negative controls: a listing scoped to every namespace whatever the
+    token, or a page token followed into a namespace outside the grants, is
+    found by `listing_leaks`."""
+    if broken == "scope":
+        monkeypatch.setattr(gate, "visible_namespaces", lambda: None)
+        expected = "listed a call of B"
+    else:
+        honest = paging.decode_across
+
+        def careless(
+            token: str, prefix_of: Callable[[str], bytes], scope: object
+        ) -> tuple[str, bytes] | None:
+            return honest(token, prefix_of, None)
+
+        monkeypatch.setattr(paging, "decode_across", careless)
+        expected = "followed B's page token"
+    with authenticated_daemon(short_tmp / "data") as (_, channel):
+        problems = listing_leaks(channel)
+    assert any(p.startswith(expected) for p in problems), problems

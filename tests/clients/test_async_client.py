@@ -73,6 +73,8 @@ def test_prepare_start_commit_and_read_back(daemon: RunningDaemon) -> None:
         assert done.result.value == {"hits": 2}
         listed = [x.call_id async for x in c.list_tool_calls("run-a")]
         assert listed == ["c1"]
+        every = c.list_tool_calls("run-a", all_namespaces=True)
+        assert [(x.namespace, x.call_id) async for x in every] == [("default", "c1")]
 
     run_with(daemon, body)
 

@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from sidecar.observability import collectors, logs, metrics, trace
+from sidecar.observability import collectors, logs, metrics, process, trace
 
 
 @pytest.mark.parametrize(
@@ -25,9 +25,11 @@ from sidecar.observability import collectors, logs, metrics, trace
         ),
         (
             logs,
-            "JsonFormatter MASK MIN_SECRET_LENGTH Secrets TextFormatter "
-            "add_secret_digests add_secrets configure escape fields rfc3339",
+            "JsonFormatter MASK MIN_SECRET_LENGTH NativeStderr Secrets "
+            "TextFormatter add_secret_digests add_secrets configure escape fields "
+            "native_record rfc3339",
         ),
+        (process, "STATUS ResidentMemoryCollector resident_memory"),
         (
             trace,
             "CURRENT TRACEPARENT TRACESTATE TraceParent current from_metadata "

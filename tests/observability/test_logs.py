@@ -7,13 +7,24 @@ import hashlib
 import io
 import json
 import logging
+import os
+import queue
+import signal
+import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
 
+import grpc
 import pytest
 
 from sidecar.observability import logs, trace
 from sidecar.observability.logs import JsonFormatter, Secrets, TextFormatter
+from tests.support.certs import make_pki
+from tests.support.processes import ROOT
 
 # Inputs a client controls that try to end the line and start a forged one.
 FORGERIES = [
@@ -256,3 +267,146 @@ def test_configure_refuses_unknown_settings(
     """An unknown format or level names the setting."""
     with pytest.raises(ValueError, match=r"log-format|log-level"):
         logs.configure(fmt, level)
+
+
+# -- gRPC's own lines ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "I1203 06:12:13.725265   20115 ssl_transport_security.cc:2563] "
+            "Handshake failed with error SSL_ERROR_SSL",
+            (
+                "grpc.core",
+                logging.INFO,
+                "Handshake failed with error SSL_ERROR_SSL",
+                {"source": "ssl_transport_security.cc:2563"},
+            ),
+        ),
+        (
+            "E0101 00:00:00.000001 7 chttp2_server.cc:10] bind failed",
+            (
+                "grpc.core",
+                logging.ERROR,
+                "bind failed",
+                {"source": "chttp2_server.cc:10"},
+            ),
+        ),
+        (
+            "WARNING: All log messages before absl::InitializeLog() is called "
+            "are written to STDERR",
+            (
+                "grpc.core",
+                logging.WARNING,
+                "All log messages before absl::InitializeLog() is called are "
+                "written to STDERR",
+                {},
+            ),
+        ),
+        ("something else", ("stderr", logging.WARNING, "something else", {})),
+    ],
+)
+def test_native_lines_are_read_as_records(
+    line: str, expected: tuple[str, int, str, dict[str, str]]
+) -> None:
+    """absl's lines keep their severity and source file; any other native
+    line is a warning of `stderr`."""
+    assert logs.native_record(line) == expected
+
+
+def test_grpc_python_loggers_write_through_the_daemons_handler(
+    root: logging.Logger,
+) -> None:
+    """The `grpc` package's Python loggers propagate to the daemon's handler:
+    their records are JSON lines like its own."""
+    out = io.StringIO()
+    logs.configure("json", "info", stream=out)
+    logging.getLogger("grpc._cython.cygrpc").warning("from %s", "cython")
+    logging.getLogger("grpc.aio._server").error("from aio")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(d["logger"], d["msg"]) for d in lines] == [
+        ("grpc._cython.cygrpc", "from cython"),
+        ("grpc.aio._server", "from aio"),
+    ]
+
+
+class _Lines:
+    """The lines of a stream, read on a thread as they come."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._ended = False
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def until(self, found: Callable[[str], bool], timeout: float = 30) -> str:
+        """Reads up to the first line `found` accepts; "" if the stream
+        ends or `timeout` passes first."""
+        deadline = time.monotonic() + timeout
+        while not self._ended and (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self._ended = True
+                break
+            self.seen.append(line)
+            if found(line):
+                return line
+        return ""
+
+
+@pytest.mark.timeout(90)
+def test_grpc_core_lines_of_a_daemon_process_are_json(
+    short_tmp: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A daemon process with GRPC_VERBOSITY=info and a TLS listener that a
+    plaintext client knocks on: gRPC core's lines (its level notice, the
+    failed handshake) come out on stderr as the daemon's JSON lines, under
+    `grpc.core` with their source (issue 10 item 32: fails before the fix:
+    they were absl's own text lines)."""
+    pki = make_pki(tmp_path_factory.mktemp("pki"))
+    tokens = short_tmp / "tokens.toml"
+    tokens.write_text(
+        '[[token]]\nname = "x"\nsecret = "0123456789abcdef0123"\n'
+        'roles = ["operator"]\nnamespaces = ["*"]\n'
+    )
+    tokens.chmod(0o600)
+    command = [
+        *(sys.executable, "-m", "sidecar", "serve"),
+        *("--data-dir", str(short_tmp / "data"), "--listen", "127.0.0.1:0"),
+        *("--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)),
+        *("--tokens-file", str(tokens)),
+    ]
+    env = {**os.environ, "GRPC_VERBOSITY": "info"}
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+    ) as daemon:
+        assert daemon.stderr is not None
+        lines = _Lines(daemon.stderr)
+        try:
+            tcp = lines.until(lambda x: "ready on" in x).split(" and ")[-1].strip()
+            with grpc.insecure_channel(tcp) as plaintext:
+                with pytest.raises(grpc.FutureTimeoutError):
+                    grpc.channel_ready_future(plaintext).result(timeout=2)
+                assert lines.until(lambda x: "Handshake failed" in x)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=30)
+    lines.until(lambda _: False)
+    ready = [x for x in lines.seen if x.startswith("effectd ") and " ready on " in x]
+    assert len(ready) == 1
+    records = [json.loads(x) for x in lines.seen if x not in ready]
+    core = [r for r in records if r["logger"] == "grpc.core"]
+    assert any("Handshake failed" in r["msg"] for r in core), lines.seen
+    assert all(r["source"].endswith(tuple("0123456789")) for r in core)
+    assert {r["level"] for r in core} >= {"warning", "info"}
+    assert records[-1]["msg"] == "shutting down"

@@ -25,6 +25,7 @@ from sidecar.observability.metrics import (
     serve_metrics,
     served_methods,
 )
+from sidecar.observability.process import ResidentMemoryCollector, resident_memory
 from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 from sidecar.storage.records import state_prefix
@@ -281,3 +282,59 @@ def test_a_stopped_store_watch_reads_nothing(short_tmp: Path) -> None:
     text = _served(metrics)
     assert "effectd_ledger_calls{" not in text
     assert "effectd_rpc_requests" in text
+
+
+def test_a_daemon_serves_its_process_metrics(short_tmp: Path) -> None:
+    """/metrics has the process's standard metrics and its resident memory
+    split into anon and file (mapped) pages, so the LMDB map need not look
+    like a leak; the parts are read from the kernel (issue 10 item 32:
+    fails before the fix: there were no process metrics)."""
+    config = ServeConfig(data_dir=short_tmp / "data", metrics_listen="127.0.0.1:0")
+    with running_daemon(config) as running, Client(running.target) as client:
+        client.prepare_tool("r", "c1", "t", {"n": 1})
+        address = running.daemon.metrics_address
+        assert address is not None
+        got = scrape(address)
+    for name in (
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ):
+        assert (got.value(name) or 0) > 0, name
+    anon = got.value("effectd_process_resident_memory_bytes", kind="anon") or 0
+    mapped = got.value("effectd_process_resident_memory_bytes", kind="file") or 0
+    assert anon > 0
+    assert mapped > 0
+    assert anon + mapped <= 2 * (got.value("process_resident_memory_bytes") or 0)
+
+
+STATUS = """Name:\tpython
+VmRSS:\t  120000 kB
+RssAnon:\t   80000 kB
+RssFile:\t   39000 kB
+RssShmem:\t    1000 kB
+Threads:\t12
+"""
+
+
+def test_resident_memory_is_read_from_proc_status(short_tmp: Path) -> None:
+    """The split is RssAnon, RssFile and RssShmem in bytes; a status file
+    without them, or none at all (not Linux), exports nothing."""
+    assert resident_memory(STATUS) == {
+        "anon": 80000 * 1024,
+        "file": 39000 * 1024,
+        "shmem": 1000 * 1024,
+    }
+    status = short_tmp / "status"
+    status.write_text(STATUS)
+    families = list(ResidentMemoryCollector(status).collect())
+    assert [(s.labels["kind"], s.value) for s in families[0].samples] == [
+        ("anon", 80000 * 1024),
+        ("file", 39000 * 1024),
+        ("shmem", 1000 * 1024),
+    ]
+    status.write_text("Name:\tpython\n")
+    assert list(ResidentMemoryCollector(status).collect()) == []
+    assert list(ResidentMemoryCollector(short_tmp / "absent").collect()) == []

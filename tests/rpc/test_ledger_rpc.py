@@ -8,7 +8,9 @@ import hashlib
 
 import grpc
 import pytest
+from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
+from effectd.v1.checkpoints_pb2_grpc import CheckpointsStub
 from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
 from effectd_client import Client, Decision, Effect, State
@@ -716,6 +718,75 @@ def test_page_token_of_another_namespace_is_refused(
         "INVALID_REQUEST",
     )
     assert got.fields == ("page_token",)
+
+
+def _list_all_namespaces(
+    stub: ToolLedgerStub, *, run_id: str = "", page_size: int = 0
+) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """Every page of a listing of every namespace, as (namespace, run_id,
+    call_id), and the namespaces searched."""
+    calls: list[tuple[str, str, str]] = []
+    searched: list[str] = []
+    token = ""
+    while True:
+        page = stub.ListToolCalls(
+            pb.ListToolCallsRequest(
+                all_namespaces=True,
+                run_id=run_id,
+                page_size=page_size,
+                page_token=token,
+            ),
+            timeout=5,
+        )
+        calls.extend((c.ref.namespace, c.ref.run_id, c.ref.call_id) for c in page.calls)
+        searched = list(page.searched_namespaces)
+        token = page.next_page_token
+        if not token:
+            return calls, searched
+
+
+def test_list_of_every_namespace_pages_across_namespaces_in_key_order(
+    ledger_stub: ToolLedgerStub, checkpoints_stub: CheckpointsStub
+) -> None:
+    """Without authentication, all_namespaces lists the calls of every
+    namespace the store holds, namespace after namespace ("a" before "a.b"
+    before "b"), across page boundaries and with a run filter, and names the
+    namespaces searched (issue 10 item 30: fails before the fix: the request
+    had no all_namespaces)."""
+    made = [
+        ("b", "r1", "c1"),
+        ("a", "r1", "c2"),
+        ("a.b", "r1", "c1"),
+        ("a", "r1", "c1"),
+        ("a", "r2", "c1"),
+        ("default", "r1", "c1"),
+    ]
+    for ns, run_id, call_id in made:
+        ledger_stub.PrepareTool(
+            prepare_request(run_id, call_id, namespace=ns), timeout=5
+        )
+    # A namespace holding only a checkpoint is searched and has no calls.
+    checkpoints_stub.Put(
+        cpb.PutCheckpointRequest(namespace="c", key="k", expect_absent=True),
+        timeout=5,
+    )
+    everything = sorted(made)
+    names = ["a", "a.b", "b", "c", "default"]
+    for size in (1, 2, 100):
+        assert _list_all_namespaces(ledger_stub, page_size=size) == (everything, names)
+    r1 = [c for c in everything if c[1] == "r1"]
+    assert _list_all_namespaces(ledger_stub, run_id="r1", page_size=1) == (r1, names)
+    got = expect_refusal(
+        lambda: ledger_stub.ListToolCalls(
+            pb.ListToolCallsRequest(namespace="a", all_namespaces=True), timeout=5
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+    )
+    assert got.fields == ("namespace",)
+    # One namespace: it is the one searched.
+    one = ledger_stub.ListToolCalls(pb.ListToolCallsRequest(namespace="b"), timeout=5)
+    assert list(one.searched_namespaces) == ["b"]
 
 
 def test_history_records_every_transition_in_order(

@@ -222,16 +222,21 @@ class Client {
     return c.toolCallOut((await this._call(this._ledger, 'GetToolCall', request)).call);
   }
 
-  /** Every matching call (without history), following page tokens. */
-  async *listToolCalls({ runId = '', states = [], pageSize = 0 } = {}) {
+  /**
+   * Every matching call (without history), following page tokens; with
+   * `allNamespaces`, of every namespace the caller may see (a token's grants).
+   */
+  async *listToolCalls({ runId = '', states = [], pageSize = 0, allNamespaces = false } = {}) {
     let pageToken = '';
     do {
       const request = {
-        namespace: this.namespace,
+        // allNamespaces: every namespace the caller may see, so none is named.
+        namespace: allNamespaces ? '' : this.namespace,
         runId,
         states: states.map((s) => c.enumIn('CallState', s)),
         pageSize,
         pageToken,
+        allNamespaces,
       };
       const page = await this._call(this._ledger, 'ListToolCalls', request);
       for (const call of page.calls) yield c.toolCallOut(call);

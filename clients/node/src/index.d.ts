@@ -205,7 +205,13 @@ export class Client {
     },
   ): Promise<ToolCall>;
   getToolCall(args: CallRef): Promise<ToolCall>;
-  listToolCalls(args?: { runId?: string; states?: CallState[]; pageSize?: number }): AsyncGenerator<ToolCall, void>;
+  /** `allNamespaces`: every namespace the caller may see (a token's grants), not the client's one. */
+  listToolCalls(args?: {
+    runId?: string;
+    states?: CallState[];
+    pageSize?: number;
+    allNamespaces?: boolean;
+  }): AsyncGenerator<ToolCall, void>;
   recover(args: { runId: string }): Promise<RecoveryPlan>;
   acknowledgeRecovery(args: { runId: string; callIds: string[] }): Promise<ToolCall[]>;
   decideRetry(args: {

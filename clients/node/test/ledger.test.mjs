@@ -105,6 +105,24 @@ describe('lifecycle', () => {
     assert.deepEqual(none, []);
   });
 
+  test('listToolCalls with allNamespaces lists every namespace, the client\'s own included', async () => {
+    const other = new Client({ target: daemon.target, namespace: 'node-other' });
+    try {
+      await other.prepareTool({ runId: 'all-ns', callId: 'o1', tool: 't', input: 1 });
+      await client.prepareTool({ runId: 'all-ns', callId: 'd1', tool: 't', input: 1 });
+      const seen = [];
+      for await (const call of client.listToolCalls({ runId: 'all-ns', allNamespaces: true, pageSize: 1 })) {
+        seen.push(`${call.namespace}/${call.callId}`);
+      }
+      assert.deepEqual(seen, ['default/d1', 'node-other/o1']);
+      const own = [];
+      for await (const call of client.listToolCalls({ runId: 'all-ns' })) own.push(call.callId);
+      assert.deepEqual(own, ['d1']);
+    } finally {
+      other.close();
+    }
+  });
+
   test('an unknown enum name is refused before anything is sent', async () => {
     await assert.rejects(
       client.prepareTool({ runId: 'life', callId: 'e', tool: 't', input: 1, effect: 'WRITE' }),

@@ -176,13 +176,25 @@ class AsyncClient:
         return ToolCall.from_pb(r.call)
 
     async def list_tool_calls(
-        self, run_id: str = "", states: tuple[State, ...] = (), page_size: int = 0
+        self,
+        run_id: str = "",
+        states: tuple[State, ...] = (),
+        page_size: int = 0,
+        *,
+        all_namespaces: bool = False,
     ) -> AsyncIterator[ToolCall]:
-        """Every matching call, following page tokens."""
+        """Every matching call, following page tokens. `all_namespaces`:
+        of every namespace the caller may see (without authentication, all
+        of them; with a token, its grants) instead of the client's one."""
         token = ""
         while True:
             request = req.list_tool_calls(
-                self.namespace, run_id, states, page_size, token
+                self.namespace,
+                run_id,
+                states,
+                page_size,
+                token,
+                all_namespaces=all_namespaces,
             )
             page = await self._call(self._ledger.ListToolCalls, request)
             for c in page.calls:

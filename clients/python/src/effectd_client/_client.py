@@ -181,13 +181,25 @@ class Client:
         return ToolCall.from_pb(self._call(self._ledger.GetToolCall, request).call)
 
     def list_tool_calls(
-        self, run_id: str = "", states: tuple[State, ...] = (), page_size: int = 0
+        self,
+        run_id: str = "",
+        states: tuple[State, ...] = (),
+        page_size: int = 0,
+        *,
+        all_namespaces: bool = False,
     ) -> Iterator[ToolCall]:
-        """Every matching call, following page tokens."""
+        """Every matching call, following page tokens. `all_namespaces`:
+        of every namespace the caller may see (without authentication, all
+        of them; with a token, its grants) instead of the client's one."""
         token = ""
         while True:
             request = req.list_tool_calls(
-                self.namespace, run_id, states, page_size, token
+                self.namespace,
+                run_id,
+                states,
+                page_size,
+                token,
+                all_namespaces=all_namespaces,
             )
             page = self._call(self._ledger.ListToolCalls, request)
             yield from (ToolCall.from_pb(c) for c in page.calls)

@@ -139,13 +139,17 @@ def list_tool_calls(
     states: tuple[State, ...],
     page_size: int,
     page_token: str,
+    *,
+    all_namespaces: bool = False,
 ) -> pb.ListToolCallsRequest:
     return pb.ListToolCallsRequest(
-        namespace=namespace,
+        # Every namespace the caller may see, so none is named.
+        namespace="" if all_namespaces else namespace,
         run_id=run_id,
         states=[s.value for s in states],
         page_size=page_size,
         page_token=page_token,
+        all_namespaces=all_namespaces,
     )
 
 

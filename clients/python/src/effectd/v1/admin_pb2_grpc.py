@@ -95,7 +95,8 @@ class AdminServicer:
         consistent, compacted snapshot (one read transaction). `path` must be an
         absolute path to a new or empty directory, refused otherwise with
         INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-        by starting a daemon with `effectd serve --data-dir PATH`.
+        by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
+        never on the backup itself, which the daemon would change.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -54,7 +54,8 @@ class AdminStub:
     consistent, compacted snapshot (one read transaction). `path` must be an
     absolute path to a new or empty directory, refused otherwise with
     INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-    by starting a daemon with `effectd serve --data-dir PATH`.
+    by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
+    never on the backup itself, which the daemon would change.
     """
     GetStats: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.GetStatsResponse]
     """What the daemon holds per namespace: open calls by state (UNKNOWN and
@@ -84,7 +85,8 @@ class AdminAsyncStub(AdminStub):
     consistent, compacted snapshot (one read transaction). `path` must be an
     absolute path to a new or empty directory, refused otherwise with
     INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-    by starting a daemon with `effectd serve --data-dir PATH`.
+    by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
+    never on the backup itself, which the daemon would change.
     """
     GetStats: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.GetStatsResponse]  # type: ignore[assignment]
     """What the daemon holds per namespace: open calls by state (UNKNOWN and
@@ -135,7 +137,8 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         consistent, compacted snapshot (one read transaction). `path` must be an
         absolute path to a new or empty directory, refused otherwise with
         INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-        by starting a daemon with `effectd serve --data-dir PATH`.
+        by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
+        never on the backup itself, which the daemon would change.
         """
 
     @_abc_1.abstractmethod

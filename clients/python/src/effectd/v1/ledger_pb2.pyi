@@ -941,14 +941,22 @@ class ListToolCallsRequest(_message.Message):
     STATES_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    ALL_NAMESPACES_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
-    """Empty means "default"."""
+    """Empty means "default". Must be empty with `all_namespaces`."""
     run_id: _builtins.str
     """Only calls of this run; empty means every run."""
     page_size: _builtins.int
     """1..1000; 0 means 100."""
     page_token: _builtins.str
     """From the previous answer's next_page_token."""
+    all_namespaces: _builtins.bool
+    """List every namespace the caller may see, in namespace order: without
+    authentication, every namespace the store holds; with a token, the
+    namespaces it was granted (every one for ["*"]). A token never sees a
+    namespace outside its grants, and a page token of another listing is
+    refused.
+    """
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[Global___CallState.ValueType]:
         """Only calls in these states; empty means every state."""
@@ -961,10 +969,11 @@ class ListToolCallsRequest(_message.Message):
         states: _abc.Iterable[Global___CallState.ValueType] | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        all_namespaces: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_namespaces", b"all_namespaces", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id", "states", b"states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -976,19 +985,28 @@ class ListToolCallsResponse(_message.Message):
 
     CALLS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    SEARCHED_NAMESPACES_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty when there are no more calls."""
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]: ...
+    @_builtins.property
+    def searched_namespaces(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With `all_namespaces`: the namespaces searched, sorted (those the store
+        holds as of this page, or the token's grants); otherwise the one
+        namespace listed.
+        """
+
     def __init__(
         self,
         *,
         calls: _abc.Iterable[Global___ToolCall] | None = ...,
         next_page_token: _builtins.str = ...,
+        searched_namespaces: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "next_page_token", b"next_page_token", "searched_namespaces", b"searched_namespaces"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -164,7 +164,8 @@ class ToolLedgerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListToolCalls(self, request, context):
-        """Lists records of a namespace, optionally of one run and some states.
+        """Lists records of a namespace, optionally of one run and some states; with
+        `all_namespaces`, of every namespace the caller may see.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -87,7 +87,9 @@ class ToolLedgerStub:
     GetToolCall: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.GetToolCallRequest, _ledger_pb2.GetToolCallResponse]
     """Reads one record with its history."""
     ListToolCalls: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.ListToolCallsRequest, _ledger_pb2.ListToolCallsResponse]
-    """Lists records of a namespace, optionally of one run and some states."""
+    """Lists records of a namespace, optionally of one run and some states; with
+    `all_namespaces`, of every namespace the caller may see.
+    """
 
 @_typing.type_check_only
 class ToolLedgerAsyncStub(ToolLedgerStub):
@@ -128,7 +130,9 @@ class ToolLedgerAsyncStub(ToolLedgerStub):
     GetToolCall: _aio.UnaryUnaryMultiCallable[_ledger_pb2.GetToolCallRequest, _ledger_pb2.GetToolCallResponse]  # type: ignore[assignment]
     """Reads one record with its history."""
     ListToolCalls: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListToolCallsRequest, _ledger_pb2.ListToolCallsResponse]  # type: ignore[assignment]
-    """Lists records of a namespace, optionally of one run and some states."""
+    """Lists records of a namespace, optionally of one run and some states; with
+    `all_namespaces`, of every namespace the caller may see.
+    """
 
 class ToolLedgerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -226,6 +230,8 @@ class ToolLedgerServicer(metaclass=_abc_1.ABCMeta):
         request: _ledger_pb2.ListToolCallsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ledger_pb2.ListToolCallsResponse, _abc.Awaitable[_ledger_pb2.ListToolCallsResponse]]:
-        """Lists records of a namespace, optionally of one run and some states."""
+        """Lists records of a namespace, optionally of one run and some states; with
+        `all_namespaces`, of every namespace the caller may see.
+        """
 
 def add_ToolLedgerServicer_to_server(servicer: ToolLedgerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
