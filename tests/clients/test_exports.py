@@ -34,6 +34,10 @@ EXPORTS = {
     "ReconciliationNeeded",
     "RetryRequired",
     "ToolFailed",
+    "ToolTimedOut",
+    "ResultNotRecorded",
+    "RecordingRetry",
+    "current_call",
     # model calls through the sidecar
     "EffectdTransport",
     "AsyncEffectdTransport",

@@ -336,22 +336,6 @@ def test_the_context_manager_runs_the_protocol(client: Client) -> None:
     assert call.result.value == 3
 
 
-def test_a_result_that_is_not_json_is_a_definite_error(client: Client) -> None:
-    """A tool result JSON cannot encode is committed as an error, never lost."""
-    calls: list[int] = []
-
-    def make() -> object:
-        calls.append(1)
-        return object()
-
-    with pytest.raises(TypeError):
-        Run(client, "run-obj").tool("make")(make).at("m")()
-    with pytest.raises(ToolFailed) as failed:
-        Run(client, "run-obj").tool("make")(make).at("m")()
-    assert failed.value.error_code == "TypeError"
-    assert calls == [1]
-
-
 def test_an_idempotent_write_without_a_key_parameter_is_refused(
     client: Client,
 ) -> None:

@@ -13,6 +13,41 @@ const c = require('./convert');
 
 const DEFAULT_TARGET = 'unix:.effectd/effectd.sock';
 
+/**
+ * How the recording requests (CommitTool, ReportUnknown, Heartbeat,
+ * AcknowledgeRecovery) are sent again. The daemon answers each of them the
+ * same when it comes again with the same attempt (a commit of the stored
+ * result is answered as done, another result is RESULT_MISMATCH), so a
+ * request whose answer was lost, or that a transient refusal turned away, is
+ * retried: at most `attempts` tries within `deadlineMs`, waiting
+ * `initialBackoffMs` doubling up to `maxBackoffMs` (half of it jittered),
+ * never less than a refusal's RetryInfo. `onRetry(error, waitMs)` is called
+ * before each wait.
+ */
+const DEFAULT_RECORDING_RETRY = Object.freeze({
+  attempts: 8,
+  deadlineMs: 30_000,
+  initialBackoffMs: 100,
+  maxBackoffMs: 2_000,
+  onRetry: null,
+});
+
+/** UNAVAILABLE, a try's own deadline, or a refusal that says when to try again. */
+function transient(error) {
+  if (error.code === 'UNAVAILABLE') return true;
+  if (error.code === 'DEADLINE_EXCEEDED' && !error.reason) return true;
+  return error.retryDelayMs !== null && error.retryDelayMs !== undefined;
+}
+
+/** Milliseconds to wait before try `tries + 1`, or null: give up. */
+function recordingWait(policy, tries, error, elapsedMs, jitter) {
+  if (tries >= policy.attempts || !transient(error)) return null;
+  const backoff = Math.min(policy.maxBackoffMs, policy.initialBackoffMs * 2 ** (tries - 1));
+  let delay = backoff / 2 + (jitter * backoff) / 2;
+  if (error.retryDelayMs !== null && error.retryDelayMs !== undefined) delay = Math.max(delay, error.retryDelayMs);
+  return elapsedMs + delay >= policy.deadlineMs ? null : delay;
+}
+
 class Client {
   /**
    * @param {object} [options]
@@ -28,6 +63,9 @@ class Client {
    * @param {grpc.ChannelCredentials} [options.credentials] default insecure (local socket); not with `tls`.
    * @param {object} [options.channelOptions] passed to @grpc/grpc-js.
    * @param {string} [options.protosDir] where effectd/v1/*.proto are (default the repository's protos/).
+   * @param {object} [options.recordingRetry] how CommitTool, ReportUnknown, Heartbeat and
+   *   AcknowledgeRecovery are retried: {attempts = 8, deadlineMs = 30000, initialBackoffMs = 100,
+   *   maxBackoffMs = 2000, onRetry(error, waitMs)}.
    */
   constructor({
     target = DEFAULT_TARGET,
@@ -39,11 +77,13 @@ class Client {
     credentials,
     channelOptions = {},
     protosDir,
+    recordingRetry = {},
   } = {}) {
     const { services } = load(protosDir);
     this.target = target;
     this.namespace = namespace;
     this.timeoutMs = timeoutMs;
+    this.recordingRetry = { ...DEFAULT_RECORDING_RETRY, ...recordingRetry };
     const conn = connection({ token, tls, credentials, maxMessageBytes, channelOptions });
     this._connection = conn;
     credentials = conn.credentials;
@@ -66,14 +106,31 @@ class Client {
     this._ledger.close();
   }
 
-  _call(stub, method, request) {
+  _call(stub, method, request, timeoutMs = this.timeoutMs) {
     return new Promise((resolve, reject) => {
-      const options = { deadline: Date.now() + this.timeoutMs };
+      const options = { deadline: Date.now() + timeoutMs };
       stub[method](request, this._connection.metadata(), options, (error, response) => {
         if (error) reject(fromServiceError(error));
         else resolve(response);
       });
     });
+  }
+
+  /** A recording request, sent again with the same attempt while it fails transiently. */
+  async _record(stub, method, request, retry) {
+    const policy = { ...this.recordingRetry, ...retry };
+    const start = Date.now();
+    for (let tries = 1; ; tries += 1) {
+      const timeoutMs = Math.max(1, Math.min(this.timeoutMs, policy.deadlineMs - (Date.now() - start)));
+      try {
+        return await this._call(stub, method, request, timeoutMs);
+      } catch (error) {
+        const wait = recordingWait(policy, tries, error, Date.now() - start, Math.random());
+        if (wait === null) throw error;
+        policy.onRetry?.(error, wait);
+        await new Promise((resolve) => setTimeout(resolve, wait));
+      }
+    }
   }
 
   _ref({ runId, callId }) {
@@ -139,7 +196,7 @@ class Client {
    * Commits the attempt's result: `result` (JSON value or Buffer) or, with
    * `errorCode`, an error result.
    */
-  async commitTool({ runId, callId, attempt, result, errorCode = '', errorMessage = '', expectedRevision }) {
+  async commitTool({ runId, callId, attempt, result, errorCode = '', errorMessage = '', expectedRevision, retry }) {
     const payload = result === undefined && errorCode ? null : c.payloadIn(result);
     const request = {
       ref: this._ref({ runId, callId }),
@@ -152,19 +209,19 @@ class Client {
       },
       expectedRevision,
     };
-    return c.toolCallOut((await this._call(this._ledger, 'CommitTool', request)).call);
+    return c.toolCallOut((await this._record(this._ledger, 'CommitTool', request, retry)).call);
   }
 
-  /** The attempt cannot know whether the tool ran: STARTED becomes UNKNOWN. */
-  async reportUnknown({ runId, callId, attempt, reason = '' }) {
+  /** The attempt cannot know whether the tool ran: STARTED becomes UNKNOWN (retried like a commit). */
+  async reportUnknown({ runId, callId, attempt, reason = '', retry }) {
     const request = { ref: this._ref({ runId, callId }), attempt, reason };
-    return c.toolCallOut((await this._call(this._ledger, 'ReportUnknown', request)).call);
+    return c.toolCallOut((await this._record(this._ledger, 'ReportUnknown', request, retry)).call);
   }
 
-  /** Extends the lease of the attempt that holds the call. */
-  async heartbeat({ runId, callId, attempt, leaseMs = 0 }) {
+  /** Extends the lease of the attempt that holds the call (retried like a commit). */
+  async heartbeat({ runId, callId, attempt, leaseMs = 0, retry }) {
     const request = { ref: this._ref({ runId, callId }), attempt, leaseMs };
-    return c.toolCallOut((await this._call(this._ledger, 'Heartbeat', request)).call);
+    return c.toolCallOut((await this._record(this._ledger, 'Heartbeat', request, retry)).call);
   }
 
   /** Approves or rejects a call as seen at `expectedRevision` with `inputFingerprint`. */
@@ -253,10 +310,10 @@ class Client {
     return { items: r.items.map(c.recoveryItemOut), interrupted: r.interrupted, settled: r.settled };
   }
 
-  /** Marks replayed results as delivered to the transcript; returns the records. */
-  async acknowledgeRecovery({ runId, callIds }) {
+  /** Marks committed results as delivered to the transcript (retried like a commit); returns the records. */
+  async acknowledgeRecovery({ runId, callIds, retry }) {
     const request = { namespace: this.namespace, runId, callIds };
-    const r = await this._call(this._recovery, 'AcknowledgeRecovery', request);
+    const r = await this._record(this._recovery, 'AcknowledgeRecovery', request, retry);
     return r.calls.map(c.toolCallOut);
   }
 
@@ -379,4 +436,4 @@ function preparedOut(r) {
   };
 }
 
-module.exports = { Client, DEFAULT_TARGET };
+module.exports = { Client, DEFAULT_TARGET, DEFAULT_RECORDING_RETRY, recordingWait, transient };

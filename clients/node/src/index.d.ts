@@ -159,6 +159,17 @@ export interface ClientOptions {
   credentials?: ChannelCredentials;
   channelOptions?: ChannelOptions;
   protosDir?: string;
+  /** How CommitTool, ReportUnknown, Heartbeat and AcknowledgeRecovery are retried. */
+  recordingRetry?: RecordingRetry;
+}
+
+/** Tries of one recording request (defaults: 8 tries within 30 s, 100 ms doubling to 2 s). */
+export interface RecordingRetry {
+  attempts?: number;
+  deadlineMs?: number;
+  initialBackoffMs?: number;
+  maxBackoffMs?: number;
+  onRetry?: ((error: EffectdError, waitMs: number) => void) | null;
 }
 
 export const DEFAULT_TARGET: string;
@@ -179,10 +190,11 @@ export class Client {
       errorCode?: string;
       errorMessage?: string;
       expectedRevision?: number;
+      retry?: RecordingRetry;
     },
   ): Promise<ToolCall>;
-  reportUnknown(args: CallRef & { attempt: number; reason?: string }): Promise<ToolCall>;
-  heartbeat(args: CallRef & { attempt: number; leaseMs?: number }): Promise<ToolCall>;
+  reportUnknown(args: CallRef & { attempt: number; reason?: string; retry?: RecordingRetry }): Promise<ToolCall>;
+  heartbeat(args: CallRef & { attempt: number; leaseMs?: number; retry?: RecordingRetry }): Promise<ToolCall>;
   decideApproval(
     args: CallRef & {
       approve: boolean;
@@ -213,7 +225,7 @@ export class Client {
     allNamespaces?: boolean;
   }): AsyncGenerator<ToolCall, void>;
   recover(args: { runId: string }): Promise<RecoveryPlan>;
-  acknowledgeRecovery(args: { runId: string; callIds: string[] }): Promise<ToolCall[]>;
+  acknowledgeRecovery(args: { runId: string; callIds: string[]; retry?: RecordingRetry }): Promise<ToolCall[]>;
   decideRetry(args: {
     call?: CallRef;
     facts?: { effect?: Effect; state: CallState; idempotencyKey?: string; toolName?: string };
@@ -268,6 +280,13 @@ export class OutcomeUnknown extends Error {
   readonly outcomeUnknown: true;
 }
 
+/** The tool ran; the ledger could not record its outcome (`result`, or `error`; `cause` the ledger's failure). */
+export class ResultNotRecorded extends OutcomeUnknown {
+  readonly call: ToolCall;
+  readonly result: unknown;
+  readonly error: unknown;
+}
+
 /** The helper did not run the tool; `call` is the record as found. */
 export class ToolCallStopped extends Error {
   readonly call: ToolCall;
@@ -296,6 +315,18 @@ export interface ToolContext {
 
 export function safeToolCall<T = unknown>(
   client: Client,
-  call: PrepareArgs & { timeoutMs?: number; heartbeatMs?: number; retryUnknown?: boolean },
+  call: PrepareArgs & {
+    timeoutMs?: number;
+    heartbeatMs?: number;
+    retryUnknown?: boolean;
+    /** Error classes or predicates meaning "cannot know whether it acted": reported unknown. */
+    unknownOn?: Array<(new (...args: never[]) => Error) | ((error: unknown) => boolean)>;
+    /** Error classes or predicates that are definite failures; unknownOn wins. */
+    definiteOn?: Array<(new (...args: never[]) => Error) | ((error: unknown) => boolean)>;
+    /** Turns the returned value into the JSON value (or Buffer) committed and returned. */
+    serialize?: (value: T) => unknown;
+    /** Acknowledge the result once handed back (default true). */
+    acknowledge?: boolean;
+  },
   fn: (ctx: ToolContext) => T | Promise<T>,
 ): Promise<T>;

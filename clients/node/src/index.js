@@ -15,6 +15,7 @@ const { EffectdError, errors, fromServiceError } = require('./errors');
 const {
   safeToolCall,
   OutcomeUnknown,
+  ResultNotRecorded,
   ToolCallStopped,
   ReconciliationNeeded,
   ApprovalPending,
@@ -33,6 +34,7 @@ module.exports = {
   fromServiceError,
   safeToolCall,
   OutcomeUnknown,
+  ResultNotRecorded,
   ToolCallStopped,
   ReconciliationNeeded,
   ApprovalPending,

@@ -8,22 +8,36 @@
  * need of reconciliation throws; only an attempt this caller holds runs the
  * tool, and its outcome is recorded before the helper returns:
  *
- *   fn resolves                      -> commit the result (JSON, or raw for a Buffer)
+ *   fn resolves                      -> commit the result: `serialize(value)` if given, else the
+ *                                       value as JSON, what JSON cannot say by the fallback of
+ *                                       `jsonable` (BigInt, Map, Set, cycles, ...)
  *   fn throws (a definite error)     -> commit an error result (code = error.code
  *                                       if a string, else error.name), rethrow
- *   fn throws OutcomeUnknown, a      -> report the outcome unknown, rethrow
- *     TimeoutError, a connection
- *     error (ECONNRESET, EPIPE, ...),
- *     or runs past `timeoutMs`
- *   fn resolves to a value that is   -> report the outcome unknown, throw the TypeError
- *     not JSON (a BigInt, a cycle)
+ *   fn throws an unknown outcome:    -> report the outcome unknown, rethrow
+ *     OutcomeUnknown (or any error
+ *     with outcomeUnknown = true), a
+ *     TimeoutError or AbortError, a
+ *     connection error (ECONNRESET,
+ *     EPIPE, undici's, ...), a gRPC
+ *     UNAVAILABLE / DEADLINE_EXCEEDED /
+ *     UNKNOWN / CANCELLED, what
+ *     `unknownOn` says, or an error
+ *     whose `cause` is one of these
+ *   fn runs past `timeoutMs`         -> report the outcome unknown, throw OutcomeUnknown
  *
- * If recording a failure is itself refused, the tool's error is still the one
- * thrown, with the refusal as `error.recordingError`. The error classes match
- * the Python client's:
+ * The recording requests are retried by the client (`recordingRetry`); an
+ * outcome that still cannot be recorded throws `ResultNotRecorded` (an
+ * OutcomeUnknown carrying `result` or `error`), never a tool failure. A result
+ * handed back (fresh, stored, or an error result) is then acknowledged
+ * (AcknowledgeRecovery), which starts its retention window.
+ *
+ * If reporting an unknown outcome is itself refused, the tool's error is still
+ * the one thrown, with the refusal as `error.recordingError` (the lease runs
+ * out all the same). The error classes match the Python client's:
  *
  *   Error
  *   ├── OutcomeUnknown               thrown BY a tool: it cannot know if it ran
+ *   │   └── ResultNotRecorded        the tool ran; the ledger could not record it
  *   └── ToolCallStopped              the helper did not run the tool (call)
  *       ├── ReconciliationNeeded     RECONCILE: an operator must reconcile it
  *       ├── ApprovalPending          AWAIT_APPROVAL
@@ -33,7 +47,7 @@
  *       └── ToolFailed               the stored result is an error result
  */
 
-const { payloadIn } = require('./convert');
+const { EffectdError } = require('./errors');
 
 /**
  * Thrown by a tool when it cannot know whether its effect happened (a lost
@@ -45,6 +59,22 @@ class OutcomeUnknown extends Error {
     super(message, options);
     this.name = 'OutcomeUnknown';
     this.outcomeUnknown = true;
+  }
+}
+
+/**
+ * The tool ran, but the ledger did not record its outcome: `result` is what it
+ * returned (`error` what it threw), `cause` the ledger's refusal or failure
+ * after the recording retries. The call stays STARTED or UNKNOWN, never run
+ * again by itself.
+ */
+class ResultNotRecorded extends OutcomeUnknown {
+  constructor(message, call, { result, error, cause } = {}) {
+    super(`${call.runId}:${call.callId} (${call.toolName}): ${message}`, cause ? { cause } : undefined);
+    this.name = 'ResultNotRecorded';
+    this.call = call;
+    this.result = result;
+    this.error = error;
   }
 }
 
@@ -106,23 +136,141 @@ const UNKNOWN_CODES = new Set([
   'ECONNREFUSED',
   'EPIPE',
   'ETIMEDOUT',
+  'ERR_NETWORK',
+  'ERR_SOCKET_CONNECTION_TIMEOUT',
+  'ERR_STREAM_PREMATURE_CLOSE',
+  'ERR_HTTP2_STREAM_ERROR',
   'UND_ERR_SOCKET',
+  'UND_ERR_CLOSED',
   'UND_ERR_CONNECT_TIMEOUT',
   'UND_ERR_HEADERS_TIMEOUT',
   'UND_ERR_BODY_TIMEOUT',
 ]);
+// gRPC statuses after which the server may have acted: CANCELLED, UNKNOWN,
+// DEADLINE_EXCEEDED, UNAVAILABLE (numbers from @grpc/grpc-js, names from
+// this client's EffectdError).
+const GRPC_UNKNOWN = new Set([1, 2, 4, 14]);
+const GRPC_UNKNOWN_NAMES = new Set(['CANCELLED', 'UNKNOWN', 'DEADLINE_EXCEEDED', 'UNAVAILABLE']);
 
-function isOutcomeUnknown(error) {
-  if (!error || typeof error !== 'object') return false;
-  if (error.outcomeUnknown === true || error.name === 'TimeoutError') return true;
-  // fetch (undici) wraps the socket error as its cause.
-  return UNKNOWN_CODES.has(error.code) || UNKNOWN_CODES.has(error.cause?.code);
+function knownUnknown(error) {
+  if (error.outcomeUnknown === true || error.name === 'TimeoutError' || error.name === 'AbortError') return true;
+  if (UNKNOWN_CODES.has(error.code)) return true;
+  if (typeof error.code === 'number' && 'metadata' in error && GRPC_UNKNOWN.has(error.code)) return true;
+  return error instanceof EffectdError && GRPC_UNKNOWN_NAMES.has(error.code);
+}
+
+/** A declaration is an Error class (with its subclasses) or a predicate. */
+function matches(error, declared = []) {
+  return declared.some((m) =>
+    m === Error || m.prototype instanceof Error ? error instanceof m : Boolean(m(error)),
+  );
+}
+
+/**
+ * Whether `error`, thrown by a tool, leaves its effect unknown: the tool's
+ * `unknownOn`, then its `definiteOn`, then the known kinds, then the same
+ * along its `cause` chain; else a definite failure.
+ */
+function isOutcomeUnknown(error, { unknownOn = [], definiteOn = [] } = {}) {
+  const seen = new Set();
+  for (let e = error; e && typeof e === 'object' && !seen.has(e); e = e.cause) {
+    seen.add(e);
+    if (matches(e, unknownOn)) return true;
+    if (matches(e, definiteOn)) return false;
+    if (knownUnknown(e)) return true;
+  }
+  return false;
 }
 
 function errorCodeOf(error) {
   if (error && typeof error.code === 'string' && error.code) return error.code;
   if (error && typeof error.name === 'string' && error.name && error.name !== 'Error') return error.name;
   return 'ERROR';
+}
+
+/** `text` the daemon accepts: no control characters but \n and \t, at most `maxBytes` of UTF-8. */
+function boundedText(text, maxBytes = 4096) {
+  let t = String(text).replace(/[\x00-\x08\x0b-\x1f\x7f-\x9f]/g, '?');
+  if (typeof t.toWellFormed === 'function') t = t.toWellFormed();
+  const bytes = Buffer.from(t, 'utf8');
+  if (bytes.length <= maxBytes) return t;
+  return `${bytes.subarray(0, maxBytes - 3).toString('utf8').replace(/\uFFFD$/, '')}...`;
+}
+
+/**
+ * `value` as plain JSON, the fallback for what JSON.stringify cannot say:
+ * a BigInt or an integer beyond Number.MAX_SAFE_INTEGER becomes its text (a
+ * small BigInt its number), a non-finite number its text, a Buffer base64
+ * text, a Date its ISO text, a Map an object, a Set an array, an Error
+ * {name, message}, a value that contains itself '<cycle>'; objects keep
+ * JSON.stringify's rules (toJSON, own enumerable keys, undefined dropped).
+ */
+function jsonable(value, active = new Set()) {
+  if (value === null || value === undefined) return null;
+  switch (typeof value) {
+    case 'boolean':
+    case 'string':
+      return value;
+    case 'number':
+      return Number.isFinite(value) && !(Number.isInteger(value) && !Number.isSafeInteger(value))
+        ? value
+        : String(value);
+    case 'bigint':
+      return value >= -Number.MAX_SAFE_INTEGER && value <= Number.MAX_SAFE_INTEGER ? Number(value) : String(value);
+    case 'function':
+    case 'symbol':
+      return null;
+    default:
+  }
+  if (value instanceof Uint8Array) return Buffer.from(value).toString('base64');
+  if (value instanceof Date) return Number.isNaN(value.getTime()) ? null : value.toISOString();
+  if (active.has(value)) return '<cycle>';
+  active.add(value);
+  try {
+    if (typeof value.toJSON === 'function') return jsonable(value.toJSON(), active);
+    if (Array.isArray(value)) return value.map((v) => jsonable(v, active));
+    if (value instanceof Set) return [...value].map((v) => jsonable(v, active));
+    if (value instanceof Map) {
+      const out = {};
+      for (const [k, v] of value) out[typeof k === 'string' ? k : JSON.stringify(jsonable(k, active))] = jsonable(v, active);
+      return out;
+    }
+    if (value instanceof Error) return { name: value.name, message: value.message };
+    const out = {};
+    for (const [k, v] of Object.entries(value)) {
+      if (v !== undefined && typeof v !== 'function' && typeof v !== 'symbol') out[k] = jsonable(v, active);
+    }
+    return out;
+  } finally {
+    active.delete(value);
+  }
+}
+
+/** What is committed for a returned value: a Buffer as raw bytes, else JSON. */
+function encodeResult(value, serialize) {
+  const stored = serialize ? serialize(value) : value;
+  if (stored instanceof Uint8Array) return Buffer.from(stored);
+  return jsonable(stored);
+}
+
+/** Marks a result handed back as delivered; a lost acknowledgement only delays retention. */
+async function acknowledge(client, call, record) {
+  if (call.acknowledge === false || record.acknowledged) return;
+  try {
+    await client.acknowledgeRecovery({ runId: call.runId, callIds: [call.callId] });
+  } catch {
+    // The result is stored; only its retention window waits.
+  }
+}
+
+/** One last try to leave the reason in the ledger, as UNKNOWN. */
+async function noteUnrecorded(client, call, attempt, cause) {
+  const reason = boundedText(`the outcome could not be recorded: ${cause?.message ?? cause}`);
+  try {
+    await client.reportUnknown({ runId: call.runId, callId: call.callId, attempt, reason, retry: { attempts: 1 } });
+  } catch {
+    // The lease runs out all the same: the call ends UNKNOWN.
+  }
 }
 
 /**
@@ -142,9 +290,17 @@ function errorCodeOf(error) {
  * @param {number} [call.heartbeatMs] lease renewal period while fn runs (default a third of the lease; 0 disables).
  * @param {boolean} [call.retryUnknown] retry a READ or IDEMPOTENT_WRITE whose last attempt has an
  *   unknown outcome (under the daemon's retry rules, with the same key); otherwise RetryRequired is thrown.
+ * @param {Array<Function>} [call.unknownOn] Error classes or predicates that mean the tool cannot know
+ *   whether it acted (reported unknown).
+ * @param {Array<Function>} [call.definiteOn] Error classes or predicates that are definite failures
+ *   (committed as errors) although the default classification says unknown; unknownOn wins.
+ * @param {(value: any) => any} [call.serialize] turns the returned value into the JSON value (or Buffer)
+ *   committed; without it what JSON cannot say goes through the `jsonable` fallback.
+ * @param {boolean} [call.acknowledge] default true: acknowledge the result once handed back.
  * @param {(ctx: {idempotencyKey?: string, attempt: number, signal: AbortSignal, call: object}) => any} fn
  *   the tool; for IDEMPOTENT_WRITE, `ctx.idempotencyKey` ('run:call') is the key the target must de-duplicate on.
  * @returns {Promise<*>} the committed result's value (parsed JSON or Buffer), fresh or stored.
+ * @throws {ResultNotRecorded} the tool ran and the ledger could not record its outcome.
  */
 async function safeToolCall(client, call, fn) {
   const { runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval = false, leaseMs = 0 } = call;
@@ -161,6 +317,7 @@ async function safeToolCall(client, call, fn) {
     answer = await client.startTool({ runId, callId, retry: answer.retryRequired, leaseMs });
   }
   const { decision, call: record } = answer;
+  if (decision === 'RETURN_RESULT' || decision === 'REJECTED') await acknowledge(client, call, record);
   if (decision === 'RETURN_RESULT') {
     if (record.result.ok) return record.result.value;
     throw new ToolFailed(record);
@@ -180,8 +337,9 @@ async function execute(client, call, answer, fn) {
   const timers = [];
   if (heartbeatMs > 0) {
     // A lost heartbeat is not fatal here: the commit is fenced by the attempt.
+    const retry = { deadlineMs: Math.max(1_000, heartbeatMs) };
     const beat = setInterval(() => {
-      client.heartbeat({ runId, callId, attempt, leaseMs: call.leaseMs || 0 }).catch(() => {});
+      client.heartbeat({ runId, callId, attempt, leaseMs: call.leaseMs || 0, retry }).catch(() => {});
     }, heartbeatMs);
     beat.unref();
     timers.push(() => clearInterval(beat));
@@ -211,40 +369,49 @@ async function execute(client, call, answer, fn) {
     }
   } catch (error) {
     for (const stop of timers) stop();
-    try {
-      if (isOutcomeUnknown(error)) {
-        await client.reportUnknown({ runId, callId, attempt, reason: String(error?.message || error) });
-      } else {
-        await client.commitTool({
-          runId,
-          callId,
-          attempt,
-          errorCode: errorCodeOf(error),
-          errorMessage: String(error?.message ?? error),
-        });
+    if (isOutcomeUnknown(error, call)) {
+      try {
+        await client.reportUnknown({ runId, callId, attempt, reason: boundedText(String(error?.message || error)) });
+      } catch (recording) {
+        // The tool's error stays the one thrown; the ledger's refusal rides along.
+        if (error && typeof error === 'object') error.recordingError = recording;
       }
-    } catch (recording) {
-      // The tool's error stays the one thrown; the ledger's refusal rides along.
-      if (error && typeof error === 'object') error.recordingError = recording;
+      throw error;
     }
+    const errorCode = boundedText(errorCodeOf(error), 256);
+    try {
+      await client.commitTool({ runId, callId, attempt, errorCode, errorMessage: boundedText(String(error?.message ?? error)) });
+    } catch (recording) {
+      await noteUnrecorded(client, call, attempt, recording);
+      throw new ResultNotRecorded(`the tool failed (${errorCode}) and the ledger did not record it`, answer.call, {
+        error,
+        cause: recording,
+      });
+    }
+    await acknowledge(client, call, { acknowledged: false });
     throw error;
   }
   for (const stop of timers) stop();
+  let committed;
   try {
-    payloadIn(value);
-  } catch (error) {
-    // The tool ran but its result cannot be stored: only an operator can tell
-    // what the caller should see, so the outcome is reported unknown.
-    await client.reportUnknown({ runId, callId, attempt, reason: `the result could not be stored: ${error.message}` });
-    throw error;
+    committed = await client.commitTool({ runId, callId, attempt, result: encodeResult(value, call.serialize) });
+  } catch (failure) {
+    await noteUnrecorded(client, call, attempt, failure);
+    throw new ResultNotRecorded('the tool returned and the ledger did not record its result', answer.call, {
+      result: value,
+      cause: failure,
+    });
   }
-  const committed = await client.commitTool({ runId, callId, attempt, result: value });
+  await acknowledge(client, call, committed);
   return committed.result.value;
 }
 
 module.exports = {
   safeToolCall,
+  isOutcomeUnknown,
+  jsonable,
   OutcomeUnknown,
+  ResultNotRecorded,
   ToolCallStopped,
   ReconciliationNeeded,
   ApprovalPending,

@@ -23,6 +23,7 @@ test('the public exports are exactly these (and ESM named imports see them all)'
     'EffectdError',
     'OutcomeUnknown',
     'ReconciliationNeeded',
+    'ResultNotRecorded',
     'RetryRequired',
     'ToolCallStopped',
     'ToolFailed',

@@ -223,12 +223,22 @@ describe('safeToolCall', () => {
     assert.deepEqual(await first, { done: true });
   });
 
-  test('a result that cannot be stored as JSON is reported unknown, not lost', async () => {
+  test('a result JSON cannot say is committed as a success with the fallback encoding, never lost (issue 10 item B4)', async () => {
+    // Fails before the fix: the call was reported UNKNOWN although the tool had succeeded.
     const call = { runId: 'bad', callId: 'big', tool: 't', input: 1 };
-    await assert.rejects(safeToolCall(newAgent(), call, () => ({ n: 10n })), TypeError);
+    const cyclic = { n: 10n, big: 2 ** 64, when: new Date(0), tags: new Set(['a']) };
+    cyclic.self = cyclic;
+    const value = await safeToolCall(newAgent(), call, () => cyclic);
+    const expected = { n: 10, big: '18446744073709552000', when: '1970-01-01T00:00:00.000Z', tags: ['a'], self: '<cycle>' };
+    assert.deepEqual(value, expected);
     const record = await newAgent().getToolCall(call);
-    assert.equal(record.state, 'UNKNOWN');
-    assert.match(record.history.at(-1).reason, /could not be stored/);
+    assert.equal(record.state, 'COMMITTED');
+    assert.deepEqual(record.result.value, expected);
+  });
+
+  test('serialize decides what is committed and returned', async () => {
+    const call = { runId: 'ser', callId: 's1', tool: 't', input: 1, serialize: (r) => ({ id: r.id }) };
+    assert.deepEqual(await safeToolCall(newAgent(), call, () => ({ id: 7, socket: {} })), { id: 7 });
   });
 
   test('a repeat with another input is refused with INPUT_MISMATCH', async () => {

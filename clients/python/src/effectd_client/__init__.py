@@ -49,6 +49,7 @@ from effectd_client._exceptions import ReconciliationNeeded as ReconciliationNee
 from effectd_client._exceptions import ReconciliationRequired as ReconciliationRequired
 from effectd_client._exceptions import ResultCompacted as ResultCompacted
 from effectd_client._exceptions import ResultMismatch as ResultMismatch
+from effectd_client._exceptions import ResultNotRecorded as ResultNotRecorded
 from effectd_client._exceptions import RetryBudgetExhausted as RetryBudgetExhausted
 from effectd_client._exceptions import RetryDisabled as RetryDisabled
 from effectd_client._exceptions import RetryRequired as RetryRequired
@@ -62,17 +63,20 @@ from effectd_client._exceptions import StorageFull as StorageFull
 from effectd_client._exceptions import StorageUnavailable as StorageUnavailable
 from effectd_client._exceptions import ToolCallStopped as ToolCallStopped
 from effectd_client._exceptions import ToolFailed as ToolFailed
+from effectd_client._exceptions import ToolTimedOut as ToolTimedOut
 from effectd_client._exceptions import Unauthenticated as Unauthenticated
 from effectd_client._exceptions import (
     UpstreamDeadlineExceeded as UpstreamDeadlineExceeded,
 )
 from effectd_client._exceptions import UpstreamUnavailable as UpstreamUnavailable
-from effectd_client._safe import CallOptions as CallOptions
+from effectd_client._recording import RecordingRetry as RecordingRetry
 from effectd_client._safe import Run as Run
-from effectd_client._safe import SafeCall as SafeCall
 from effectd_client._safe import SafeTool as SafeTool
 from effectd_client._safe_aio import AsyncRun as AsyncRun
 from effectd_client._safe_aio import AsyncSafeTool as AsyncSafeTool
+from effectd_client._safe_base import CallOptions as CallOptions
+from effectd_client._safe_base import SafeCall as SafeCall
+from effectd_client._safe_base import current_call as current_call
 from effectd_client._transport import AsyncEffectdTransport as AsyncEffectdTransport
 from effectd_client._transport import (
     AsyncHttpx2EffectdTransport as AsyncHttpx2EffectdTransport,
@@ -130,10 +134,12 @@ __all__ = [
     "RateLimited",
     "ReconciliationNeeded",
     "ReconciliationRequired",
+    "RecordingRetry",
     "RecoveryAction",
     "RecoveryPlan",
     "ResultCompacted",
     "ResultMismatch",
+    "ResultNotRecorded",
     "RetryBudgetExhausted",
     "RetryDisabled",
     "RetryRequired",
@@ -153,7 +159,9 @@ __all__ = [
     "ToolCallStopped",
     "ToolFailed",
     "ToolResult",
+    "ToolTimedOut",
     "Unauthenticated",
     "UpstreamDeadlineExceeded",
     "UpstreamUnavailable",
+    "current_call",
 ]

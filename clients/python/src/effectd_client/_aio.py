@@ -6,6 +6,9 @@ same code the synchronous client uses; only the transport differs.
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -16,6 +19,7 @@ from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, connection
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
+from effectd_client._recording import RecordingRetry
 from effectd_client._types import (
     Checkpoint,
     Effect,
@@ -47,9 +51,11 @@ class AsyncClient:
         certificate_chain: bytes | None = None,
         private_key: bytes | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        recording_retry: RecordingRetry | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
+        self.recording_retry = recording_retry or RecordingRetry()
         self._connection = connection(
             target,
             token=token,
@@ -82,6 +88,33 @@ class AsyncClient:
             return await method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise EffectdError.from_rpc_error(exc) from None
+
+    async def _record(
+        self,
+        method: Callable[..., Awaitable[T]],
+        request: object,
+        retry: RecordingRetry | None,
+    ) -> T:
+        """A recording request, sent again while it fails transiently."""
+        policy = retry or self.recording_retry
+        start, tries = time.monotonic(), 0
+        while True:
+            tries += 1
+            elapsed = time.monotonic() - start
+            try:
+                return await method(
+                    request,
+                    timeout=policy.try_timeout(self.timeout, elapsed),
+                    metadata=self._metadata,
+                )
+            except grpc.RpcError as exc:
+                error = EffectdError.from_rpc_error(exc)
+            wait = policy.wait(tries, error, time.monotonic() - start, random.random())  # noqa: S311 - jitter
+            if wait is None:
+                raise error from None
+            if policy.on_retry is not None:
+                policy.on_retry(error, wait)
+            await asyncio.sleep(wait)
 
     # -- tool calls ----------------------------------------------------------
 
@@ -140,8 +173,9 @@ class AsyncClient:
         *,
         error_code: str = "",
         error_message: str = "",
+        retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """Commits the result; with `error_code`, an error result."""
+        """See `Client.commit_tool`."""
         request = req.commit_tool(
             self.namespace,
             run_id,
@@ -151,24 +185,36 @@ class AsyncClient:
             error_code=error_code,
             error_message=error_message,
         )
-        return ToolCall.from_pb(
-            (await self._call(self._ledger.CommitTool, request)).call
-        )
+        r = await self._record(self._ledger.CommitTool, request, retry)
+        return ToolCall.from_pb(r.call)
 
     async def report_unknown(
-        self, run_id: str, call_id: str, attempt: int, reason: str
+        self,
+        run_id: str,
+        call_id: str,
+        attempt: int,
+        reason: str,
+        *,
+        retry: RecordingRetry | None = None,
     ) -> ToolCall:
+        """See `Client.report_unknown`."""
         request = req.report_unknown(self.namespace, run_id, call_id, attempt, reason)
-        r = await self._call(self._ledger.ReportUnknown, request)
+        r = await self._record(self._ledger.ReportUnknown, request, retry)
         return ToolCall.from_pb(r.call)
 
     async def heartbeat(
-        self, run_id: str, call_id: str, attempt: int, lease_ms: int = 0
+        self,
+        run_id: str,
+        call_id: str,
+        attempt: int,
+        lease_ms: int = 0,
+        *,
+        retry: RecordingRetry | None = None,
     ) -> ToolCall:
+        """See `Client.heartbeat`."""
         request = req.heartbeat(self.namespace, run_id, call_id, attempt, lease_ms)
-        return ToolCall.from_pb(
-            (await self._call(self._ledger.Heartbeat, request)).call
-        )
+        r = await self._record(self._ledger.Heartbeat, request, retry)
+        return ToolCall.from_pb(r.call)
 
     async def get_tool_call(self, run_id: str, call_id: str) -> ToolCall:
         request = req.get_tool_call(self.namespace, run_id, call_id)
@@ -263,10 +309,16 @@ class AsyncClient:
         request = req.recover(self.namespace, run_id)
         return RecoveryPlan.from_pb(await self._call(self._recovery.Recover, request))
 
-    async def acknowledge_recovery(self, run_id: str, call_ids: list[str]) -> None:
-        """Marks replayed results as delivered to the transcript."""
+    async def acknowledge_recovery(
+        self,
+        run_id: str,
+        call_ids: list[str],
+        *,
+        retry: RecordingRetry | None = None,
+    ) -> None:
+        """See `Client.acknowledge_recovery`."""
         request = req.acknowledge_recovery(self.namespace, run_id, call_ids)
-        await self._call(self._recovery.AcknowledgeRecovery, request)
+        await self._record(self._recovery.AcknowledgeRecovery, request, retry)
 
     # -- checkpoints ---------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -12,6 +14,7 @@ from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, connection
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
+from effectd_client._recording import RecordingRetry
 from effectd_client._types import (
     Checkpoint,
     Effect,
@@ -44,6 +47,10 @@ class Client:
         max_message_bytes: the largest message sent or received, by
             default the daemon's own default (8 MiB); a larger request
             fails before it is sent, as RESOURCE_EXHAUSTED.
+        recording_retry: how CommitTool, ReportUnknown, Heartbeat and
+            AcknowledgeRecovery are sent again after a transient failure
+            (they are idempotent on the daemon); by default 8 tries within
+            30 s.
     """
 
     def __init__(
@@ -58,9 +65,11 @@ class Client:
         certificate_chain: bytes | None = None,
         private_key: bytes | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        recording_retry: RecordingRetry | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
+        self.recording_retry = recording_retry or RecordingRetry()
         self._connection = connection(
             target,
             token=token,
@@ -93,6 +102,30 @@ class Client:
             return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise EffectdError.from_rpc_error(exc) from None
+
+    def _record(
+        self, method: Callable[..., T], request: object, retry: RecordingRetry | None
+    ) -> T:
+        """A recording request, sent again while it fails transiently."""
+        policy = retry or self.recording_retry
+        start, tries = time.monotonic(), 0
+        while True:
+            tries += 1
+            elapsed = time.monotonic() - start
+            try:
+                return method(
+                    request,
+                    timeout=policy.try_timeout(self.timeout, elapsed),
+                    metadata=self._metadata,
+                )
+            except grpc.RpcError as exc:
+                error = EffectdError.from_rpc_error(exc)
+            wait = policy.wait(tries, error, time.monotonic() - start, random.random())  # noqa: S311 - jitter
+            if wait is None:
+                raise error from None
+            if policy.on_retry is not None:
+                policy.on_retry(error, wait)
+            time.sleep(wait)
 
     # -- tool calls ----------------------------------------------------------
 
@@ -151,8 +184,13 @@ class Client:
         *,
         error_code: str = "",
         error_message: str = "",
+        retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """Commits the result; with `error_code`, an error result."""
+        """Commits the result; with `error_code`, an error result.
+
+        Sent again while it fails transiently (`recording_retry`, or `retry`):
+        the daemon answers a repeat of the stored result as done.
+        """
         request = req.commit_tool(
             self.namespace,
             run_id,
@@ -162,19 +200,36 @@ class Client:
             error_code=error_code,
             error_message=error_message,
         )
-        return ToolCall.from_pb(self._call(self._ledger.CommitTool, request).call)
+        r = self._record(self._ledger.CommitTool, request, retry)
+        return ToolCall.from_pb(r.call)
 
     def report_unknown(
-        self, run_id: str, call_id: str, attempt: int, reason: str
+        self,
+        run_id: str,
+        call_id: str,
+        attempt: int,
+        reason: str,
+        *,
+        retry: RecordingRetry | None = None,
     ) -> ToolCall:
+        """The attempt cannot know whether the tool ran; retried like a commit."""
         request = req.report_unknown(self.namespace, run_id, call_id, attempt, reason)
-        return ToolCall.from_pb(self._call(self._ledger.ReportUnknown, request).call)
+        r = self._record(self._ledger.ReportUnknown, request, retry)
+        return ToolCall.from_pb(r.call)
 
     def heartbeat(
-        self, run_id: str, call_id: str, attempt: int, lease_ms: int = 0
+        self,
+        run_id: str,
+        call_id: str,
+        attempt: int,
+        lease_ms: int = 0,
+        *,
+        retry: RecordingRetry | None = None,
     ) -> ToolCall:
+        """Extends the attempt's lease; retried like a commit."""
         request = req.heartbeat(self.namespace, run_id, call_id, attempt, lease_ms)
-        return ToolCall.from_pb(self._call(self._ledger.Heartbeat, request).call)
+        r = self._record(self._ledger.Heartbeat, request, retry)
+        return ToolCall.from_pb(r.call)
 
     def get_tool_call(self, run_id: str, call_id: str) -> ToolCall:
         request = req.get_tool_call(self.namespace, run_id, call_id)
@@ -264,10 +319,17 @@ class Client:
         request = req.recover(self.namespace, run_id)
         return RecoveryPlan.from_pb(self._call(self._recovery.Recover, request))
 
-    def acknowledge_recovery(self, run_id: str, call_ids: list[str]) -> None:
-        """Marks replayed results as delivered to the transcript."""
+    def acknowledge_recovery(
+        self,
+        run_id: str,
+        call_ids: list[str],
+        *,
+        retry: RecordingRetry | None = None,
+    ) -> None:
+        """Marks committed results as delivered to the transcript; retried
+        like a commit."""
         request = req.acknowledge_recovery(self.namespace, run_id, call_ids)
-        self._call(self._recovery.AcknowledgeRecovery, request)
+        self._record(self._recovery.AcknowledgeRecovery, request, retry)
 
     # -- checkpoints ---------------------------------------------------------
 

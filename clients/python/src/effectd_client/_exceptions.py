@@ -7,6 +7,10 @@
     │   ├── RevisionConflict         REVISION_CONFLICT: `current_revision`
     │   └── ...                      one class per value of `ErrorReason`
     ├── OutcomeUnknown               raised BY a tool: it cannot know if it ran
+    │   ├── ToolTimedOut             the safe call's deadline passed (also a
+    │   │                            TimeoutError)
+    │   └── ResultNotRecorded        the tool ran; the ledger could not record
+    │                                its outcome
     └── ToolCallStopped              the safe call did not run the tool
         ├── ReconciliationNeeded     RECONCILE: an operator must reconcile
         ├── ApprovalPending          AWAIT_APPROVAL
@@ -265,10 +269,43 @@ def class_of(reason: str) -> type[EffectdError]:
 class OutcomeUnknown(Exception):
     """Raised by a tool that cannot know whether its effect happened.
 
-    The safe call reports the attempt UNKNOWN and re-raises. `TimeoutError`
-    (also `asyncio.TimeoutError`), `ConnectionError` and a cancelled task are
-    treated the same way; any other exception is a definite failure.
+    The safe call reports the attempt UNKNOWN and re-raises. So it does for
+    `TimeoutError`, `ConnectionError`, a cancelled task, the transport and
+    timeout errors of common client libraries, and what a tool declares with
+    `unknown_on=` (see `effectd_client._safe_outcomes`); any other exception
+    is a definite failure.
     """
+
+
+class ToolTimedOut(OutcomeUnknown, TimeoutError):
+    """The safe call's `timeout` passed while the tool ran.
+
+    The attempt is reported UNKNOWN (the tool may have acted), never failed.
+    """
+
+
+class ResultNotRecorded(OutcomeUnknown):
+    """The tool ran, but the ledger did not record its outcome.
+
+    `result` is what the tool returned (`error` the exception it raised, if
+    any); `__cause__` is the refusal or failure of the ledger, after the
+    recording retries. The ledger still holds the attempt STARTED or UNKNOWN:
+    a repeat of the call is never run again by itself (a side effect waits
+    for reconciliation).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        call: ToolCall,
+        *,
+        result: object = None,
+        error: BaseException | None = None,
+    ) -> None:
+        super().__init__(f"{call.run_id}:{call.call_id}: {message}")
+        self.call = call
+        self.result = result
+        self.error = error
 
 
 class ToolCallStopped(Exception):

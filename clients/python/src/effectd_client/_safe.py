@@ -3,234 +3,164 @@
 `Run(client, run_id)` names an agent run; `run.call(...)` is a context manager
 and `run.tool(...)` a decorator that prepare and start the call, replay a
 committed result without calling the tool, refuse (raise) when the ledger says
-not to execute, pass the stable idempotency key to IDEMPOTENT_WRITE tools, and
-commit the result, an error result, or report the outcome unknown.
-`AsyncRun` (`effectd_client._safe_aio`) does the same with an `AsyncClient`
-and async tools.
+not to execute, pass the stable idempotency key to IDEMPOTENT_WRITE tools,
+renew the attempt's lease while the tool runs, and commit the result, an error
+result, or report the outcome unknown. `AsyncRun` (`effectd_client._safe_aio`)
+does the same with an `AsyncClient` and async tools.
 
 Call ids are never random: either explicit (`tool.at("step-3")`) or
 `"{tool_name}-{n}"`, the n-th call of that tool in this `Run` object, so a
 restarted agent that replays the same steps asks for the same calls.
 
 Outcomes of the tool, as the ledger records them:
-  returns                                   -> committed OK (JSON, or bytes)
-  raises OutcomeUnknown, TimeoutError       -> ReportUnknown, re-raised
-    (asyncio.TimeoutError), ConnectionError,
-    or its task is cancelled
+  returns any value                         -> committed OK: `serialize(value)`,
+                                               else JSON, else the fallback
+                                               of `_safe_outcomes.jsonable`
+  raises an unknown outcome (see            -> ReportUnknown, re-raised
+    `_safe_outcomes.is_unknown`: timeouts,
+    connection and transport errors, a
+    cancelled task, `unknown_on=`)
+  runs past `timeout`                       -> ReportUnknown, ToolTimedOut
   raises any other Exception                -> committed ERROR (code = class
                                                name, or `error_code` attribute)
   KeyboardInterrupt, SystemExit             -> left STARTED: a crash; its
                                                lease runs out (Recover)
+
+A recording request that fails transiently is sent again with the same
+attempt (`Client.recording_retry`); an outcome that still cannot be recorded
+raises `ResultNotRecorded` (an `OutcomeUnknown`), never a tool failure. A
+result handed back to the agent (fresh or replayed, value or error) is then
+acknowledged (AcknowledgeRecovery), which starts its retention window.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
+import contextvars
 import functools
-import inspect
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from effectd_client._client import Client
+from effectd_client._errors import EffectdError
 from effectd_client._exceptions import (
-    ApprovalPending,
-    CallInProgress,
     CallRejected,
-    OutcomeUnknown,
-    ReconciliationNeeded,
-    RetryRequired,
+    ResultNotRecorded,
     ToolFailed,
+    ToolTimedOut,
 )
-from effectd_client._requests import payload
-from effectd_client._types import (
-    Decision,
-    Effect,
-    Prepared,
-    RecoveryAction,
-    RecoveryPlan,
-    ToolResult,
+from effectd_client._recording import ONCE, RecordingRetry
+from effectd_client._safe_base import (
+    _CURRENT,
+    KEY_PARAMETER,
+    CallOptions,
+    Next,
+    RunBase,
+    SafeCall,
+    admit,
+    check_started,
+    check_tool,
+    decoded,
+    error_of,
+    input_of,
 )
+from effectd_client._safe_outcomes import (
+    Matcher,
+    bounded_text,
+    encode_result,
+    is_unknown,
+)
+from effectd_client._types import Effect, Prepared, RecoveryPlan, ToolCall
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-KEY_PARAMETER = "idempotency_key"
-UNKNOWN_OUTCOMES = (
-    OutcomeUnknown,
-    TimeoutError,
-    ConnectionError,
-    asyncio.CancelledError,
-)
 
+class _Watch:
+    """While a tool runs: renews its lease, and sets `cancelled` at the
+    deadline. A lost heartbeat is not fatal (the commit is fenced by the
+    attempt); a refused one (the lease is gone) ends the renewals."""
 
-class Next(enum.Enum):
-    EXECUTE = enum.auto()
-    REPLAY = enum.auto()
-    START = enum.auto()
-    RETRY = enum.auto()
-
-
-def admit(p: Prepared, *, retry_unknown: bool) -> Next:
-    """What the safe call does with an answer; raises when it must not run."""
-    match p.decision:
-        case Decision.EXECUTE if p.attempt_held:
-            return Next.EXECUTE
-        case Decision.EXECUTE if p.retry_required:
-            # ADR-010 D3: an unknown outcome is retried only when asked for,
-            # and the daemon refuses it for SIDE_EFFECT whatever we ask.
-            if retry_unknown and p.call.effect is not Effect.SIDE_EFFECT:
-                return Next.RETRY
-            raise RetryRequired(
-                "the last attempt's outcome is unknown; pass retry_unknown=True "
-                "to retry this READ or IDEMPOTENT_WRITE",
-                p.call,
+    def __init__(
+        self,
+        client: Client,
+        scope: SafeCall,
+        interval: float,
+        lease_ms: int,
+        *,
+        signal_deadline: bool,
+    ) -> None:
+        self._client, self._scope = client, scope
+        self._interval, self._lease_ms = interval, lease_ms
+        self._deadline = scope.deadline if signal_deadline else None
+        self._stop = threading.Event()
+        self._retry = RecordingRetry(deadline=max(1.0, interval))
+        self._thread: threading.Thread | None = None
+        if interval > 0 or self._deadline is not None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"effectd-watch-{scope.call_id}", daemon=True
             )
-        case Decision.EXECUTE:
-            return Next.START
-        case Decision.RETURN_RESULT:
-            assert p.call.result is not None
-            if not p.call.result.ok:
-                raise ToolFailed(p.call, p.call.result)
-            return Next.REPLAY
-        case Decision.REJECTED:
-            assert p.call.result is not None
-            raise CallRejected("an approver rejected the call", p.call, p.call.result)
-        case Decision.AWAIT_APPROVAL:
-            raise ApprovalPending("the call waits for an approver", p.call)
-        case Decision.IN_PROGRESS:
-            raise CallInProgress("another attempt holds the call", p.call)
-        case Decision.RECONCILE:
-            raise ReconciliationNeeded(
-                "a side effect of unknown outcome; an operator must reconcile it",
-                p.call,
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        s = self._scope
+        beat = time.monotonic() + self._interval if self._interval > 0 else None
+        deadline = self._deadline
+        while beat is not None or deadline is not None:
+            wake = min(t for t in (beat, deadline) if t is not None)
+            if self._stop.wait(max(0.0, wake - time.monotonic())):
+                return
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                s.cancelled.set()
+                deadline = None
+            if beat is not None and now >= beat:
+                beat = now + self._interval if self._beat() else None
+
+    def _beat(self) -> bool:
+        s = self._scope
+        try:
+            self._client.heartbeat(
+                s.run_id, s.call_id, s.attempt, self._lease_ms, retry=self._retry
             )
-    raise AssertionError(p.decision)  # pragma: no cover
-
-
-def check_started(p: Prepared) -> None:
-    """A start that did not give us the attempt is a refusal."""
-    if admit(p, retry_unknown=False) is not Next.EXECUTE:
-        raise CallInProgress("the call could not be started", p.call)
-
-
-def decoded(result: ToolResult, raw: bool) -> Any:
-    if raw:
-        return (
-            result.raw if result.raw is not None else (result.json_text or "").encode()
-        )
-    return result.raw if result.raw is not None else result.value
-
-
-def error_of(exc: Exception) -> tuple[str, str]:
-    code = getattr(exc, "error_code", None)
-    return (code if isinstance(code, str) and code else type(exc).__name__), str(exc)
-
-
-def check_tool(fn: Callable[..., Any], options: CallOptions) -> None:
-    """An IDEMPOTENT_WRITE tool must take the key: refused at decoration time.
-
-    Found later, the TypeError would be committed as the call's error result.
-    """
-    if options.effect is not Effect.IDEMPOTENT_WRITE:
-        return
-    params = inspect.signature(fn).parameters.values()
-    if not any(
-        p.name == KEY_PARAMETER or p.kind is inspect.Parameter.VAR_KEYWORD
-        for p in params
-    ):
-        raise TypeError(
-            f"{fn.__name__}: an IDEMPOTENT_WRITE tool takes `{KEY_PARAMETER}`"
-        )
-
-
-def input_of(fn: Callable[..., Any], args: Any, kwargs: Any) -> dict[str, Any]:
-    """The call's input: its bound arguments, without the idempotency key."""
-    bound = inspect.signature(fn).bind(*args, **kwargs)
-    return {k: v for k, v in bound.arguments.items() if k != KEY_PARAMETER}
-
-
-@dataclass(frozen=True, slots=True)
-class CallOptions:
-    """How a decorated tool is called; see `Run.call`."""
-
-    effect: Effect = Effect.SIDE_EFFECT
-    # Retry a READ or IDEMPOTENT_WRITE whose last attempt ended unknown
-    # (StartTool with retry); never applies to SIDE_EFFECT.
-    retry_unknown: bool = False
-    # Results are bytes, committed and replayed as sent.
-    raw: bool = False
-    require_approval: bool = False
-
-
-@dataclass(slots=True)
-class SafeCall:
-    """One tool call in a `Run.call` block.
-
-    `execute` is True when this caller holds the attempt: run the tool and
-    `set_result`. Otherwise `result` is the stored result: do not run it.
-    """
-
-    run_id: str
-    call_id: str
-    attempt: int
-    idempotency_key: str
-    execute: bool
-    result: Any = None
-    _raw: bool = field(default=False, repr=False)
-
-    def set_result(self, value: Any) -> None:
-        """The tool's result, committed when the block ends without error."""
-        if self._raw and not isinstance(value, bytes | bytearray):
-            raise TypeError("a raw call commits bytes")
-        # Encoded now, inside the block: a result that is not JSON is then a
-        # definite error of the call, committed, instead of a lost attempt.
-        payload(value)
-        self.result = value
-
-
-class RunBase:
-    def __init__(self, run_id: str, lease_ms: int) -> None:
-        self.run_id = run_id
-        self.lease_ms = lease_ms
-        self._counts: dict[str, int] = {}
-        self._replays: set[str] = set()
-
-    def next_call_id(self, tool_name: str) -> str:
-        """`{tool_name}-{n}`: deterministic in the order of this run's steps."""
-        n = self._counts.get(tool_name, 0) + 1
-        self._counts[tool_name] = n
-        return f"{tool_name}-{n}"
-
-    def _take_plan(self, plan: RecoveryPlan) -> RecoveryPlan:
-        for item in plan.items:
-            if item.action is RecoveryAction.RECONCILE:
-                raise ReconciliationNeeded(
-                    "the run is interrupted: reconcile this call", item.call
-                )
-            if item.action is RecoveryAction.WAIT_FOR_APPROVAL:
-                raise ApprovalPending("the run waits for an approval", item.call)
-        self._replays = {
-            i.call.call_id
-            for i in plan.items
-            if i.action is RecoveryAction.REPLAY_RESULT
-        }
-        return plan
-
-    def _scope(self, p: Prepared, call_id: str, raw: bool) -> SafeCall:
-        key = p.idempotency_key or p.call.idempotency_key
-        if p.call.effect is not Effect.IDEMPOTENT_WRITE:
-            key = ""
-        return SafeCall(self.run_id, call_id, p.call.attempt, key, True, _raw=raw)
+        except EffectdError as refusal:
+            return bool(refusal.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+        except Exception:  # a closed client ends the renewals
+            return False
+        return True
 
 
 class Run(RunBase):
-    """An agent run whose tool calls go through the ledger (sync client)."""
+    """An agent run whose tool calls go through the ledger (sync client).
 
-    def __init__(self, client: Client, run_id: str, *, lease_ms: int = 0) -> None:
-        super().__init__(run_id, lease_ms)
+    Args:
+        client: The connection to effectd.
+        run_id: The run's id, part of every call's identity.
+        lease_ms: The lease of each attempt (0: the daemon's default, 30 s).
+        heartbeat_interval: Seconds between lease renewals while a tool
+            runs; None: a third of the lease granted; 0: never.
+        acknowledge: Acknowledge each result once it is handed back to the
+            agent (AcknowledgeRecovery), which starts its retention window.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        run_id: str,
+        *,
+        lease_ms: int = 0,
+        heartbeat_interval: float | None = None,
+        acknowledge: bool = True,
+    ) -> None:
+        super().__init__(run_id, lease_ms, heartbeat_interval, acknowledge)
         self.client = client
 
     def resume(self) -> RecoveryPlan:
@@ -241,7 +171,6 @@ class Run(RunBase):
         """
         return self._take_plan(self.client.recover(self.run_id))
 
-    @contextmanager
     def call(
         self,
         tool_name: str,
@@ -252,7 +181,11 @@ class Run(RunBase):
         retry_unknown: bool = False,
         raw: bool = False,
         require_approval: bool = False,
-    ) -> Iterator[SafeCall]:
+        timeout: float | None = None,
+        unknown_on: Iterable[Matcher] = (),
+        definite_on: Iterable[Matcher] = (),
+        serialize: Callable[[Any], Any] | None = None,
+    ) -> AbstractContextManager[SafeCall]:
         """Prepares and starts the call; commits or reports it at the end.
 
         Args:
@@ -264,6 +197,17 @@ class Run(RunBase):
                 attempt ended unknown again (StartTool with retry).
             raw: The result is bytes, committed and replayed as sent.
             require_approval: The call waits for an approver first.
+            timeout: Seconds the tool may run. The block sees `deadline` and
+                `cancelled`; the decorator raises `ToolTimedOut` at the
+                deadline. The outcome is then reported unknown.
+            unknown_on: Exception classes or predicates that mean the tool
+                cannot know whether it acted (reported unknown).
+            definite_on: Exception classes or predicates that are definite
+                failures (committed as errors) although the default
+                classification would say unknown; `unknown_on` wins.
+            serialize: Turns the result into the JSON value (or bytes) to
+                commit; without it, what JSON cannot say is encoded by the
+                fallback of `effectd_client._safe_outcomes.jsonable`.
 
         Yields:
             The call: run the tool only when `execute` is True, and hand its
@@ -272,8 +216,33 @@ class Run(RunBase):
         Raises:
             ToolCallStopped: The ledger says not to run it (a subclass per
                 decision), or the stored result is an error (`ToolFailed`).
+            ResultNotRecorded: The tool ran; the ledger could not record it.
             EffectdError: The daemon refused a request.
         """
+        options = CallOptions(
+            effect,
+            retry_unknown,
+            raw,
+            require_approval,
+            timeout,
+            tuple(unknown_on),
+            tuple(definite_on),
+            serialize,
+        )
+        return self._step(tool_name, input, call_id, options)
+
+    @contextmanager
+    def _step(
+        self,
+        tool_name: str,
+        input: Any,
+        call_id: str | None,
+        o: CallOptions,
+        *,
+        enforced: bool = False,
+    ) -> Iterator[SafeCall]:
+        """The protocol around one block; `enforced`: the caller itself ends
+        the tool at the deadline (else `cancelled` is set when it passes)."""
         call_id = call_id or self.next_call_id(tool_name)
         c = self.client
         p = c.prepare_tool(
@@ -281,24 +250,26 @@ class Run(RunBase):
             call_id,
             tool_name,
             input,
-            effect=effect,
-            require_approval=require_approval,
+            effect=o.effect,
+            require_approval=o.require_approval,
             start=True,
             lease_ms=self.lease_ms,
         )
-        step = admit(p, retry_unknown=retry_unknown)
+        try:
+            step = admit(p, retry_unknown=o.retry_unknown)
+        except (ToolFailed, CallRejected):
+            self._acknowledge(p.call)  # the error result reaches the agent
+            raise
         if step is Next.REPLAY:
             assert p.call.result is not None
-            if call_id in self._replays:
-                c.acknowledge_recovery(self.run_id, [call_id])
-                self._replays.discard(call_id)
+            self._acknowledge(p.call)
             yield SafeCall(
                 self.run_id,
                 call_id,
                 p.call.attempt,
                 p.idempotency_key,
                 False,
-                decoded(p.call.result, raw),
+                decoded(p.call.result, o.raw),
             )
             return
         if step is not Next.EXECUTE:
@@ -309,23 +280,80 @@ class Run(RunBase):
                 lease_ms=self.lease_ms,
             )
             check_started(p)
-        scope = self._scope(p, call_id, raw)
+        scope = self._scope(p, call_id, o)
+        token = _CURRENT.set(scope)
+        watch = _Watch(
+            c, scope, self._interval(p), self.lease_ms, signal_deadline=not enforced
+        )
         try:
-            yield scope
-        except UNKNOWN_OUTCOMES as exc:
-            c.report_unknown(self.run_id, call_id, scope.attempt, repr(exc))
+            try:
+                yield scope
+            finally:
+                watch.stop()
+                _CURRENT.reset(token)
+        except (Exception, asyncio.CancelledError) as exc:
+            self._failed(p, scope, exc, o)
             raise
-        except Exception as exc:
-            code, message = error_of(exc)
+        self._succeeded(p, scope, o)
+
+    def _failed(
+        self, p: Prepared, scope: SafeCall, exc: BaseException, o: CallOptions
+    ) -> None:
+        c = self.client
+        if is_unknown(exc, o.unknown_on, o.definite_on):
+            try:
+                c.report_unknown(
+                    self.run_id, scope.call_id, scope.attempt, bounded_text(repr(exc))
+                )
+            except EffectdError as refusal:
+                # The lease runs out all the same: the call ends UNKNOWN.
+                exc.add_note(f"effectd did not record the unknown outcome: {refusal}")
+            return
+        code, message = error_of(exc)
+        try:
             c.commit_tool(
                 self.run_id,
-                call_id,
+                scope.call_id,
                 scope.attempt,
                 error_code=code,
                 error_message=message,
             )
-            raise
-        c.commit_tool(self.run_id, call_id, scope.attempt, scope.result)
+        except EffectdError as refusal:
+            self._unrecorded(scope, refusal)
+            raise ResultNotRecorded(
+                f"the tool failed ({code}) and the ledger did not record it",
+                p.call,
+                error=exc,
+            ) from refusal
+        self._acknowledge(p.call)
+
+    def _succeeded(self, p: Prepared, scope: SafeCall, o: CallOptions) -> None:
+        try:
+            value = encode_result(scope.result, o.serialize, o.raw)
+            self.client.commit_tool(self.run_id, scope.call_id, scope.attempt, value)
+        except Exception as exc:
+            self._unrecorded(scope, exc)
+            raise ResultNotRecorded(
+                "the tool returned and the ledger did not record its result",
+                p.call,
+                result=scope.result,
+            ) from exc
+        self._acknowledge(p.call)
+
+    def _unrecorded(self, scope: SafeCall, cause: Exception) -> None:
+        """One last try to leave the reason in the ledger, as UNKNOWN."""
+        reason = bounded_text(f"the outcome could not be recorded: {cause!r}")
+        with suppress(EffectdError):
+            self.client.report_unknown(
+                self.run_id, scope.call_id, scope.attempt, reason, retry=ONCE
+            )
+
+    def _acknowledge(self, call: ToolCall) -> None:
+        if not self.acknowledge or call.acknowledged:
+            return
+        # A lost acknowledgement only delays the retention window.
+        with suppress(EffectdError):
+            self.client.acknowledge_recovery(self.run_id, [call.call_id])
 
     def tool(
         self,
@@ -335,19 +363,59 @@ class Run(RunBase):
         retry_unknown: bool = False,
         raw: bool = False,
         require_approval: bool = False,
+        timeout: float | None = None,
+        unknown_on: Iterable[Matcher] = (),
+        definite_on: Iterable[Matcher] = (),
+        serialize: Callable[[Any], Any] | None = None,
     ) -> Callable[[Callable[P, R]], SafeTool[P, R]]:
         """Decorates a tool function; IDEMPOTENT_WRITE tools get `idempotency_key`.
 
         The input recorded is the function's bound arguments (JSON); a
-        replayed result is the JSON-decoded stored value (bytes with `raw`).
+        replayed result is the stored, JSON-decoded value (bytes with `raw`).
+        The options are those of `call`; with `timeout` the function runs in
+        a worker thread, and at the deadline the call raises `ToolTimedOut`
+        while the thread is left to finish (`current_call().cancelled` is
+        set: a tool should return when it sees it).
         """
 
         def wrap(fn: Callable[P, R]) -> SafeTool[P, R]:
-            options = CallOptions(effect, retry_unknown, raw, require_approval)
+            options = CallOptions(
+                effect,
+                retry_unknown,
+                raw,
+                require_approval,
+                timeout,
+                tuple(unknown_on),
+                tuple(definite_on),
+                serialize,
+            )
             check_tool(fn, options)
             return SafeTool(self, fn, name or fn.__name__, options)
 
         return wrap
+
+
+def _within_deadline(
+    fn: Callable[P, R], step: SafeCall, name: str, *args: P.args, **kwargs: P.kwargs
+) -> R:
+    """Runs `fn` until it returns or the step's deadline passes."""
+    if step.deadline is None:
+        return fn(*args, **kwargs)
+    done: Future[R] = Future()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            done.set_result(context.run(fn, *args, **kwargs))
+        except BaseException as exc:  # handed to the caller
+            done.set_exception(exc)
+
+    threading.Thread(target=work, name=f"effectd-tool-{name}", daemon=True).start()
+    wait_for([done], timeout=max(0.0, step.deadline - time.monotonic()))
+    if not done.done():
+        step.cancelled.set()
+        raise ToolTimedOut(f"{name} did not finish within its timeout")
+    return done.result()
 
 
 class SafeTool(Generic[P, R]):
@@ -372,20 +440,18 @@ class SafeTool(Generic[P, R]):
 
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
             o = self.options
-            with self.run.call(
+            with self.run._step(
                 self.name,
-                input_of(self.fn, args, kwargs),
-                call_id=call_id,
-                effect=o.effect,
-                retry_unknown=o.retry_unknown,
-                raw=o.raw,
-                require_approval=o.require_approval,
+                input_of(self.fn, args, kwargs, o),
+                call_id,
+                o,
+                enforced=True,
             ) as step:
                 if not step.execute:
                     return step.result  # type: ignore[no-any-return]
                 if o.effect is Effect.IDEMPOTENT_WRITE:
                     kwargs[KEY_PARAMETER] = step.idempotency_key
-                value = self.fn(*args, **kwargs)
+                value = _within_deadline(self.fn, step, self.name, *args, **kwargs)
                 step.set_result(value)
                 return value
 

@@ -1,24 +1,35 @@
 """The safe tool call for asyncio: `AsyncRun`, the twin of `Run`.
 
-The decisions, outcomes and call ids are those of `effectd_client._safe`
-(shared code); only the client calls are awaited.
+The decisions, outcomes, options and call ids are those of
+`effectd_client._safe` (shared code); the client calls are awaited, the
+heartbeat is a task, and the deadline cancels the tool (`asyncio.timeout`):
+the tool sees `CancelledError` at its next await, and the call raises
+`ToolTimedOut` once the attempt is reported unknown.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any, Generic
 
 from effectd_client._aio import AsyncClient
-from effectd_client._safe import (
+from effectd_client._errors import EffectdError
+from effectd_client._exceptions import (
+    CallRejected,
+    ResultNotRecorded,
+    ToolFailed,
+    ToolTimedOut,
+)
+from effectd_client._recording import ONCE, RecordingRetry
+from effectd_client._safe import P, R
+from effectd_client._safe_base import (
+    _CURRENT,
     KEY_PARAMETER,
-    UNKNOWN_OUTCOMES,
     CallOptions,
     Next,
-    P,
-    R,
     RunBase,
     SafeCall,
     admit,
@@ -28,22 +39,35 @@ from effectd_client._safe import (
     error_of,
     input_of,
 )
-from effectd_client._types import Effect, RecoveryPlan
+from effectd_client._safe_outcomes import (
+    Matcher,
+    bounded_text,
+    encode_result,
+    is_unknown,
+)
+from effectd_client._types import Effect, Prepared, RecoveryPlan, ToolCall
 
 
 class AsyncRun(RunBase):
     """`Run` for an `AsyncClient` and async tool functions."""
 
-    def __init__(self, client: AsyncClient, run_id: str, *, lease_ms: int = 0) -> None:
-        super().__init__(run_id, lease_ms)
+    def __init__(
+        self,
+        client: AsyncClient,
+        run_id: str,
+        *,
+        lease_ms: int = 0,
+        heartbeat_interval: float | None = None,
+        acknowledge: bool = True,
+    ) -> None:
+        super().__init__(run_id, lease_ms, heartbeat_interval, acknowledge)
         self.client = client
 
     async def resume(self) -> RecoveryPlan:
         """See `Run.resume`."""
         return self._take_plan(await self.client.recover(self.run_id))
 
-    @asynccontextmanager
-    async def call(
+    def call(
         self,
         tool_name: str,
         input: Any,
@@ -53,8 +77,28 @@ class AsyncRun(RunBase):
         retry_unknown: bool = False,
         raw: bool = False,
         require_approval: bool = False,
+        timeout: float | None = None,
+        unknown_on: Iterable[Matcher] = (),
+        definite_on: Iterable[Matcher] = (),
+        serialize: Callable[[Any], Any] | None = None,
+    ) -> AbstractAsyncContextManager[SafeCall]:
+        """See `Run.call`; here `timeout` cancels the block at the deadline."""
+        options = CallOptions(
+            effect,
+            retry_unknown,
+            raw,
+            require_approval,
+            timeout,
+            tuple(unknown_on),
+            tuple(definite_on),
+            serialize,
+        )
+        return self._step(tool_name, input, call_id, options)
+
+    @asynccontextmanager
+    async def _step(
+        self, tool_name: str, input: Any, call_id: str | None, o: CallOptions
     ) -> AsyncIterator[SafeCall]:
-        """See `Run.call`."""
         call_id = call_id or self.next_call_id(tool_name)
         c = self.client
         p = await c.prepare_tool(
@@ -62,24 +106,26 @@ class AsyncRun(RunBase):
             call_id,
             tool_name,
             input,
-            effect=effect,
-            require_approval=require_approval,
+            effect=o.effect,
+            require_approval=o.require_approval,
             start=True,
             lease_ms=self.lease_ms,
         )
-        step = admit(p, retry_unknown=retry_unknown)
+        try:
+            step = admit(p, retry_unknown=o.retry_unknown)
+        except (ToolFailed, CallRejected):
+            await self._acknowledge(p.call)
+            raise
         if step is Next.REPLAY:
             assert p.call.result is not None
-            if call_id in self._replays:
-                await c.acknowledge_recovery(self.run_id, [call_id])
-                self._replays.discard(call_id)
+            await self._acknowledge(p.call)
             yield SafeCall(
                 self.run_id,
                 call_id,
                 p.call.attempt,
                 p.idempotency_key,
                 False,
-                decoded(p.call.result, raw),
+                decoded(p.call.result, o.raw),
             )
             return
         if step is not Next.EXECUTE:
@@ -90,23 +136,108 @@ class AsyncRun(RunBase):
                 lease_ms=self.lease_ms,
             )
             check_started(p)
-        scope = self._scope(p, call_id, raw)
+        scope = self._scope(p, call_id, o)
+        token = _CURRENT.set(scope)
+        interval = self._interval(p)
+        beat = asyncio.create_task(self._beat(scope, interval)) if interval else None
+        timer = asyncio.timeout(o.timeout)
         try:
-            yield scope
-        except UNKNOWN_OUTCOMES as exc:
-            await c.report_unknown(self.run_id, call_id, scope.attempt, repr(exc))
+            try:
+                async with timer:
+                    yield scope
+            except TimeoutError as exc:
+                if not timer.expired():
+                    raise
+                scope.cancelled.set()
+                raise ToolTimedOut(
+                    f"{tool_name} did not finish within {o.timeout} s"
+                ) from exc
+            finally:
+                if beat is not None:
+                    beat.cancel()
+                    await asyncio.wait([beat])
+                _CURRENT.reset(token)
+        except (Exception, asyncio.CancelledError) as exc:
+            await self._failed(p, scope, exc, o)
             raise
-        except Exception as exc:
-            code, message = error_of(exc)
+        await self._succeeded(p, scope, o)
+
+    async def _beat(self, scope: SafeCall, interval: float) -> None:
+        """Renews the lease until cancelled or refused (see `_safe._Watch`)."""
+        retry = RecordingRetry(deadline=max(1.0, interval))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.client.heartbeat(
+                    scope.run_id,
+                    scope.call_id,
+                    scope.attempt,
+                    self.lease_ms,
+                    retry=retry,
+                )
+            except EffectdError as refusal:
+                if refusal.code.name not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    return
+            except Exception:  # a closed client ends the renewals
+                return
+
+    async def _failed(
+        self, p: Prepared, scope: SafeCall, exc: BaseException, o: CallOptions
+    ) -> None:
+        c = self.client
+        if is_unknown(exc, o.unknown_on, o.definite_on):
+            try:
+                await c.report_unknown(
+                    self.run_id, scope.call_id, scope.attempt, bounded_text(repr(exc))
+                )
+            except EffectdError as refusal:
+                exc.add_note(f"effectd did not record the unknown outcome: {refusal}")
+            return
+        code, message = error_of(exc)
+        try:
             await c.commit_tool(
                 self.run_id,
-                call_id,
+                scope.call_id,
                 scope.attempt,
                 error_code=code,
                 error_message=message,
             )
-            raise
-        await c.commit_tool(self.run_id, call_id, scope.attempt, scope.result)
+        except EffectdError as refusal:
+            await self._unrecorded(scope, refusal)
+            raise ResultNotRecorded(
+                f"the tool failed ({code}) and the ledger did not record it",
+                p.call,
+                error=exc,
+            ) from refusal
+        await self._acknowledge(p.call)
+
+    async def _succeeded(self, p: Prepared, scope: SafeCall, o: CallOptions) -> None:
+        try:
+            value = encode_result(scope.result, o.serialize, o.raw)
+            await self.client.commit_tool(
+                self.run_id, scope.call_id, scope.attempt, value
+            )
+        except Exception as exc:
+            await self._unrecorded(scope, exc)
+            raise ResultNotRecorded(
+                "the tool returned and the ledger did not record its result",
+                p.call,
+                result=scope.result,
+            ) from exc
+        await self._acknowledge(p.call)
+
+    async def _unrecorded(self, scope: SafeCall, cause: Exception) -> None:
+        reason = bounded_text(f"the outcome could not be recorded: {cause!r}")
+        with suppress(EffectdError):
+            await self.client.report_unknown(
+                self.run_id, scope.call_id, scope.attempt, reason, retry=ONCE
+            )
+
+    async def _acknowledge(self, call: ToolCall) -> None:
+        if not self.acknowledge or call.acknowledged:
+            return
+        with suppress(EffectdError):
+            await self.client.acknowledge_recovery(self.run_id, [call.call_id])
 
     def tool(
         self,
@@ -116,11 +247,24 @@ class AsyncRun(RunBase):
         retry_unknown: bool = False,
         raw: bool = False,
         require_approval: bool = False,
+        timeout: float | None = None,
+        unknown_on: Iterable[Matcher] = (),
+        definite_on: Iterable[Matcher] = (),
+        serialize: Callable[[Any], Any] | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], AsyncSafeTool[P, R]]:
-        """See `Run.tool`; for async tool functions."""
+        """See `Run.tool`; for async tool functions (cancelled at `timeout`)."""
 
         def wrap(fn: Callable[P, Awaitable[R]]) -> AsyncSafeTool[P, R]:
-            options = CallOptions(effect, retry_unknown, raw, require_approval)
+            options = CallOptions(
+                effect,
+                retry_unknown,
+                raw,
+                require_approval,
+                timeout,
+                tuple(unknown_on),
+                tuple(definite_on),
+                serialize,
+            )
             check_tool(fn, options)
             return AsyncSafeTool(self, fn, name or fn.__name__, options)
 
@@ -149,14 +293,8 @@ class AsyncSafeTool(Generic[P, R]):
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
             o = self.options
-            async with self.run.call(
-                self.name,
-                input_of(self.fn, args, kwargs),
-                call_id=call_id,
-                effect=o.effect,
-                retry_unknown=o.retry_unknown,
-                raw=o.raw,
-                require_approval=o.require_approval,
+            async with self.run._step(
+                self.name, input_of(self.fn, args, kwargs, o), call_id, o
             ) as step:
                 if not step.execute:
                     return step.result  # type: ignore[no-any-return]

@@ -75,6 +75,19 @@ class ToolCall:
     approval_required: bool
     result: ToolResult | None
     history: tuple[str, ...]
+    # The result was delivered to the transcript (AcknowledgeRecovery).
+    acknowledged: bool = False
+    # The daemon's wall clock (ns since the epoch): the last change, and the
+    # lease end of a STARTED call (0 when none).
+    updated_ns: int = 0
+    lease_expires_ns: int = 0
+
+    @property
+    def lease_ms(self) -> int:
+        """The lease granted at the last start or heartbeat (0 when none)."""
+        if not self.lease_expires_ns or not self.updated_ns:
+            return 0
+        return max(0, (self.lease_expires_ns - self.updated_ns) // 1_000_000)
 
     @classmethod
     def from_pb(cls, msg: ledger_pb2.ToolCall) -> ToolCall:
@@ -92,6 +105,9 @@ class ToolCall:
             approval_required=msg.approval_required,
             result=ToolResult.from_pb(msg.result) if msg.HasField("result") else None,
             history=tuple(t.event for t in msg.history),
+            acknowledged=msg.acknowledged,
+            updated_ns=msg.updated_at.ToNanoseconds(),
+            lease_expires_ns=msg.lease_expires_at.ToNanoseconds(),
         )
 
 

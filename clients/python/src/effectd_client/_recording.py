@@ -1,0 +1,83 @@
+"""How the recording RPCs are retried: CommitTool, ReportUnknown, Heartbeat
+and AcknowledgeRecovery.
+
+The daemon answers each of them the same when it is sent again with the same
+attempt: a commit of the result already stored is answered as done (another
+result is `RESULT_MISMATCH`), a second ReportUnknown finds the call UNKNOWN
+under that attempt and answers it, a heartbeat extends the lease again, and an
+acknowledged call stays acknowledged. So a request whose answer was lost, or
+that a transient refusal turned away, is sent again, with the same attempt,
+within a bounded number of tries and a deadline, with backoff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from effectd_client._errors import EffectdError
+
+
+def transient(error: EffectdError) -> bool:
+    """Whether trying the same recording request again can succeed.
+
+    UNAVAILABLE (no connection, a daemon shutting down or whose storage
+    failed), a deadline of the try itself (the request may have landed: the
+    repeat is answered the same), and any refusal that says when to try again
+    (`google.rpc.RetryInfo`, e.g. RATE_LIMITED).
+    """
+    if error.code is grpc.StatusCode.UNAVAILABLE:
+        return True
+    if error.code is grpc.StatusCode.DEADLINE_EXCEEDED and not error.reason:
+        return True
+    return error.retry_delay is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingRetry:
+    """Tries of one recording request: `attempts` at most, within `deadline`
+    seconds, waiting `initial_backoff` doubling up to `max_backoff` (half of
+    it jittered), never less than a refusal's `retry_delay`.
+
+    `on_retry(error, wait)` is called before each wait (for logs, metrics and
+    tests).
+    """
+
+    attempts: int = 8
+    deadline: float = 30.0
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    on_retry: Callable[[EffectdError, float], object] | None = None
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        if self.deadline <= 0 or self.initial_backoff < 0 or self.max_backoff < 0:
+            raise ValueError("deadline must be positive and backoffs not negative")
+
+    def wait(
+        self, tries: int, error: EffectdError, elapsed: float, jitter: float
+    ) -> float | None:
+        """Seconds to wait before try `tries + 1`, or None: give up.
+
+        `elapsed` is the time since the first try; `jitter` is in [0, 1).
+        """
+        if tries >= self.attempts or not transient(error):
+            return None
+        backoff = min(self.max_backoff, self.initial_backoff * 2.0 ** (tries - 1))
+        delay = backoff / 2 + jitter * backoff / 2
+        if error.retry_delay is not None:
+            delay = max(delay, error.retry_delay)
+        if elapsed + delay >= self.deadline:
+            return None
+        return delay
+
+    def try_timeout(self, per_call: float, elapsed: float) -> float:
+        """The deadline of one try: the client's, cut to what is left."""
+        return max(0.001, min(per_call, self.deadline - elapsed))
+
+
+# One try only: a last, best-effort note to the ledger.
+ONCE = RecordingRetry(attempts=1)
