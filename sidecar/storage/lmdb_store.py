@@ -28,6 +28,7 @@ from sidecar.errors import ShuttingDown, StorageFull, StorageUnavailable
 from sidecar.locking import ExclusiveLock
 from sidecar.storage import usage
 from sidecar.storage.api import BackupTargetError, ReadView, Table, WriteView
+from sidecar.storage.keys import MAX_KEY_BYTES
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -67,6 +68,19 @@ class WriterStats:
     transactions: int = 0
     writes: int = 0
     largest_batch: int = 0
+
+
+class KeyTooLong(ValueError):
+    """A write function wrote a key LMDB cannot store. Keys are built to fit
+    (`sidecar.storage.keys`); raised inside the function, it refuses that
+    request alone, never its batch."""
+
+
+def _check_key(key: bytes) -> None:
+    if len(key) > MAX_KEY_BYTES:
+        raise KeyTooLong(
+            f"a store key has {len(key)} bytes, LMDB stores {MAX_KEY_BYTES}"
+        )
 
 
 class _TxnView:
@@ -132,12 +146,16 @@ class _BufferedView:
                 yield key, value
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
+        _check_key(key)
         self._pending[(table, key)] = value
 
     def delete(self, table: Table, key: bytes) -> None:
+        _check_key(key)
         self._pending[(table, key)] = None
 
     def flush(self) -> int:
+        """Writes the buffered changes into the transaction. An `lmdb.Error`
+        here may leave the transaction unusable (the writer then aborts it)."""
         for (table, key), value in self._pending.items():
             if value is None:
                 self._txn.delete(key, db=self._dbs[table])
@@ -198,6 +216,12 @@ class LmdbStore:
             mode=0o600,
             max_spare_txns=0,
         )
+        if env.max_key_size() < MAX_KEY_BYTES:
+            env.close()
+            raise StoreFormatError(
+                f"this LMDB stores keys of at most {env.max_key_size()} bytes, "
+                f"effectd needs {MAX_KEY_BYTES}"
+            )
         stale = env.reader_check()
         if stale:
             log.warning("cleared %d stale LMDB reader slots", stale)
@@ -296,55 +320,102 @@ class LmdbStore:
                 self._commit(live)
 
     def _commit(self, batch: list[_Item]) -> None:
-        """Applies a batch in one transaction, commits, then answers."""
-        try:
-            with self._env.begin(write=True) as txn:
-                outcomes = self._apply(txn, batch)
-                applied = time.perf_counter()
-            committed = time.perf_counter() - applied
-        except lmdb.MapFullError:
-            if len(batch) > 1:
-                # Find the requests that do not fit; the others still commit.
-                for item in batch:
-                    self._commit([item])
-                return
-            size = self.options.map_size
-            batch[0][1].set_exception(
-                StorageFull(f"the storage map of {size} bytes is full")
-            )
-            return
-        except lmdb.Error as exc:
-            log.error("LMDB commit failed: %s", exc)
-            for _, future in batch:
-                future.set_exception(
-                    StorageUnavailable(f"storage commit failed: {exc}")
-                )
-            return
-        # Durable now: answer.
-        _resolve(outcomes)
-        if self.options.on_commit is not None:
-            try:
-                self.options.on_commit(len(batch), committed)
-            except Exception:  # an observer must never stop the writer
-                log.exception("the commit observer failed")
+        """Applies a batch in one transaction, commits, then answers.
 
-    def _apply(self, txn: lmdb.Transaction, batch: list[_Item]) -> list[_Outcome]:
+        A storage error while one request's writes go into the transaction
+        may leave it unusable: the transaction is aborted, that request alone
+        fails, and the others are applied again in a new one (write functions
+        read everything they decide on from their view, so running one again
+        is running it for the first time)."""
+        pending = list(batch)
+        while pending:
+            try:
+                with self._env.begin(write=True) as txn:
+                    outcomes, writes = self._apply(txn, pending)
+                    applied = time.perf_counter()
+                committed = time.perf_counter() - applied
+            except _RequestFailed as failed:
+                _, future = pending.pop(failed.index)
+                log.error("LMDB refused a request's writes: %s", failed.error)
+                future.set_exception(
+                    StorageUnavailable(f"storage write failed: {failed.error}")
+                )
+                continue
+            except lmdb.MapFullError:
+                self._commit_full(pending)
+                return
+            except lmdb.Error as exc:
+                log.error("LMDB commit failed: %s", exc)
+                for _, future in pending:
+                    future.set_exception(
+                        StorageUnavailable(f"storage commit failed: {exc}")
+                    )
+                return
+            # Durable now: answer.
+            self.stats.transactions += 1
+            self.stats.writes += writes
+            self.stats.largest_batch = max(self.stats.largest_batch, len(pending))
+            _resolve(outcomes)
+            if self.options.on_commit is not None:
+                try:
+                    self.options.on_commit(len(pending), committed)
+                except Exception:  # an observer must never stop the writer
+                    log.exception("the commit observer failed")
+            return
+
+    def _commit_full(self, batch: list[_Item]) -> None:
+        if len(batch) > 1:
+            # Find the requests that do not fit; the others still commit.
+            for item in batch:
+                self._commit([item])
+            return
+        size = self.options.map_size
+        batch[0][1].set_exception(
+            StorageFull(f"the storage map of {size} bytes is full")
+        )
+
+    def _apply(
+        self, txn: lmdb.Transaction, batch: list[_Item]
+    ) -> tuple[list[_Outcome], int]:
         """Runs each write function on its own buffered view; a function
-        that raises leaves no writes behind and does not affect the others."""
+        that raises leaves no writes behind and does not affect the others.
+        Returns the outcomes and how many rows were written.
+
+        Raises:
+            _RequestFailed: LMDB failed one request's reads or writes.
+            lmdb.MapFullError: the map is full.
+        """
         outcomes: list[_Outcome] = []
+        writes = 0
         base = _TxnView(txn, self._dbs)
-        for fn, future in batch:
+        for index, (fn, future) in enumerate(batch):
             view = _BufferedView(base, txn, self._dbs)
             try:
                 value = fn(view)
+            except lmdb.MapFullError:
+                raise
+            except lmdb.Error as exc:
+                raise _RequestFailed(index, exc) from exc
             except Exception as exc:  # the request is refused, others go on
                 outcomes.append((future, None, exc))
                 continue
-            self.stats.writes += view.flush()
+            try:
+                writes += view.flush()
+            except lmdb.MapFullError:
+                raise
+            except Exception as exc:  # part of its writes may be in the txn
+                raise _RequestFailed(index, exc) from exc
             outcomes.append((future, value, None))
-        self.stats.transactions += 1
-        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
-        return outcomes
+        return outcomes, writes
+
+
+class _RequestFailed(Exception):
+    """LMDB failed the request at `index` of a batch."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
 
 
 _Outcome = tuple["Future[Any]", Any, BaseException | None]

@@ -10,14 +10,22 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
 
-from sidecar.errors import NotFound, ShuttingDown, StorageFull
+from sidecar.errors import NotFound, ShuttingDown, StorageFull, StorageUnavailable
 from sidecar.locking import AlreadyLocked
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, StoreFormatError
+from sidecar.storage.lmdb_store import (
+    KeyTooLong,
+    LmdbOptions,
+    LmdbStore,
+    StoreFormatError,
+    _BufferedView,
+    _TxnView,
+)
 
 
 @pytest.fixture
@@ -200,3 +208,119 @@ def test_closed_store_refuses_writes(tmp_path: Path) -> None:
         future.result(1)
     with pytest.raises(ShuttingDown):
         s.read(lambda view: None)
+
+
+# -- one request's storage error never fails its batch neighbours ------------
+
+
+def _increment(key: bytes) -> Callable[[WriteView], int]:
+    """Reads a counter and writes it plus one: applied twice, it shows."""
+
+    def fn(view: WriteView) -> int:
+        value = int(view.get(Table.CHECKPOINTS, key) or b"0") + 1
+        view.put(Table.CHECKPOINTS, key, str(value).encode())
+        return value
+
+    return fn
+
+
+def _one_batch(
+    store: LmdbStore, fns: list[Callable[[WriteView], object]]
+) -> list[Future[object]]:
+    """Submits `fns` while the writer is held, so they share one batch."""
+    inside = threading.Event()
+    release = threading.Event()
+
+    def hold(view: WriteView) -> None:
+        inside.set()
+        release.wait(10)
+
+    held = store.submit(hold)
+    assert inside.wait(10)
+    futures = [store.submit(fn) for fn in fns]
+    release.set()
+    held.result(10)
+    for future in futures:
+        future.exception(10)
+    return futures
+
+
+def _neighbour_problems(
+    store: LmdbStore, bad: Callable[[WriteView], None]
+) -> list[str]:
+    """What went wrong for the good requests of a batch that holds `bad`."""
+    futures = _one_batch(store, [_increment(b"n1"), bad, _increment(b"n2")])
+    problems = [
+        f"neighbour {i} failed: {f.exception()!r}"
+        for i, f in zip((0, 2), (futures[0], futures[2]), strict=True)
+        if f.exception() is not None
+    ]
+    if futures[1].exception() is None:
+        problems.append("the bad request was applied")
+    stored = store.read(lambda v: [v.get(Table.CHECKPOINTS, k) for k in (b"n1", b"n2")])
+    if stored != [b"1", b"1"]:
+        problems.append(f"neighbours stored {stored}, want each applied once")
+    return problems
+
+
+def _empty_key(view: WriteView) -> None:
+    # LMDB refuses it only when the writes go into the transaction (META
+    # rows are not counted, so nothing reads the key before).
+    view.put(Table.META, b"", b"x")
+
+
+def _long_key(view: WriteView) -> None:
+    view.put(Table.CHECKPOINTS, b"k" * 512, b"x")
+
+
+def test_a_key_too_long_for_lmdb_fails_only_its_request(store: LmdbStore) -> None:
+    """A 512-byte key is refused inside its own write function, as a
+    ValueError, and its batch neighbours commit once (issue 10 item A1: fails
+    before the fix: the whole batch failed with STORAGE_UNAVAILABLE)."""
+    assert _neighbour_problems(store, _long_key) == []
+    futures = _one_batch(store, [_long_key])
+    assert isinstance(futures[0].exception(), KeyTooLong)
+
+
+def test_an_lmdb_error_in_one_request_replays_the_batch_without_it(
+    store: LmdbStore,
+) -> None:
+    """LMDB refusing one request's writes aborts the transaction; that
+    request alone fails (StorageUnavailable), the others are applied again,
+    once, in a new transaction (issue 10 item A1: fails before the fix: every
+    request of the batch failed)."""
+    before = store.stats.transactions
+    assert _neighbour_problems(store, _empty_key) == []
+    # The hold, the aborted batch's replay.
+    assert store.stats.transactions - before == 2
+
+
+class _FailsTheBatch(LmdbStore):
+    """Negative control: the writer of old, which failed every request of a
+    batch when LMDB refused one request's writes."""
+
+    def _commit(self, batch: list[Any]) -> None:
+        try:
+            with self._env.begin(write=True) as txn:
+                outcomes = []
+                for fn, future in batch:
+                    view = _BufferedView(_TxnView(txn, self._dbs), txn, self._dbs)
+                    outcomes.append((future, fn(view)))
+                    view.flush()
+        except lmdb.Error as exc:
+            for _, future in batch:
+                future.set_exception(StorageUnavailable(str(exc)))
+            return
+        for future, value in outcomes:
+            future.set_result(value)
+
+
+def test_negative_control_a_writer_that_fails_the_batch_is_caught(
+    tmp_path: Path,
+) -> None:
+    """The neighbour check catches a writer that fails the whole batch."""
+    s = _FailsTheBatch(tmp_path / "data")
+    try:
+        assert _neighbour_problems(s, _empty_key) != []
+    finally:
+        s.close()

@@ -17,7 +17,8 @@ from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item, _resolve
 class AckBeforeCommitStore(LmdbStore):
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
-            _resolve(self._apply(txn, batch))  # the reply leaves before the commit
+            outcomes, _ = self._apply(txn, batch)
+            _resolve(outcomes)  # the reply leaves before the commit
             time.sleep(3.0)
 
 

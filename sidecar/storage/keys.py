@@ -1,0 +1,60 @@
+"""How identities become store keys that always fit LMDB's key limit.
+
+An identity part (a run_id, a call_id, a checkpoint key) is stored verbatim
+up to a bound, and longer ones as their first bytes, a marker byte and the
+hex SHA-256 of the whole part. Keys stay in readable order for what is short
+and the first bytes of what is long; the readable identity of a long part is
+kept in the value (the record's `ref`, the checkpoint's key). The marker is a
+control character, which validation refuses in every identifier
+(`ledger.validation`), so a verbatim part and a hashed part never collide,
+and the marker, like the hex digits, is never the NUL that separates parts.
+
+With the bounds below, the longest key of each table, for every size that
+validation accepts (a 64-byte namespace, 256-byte run_id and call_id,
+512-byte checkpoint key), is shorter than `MAX_KEY_BYTES`:
+`tests/storage/test_keys.py` measures it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+# LMDB's key limit as built (MDB_MAXKEYSIZE; `lmdb.Environment.max_key_size`).
+MAX_KEY_BYTES = 511
+HASHED = b"\x01"
+_DIGEST_BYTES = 64  # hex SHA-256
+
+
+@dataclass(frozen=True, slots=True)
+class PartBound:
+    """A part of at most `verbatim` bytes is stored as it is; a longer one
+    as its first `kept` bytes, the marker and its digest."""
+
+    verbatim: int
+    kept: int
+
+    def __post_init__(self) -> None:
+        if self.kept + 1 + _DIGEST_BYTES > self.verbatim:
+            raise ValueError("a hashed part must not be longer than a verbatim one")
+
+
+# namespace (64) NUL run (200) NUL call (200), plus the by-state index's
+# state byte: 467 bytes at most.
+CALL_PART = PartBound(verbatim=200, kept=128)
+# namespace (64) NUL key (440): 505 bytes at most.
+CHECKPOINT_KEY = PartBound(verbatim=440, kept=256)
+
+
+def part(value: str, bound: PartBound) -> bytes:
+    """The stored form of one identity part."""
+    data = value.encode()
+    if len(data) <= bound.verbatim:
+        return data
+    digest = hashlib.sha256(data).hexdigest().encode()
+    return data[: bound.kept] + HASHED + digest
+
+
+def is_hashed(stored: bytes) -> bool:
+    """Whether a stored key holds a hashed part (its identity is in the value)."""
+    return HASHED in stored
