@@ -9,6 +9,8 @@
 
     [retention]
     days = 7               # committed, acknowledged records become tombstones after
+    unacknowledged_days = 30  # committed records never acknowledged, after (>= days)
+    tombstone_days = 30    # tombstones are deleted after
 
     [tools.send_payment]
     effect = "side-effect" # forced, whatever callers declare (R2)
@@ -37,12 +39,14 @@ class PolicyError(ValueError):
 _SECTIONS: dict[str, dict[str, type]] = {
     "retry": {"retry_safe": bool, "max_attempts": int},
     "leases": {"default_ms": int},
-    "retention": {"days": int},
+    "retention": {"days": int, "unacknowledged_days": int, "tombstone_days": int},
 }
 _RANGES: dict[tuple[str, str], tuple[int, int]] = {
     ("retry", "max_attempts"): (1, 100),
     ("leases", "default_ms"): (1, 3_600_000),
     ("retention", "days"): (1, 3650),
+    ("retention", "unacknowledged_days"): (1, 3650),
+    ("retention", "tombstone_days"): (1, 3650),
 }
 
 
@@ -93,12 +97,24 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
             )
         overrides[name] = Effect.SIDE_EFFECT
     default = Policy()
+    days = values.get("retention.days", default.retention_seconds // 86400)
+    unacknowledged_days = values.get(
+        "retention.unacknowledged_days",
+        max(days, default.unacknowledged_retention_seconds // 86400),
+    )
+    if unacknowledged_days < days:
+        raise PolicyError(
+            "retention.unacknowledged_days: must be at least retention.days: a "
+            "result never delivered is kept no shorter than a delivered one"
+        )
     return Policy(
         retry_safe_enabled=values.get("retry.retry_safe", default.retry_safe_enabled),
         max_attempts=values.get("retry.max_attempts", default.max_attempts),
         default_lease_ms=values.get("leases.default_ms", default.default_lease_ms),
-        retention_seconds=values.get(
-            "retention.days", default.retention_seconds // 86400
+        retention_seconds=days * 86400,
+        unacknowledged_retention_seconds=unacknowledged_days * 86400,
+        tombstone_seconds=values.get(
+            "retention.tombstone_days", default.tombstone_seconds // 86400
         )
         * 86400,
         effect_overrides=MappingProxyType(overrides),

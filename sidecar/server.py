@@ -429,6 +429,10 @@ class Daemon:
                 done.compacted,
                 done.examined,
             )
+        if done.expired:
+            log.info(
+                "retention: %d tombstones deleted after their lifetime", done.expired
+            )
         return done
 
     async def _retention_loop(self) -> None:

@@ -318,7 +318,7 @@ def test_audit_verify_of_a_tampered_log_exits_4(
 
 
 def test_backup_while_serving_restores_into_a_new_data_directory(
-    ctl: Ctl, client: Client, short_tmp: Path
+    ctl: Ctl, client: Client, short_tmp: Path, clock: ManualClock
 ) -> None:
     """`backup PATH` copies the live store (0700/0600); a daemon started, as
     ctl's hint says, on a copy of it serves the records it held, a call then
@@ -341,7 +341,7 @@ def test_backup_while_serving_restores_into_a_new_data_directory(
     copy = short_tmp / "restored"
     subprocess.run(["cp", "-a", str(backup), str(copy)], check=True)
     with (
-        running_daemon(ServeConfig(data_dir=copy)) as restored,
+        running_daemon(ServeConfig(data_dir=copy), clock) as restored,
         Client(restored.target) as c,
     ):
         call = c.get_tool_call(RUN, "c1")

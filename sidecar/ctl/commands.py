@@ -416,6 +416,8 @@ def policy_reload(con: Console, args: argparse.Namespace) -> int:
             ("max_attempts", p.max_attempts),
             ("default_lease_ms", p.default_lease_ms),
             ("retention_seconds", p.retention_seconds),
+            ("unacknowledged_retention_seconds", p.unacknowledged_retention_seconds),
+            ("tombstone_seconds", p.tombstone_seconds),
             ("forced side effects", ", ".join(p.forced_side_effect_tools) or "-"),
         ]
     )
@@ -440,6 +442,7 @@ def stats(con: Console, args: argparse.Namespace) -> int:
             n.started,
             n.unknown,
             n.stored_bytes,
+            n.tombstone_bytes,
         ]
         for n in done.namespaces
     ]
@@ -453,6 +456,7 @@ def stats(con: Console, args: argparse.Namespace) -> int:
                 "STARTED",
                 "UNKNOWN",
                 "BYTES",
+                "TOMBSTONE BYTES",
             ),
             rows,
         )

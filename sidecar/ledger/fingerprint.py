@@ -4,6 +4,11 @@ JSON is canonicalized with RFC 8785 first, so the same logical input from
 Python, Node or a retry with reordered keys has one fingerprint. Opaque bytes
 are hashed as sent. JSON that RFC 8785 cannot represent exactly (NaN,
 integers beyond 2**53, duplicate keys) is refused rather than hashed loosely.
+
+The input's kind is hashed before its bytes (scheme V2), so a JSON input and
+a raw one never share a fingerprint (JSON `1.0` and raw `1` did, in V1).
+Records stored before V2 keep their V1 fingerprint, and are compared with a
+repeated prepare in V1 (`of`): their inputs are gone, only the hash is kept.
 """
 
 from __future__ import annotations
@@ -14,7 +19,13 @@ from typing import Any
 
 import rfc8785
 
-from sidecar.ledger.model import Outcome, Payload, PayloadKind
+from sidecar.ledger.model import (
+    FINGERPRINT_V1,
+    FINGERPRINT_V2,
+    Outcome,
+    Payload,
+    PayloadKind,
+)
 
 
 class NotCanonicalizable(ValueError):
@@ -57,9 +68,30 @@ def _canonical_bytes(payload: Payload) -> bytes:
     return payload.data
 
 
+# Ends with NUL, which no kind name holds: the tag and the input never blur.
+_KIND_TAGS = {
+    kind: b"effectd.input." + kind.value.encode() + b"\x00" for kind in PayloadKind
+}
+
+
 def fingerprint(payload: Payload) -> str:
-    """`sha256:<hex>` of the canonical input."""
-    return "sha256:" + hashlib.sha256(_canonical_bytes(payload)).hexdigest()
+    """`sha256:<hex>` of the input's kind and canonical bytes (scheme V2)."""
+    data = _KIND_TAGS[payload.kind] + _canonical_bytes(payload)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def of(payload: Payload, scheme: int) -> str:
+    """The fingerprint of `payload` in `scheme`: V2, or V1 (the canonical
+    bytes alone) to compare with a record stored before V2.
+
+    Raises:
+        ValueError: a scheme this daemon does not know.
+    """
+    if scheme == FINGERPRINT_V2:
+        return fingerprint(payload)
+    if scheme == FINGERPRINT_V1:
+        return "sha256:" + hashlib.sha256(_canonical_bytes(payload)).hexdigest()
+    raise ValueError(f"input fingerprint scheme {scheme}")
 
 
 def result_digest(

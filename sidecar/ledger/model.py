@@ -6,6 +6,12 @@ import enum
 from dataclasses import dataclass, field
 
 KEY_SCHEME_V1 = 1
+# Input fingerprint schemes (`ledger.fingerprint`): V1 hashed the canonical
+# input alone, so a JSON and a raw input with the same bytes collided; V2
+# hashes the input's kind first. Records stored before V2 keep V1, and a
+# repeated prepare is compared with them in V1.
+FINGERPRINT_V1 = 1
+FINGERPRINT_V2 = 2
 DEFAULT_NAMESPACE = "default"
 
 
@@ -172,6 +178,8 @@ class ToolCall:
     created_ns: int
     updated_ns: int
     key_scheme: int = KEY_SCHEME_V1
+    # The scheme of `input_fingerprint`; V1 only for records stored before V2.
+    fingerprint_scheme: int = FINGERPRINT_V2
     lease: Lease | None = None
     result: Result | None = None
     acknowledged: bool = False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sidecar.errors import FieldViolation, InvalidArgument
 
@@ -53,6 +53,17 @@ def decode_across(
     ):
         raise _foreign()
     return namespace, key
+
+
+def decode_within(token: str, prefixes: Sequence[bytes]) -> bytes | None:
+    """`decode` for a listing over several key ranges: the token must lie
+    inside one of them."""
+    if not token:
+        return None
+    key = decode(token, b"")
+    if key is None or not any(key.startswith(p) for p in prefixes):
+        raise _foreign()
+    return key
 
 
 def decode_text(token: str, prefix: str) -> str | None:

@@ -26,6 +26,12 @@ class Policy:
     default_lease_ms: int = 30_000
     # Committed and acknowledged records are reduced to tombstones after this.
     retention_seconds: int = 7 * 24 * 3600
+    # Committed records whose result was never acknowledged, after this
+    # (never shorter than `retention_seconds`).
+    unacknowledged_retention_seconds: int = 30 * 24 * 3600
+    # Tombstones are deleted this long after they were made; the identity is
+    # then forgotten.
+    tombstone_seconds: int = 30 * 24 * 3600
     # Tools whose effect is forced, whatever their callers declare (R2).
     effect_overrides: Mapping[str, Effect] = field(default_factory=_no_overrides)
 

@@ -38,6 +38,8 @@ def document(policy: Policy) -> dict[str, Any]:
         "max_attempts": policy.max_attempts,
         "default_lease_ms": policy.default_lease_ms,
         "retention_seconds": policy.retention_seconds,
+        "unacknowledged_retention_seconds": policy.unacknowledged_retention_seconds,
+        "tombstone_seconds": policy.tombstone_seconds,
         "effect_overrides": {
             name: policy.effect_overrides[name].value
             for name in sorted(policy.effect_overrides)
@@ -61,6 +63,10 @@ def changes(old: Policy, new: Policy) -> list[str]:
         changed.append("leases.default_ms")
     if old.retention_seconds != new.retention_seconds:
         changed.append("retention.days")
+    if old.unacknowledged_retention_seconds != new.unacknowledged_retention_seconds:
+        changed.append("retention.unacknowledged_days")
+    if old.tombstone_seconds != new.tombstone_seconds:
+        changed.append("retention.tombstone_days")
     for name in sorted(set(old.effect_overrides) | set(new.effect_overrides)):
         if old.effect_overrides.get(name) != new.effect_overrides.get(name):
             changed.append(f"tools.{name}.effect")

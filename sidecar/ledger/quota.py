@@ -32,14 +32,24 @@ MAX_TRACKED_NAMESPACES = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """What a namespace holds: its calls not yet COMMITTED, and the bytes
-    (keys and values) of its call records, tombstones and checkpoints."""
+    """What a namespace holds: its calls not yet COMMITTED, the bytes (keys
+    and values) of its call records and checkpoints, and apart from those,
+    the bytes of its tombstones. Tombstones are the daemon's memory of
+    compacted calls: the namespace cannot delete them, so they count against
+    no quota; their lifetime bounds them (`ledger.retention`)."""
 
     open_calls: int = 0
     stored_bytes: int = 0
+    tombstone_bytes: int = 0
 
-    def plus(self, open_calls: int = 0, stored_bytes: int = 0) -> Usage:
-        return Usage(self.open_calls + open_calls, self.stored_bytes + stored_bytes)
+    def plus(
+        self, open_calls: int = 0, stored_bytes: int = 0, tombstone_bytes: int = 0
+    ) -> Usage:
+        return Usage(
+            self.open_calls + open_calls,
+            self.stored_bytes + stored_bytes,
+            self.tombstone_bytes + tombstone_bytes,
+        )
 
 
 def refuse_growth(

@@ -4,10 +4,18 @@ A COMMITTED call whose result the agent acknowledged is kept for the policy's
 retention window after its last change, then reduced to a `Tombstone`: its
 identity, input fingerprint, outcome, result digest and times. The tombstone
 still refuses a late duplicate prepare (RESULT_COMPACTED, or INPUT_MISMATCH
-for another input), so a compacted call is never executed again. A record
-that is not COMMITTED, or whose result was never acknowledged, is never
-compacted: an unknown outcome keeps its evidence (R3), and an unacknowledged
-result may still have to be replayed into a transcript (D3).
+for another input), so a compacted call is never executed again. A COMMITTED
+call whose result was never acknowledged is kept for the longer
+unacknowledged window, then compacted the same way (its tombstone says it
+was never acknowledged): without it, a store whose agents never acknowledge
+only grows until every write fails. A record that is not COMMITTED is never
+compacted: an unknown outcome keeps its evidence (R3).
+
+A tombstone lives for the policy's tombstone lifetime after it was made, and
+is then deleted: the identity is forgotten, and a prepare of it is a new
+call. The lifetime bounds the bytes tombstones take; a caller that reuses a
+call_id after the record's window and the tombstone's lifetime has passed is
+making a new call by then.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from dataclasses import dataclass
 
 from sidecar.errors import EffectdError, InputMismatch, ResultCompacted
 from sidecar.ledger.model import (
+    FINGERPRINT_V2,
     KEY_SCHEME_V1,
     CallRef,
     Effect,
@@ -51,6 +60,9 @@ class Tombstone:
     last_change_ns: int
     compacted_ns: int
     key_scheme: int = KEY_SCHEME_V1
+    fingerprint_scheme: int = FINGERPRINT_V2
+    # Whether the agent acknowledged the result before it was compacted.
+    acknowledged: bool = True
 
 
 def is_due(call: ToolCall, policy: Policy, now_wall_ns: int) -> bool:
@@ -58,12 +70,20 @@ def is_due(call: ToolCall, policy: Policy, now_wall_ns: int) -> bool:
     if call.state is not State.COMMITTED or call.result is None:
         # ADR-010 R3: a record that is not COMMITTED is never deleted.
         return False
-    if not call.acknowledged:
-        # DESIGN §4: only an acknowledged result (the transcript has it) is
-        # kept for the window and then compacted; D3 may still replay it.
-        return False
-    # DESIGN §4: kept for the retention window after the last change.
-    return now_wall_ns - call.updated_ns > policy.retention_seconds * _NS_PER_SECOND
+    # DESIGN §4: an acknowledged result (the transcript has it) is kept for
+    # the retention window after the last change. One never acknowledged may
+    # still be replayed (D3), so it is kept for the longer window.
+    window = (
+        policy.retention_seconds
+        if call.acknowledged
+        else max(policy.unacknowledged_retention_seconds, policy.retention_seconds)
+    )
+    return now_wall_ns - call.updated_ns > window * _NS_PER_SECOND
+
+
+def tombstones_expire_before(policy: Policy, now_wall_ns: int) -> int:
+    """Tombstones made before this wall time are past their lifetime."""
+    return now_wall_ns - policy.tombstone_seconds * _NS_PER_SECOND
 
 
 def _committed_ns(call: ToolCall) -> int:
@@ -97,6 +117,8 @@ def tombstone(call: ToolCall, now_wall_ns: int) -> Tombstone:
         last_change_ns=call.updated_ns,
         compacted_ns=now_wall_ns,
         key_scheme=call.key_scheme,
+        fingerprint_scheme=call.fingerprint_scheme,
+        acknowledged=call.acknowledged,
     )
 
 
@@ -110,6 +132,7 @@ def metadata(tomb: Tombstone) -> dict[str, str]:
         "callRevision": str(tomb.revision),
         "committedNs": str(tomb.committed_ns),
         "compactedNs": str(tomb.compacted_ns),
+        "acknowledged": "true" if tomb.acknowledged else "false",
     }
 
 
@@ -127,9 +150,10 @@ def duplicate_prepare(tomb: Tombstone, spec: PrepareSpec) -> EffectdError:
         mismatch = f"the call was prepared with effect {tomb.effect.name}"
     if mismatch:
         return InputMismatch(mismatch, metadata(tomb))
+    delivered = "" if tomb.acknowledged else ", its result never acknowledged,"
     return ResultCompacted(
-        f"the call was committed ({tomb.outcome.name}) and its record compacted "
-        "after the retention window; it is never executed again: use a new "
-        "call_id for a new call",
+        f"the call was committed ({tomb.outcome.name}){delivered} and its record "
+        "compacted after the retention window; it is never executed again: use "
+        "a new call_id for a new call",
         metadata(tomb),
     )

@@ -14,13 +14,15 @@ from sidecar.ledger.model import DEFAULT_NAMESPACE
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # C0, DEL and C1 control characters; also refuses NUL, which storage keys use
-# as a separator.
+# as a separator, and \x01, which marks a hashed part (`storage.keys`).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Sizes and bounds the daemon enforces on requests."""
+    """Sizes and bounds the daemon enforces on requests. Identifiers and keys
+    are measured in bytes of UTF-8, as stored; every size accepted here is
+    storable (`storage.keys`; `tests/storage/test_keys.py` measures it)."""
 
     max_id_bytes: int = 256
     max_key_bytes: int = 512

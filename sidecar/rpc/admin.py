@@ -35,6 +35,8 @@ def policy_pb(policy: Policy) -> pb.PolicySummary:
         default_lease_ms=policy.default_lease_ms,
         retention_seconds=policy.retention_seconds,
         forced_side_effect_tools=policy_change.forced_side_effects(policy),
+        unacknowledged_retention_seconds=policy.unacknowledged_retention_seconds,
+        tombstone_seconds=policy.tombstone_seconds,
     )
 
 
@@ -78,6 +80,7 @@ class Admin:
         self,
         operator: OperatorService,
         policy: PolicyService | None = None,
+        *,
         backup: Callable[[Path], int] | None = None,
         quotas: Quotas | None = None,
         incarnation: int = 0,
@@ -174,6 +177,7 @@ class Admin:
                     started=n.by_state.get(State.STARTED, 0),
                     unknown=n.by_state.get(State.UNKNOWN, 0),
                     stored_bytes=n.usage.stored_bytes,
+                    tombstone_bytes=n.usage.tombstone_bytes,
                 )
                 for n in self._operator.stats(namespace)
             ],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sidecar.clock import Clock
 from sidecar.config import Quotas
-from sidecar.errors import NotFound
+from sidecar.errors import InvalidArgument, NotFound
 from sidecar.ledger import paging, quota
 from sidecar.ledger.checkpoints import Expect, Op, check
 from sidecar.services._common import committed
@@ -85,14 +85,39 @@ class CheckpointService:
     def list(
         self, namespace: str, *, prefix: str, page_size: int, page_token: str
     ) -> CheckpointPage:
-        after = paging.decode_text(page_token, prefix)
+        """Checkpoints whose key starts with `prefix`, in stored-key order (key
+        order, but for keys stored hashed: `storage.keys`). Like
+        ListToolCalls, a page may be short: the rows read per page are
+        bounded, and long keys that only share the prefix's first bytes are
+        read and skipped."""
+        after = _resume(page_token, namespace, prefix)
+        budget = max(page_size * 10, 1000)
 
         def scan(view: ReadView) -> CheckpointPage:
             found: list[StoredCheckpoint] = []
-            for cp in records.scan_checkpoints(view, namespace, prefix, after):
-                if len(found) == page_size:
-                    return CheckpointPage(found, paging.encode(found[-1].key.encode()))
-                found.append(cp)
+            last = b""
+            for examined, (stored, cp) in enumerate(
+                records.scan_checkpoints(view, namespace, prefix, after)
+            ):
+                if len(found) == page_size or examined == budget:
+                    return CheckpointPage(found, paging.encode(last))
+                last = stored
+                if cp.key.startswith(prefix):
+                    found.append(cp)
             return CheckpointPage(found, "")
 
         return self._store.read(scan)
+
+
+def _resume(token: str, namespace: str, prefix: str) -> bytes | None:
+    """The stored key a page token continues after. A token is a stored key
+    inside the listing's ranges; one from a daemon before store format 3 is
+    the last readable key (it has no NUL, a stored key always has one)."""
+    ranges = records.checkpoint_ranges(namespace, prefix)
+    try:
+        return paging.decode_within(token, ranges)
+    except InvalidArgument:
+        key = paging.decode_text(token, prefix)
+        if key is None or "\x00" in key:
+            raise
+        return records.checkpoint_key(namespace, key)

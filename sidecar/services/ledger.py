@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from sidecar.clock import Clock
 from sidecar.config import Quotas
 from sidecar.errors import EffectdError, NotFound, QuotaExceeded
-from sidecar.ledger import paging, quota, retention, rules
-from sidecar.ledger.model import CallRef, Result, State, ToolCall
+from sidecar.ledger import fingerprint, paging, quota, retention, rules
+from sidecar.ledger.model import FINGERPRINT_V2, CallRef, Result, State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
@@ -273,7 +273,7 @@ class LedgerService:
                 )
             ]
             for key in keys:
-                old = records.load_call(view, records.ref_of(key[1:]))
+                old = records.load_call_at(view, key[1:])
                 if (
                     old is None
                     or old.lease is None
@@ -303,7 +303,11 @@ def _prepare_one(
         tomb = tombstones.load(view, spec.ref)
         if tomb is not None:
             # DESIGN §4: the tombstone still refuses a re-execution.
-            return retention.duplicate_prepare(tomb, spec)
+            return retention.duplicate_prepare(
+                tomb, _in_scheme(spec, tomb.fingerprint_scheme)
+            )
+    else:
+        spec = _in_scheme(spec, old.fingerprint_scheme)
     step = rules.prepare(old, spec, now, policy)
     if old is None:
         namespace = spec.ref.namespace
@@ -318,6 +322,15 @@ def _prepare_one(
     elif step.call.revision != old.revision:
         records.save_call(view, old, step.call)
     return step.reply
+
+
+def _in_scheme(spec: PrepareSpec, scheme: int) -> PrepareSpec:
+    """`spec` with its input fingerprinted in `scheme`, to be compared with a
+    stored call whose fingerprint is of that scheme (one stored before the
+    input's kind was hashed keeps comparing with inputs of its own kind)."""
+    if scheme == FINGERPRINT_V2:
+        return spec
+    return dataclasses.replace(spec, fingerprint=fingerprint.of(spec.input, scheme))
 
 
 def _not_found(ref: CallRef, tomb: retention.Tombstone | None = None) -> NotFound:

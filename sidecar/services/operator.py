@@ -139,7 +139,7 @@ class OperatorService:
                 for key, _ in view.scan(
                     Table.CALL_STATES, records.state_prefix(state, namespace)
                 ):
-                    ns = records.ref_of(key[1:]).namespace
+                    ns = records.namespace_of(key[1:])
                     if ns in by_state:
                         by_state[ns][state] = by_state[ns].get(state, 0) + 1
             return [

@@ -2,9 +2,10 @@
 
 A pass walks the by-state index of COMMITTED records in key order, a bounded
 batch per write transaction, and replaces every record that is due by its
-tombstone. Each batch reads the clock when the writer runs it, so a record
-acknowledged or changed meanwhile is judged as it is now. The daemon runs a
-pass at start and then periodically (`sidecar.server`).
+tombstone; then it deletes the tombstones past their lifetime, oldest first,
+in bounded batches too. Each batch reads the clock when the writer runs it,
+so a record acknowledged or changed meanwhile is judged as it is now. The
+daemon runs a pass at start and then periodically (`sidecar.server`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class PassResult:
     examined: int
     compacted: int
     transactions: int
+    # Tombstones deleted after their lifetime.
+    expired: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,19 +71,23 @@ class RetentionService:
                 break
         compacted = 0
         for key in keys:
-            call = records.load_call(view, records.ref_of(key[len(prefix) :]))
+            call = records.load_call_at(view, key[len(prefix) :])
             if call is not None and retention.is_due(call, policy, now_ns):
                 tombstones.compact(view, call, retention.tombstone(call, now_ns))
                 compacted += 1
         resume = keys[-1] if len(keys) == self._batch else None
         return _Batch(len(keys), compacted, resume)
 
+    def _expire_batch(self, view: WriteView, *, policy: Policy) -> tuple[int, bool]:
+        before = retention.tombstones_expire_before(policy, self._clock.wall_ns())
+        return tombstones.expire(view, before, self._batch)
+
     async def compact(self) -> PassResult:
-        """One pass over every COMMITTED record, under the policy in force
-        when the pass began."""
+        """One pass over every COMMITTED record, then over the tombstones
+        past their lifetime, under the policy in force when the pass began."""
         policy = self._policy.current()
         after: bytes | None = None
-        examined = compacted = transactions = 0
+        examined = compacted = transactions = expired = 0
         while True:
             batch = await committed(
                 self._store,
@@ -90,5 +97,13 @@ class RetentionService:
             compacted += batch.compacted
             transactions += 1
             if batch.resume is None:
-                return PassResult(examined, compacted, transactions)
+                break
             after = batch.resume
+        more = True
+        while more:
+            deleted, more = await committed(
+                self._store, functools.partial(self._expire_batch, policy=policy)
+            )
+            expired += deleted
+            transactions += 1
+        return PassResult(examined, compacted, transactions, expired)

@@ -31,6 +31,9 @@ class Table(enum.Enum):
     # Record key -> tombstone of a call compacted after the retention window
     # (DESIGN §4); it still refuses a re-execution.
     TOMBSTONES = "tombstones"
+    # (compacted wall time, 8 bytes big-endian) + record key -> b"": the
+    # tombstones in the order their lifetime ends.
+    TOMBSTONE_TIMES = "tombstone_times"
     # Namespace -> (open calls, stored bytes); kept in step with CALLS,
     # CALL_STATES, CHECKPOINTS and TOMBSTONES by `sidecar.storage.usage`.
     USAGE = "usage"

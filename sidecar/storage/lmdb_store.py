@@ -26,8 +26,13 @@ import lmdb
 
 from sidecar.errors import ShuttingDown, StorageFull, StorageUnavailable
 from sidecar.locking import ExclusiveLock
-from sidecar.storage import usage
-from sidecar.storage.api import BackupTargetError, ReadView, Table, WriteView
+from sidecar.storage import migration, usage
+from sidecar.storage.api import (
+    BackupTargetError,
+    ReadView,
+    Table,
+    WriteView,
+)
 from sidecar.storage.keys import MAX_KEY_BYTES
 
 T = TypeVar("T")
@@ -35,9 +40,14 @@ log = logging.getLogger(__name__)
 
 # 2: per-namespace usage counters (Table.USAGE), kept by every write. A
 # daemon that reads only format 1 would write without updating them, so it
-# must not open a format 2 store; format 1 is upgraded at open.
-FORMAT_VERSION = b"2"
-_UPGRADABLE = frozenset({b"1"})
+# must not open a format 2 store.
+# 3: long identity parts stored hashed (`storage.keys`), input fingerprints
+# that name their kind, tombstones indexed by time and counted apart. A
+# daemon of format 2 would look long identities up under keys where they no
+# longer are, and create them anew: it must not open a format 3 store.
+# Formats 1 and 2 are upgraded at open (`storage.migration`).
+FORMAT_VERSION = b"3"
+_UPGRADABLE = frozenset({b"1", b"2"})
 _FORMAT_KEY = b"format_version"
 _INCARNATION_KEY = b"incarnation"
 
@@ -192,7 +202,9 @@ class LmdbStore:
         self._writer.start()
         try:
             self._incarnation = self.submit(_open_incarnation).result()
-            # A store written before the usage counters existed gets them now.
+            migration.resume(self)
+            # A store written before the usage counters existed, or before
+            # they counted tombstones apart, is counted now.
             counted = self.submit(usage.ensure_counted).result()
             if counted:
                 log.info("usage counters of %d namespaces counted", counted)
@@ -431,10 +443,13 @@ def _resolve(outcomes: list[_Outcome]) -> None:
 
 def _open_incarnation(view: WriteView) -> int:
     found = view.get(Table.META, _FORMAT_KEY)
-    if found is None or found in _UPGRADABLE:
-        # Upgrading 1 to 2 is counting the usage (`usage.ensure_counted`,
-        # right after); done again at the next open if this one stops first.
+    if found is None:
         view.put(Table.META, _FORMAT_KEY, FORMAT_VERSION)
+    elif found in _UPGRADABLE:
+        # The upgrade runs right after (`migration.resume`, then the usage
+        # count); if it stops first, the next open resumes it.
+        view.put(Table.META, _FORMAT_KEY, FORMAT_VERSION)
+        migration.mark_pending(view, found)
     elif found != FORMAT_VERSION:
         raise StoreFormatError(
             f"the data directory has store format {found.decode(errors='replace')}, "

@@ -1,22 +1,27 @@
 """How ledger records and checkpoints are laid out in the store's tables.
 
-Keys: `namespace NUL run_id NUL call_id`; identifiers never contain NUL or
-other control characters (see `ledger.validation`), so keys are unambiguous,
-and a namespace or run is a key prefix. Values: versioned JSON documents.
-Every load and save of a record goes through here, which keeps the by-state
-index in step with the records.
+Keys: `namespace NUL run NUL call`, each identity part in its stored form
+(`storage.keys`: verbatim when short, hashed when long, so every identity
+that validation accepts fits LMDB's key limit). Identifiers never contain
+NUL or other control characters (see `ledger.validation`), so keys are
+unambiguous, and a namespace or run is a key prefix. Values: versioned JSON
+documents, which hold the readable identity. Every load and save of a record
+goes through here, which keeps the by-state index in step with the records.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.ledger import audit
 from sidecar.ledger.model import (
+    FINGERPRINT_V1,
+    FINGERPRINT_V2,
     Approval,
     CallRef,
     Effect,
@@ -32,6 +37,7 @@ from sidecar.ledger.model import (
     ToolCall,
     Transition,
 )
+from sidecar.storage import keys
 from sidecar.storage.api import ReadView, Table, WriteView
 
 _SEP = b"\x00"
@@ -44,16 +50,19 @@ def namespace_prefix(namespace: str) -> bytes:
 
 
 def run_prefix(namespace: str, run_id: str) -> bytes:
-    return namespace_prefix(namespace) + run_id.encode() + _SEP
+    return namespace_prefix(namespace) + keys.part(run_id, keys.CALL_PART) + _SEP
 
 
 def call_key(ref: CallRef) -> bytes:
-    return run_prefix(ref.namespace, ref.run_id) + ref.call_id.encode()
+    return run_prefix(ref.namespace, ref.run_id) + keys.part(
+        ref.call_id, keys.CALL_PART
+    )
 
 
-def ref_of(key: bytes) -> CallRef:
-    namespace, run_id, call_id = key.split(_SEP, 2)
-    return CallRef(namespace.decode(), run_id.decode(), call_id.decode())
+def namespace_of(key: bytes) -> str:
+    """The namespace of a key of CALLS, TOMBSTONES or CHECKPOINTS (of
+    CALL_STATES without its state byte)."""
+    return key.split(_SEP, 1)[0].decode()
 
 
 def state_prefix(state: State, namespace: str | None = None) -> bytes:
@@ -63,7 +72,12 @@ def state_prefix(state: State, namespace: str | None = None) -> bytes:
 
 
 def load_call(view: ReadView, ref: CallRef) -> ToolCall | None:
-    raw = view.get(Table.CALLS, call_key(ref))
+    return load_call_at(view, call_key(ref))
+
+
+def load_call_at(view: ReadView, key: bytes) -> ToolCall | None:
+    """The record stored under `key` (a CALLS key, as in the by-state index)."""
+    raw = view.get(Table.CALLS, key)
     return None if raw is None else decode_call(raw)
 
 
@@ -104,6 +118,7 @@ def encode_call(c: ToolCall) -> bytes:
         "rev": c.revision,
         "scheme": c.key_scheme,
         "fp": c.input_fingerprint,
+        "fps": c.fingerprint_scheme,
         "approval": c.approval_required,
         "attempt": c.attempt,
         "created": c.created_ns,
@@ -182,6 +197,12 @@ class RecordFormatError(ValueError):
 
 
 def decode_call(raw: bytes) -> ToolCall:
+    """The record of a stored document; keys a later version may add are
+    ignored, keys an earlier one lacked take their meaning of then.
+
+    Raises:
+        RecordFormatError: a record version this daemon cannot read.
+    """
     doc = json.loads(raw)
     if doc.get("v") != RECORD_VERSION:
         raise RecordFormatError(f"record version {doc.get('v')!r}")
@@ -195,6 +216,8 @@ def decode_call(raw: bytes) -> ToolCall:
         revision=doc["rev"],
         key_scheme=doc["scheme"],
         input_fingerprint=doc["fp"],
+        # Records stored before fingerprints named the input's kind.
+        fingerprint_scheme=_fingerprint_scheme(doc.get("fps", FINGERPRINT_V1)),
         approval_required=doc["approval"],
         attempt=doc["attempt"],
         created_ns=doc["created"],
@@ -232,9 +255,19 @@ def decode_call(raw: bytes) -> ToolCall:
     )
 
 
+def _fingerprint_scheme(scheme: int) -> int:
+    if scheme not in (FINGERPRINT_V1, FINGERPRINT_V2):
+        raise RecordFormatError(f"input fingerprint scheme {scheme!r}")
+    return scheme
+
+
 # -- checkpoints -------------------------------------------------------------
 
 _REVISION_KEY = b"checkpoint_revision"
+# Revision and last change; then, for a key stored hashed, the key's length
+# and the key itself; then the value.
+_CHECKPOINT_HEAD = struct.Struct(">QQ")
+_KEY_LENGTH = struct.Struct(">H")
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,38 +279,73 @@ class StoredCheckpoint:
 
 
 def checkpoint_key(namespace: str, key: str) -> bytes:
-    return namespace_prefix(namespace) + key.encode()
+    return namespace_prefix(namespace) + keys.part(key, keys.CHECKPOINT_KEY)
 
 
 def load_checkpoint(
     view: ReadView, namespace: str, key: str
 ) -> StoredCheckpoint | None:
-    raw = view.get(Table.CHECKPOINTS, checkpoint_key(namespace, key))
-    return None if raw is None else _decode_checkpoint(key, raw)
+    stored = checkpoint_key(namespace, key)
+    raw = view.get(Table.CHECKPOINTS, stored)
+    return None if raw is None else decode_checkpoint(stored, raw)
 
 
-def _decode_checkpoint(key: str, raw: bytes) -> StoredCheckpoint:
+def decode_checkpoint(stored: bytes, raw: bytes) -> StoredCheckpoint:
+    """The checkpoint stored under the key `stored`."""
+    revision, updated_ns = _CHECKPOINT_HEAD.unpack_from(raw)
+    body = raw[_CHECKPOINT_HEAD.size :]
+    if keys.is_hashed(stored):
+        (size,) = _KEY_LENGTH.unpack_from(body)
+        start = _KEY_LENGTH.size
+        key = body[start : start + size].decode()
+        return StoredCheckpoint(key, body[start + size :], revision, updated_ns)
     return StoredCheckpoint(
-        key, raw[16:], int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big")
+        stored.split(_SEP, 1)[1].decode(), body, revision, updated_ns
     )
 
 
+def encode_checkpoint(stored: bytes, cp: StoredCheckpoint) -> bytes:
+    head = _CHECKPOINT_HEAD.pack(cp.revision, cp.updated_ns)
+    if keys.is_hashed(stored):
+        key = cp.key.encode()
+        head += _KEY_LENGTH.pack(len(key)) + key
+    return head + cp.value
+
+
 def save_checkpoint(view: WriteView, namespace: str, cp: StoredCheckpoint) -> None:
-    raw = cp.revision.to_bytes(8, "big") + cp.updated_ns.to_bytes(8, "big") + cp.value
-    view.put(Table.CHECKPOINTS, checkpoint_key(namespace, cp.key), raw)
+    stored = checkpoint_key(namespace, cp.key)
+    view.put(Table.CHECKPOINTS, stored, encode_checkpoint(stored, cp))
 
 
 def delete_checkpoint(view: WriteView, namespace: str, key: str) -> None:
     view.delete(Table.CHECKPOINTS, checkpoint_key(namespace, key))
 
 
-def scan_checkpoints(
-    view: ReadView, namespace: str, prefix: str, after: str | None
-) -> Iterator[StoredCheckpoint]:
+def checkpoint_ranges(namespace: str, prefix: str) -> list[bytes]:
+    """The key ranges, in key order, that hold every checkpoint of
+    `namespace` whose key starts with `prefix` (and may hold others).
+
+    A key stored verbatim starts with the prefix itself. A key stored hashed
+    starts with its first `kept` bytes: with a prefix no longer than those,
+    the same range holds it; with a longer one, it is in the range of the
+    prefix's first `kept` bytes and the marker, which sorts first."""
     base = namespace_prefix(namespace)
-    start = None if after is None else base + after.encode()
-    for k, raw in view.scan(Table.CHECKPOINTS, base + prefix.encode(), after=start):
-        yield _decode_checkpoint(k[len(base) :].decode(), raw)
+    data = prefix.encode()
+    kept = keys.CHECKPOINT_KEY.kept
+    if len(data) <= kept:
+        return [base + data]
+    return [base + data[:kept] + keys.HASHED, base + data]
+
+
+def scan_checkpoints(
+    view: ReadView, namespace: str, prefix: str, after: bytes | None
+) -> Iterator[tuple[bytes, StoredCheckpoint]]:
+    """(stored key, checkpoint) of every row of `checkpoint_ranges` after the
+    stored key `after`, in key order; rows whose key does not start with
+    `prefix` are included: the caller filters, and counts what it read."""
+    for start in checkpoint_ranges(namespace, prefix):
+        for stored, raw in view.scan(Table.CHECKPOINTS, start, after=after):
+            yield stored, decode_checkpoint(stored, raw)
 
 
 def next_checkpoint_revision(view: WriteView) -> int:

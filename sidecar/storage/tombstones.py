@@ -1,10 +1,11 @@
 """How tombstones of compacted calls are laid out in the store (DESIGN §4).
 
 A tombstone lives in `Table.TOMBSTONES` under the key the record had in
-`Table.CALLS` (see `records.call_key`), as a versioned JSON document.
-`compact` replaces a record by its tombstone, index entry included, in the
-caller's write transaction, so a call is always either a record or a
-tombstone, never both and never neither.
+`Table.CALLS` (see `records.call_key`), as a versioned JSON document, and in
+`Table.TOMBSTONE_TIMES` by the time it was made. `compact` replaces a record
+by its tombstone, index entries included, in the caller's write transaction,
+so a call is always either a record or a tombstone, never both and never
+neither, until `expire` deletes the tombstone after its lifetime.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sidecar.ledger.model import CallRef, Effect, Outcome, ToolCall
+from sidecar.ledger.model import (
+    FINGERPRINT_V1,
+    FINGERPRINT_V2,
+    CallRef,
+    Effect,
+    Outcome,
+    ToolCall,
+)
 from sidecar.ledger.retention import Tombstone
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Table, WriteView
@@ -32,6 +40,8 @@ def encode(t: Tombstone) -> bytes:
         "effect": t.effect.value,
         "scheme": t.key_scheme,
         "fp": t.input_fingerprint,
+        "fps": t.fingerprint_scheme,
+        "ack": t.acknowledged,
         "outcome": t.outcome.value,
         "digest": t.result_digest,
         "code": t.error_code,
@@ -49,6 +59,9 @@ def decode(raw: bytes) -> Tombstone:
     doc = json.loads(raw)
     if doc.get("v") != TOMBSTONE_VERSION:
         raise TombstoneFormatError(f"tombstone version {doc.get('v')!r}")
+    fingerprint_scheme = doc.get("fps", FINGERPRINT_V1)
+    if fingerprint_scheme not in (FINGERPRINT_V1, FINGERPRINT_V2):
+        raise TombstoneFormatError(f"fingerprint scheme {fingerprint_scheme!r}")
     return Tombstone(
         ref=CallRef(*doc["ref"]),
         tool_name=doc["tool"],
@@ -64,12 +77,21 @@ def decode(raw: bytes) -> Tombstone:
         committed_ns=doc["committed"],
         last_change_ns=doc["changed"],
         compacted_ns=doc["compacted"],
+        # Tombstones made before these were stored: fingerprints without the
+        # input's kind, and only acknowledged results were compacted.
+        fingerprint_scheme=fingerprint_scheme,
+        acknowledged=doc.get("ack", True),
     )
 
 
 def load(view: ReadView, ref: CallRef) -> Tombstone | None:
     raw = view.get(Table.TOMBSTONES, records.call_key(ref))
     return None if raw is None else decode(raw)
+
+
+def time_key(compacted_ns: int, key: bytes) -> bytes:
+    """The `Table.TOMBSTONE_TIMES` key of the tombstone stored under `key`."""
+    return compacted_ns.to_bytes(8, "big") + key
 
 
 def compact(view: WriteView, call: ToolCall, tomb: Tombstone) -> None:
@@ -80,3 +102,20 @@ def compact(view: WriteView, call: ToolCall, tomb: Tombstone) -> None:
     view.delete(Table.CALL_STATES, records.state_prefix(call.state) + key)
     view.delete(Table.CALLS, key)
     view.put(Table.TOMBSTONES, key, encode(tomb))
+    view.put(Table.TOMBSTONE_TIMES, time_key(tomb.compacted_ns, key), b"")
+
+
+def expire(view: WriteView, before_ns: int, limit: int) -> tuple[int, bool]:
+    """Deletes the tombstones made before `before_ns`, oldest first, at most
+    `limit` of them; returns how many, and whether more may be due."""
+    due = []
+    for index_key, _ in view.scan(Table.TOMBSTONE_TIMES, b""):
+        if int.from_bytes(index_key[:8], "big") >= before_ns:
+            break
+        due.append(index_key)
+        if len(due) == limit:
+            break
+    for index_key in due:
+        view.delete(Table.TOMBSTONE_TIMES, index_key)
+        view.delete(Table.TOMBSTONES, index_key[8:])
+    return len(due), len(due) == limit

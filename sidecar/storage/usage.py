@@ -1,14 +1,16 @@
 """The usage counters of each namespace, kept in the store and exact.
 
 `Table.USAGE` maps a namespace to its open calls (records whose by-state
-index entry is not COMMITTED) and its stored bytes (key and value of its call
-records, tombstones and checkpoints). The counters are not updated by the
+index entry is not COMMITTED), its stored bytes (key and value of its call
+records and checkpoints) and its tombstone bytes (key and value of its
+tombstones, which no quota counts). The counters are not updated by the
 code that saves records: every write function a store runs gets a `Counting`
 view, which adjusts them on each put and delete of a counted table, in the
 same transaction. No save path can forget them, and any store that runs its
 write functions through `counted` (LMDB now, another backend later) keeps
-them the same way. A store that holds records from before the table existed
-is recounted once when it is opened (`ensure_counted`).
+them the same way. A store that holds records from before the table existed,
+or from before tombstones were counted apart, is recounted once when it is
+opened (`ensure_counted`).
 
 Keys of the counted tables start with `namespace NUL` (see
 `records.call_key`, `records.checkpoint_key`); index keys of CALL_STATES
@@ -29,10 +31,12 @@ from sidecar.storage.api import ReadView, Table, WriteView
 T = TypeVar("T")
 
 _SEP = b"\x00"
-_VALUE = struct.Struct(">qq")
+_VALUE = struct.Struct(">qqq")
+# Before tombstones were counted apart (store formats before 3).
+_OLD_VALUE = struct.Struct(">qq")
 # Set in META once the counters were counted from the records themselves.
-_COUNTED_KEY = b"usage_counted"
-# Tables whose rows count as the namespace's stored bytes.
+COUNTED_KEY = b"usage_counted"
+# Tables whose rows count as the namespace's stored or tombstone bytes.
 SIZED = (Table.CALLS, Table.CHECKPOINTS, Table.TOMBSTONES)
 _COMMITTED_CODE = records.state_prefix(State.COMMITTED)[0]
 
@@ -44,8 +48,13 @@ def _namespace_of(key: bytes) -> bytes:
 def _decode(raw: bytes | None) -> Usage:
     if raw is None:
         return Usage()
-    open_calls, stored_bytes = _VALUE.unpack(raw)
-    return Usage(open_calls, stored_bytes)
+    if len(raw) == _OLD_VALUE.size:
+        return Usage(*_OLD_VALUE.unpack(raw))
+    return Usage(*_VALUE.unpack(raw))
+
+
+def _encode(usage: Usage) -> bytes:
+    return _VALUE.pack(usage.open_calls, usage.stored_bytes, usage.tombstone_bytes)
 
 
 def load(view: ReadView, namespace: str) -> Usage:
@@ -54,7 +63,10 @@ def load(view: ReadView, namespace: str) -> Usage:
     key = namespace.encode()
     found = _decode(view.get(Table.USAGE, key))
     if isinstance(view, Counting):
-        return found.plus(*view.pending(key))
+        change = view.pending(key)
+        return found.plus(
+            change.open_calls, change.stored_bytes, change.tombstone_bytes
+        )
     return found
 
 
@@ -64,24 +76,20 @@ def stored(view: ReadView) -> dict[str, Usage]:
     return {key.decode(): _decode(raw) for key, raw in view.scan(Table.USAGE, b"")}
 
 
-def _add(view: WriteView, namespace: bytes, open_calls: int, stored_bytes: int) -> None:
-    raw = view.get(Table.USAGE, namespace)
-    if raw is not None:
-        was_open, was_stored = _VALUE.unpack(raw)
-        open_calls += was_open
-        stored_bytes += was_stored
-    if open_calls == 0 and stored_bytes == 0:
+def _add(view: WriteView, namespace: bytes, change: Usage) -> None:
+    total = _decode(view.get(Table.USAGE, namespace)).plus(
+        change.open_calls, change.stored_bytes, change.tombstone_bytes
+    )
+    if total == Usage():
         # An empty namespace leaves no row behind.
         view.delete(Table.USAGE, namespace)
     else:
-        view.put(Table.USAGE, namespace, _VALUE.pack(open_calls, stored_bytes))
+        view.put(Table.USAGE, namespace, _encode(total))
 
 
 def _sized(table: Table) -> bool:
     # Identity tests: this runs on every put, and enum hashing is slow.
-    return (
-        table is Table.CALLS or table is Table.CHECKPOINTS or table is Table.TOMBSTONES
-    )
+    return table is Table.CALLS or table is Table.CHECKPOINTS
 
 
 class Counting:
@@ -94,24 +102,28 @@ class Counting:
 
     def __init__(self, view: WriteView) -> None:
         self._view = view
-        self._pending: dict[bytes, list[int]] = {}
+        self._pending: dict[bytes, Usage] = {}
 
-    def pending(self, namespace: bytes) -> tuple[int, int]:
-        """The (open calls, stored bytes) changes of `namespace` not yet
-        written to `Table.USAGE`."""
-        open_calls, stored_bytes = self._pending.get(namespace, (0, 0))
-        return open_calls, stored_bytes
+    def pending(self, namespace: bytes) -> Usage:
+        """The changes of `namespace` not yet written to `Table.USAGE`."""
+        return self._pending.get(namespace, Usage())
 
-    def _count(self, namespace: bytes, open_calls: int, stored_bytes: int) -> None:
-        change = self._pending.setdefault(namespace, [0, 0])
-        change[0] += open_calls
-        change[1] += stored_bytes
+    def _count(
+        self,
+        namespace: bytes,
+        open_calls: int = 0,
+        stored_bytes: int = 0,
+        tombstone_bytes: int = 0,
+    ) -> None:
+        self._pending[namespace] = self.pending(namespace).plus(
+            open_calls, stored_bytes, tombstone_bytes
+        )
 
     def flush(self) -> None:
         """Writes the summed changes to `Table.USAGE`."""
-        for namespace, (open_calls, stored_bytes) in self._pending.items():
-            if open_calls or stored_bytes:
-                _add(self._view, namespace, open_calls, stored_bytes)
+        for namespace, change in self._pending.items():
+            if change != Usage():
+                _add(self._view, namespace, change)
         self._pending.clear()
 
     def get(self, table: Table, key: bytes) -> bytes | None:
@@ -122,31 +134,37 @@ class Counting:
     ) -> Iterator[tuple[bytes, bytes]]:
         return self._view.scan(table, prefix, after=after)
 
+    def _resized(self, table: Table, key: bytes, grown: int) -> None:
+        if table is Table.TOMBSTONES:
+            self._count(_namespace_of(key), tombstone_bytes=grown)
+        else:
+            self._count(_namespace_of(key), stored_bytes=grown)
+
     def put(self, table: Table, key: bytes, value: bytes) -> None:
-        if _sized(table):
+        if _sized(table) or table is Table.TOMBSTONES:
             old = self._view.get(table, key)
             grown = len(value) - (-len(key) if old is None else len(old))
             self._view.put(table, key, value)
-            self._count(_namespace_of(key), 0, grown)
+            self._resized(table, key, grown)
         elif table is Table.CALL_STATES:
             new = _is_open(key) and self._view.get(table, key) is None
             self._view.put(table, key, value)
             if new:
-                self._count(_namespace_of(key[1:]), 1, 0)
+                self._count(_namespace_of(key[1:]), open_calls=1)
         else:
             self._view.put(table, key, value)
 
     def delete(self, table: Table, key: bytes) -> None:
-        if _sized(table):
+        if _sized(table) or table is Table.TOMBSTONES:
             old = self._view.get(table, key)
             self._view.delete(table, key)
             if old is not None:
-                self._count(_namespace_of(key), 0, -(len(key) + len(old)))
+                self._resized(table, key, -(len(key) + len(old)))
         elif table is Table.CALL_STATES:
             gone = _is_open(key) and self._view.get(table, key) is not None
             self._view.delete(table, key)
             if gone:
-                self._count(_namespace_of(key[1:]), -1, 0)
+                self._count(_namespace_of(key[1:]), open_calls=-1)
         else:
             self._view.delete(table, key)
 
@@ -174,8 +192,12 @@ def recount(view: ReadView) -> dict[str, Usage]:
     for table in SIZED:
         for key, raw in view.scan(table, b""):
             namespace = _namespace_of(key)
-            found[namespace] = found.get(namespace, Usage()).plus(
-                stored_bytes=len(key) + len(raw)
+            size = len(key) + len(raw)
+            was = found.get(namespace, Usage())
+            found[namespace] = (
+                was.plus(tombstone_bytes=size)
+                if table is Table.TOMBSTONES
+                else was.plus(stored_bytes=size)
             )
     for key, _ in view.scan(Table.CALL_STATES, b""):
         if _is_open(key):
@@ -192,16 +214,12 @@ def ensure_counted(view: WriteView) -> int:
     """At open: counts every namespace from its records, once, when the
     store was written before the counters existed. Returns how many
     namespaces it counted (0 when the counters were there already)."""
-    if view.get(Table.META, _COUNTED_KEY) is not None:
+    if view.get(Table.META, COUNTED_KEY) is not None:
         return 0
     for key, _ in list(view.scan(Table.USAGE, b"")):
         view.delete(Table.USAGE, key)
     counts = recount(view)
     for namespace, usage in counts.items():
-        view.put(
-            Table.USAGE,
-            namespace.encode(),
-            _VALUE.pack(usage.open_calls, usage.stored_bytes),
-        )
-    view.put(Table.META, _COUNTED_KEY, b"1")
+        view.put(Table.USAGE, namespace.encode(), _encode(usage))
+    view.put(Table.META, COUNTED_KEY, b"1")
     return len(counts)

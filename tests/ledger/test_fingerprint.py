@@ -11,13 +11,20 @@ import hashlib
 
 import pytest
 
+from sidecar.ledger import fingerprint as fingerprints
 from sidecar.ledger.fingerprint import (
     NotCanonicalizable,
     canonical_json,
     fingerprint,
     result_digest,
 )
-from sidecar.ledger.model import Outcome, Payload, PayloadKind
+from sidecar.ledger.model import (
+    FINGERPRINT_V1,
+    FINGERPRINT_V2,
+    Outcome,
+    Payload,
+    PayloadKind,
+)
 
 
 def _json(text: bytes) -> str:
@@ -26,6 +33,10 @@ def _json(text: bytes) -> str:
 
 def _sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+JSON_TAG = b"effectd.input.json\x00"
+RAW_TAG = b"effectd.input.raw\x00"
 
 
 @pytest.mark.parametrize(
@@ -96,9 +107,10 @@ def test_different_json_values_have_different_fingerprints(a: bytes, b: bytes) -
     "data", [b'{"b": 1, "a": 2}', b'{"a":2,"b":1}', b"\x00\xff not json", b""]
 )
 def test_raw_bytes_are_hashed_as_sent(data: bytes) -> None:
-    """An opaque payload's fingerprint is the SHA-256 of its exact bytes."""
+    """An opaque payload's fingerprint is the SHA-256 of its kind and its
+    exact bytes."""
     # DESIGN §3 "opaque bytes are hashed as sent".
-    assert fingerprint(Payload(PayloadKind.RAW, data)) == _sha(data)
+    assert fingerprint(Payload(PayloadKind.RAW, data)) == _sha(RAW_TAG + data)
 
 
 def test_raw_bytes_are_not_canonicalized() -> None:
@@ -110,9 +122,46 @@ def test_raw_bytes_are_not_canonicalized() -> None:
 
 
 def test_a_json_fingerprint_is_the_hash_of_the_canonical_form() -> None:
-    """A JSON fingerprint is `sha256:` + the hex SHA-256 of its RFC 8785 form."""
+    """A JSON fingerprint is `sha256:` + the hex SHA-256 of its kind and its
+    RFC 8785 form."""
     # DESIGN §3 "SHA-256 of the input ... canonicalized first (RFC 8785)".
-    assert _json(b'{ "b": 1.0, "a": [] }') == _sha(b'{"a":[],"b":1}')
+    assert _json(b'{ "b": 1.0, "a": [] }') == _sha(JSON_TAG + b'{"a":[],"b":1}')
+
+
+@pytest.mark.parametrize(
+    ("text", "raw"),
+    [(b"1.0", b"1"), (b'{"b":1,"a":2}', b'{"a":2,"b":1}'), (b'"x"', b'"x"')],
+)
+def test_a_json_and_a_raw_input_never_share_a_fingerprint(
+    text: bytes, raw: bytes
+) -> None:
+    """The kind is part of what is hashed: JSON `1.0` is not raw `1` (issue
+    10 item C13: fails before the fix: both were the hash of `1`)."""
+    json_input = Payload(PayloadKind.JSON, text)
+    raw_input = Payload(PayloadKind.RAW, raw)
+    assert fingerprint(json_input) != fingerprint(raw_input)
+    # Scheme V1, kept for records stored before V2, could not tell them apart.
+    assert fingerprints.of(json_input, FINGERPRINT_V1) == fingerprints.of(
+        raw_input, FINGERPRINT_V1
+    )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [Payload(PayloadKind.JSON, b'{"b": 1, "a": 2.0}'), Payload(PayloadKind.RAW, b"1")],
+)
+def test_scheme_v1_is_the_hash_of_the_canonical_bytes_alone(payload: Payload) -> None:
+    """`of(V1)` is the fingerprint records stored before V2 hold; `of(V2)`
+    is today's."""
+    canonical = (
+        canonical_json(payload.data)
+        if payload.kind is PayloadKind.JSON
+        else payload.data
+    )
+    assert fingerprints.of(payload, FINGERPRINT_V1) == _sha(canonical)
+    assert fingerprints.of(payload, FINGERPRINT_V2) == fingerprint(payload)
+    with pytest.raises(ValueError, match="scheme 3"):
+        fingerprints.of(payload, 3)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
 from sidecar.services.retention import RetentionService
 from sidecar.storage import records, tombstones
-from sidecar.storage.api import Table, WriteView
+from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.lmdb_store import LmdbStore
 from tests.ledger.builders import (
     OTHER_INPUT,
@@ -52,8 +53,13 @@ from tests.ledger.builders import (
 )
 
 DAY_NS = 86_400 * 1_000_000_000
-POLICY = Policy(retention_seconds=7 * 86_400)
+POLICY = Policy(
+    retention_seconds=7 * 86_400,
+    unacknowledged_retention_seconds=30 * 86_400,
+    tombstone_seconds=60 * 86_400,
+)
 WINDOW_NS = POLICY.retention_seconds * 1_000_000_000
+UNACKNOWLEDGED_NS = POLICY.unacknowledged_retention_seconds * 1_000_000_000
 
 
 def acknowledged(call: ToolCall, at_ns: int = WALL0) -> ToolCall:
@@ -82,9 +88,18 @@ DUE_TABLE: list[tuple[str, ToolCall, int, bool]] = [
     ("started", flagged(started(Effect.SIDE_EFFECT)), OLD, False),
     ("unknown side effect", flagged(unknown(Effect.SIDE_EFFECT)), OLD, False),
     ("unknown read", flagged(unknown(Effect.READ)), OLD, False),
-    # DESIGN §4: only an acknowledged result is compacted (D3 may replay it).
-    ("committed, not acknowledged", com(Effect.READ), OLD, False),
-    ("rejected, not acknowledged", rejected(Effect.SIDE_EFFECT), OLD, False),
+    # DESIGN §4, D3: a result not acknowledged may still be replayed: it is
+    # kept past the acknowledged window, for the longer one.
+    ("not acknowledged, past the window", com(Effect.READ), PAST, False),
+    ("not acknowledged, at its window", com(Effect.READ), UNACKNOWLEDGED_NS, False),
+    (
+        "not acknowledged, past its window",
+        com(Effect.READ),
+        UNACKNOWLEDGED_NS + 1,
+        True,
+    ),
+    ("rejected, not acknowledged", rejected(Effect.SIDE_EFFECT), PAST, False),
+    ("rejected, not acknowledged, old", rejected(Effect.SIDE_EFFECT), OLD, True),
     # DESIGN §4: kept for the window after the last change.
     ("acknowledged, just now", ack(com(Effect.READ)), 0, False),
     ("acknowledged, a day", ack(com(Effect.READ)), DAY_NS, False),
@@ -102,8 +117,9 @@ DUE_TABLE: list[tuple[str, ToolCall, int, bool]] = [
     ids=[row[0] for row in DUE_TABLE],
 )
 def test_is_due(call: ToolCall, age_ns: int, due: bool) -> None:
-    """A record is due exactly when it is COMMITTED, acknowledged and its last
-    change is older than the retention window."""
+    """A record is due exactly when it is COMMITTED and its last change is
+    older than the retention window, or than the unacknowledged window if its
+    result was never acknowledged."""
     assert retention.is_due(call, POLICY, call.updated_ns + age_ns) is due
 
 
@@ -113,6 +129,14 @@ def test_the_window_runs_from_the_last_change() -> None:
     call = acknowledged(committed(Effect.READ), at_ns=WALL0 + DAY_NS)
     assert not retention.is_due(call, POLICY, WALL0 + WINDOW_NS + 1)
     assert retention.is_due(call, POLICY, WALL0 + DAY_NS + WINDOW_NS + 1)
+
+
+def test_an_unacknowledged_window_shorter_than_the_window_is_the_window() -> None:
+    """A result never delivered is never compacted before a delivered one."""
+    short = Policy(retention_seconds=10 * 86_400, unacknowledged_retention_seconds=1)
+    call = committed(Effect.READ)
+    assert not retention.is_due(call, short, WALL0 + 9 * DAY_NS)
+    assert retention.is_due(call, short, WALL0 + 10 * DAY_NS + 1)
 
 
 def test_the_window_is_the_policys() -> None:
@@ -142,6 +166,8 @@ def test_the_tombstone_keeps_identity_fingerprint_outcome_and_times() -> None:
         WALL0 + WINDOW_NS + 9,
     )
     assert tomb.key_scheme == call.key_scheme
+    assert tomb.fingerprint_scheme == call.fingerprint_scheme
+    assert tomb.acknowledged
     assert not any(isinstance(v, Payload) for v in dataclasses.astuple(tomb))
 
 
@@ -246,6 +272,10 @@ def _acknowledge(store: LmdbStore, clock: ManualClock, ref: CallRef) -> None:
     store.submit(apply).result()
 
 
+def _rows(view: ReadView, table: Table) -> list[tuple[bytes, bytes]]:
+    return list(view.scan(table, b""))
+
+
 def _record(store: LmdbStore, ref: CallRef) -> ToolCall | None:
     return store.read(lambda view: records.load_call(view, ref))
 
@@ -314,9 +344,11 @@ def _unresolved_and_unacknowledged(
     clock: ManualClock,
     monkeypatch: pytest.MonkeyPatch,
     due: DueRule,
+    days: int = 20,
 ) -> None:
-    """The check: a pass a year later, with `due` as the rule, compacts the
-    acknowledged call and leaves every other record whole."""
+    """The check: a pass `days` later (past the acknowledged window, not the
+    unacknowledged one), with `due` as the rule, compacts the acknowledged
+    call and leaves every other record whole."""
     ledger = _ledger(store, clock)
     monkeypatch.setattr(retention, "is_due", due)
 
@@ -328,7 +360,7 @@ def _unresolved_and_unacknowledged(
         await ledger.prepare(_spec("started"))
         s = await ledger.prepare(_spec("unknown", Effect.SIDE_EFFECT))
         await ledger.report_unknown(s.call.ref, attempt=1, reason="lost")
-        clock.advance(365 * 86_400)
+        clock.advance(days * 86_400)
         await RetentionService(store, clock, FixedPolicy(POLICY)).compact()
 
     asyncio.run(scenario())
@@ -346,19 +378,116 @@ def _unresolved_and_unacknowledged(
     assert _record(store, CallRef("default", "run", "acked")) is None
 
 
-def test_unacknowledged_or_unresolved_records_are_never_compacted(
+def test_unacknowledged_records_wait_for_their_window(
     store: LmdbStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ADR-010 R3, DESIGN §4: a year later only the acknowledged committed
-    call is a tombstone; the others are whole, in their states."""
+    """ADR-010 R3, DESIGN §4: past the acknowledged window only the
+    acknowledged committed call is a tombstone; the others are whole, in
+    their states."""
     _unresolved_and_unacknowledged(store, clock, monkeypatch, retention.is_due)
+
+
+def test_a_year_later_unresolved_records_are_still_whole(
+    store: LmdbStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR-010 R3: a year later every record that is not COMMITTED is whole;
+    the check fails only on the committed call never acknowledged, which is
+    a tombstone by then."""
+    with pytest.raises(AssertionError, match="not-acked was compacted"):
+        _unresolved_and_unacknowledged(
+            store, clock, monkeypatch, retention.is_due, days=365
+        )
+    for call_id in ("prepared", "started", "unknown"):
+        assert _record(store, CallRef("default", "run", call_id)) is not None
+
+
+def test_an_unacknowledged_result_is_compacted_after_its_window(
+    store: LmdbStore, clock: ManualClock
+) -> None:
+    """A committed call whose result nobody acknowledged is kept for the
+    unacknowledged window, then becomes a tombstone that still refuses a
+    duplicate prepare and says it was never acknowledged (issue 10 item G28:
+    fails before the fix: it was kept for ever, and the store only grew)."""
+    ledger = _ledger(store, clock)
+    service = RetentionService(store, clock, FixedPolicy(POLICY))
+
+    async def scenario() -> None:
+        await _commit(ledger, "c")
+        clock.advance(29 * 86_400)
+        assert (await service.compact()).compacted == 0
+        again = await ledger.prepare(_spec("c", start=False))
+        assert again.decision is Decision.RETURN_RESULT
+        clock.advance(30 * 86_400)
+        assert (await service.compact()).compacted == 1
+        with pytest.raises(ResultCompacted) as refused:
+            await ledger.prepare(_spec("c"))
+        assert refused.value.metadata["acknowledged"] == "false"
+        assert "never acknowledged" in str(refused.value)
+
+    asyncio.run(scenario())
+    assert _record(store, CallRef("default", "run", "c")) is None
+
+
+def test_a_tombstone_is_deleted_after_its_lifetime(
+    store: LmdbStore, clock: ManualClock
+) -> None:
+    """A tombstone refuses a duplicate for its lifetime, then the pass
+    deletes it and its index entry: the identity is forgotten, and a prepare
+    of it is a new call (issue 10 item A2: fails before the fix: tombstones
+    were kept, and counted, for ever)."""
+    ledger = _ledger(store, clock)
+    service = RetentionService(store, clock, FixedPolicy(POLICY))
+
+    async def scenario() -> None:
+        call = await _commit(ledger, "c")
+        _acknowledge(store, clock, call.ref)
+        clock.advance(8 * 86_400)
+        assert (await service.compact()).compacted == 1
+        clock.advance(59 * 86_400)
+        assert (await service.compact()).expired == 0
+        with pytest.raises(ResultCompacted):
+            await ledger.prepare(_spec("c", start=False))
+        clock.advance(86_400 + 1)
+        assert (await service.compact()).expired == 1
+        again = await ledger.prepare(_spec("c", start=False))
+        assert (again.decision, again.call.revision) == (Decision.EXECUTE, 1)
+
+    asyncio.run(scenario())
+    for table in (Table.TOMBSTONES, Table.TOMBSTONE_TIMES):
+        assert store.read(functools.partial(_rows, table=table)) == []
+
+
+def test_tombstones_expire_in_bounded_batches_oldest_first(
+    store: LmdbStore, clock: ManualClock
+) -> None:
+    """Tombstones made at different times expire each at its own time, in
+    transactions of at most the batch size."""
+    ledger = _ledger(store, clock)
+    service = RetentionService(store, clock, FixedPolicy(POLICY), batch=2)
+
+    async def scenario() -> None:
+        for round_ in range(2):
+            for n in range(3):
+                call = await _commit(ledger, f"c{round_}-{n}")
+                _acknowledge(store, clock, call.ref)
+            clock.advance(8 * 86_400)
+            assert (await service.compact()).compacted == 3
+        clock.advance(53 * 86_400)  # past the first three's lifetime only
+        first = await service.compact()
+        assert first.expired == 3
+        # 1 batch of the (empty) COMMITTED index, 2 of expiries: 2, then 1.
+        assert first.transactions == 3
+        clock.advance(8 * 86_400)
+        assert (await service.compact()).expired == 3
+
+    asyncio.run(scenario())
 
 
 def test_negative_control_a_rule_that_ignores_acknowledgement_is_caught(
     store: LmdbStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Negative control: a broken due rule that forgets the acknowledgement
-    compacts the unacknowledged call, and the check above fails."""
+    compacts the unacknowledged call early, and the check above fails."""
     correct = retention.is_due
 
     def ignoring(call: ToolCall, policy: Policy, now_wall_ns: int) -> bool:

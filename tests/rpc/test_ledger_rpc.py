@@ -178,8 +178,8 @@ def test_prepare_with_other_input_is_input_mismatch(
 
 def test_reordered_json_keys_have_one_fingerprint(ledger_stub: ToolLedgerStub) -> None:
     """JSON with reordered keys and other spacing is the same input: one
-    fingerprint, the SHA-256 of its RFC 8785 form, and the repeat is
-    accepted without a change."""
+    fingerprint, the SHA-256 of its kind and its RFC 8785 form, and the
+    repeat is accepted without a change."""
     first = ledger_stub.PrepareTool(
         prepare_request(json='{"b":[1,2.0,"x"],"a":{"y":1,"x":2}}'), timeout=5
     )
@@ -188,17 +188,20 @@ def test_reordered_json_keys_have_one_fingerprint(ledger_stub: ToolLedgerStub) -
         timeout=5,
     )
     canonical = b'{"a":{"x":2,"y":1},"b":[1,2,"x"]}'
-    expected = "sha256:" + hashlib.sha256(canonical).hexdigest()
+    tagged = b"effectd.input.json\x00" + canonical
+    expected = "sha256:" + hashlib.sha256(tagged).hexdigest()
     assert first.call.input_fingerprint == again.call.input_fingerprint == expected
     assert again.call.revision == first.call.revision == 1
 
 
 def test_raw_input_is_hashed_as_sent(ledger_stub: ToolLedgerStub) -> None:
-    """Raw bytes are fingerprinted as sent: other bytes are another input."""
+    """Raw bytes are fingerprinted as sent, after their kind: other bytes
+    are another input."""
     request = prepare_request()
     request.input.raw = b"\x01\x02"
     answer = ledger_stub.PrepareTool(request, timeout=5)
-    expected = "sha256:" + hashlib.sha256(b"\x01\x02").hexdigest()
+    tagged = b"effectd.input.raw\x00\x01\x02"
+    expected = "sha256:" + hashlib.sha256(tagged).hexdigest()
     assert answer.call.input_fingerprint == expected
     request.input.raw = b"\x02\x01"
     expect_refusal(

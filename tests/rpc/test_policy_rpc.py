@@ -219,6 +219,8 @@ def test_the_answer_reports_the_policy_in_force(
         default_lease_ms=1500,
         retention_seconds=3 * 86_400,
         forced_side_effect_tools=["pay", TOOL],
+        unacknowledged_retention_seconds=30 * 86_400,
+        tombstone_seconds=30 * 86_400,
     )
     assert answer.previous.max_attempts == 5
     assert answer.file == str(policy_path)

@@ -1,7 +1,8 @@
 """Retention through the real server (DESIGN §4 last row, ADR-010 R3): a
 committed, acknowledged call is compacted to a tombstone after the window, at
 start and periodically, on the manual clock; the tombstone refuses a late
-duplicate; nothing unacknowledged or unresolved is ever compacted."""
+duplicate; an unacknowledged call only after its longer window, and nothing
+unresolved ever."""
 
 from __future__ import annotations
 
@@ -157,13 +158,15 @@ def test_a_compacted_call_is_not_found_saying_so(
     assert list(listed.calls) == []
 
 
-def test_an_unacknowledged_or_unresolved_call_is_never_compacted(
+def test_an_unacknowledged_call_waits_and_an_unresolved_one_stays(
     daemon: RunningDaemon,
     ledger_stub: Ledger,
     clock: ManualClock,
 ) -> None:
-    """ADR-010 R3, DESIGN §4: a year later the unacknowledged committed call
-    still answers RETURN_RESULT and the unknown side effect RECONCILE."""
+    """ADR-010 R3, DESIGN §4: past the window (7 days) the unacknowledged
+    committed call still answers RETURN_RESULT; past its own (30 days) it is
+    a tombstone that refuses a duplicate; a year later the unknown side
+    effect still answers RECONCILE."""
     _committed(ledger_stub, "unacked")
     unknown = ledger_stub.PrepareTool(prepare_request("run", "lost", start=True))
     ledger_stub.ReportUnknown(
@@ -172,11 +175,20 @@ def test_an_unacknowledged_or_unresolved_call_is_never_compacted(
         ),
         timeout=5,
     )
-    clock.advance(365 * DAY)
+    clock.advance(29 * DAY)
     done = _compact(daemon)
     assert (done.examined, done.compacted) == (1, 0)
     again = ledger_stub.PrepareTool(prepare_request("run", "unacked"), timeout=5)
     assert again.decision == pb.DECISION_RETURN_RESULT
+    clock.advance(336 * DAY)
+    done = _compact(daemon)
+    assert (done.examined, done.compacted) == (1, 1)
+    refused = expect_refusal(
+        lambda: ledger_stub.PrepareTool(prepare_request("run", "unacked"), timeout=5),
+        PRECONDITION,
+        "RESULT_COMPACTED",
+    )
+    assert refused.metadata["acknowledged"] == "false"
     lost = ledger_stub.PrepareTool(prepare_request("run", "lost"), timeout=5)
     assert lost.decision == pb.DECISION_RECONCILE
 

@@ -275,6 +275,8 @@ class PolicySummary(_message.Message):
     DEFAULT_LEASE_MS_FIELD_NUMBER: _builtins.int
     RETENTION_SECONDS_FIELD_NUMBER: _builtins.int
     FORCED_SIDE_EFFECT_TOOLS_FIELD_NUMBER: _builtins.int
+    UNACKNOWLEDGED_RETENTION_SECONDS_FIELD_NUMBER: _builtins.int
+    TOMBSTONE_SECONDS_FIELD_NUMBER: _builtins.int
     retry_safe: _builtins.bool
     """The kill switch of ADR-010 R2: false, nothing is retry-safe."""
     max_attempts: _builtins.int
@@ -283,6 +285,12 @@ class PolicySummary(_message.Message):
     """The lease of an attempt that asks for none."""
     retention_seconds: _builtins.int
     """Committed, acknowledged records become tombstones after this."""
+    unacknowledged_retention_seconds: _builtins.int
+    """Committed records whose result was never acknowledged become
+    tombstones after this (never sooner than retention_seconds).
+    """
+    tombstone_seconds: _builtins.int
+    """Tombstones are deleted this long after they were made."""
     @_builtins.property
     def forced_side_effect_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tools whose effect is forced to SIDE_EFFECT, sorted."""
@@ -295,10 +303,12 @@ class PolicySummary(_message.Message):
         default_lease_ms: _builtins.int = ...,
         retention_seconds: _builtins.int = ...,
         forced_side_effect_tools: _abc.Iterable[_builtins.str] | None = ...,
+        unacknowledged_retention_seconds: _builtins.int = ...,
+        tombstone_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "max_attempts", b"max_attempts", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "max_attempts", b"max_attempts", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe", "tombstone_seconds", b"tombstone_seconds", "unacknowledged_retention_seconds", b"unacknowledged_retention_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -451,6 +461,7 @@ class NamespaceStats(_message.Message):
     STARTED_FIELD_NUMBER: _builtins.int
     UNKNOWN_FIELD_NUMBER: _builtins.int
     STORED_BYTES_FIELD_NUMBER: _builtins.int
+    TOMBSTONE_BYTES_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     open_calls: _builtins.int
     """Calls not yet COMMITTED (what the open_calls quota counts) ..."""
@@ -460,8 +471,12 @@ class NamespaceStats(_message.Message):
     started: _builtins.int
     unknown: _builtins.int
     stored_bytes: _builtins.int
-    """Keys and values of its calls, tombstones and checkpoints (what the
-    stored_bytes quota counts).
+    """Keys and values of its calls and checkpoints (what the stored_bytes
+    quota counts).
+    """
+    tombstone_bytes: _builtins.int
+    """Keys and values of its tombstones: counted by no quota, bounded by
+    their lifetime (PolicySummary.tombstone_seconds).
     """
     def __init__(
         self,
@@ -473,10 +488,11 @@ class NamespaceStats(_message.Message):
         started: _builtins.int = ...,
         unknown: _builtins.int = ...,
         stored_bytes: _builtins.int = ...,
+        tombstone_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "namespace", b"namespace", "open_calls", b"open_calls", "prepared", b"prepared", "started", b"started", "stored_bytes", b"stored_bytes", "unknown", b"unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "namespace", b"namespace", "open_calls", b"open_calls", "prepared", b"prepared", "started", b"started", "stored_bytes", b"stored_bytes", "tombstone_bytes", b"tombstone_bytes", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

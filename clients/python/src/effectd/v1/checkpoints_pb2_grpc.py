@@ -94,7 +94,10 @@ class CheckpointsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def List(self, request, context):
-        """Lists keys by prefix, in key order, with pagination.
+        """Lists keys by prefix, in key order, with pagination. A key longer than
+        440 bytes sorts by its first 256 bytes, before the keys that continue
+        them. A page may hold fewer than page_size keys; only an empty
+        next_page_token ends the listing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -49,7 +49,11 @@ class CheckpointsStub:
     Txn: _grpc.UnaryUnaryMultiCallable[_checkpoints_pb2.CheckpointTxnRequest, _checkpoints_pb2.CheckpointTxnResponse]
     """Compares, then puts and deletes, all or nothing."""
     List: _grpc.UnaryUnaryMultiCallable[_checkpoints_pb2.ListCheckpointsRequest, _checkpoints_pb2.ListCheckpointsResponse]
-    """Lists keys by prefix, in key order, with pagination."""
+    """Lists keys by prefix, in key order, with pagination. A key longer than
+    440 bytes sorts by its first 256 bytes, before the keys that continue
+    them. A page may hold fewer than page_size keys; only an empty
+    next_page_token ends the listing.
+    """
 
 @_typing.type_check_only
 class CheckpointsAsyncStub(CheckpointsStub):
@@ -65,7 +69,11 @@ class CheckpointsAsyncStub(CheckpointsStub):
     Txn: _aio.UnaryUnaryMultiCallable[_checkpoints_pb2.CheckpointTxnRequest, _checkpoints_pb2.CheckpointTxnResponse]  # type: ignore[assignment]
     """Compares, then puts and deletes, all or nothing."""
     List: _aio.UnaryUnaryMultiCallable[_checkpoints_pb2.ListCheckpointsRequest, _checkpoints_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
-    """Lists keys by prefix, in key order, with pagination."""
+    """Lists keys by prefix, in key order, with pagination. A key longer than
+    440 bytes sorts by its first 256 bytes, before the keys that continue
+    them. A page may hold fewer than page_size keys; only an empty
+    next_page_token ends the listing.
+    """
 
 class CheckpointsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -108,6 +116,10 @@ class CheckpointsServicer(metaclass=_abc_1.ABCMeta):
         request: _checkpoints_pb2.ListCheckpointsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_checkpoints_pb2.ListCheckpointsResponse, _abc.Awaitable[_checkpoints_pb2.ListCheckpointsResponse]]:
-        """Lists keys by prefix, in key order, with pagination."""
+        """Lists keys by prefix, in key order, with pagination. A key longer than
+        440 bytes sorts by its first 256 bytes, before the keys that continue
+        them. A page may hold fewer than page_size keys; only an empty
+        next_page_token ends the listing.
+        """
 
 def add_CheckpointsServicer_to_server(servicer: CheckpointsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

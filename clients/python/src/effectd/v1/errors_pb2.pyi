@@ -112,10 +112,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     retry-safe policy off (ADR-010 R2).
     """
     RESULT_COMPACTED: _ErrorReason.ValueType  # 23
-    """FAILED_PRECONDITION. The call was committed and acknowledged, and after
-    the retention window its record was reduced to a tombstone (DESIGN §4).
-    It is never executed again; use a new call_id for a new logical call.
-    The ErrorInfo metadata carries the outcome and result digest kept.
+    """FAILED_PRECONDITION. The call was committed, and after the retention
+    window its record was reduced to a tombstone (DESIGN §4). It is never
+    executed again; use a new call_id for a new logical call. The ErrorInfo
+    metadata carries the outcome and result digest kept, and whether the
+    result was acknowledged ("acknowledged": "false" when it never was).
     """
     POLICY_INVALID: _ErrorReason.ValueType  # 24
     """FAILED_PRECONDITION. The policy file is unreadable or invalid; the
@@ -246,10 +247,11 @@ RETRY_DISABLED: ErrorReason.ValueType  # 22
 retry-safe policy off (ADR-010 R2).
 """
 RESULT_COMPACTED: ErrorReason.ValueType  # 23
-"""FAILED_PRECONDITION. The call was committed and acknowledged, and after
-the retention window its record was reduced to a tombstone (DESIGN §4).
-It is never executed again; use a new call_id for a new logical call.
-The ErrorInfo metadata carries the outcome and result digest kept.
+"""FAILED_PRECONDITION. The call was committed, and after the retention
+window its record was reduced to a tombstone (DESIGN §4). It is never
+executed again; use a new call_id for a new logical call. The ErrorInfo
+metadata carries the outcome and result digest kept, and whether the
+result was acknowledged ("acknowledged": "false" when it never was).
 """
 POLICY_INVALID: ErrorReason.ValueType  # 24
 """FAILED_PRECONDITION. The policy file is unreadable or invalid; the

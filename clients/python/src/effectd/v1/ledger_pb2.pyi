@@ -341,7 +341,10 @@ class ToolCall(_message.Message):
     """Scheme 1: exactly "${run_id}:${call_id}" (ADR-010 D2)."""
     key_scheme: _builtins.int
     input_fingerprint: _builtins.str
-    """"sha256:<hex>" of the input (canonical JSON, or the raw bytes)."""
+    """"sha256:<hex>" of the input's kind and the input (canonical JSON, or
+    the raw bytes); of the input alone for a call recorded before store
+    format 3.
+    """
     approval_required: _builtins.bool
     attempt: _builtins.int
     """The attempt number, which is also the fencing token: CommitTool,

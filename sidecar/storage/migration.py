@@ -1,0 +1,160 @@
+"""The upgrade of a store of format 1 or 2 to format 3, in place, at open.
+
+What format 3 changed, and what the upgrade does about it:
+- An identity part longer than the bounds of `storage.keys` is stored
+  hashed; format 2 stored every part verbatim (and refused what did not
+  fit). Records, index entries, tombstones and checkpoints of long
+  identities move to their new keys; a checkpoint stored hashed keeps its
+  readable key in its value.
+- Tombstones are indexed by the time they were made (`TOMBSTONE_TIMES`),
+  for their lifetime.
+- Tombstone bytes are counted apart from stored bytes: the usage counters
+  are counted again (`usage.ensure_counted`, right after).
+- Records and tombstones without a fingerprint scheme hold the fingerprint
+  of before the input's kind was hashed (V1): `records.decode_call` reads
+  them so, and nothing is rewritten for it.
+
+The open that finds format 1 or 2 sets format 3 and a pending mark in the
+same transaction, so a daemon of an earlier format never opens a store
+whose keys are half moved. The steps are idempotent and run in bounded
+transactions; an upgrade stopped midway is resumed at the next open, and
+the mark is deleted by its last transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.ledger.model import CallRef
+from sidecar.storage import keys, records, tombstones, usage
+from sidecar.storage.api import Store, Table, WriteView
+
+log = logging.getLogger(__name__)
+
+PENDING_KEY = b"upgrade_pending"
+BATCH = 1000
+_SEP = b"\x00"
+
+# A stored row's new (key, value), or None when it stays.
+_Rekey = Callable[[bytes, bytes], tuple[bytes, bytes] | None]
+
+
+def _call_key(old: bytes) -> bytes:
+    namespace, run_id, call_id = old.split(_SEP, 2)
+    return records.call_key(
+        CallRef(namespace.decode(), run_id.decode(), call_id.decode())
+    )
+
+
+def _rekey_call(key: bytes, raw: bytes) -> tuple[bytes, bytes] | None:
+    if keys.is_hashed(key):  # moved already
+        return None
+    new = _call_key(key)
+    return None if new == key else (new, raw)
+
+
+def _rekey_index(key: bytes, raw: bytes) -> tuple[bytes, bytes] | None:
+    if keys.is_hashed(key):
+        return None
+    new = key[:1] + _call_key(key[1:])
+    return None if new == key else (new, raw)
+
+
+def _rekey_checkpoint(key: bytes, raw: bytes) -> tuple[bytes, bytes] | None:
+    if keys.is_hashed(key):
+        return None
+    cp = records.decode_checkpoint(key, raw)
+    new = records.checkpoint_key(records.namespace_of(key), cp.key)
+    return None if new == key else (new, records.encode_checkpoint(new, cp))
+
+
+_MOVES: tuple[tuple[Table, _Rekey], ...] = (
+    (Table.CALLS, _rekey_call),
+    (Table.CALL_STATES, _rekey_index),
+    (Table.TOMBSTONES, _rekey_call),
+    (Table.CHECKPOINTS, _rekey_checkpoint),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    done: int
+    # The last key examined; None when the table is done.
+    resume: bytes | None
+
+
+def _move(
+    view: WriteView, *, table: Table, rekey: _Rekey, after: bytes | None
+) -> _Step:
+    rows = []
+    for key, raw in view.scan(table, b"", after=after):
+        rows.append((key, raw))
+        if len(rows) == BATCH:
+            break
+    moved = 0
+    for key, raw in rows:
+        new = rekey(key, raw)
+        if new is not None:
+            view.delete(table, key)
+            view.put(table, *new)
+            moved += 1
+    return _Step(moved, rows[-1][0] if len(rows) == BATCH else None)
+
+
+def _index_tombstones(view: WriteView, *, after: bytes | None) -> _Step:
+    rows = []
+    for key, raw in view.scan(Table.TOMBSTONES, b"", after=after):
+        rows.append((key, raw))
+        if len(rows) == BATCH:
+            break
+    for key, raw in rows:
+        made = tombstones.decode(raw).compacted_ns
+        view.put(Table.TOMBSTONE_TIMES, tombstones.time_key(made, key), b"")
+    return _Step(len(rows), rows[-1][0] if len(rows) == BATCH else None)
+
+
+def _finish(view: WriteView) -> None:
+    view.delete(Table.META, PENDING_KEY)
+
+
+def _walk(store: Store, step: Callable[..., _Step]) -> int:
+    after: bytes | None = None
+    done = 0
+    while True:
+        result = store.submit(functools.partial(step, after=after)).result()
+        done += result.done
+        if result.resume is None:
+            return done
+        after = result.resume
+
+
+def resume(store: Store) -> bool:
+    """Runs the pending upgrade, if the store has one; returns whether it did."""
+    pending = store.read(lambda view: view.get(Table.META, PENDING_KEY))
+    if pending is None:
+        return False
+    moved = sum(
+        _walk(store, functools.partial(_move, table=table, rekey=rekey))
+        for table, rekey in _MOVES
+    )
+    indexed = _walk(store, _index_tombstones)
+    store.submit(_finish).result()
+    log.info(
+        "store upgraded from format %s: %d rows moved to their format 3 keys, "
+        "%d tombstones indexed by time",
+        pending.decode(errors="replace"),
+        moved,
+        indexed,
+    )
+    return True
+
+
+def mark_pending(view: WriteView, from_format: bytes) -> None:
+    """Records, in the transaction that sets format 3, that the rows of
+    `from_format` are still to be upgraded, and that the counters are to be
+    counted again."""
+    view.put(Table.META, PENDING_KEY, from_format)
+    view.delete(Table.META, usage.COUNTED_KEY)

@@ -1,0 +1,156 @@
+"""Storage edges through the real server: the longest identities and
+checkpoint keys validation accepts are stored and found (never
+STORAGE_UNAVAILABLE); a JSON and a raw input are different inputs;
+tombstone bytes in Admin.GetStats; the retention settings in the policy
+summary."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from effectd.v1 import admin_pb2 as apb
+from effectd.v1 import admin_pb2_grpc, recovery_pb2_grpc
+from effectd.v1 import checkpoints_pb2 as cpb
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import recovery_pb2 as rpb
+from effectd.v1.checkpoints_pb2_grpc import CheckpointsStub
+from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
+
+from sidecar.clock import ManualClock
+from sidecar.policy_file import parse_policy
+from sidecar.rpc.admin import policy_pb
+from sidecar.testing import RunningDaemon
+from tests.rpc.support import expect_refusal
+
+NS64 = "n" * 64
+RUN = "r" * 256
+CALL = "é" * 128
+
+
+def _prepare(
+    stub: ToolLedgerStub, payload: pb.Payload, ns: str = NS64, call: str = CALL
+) -> pb.PrepareToolResponse:
+    return stub.PrepareTool(
+        pb.PrepareToolRequest(
+            ref=pb.CallRef(namespace=ns, run_id=RUN, call_id=call),
+            tool_name="t" * 256,
+            input=payload,
+        ),
+        timeout=5,
+    )
+
+
+def test_the_longest_identity_is_stored_and_found(ledger_stub: ToolLedgerStub) -> None:
+    """A 64-byte namespace with a 256-byte run_id and call_id is prepared,
+    got and listed by its run with its readable identity (issue 10 item A1:
+    fails before the fix: STORAGE_UNAVAILABLE, "safe to retry", for ever)."""
+    made = _prepare(ledger_stub, pb.Payload(json='{"q": 1}'))
+    assert made.decision == pb.DECISION_EXECUTE
+    ref = pb.CallRef(namespace=NS64, run_id=RUN, call_id=CALL)
+    got = ledger_stub.GetToolCall(pb.GetToolCallRequest(ref=ref), timeout=5).call
+    assert (got.ref.run_id, got.ref.call_id) == (RUN, CALL)
+    listed = ledger_stub.ListToolCalls(
+        pb.ListToolCallsRequest(namespace=NS64, run_id=RUN), timeout=5
+    )
+    assert [c.ref.call_id for c in listed.calls] == [CALL]
+
+
+def test_the_longest_checkpoint_key_is_stored_and_found(
+    checkpoints_stub: CheckpointsStub,
+) -> None:
+    """A 512-byte checkpoint key in a 64-byte namespace is put, got, listed
+    by a 300-byte prefix, and deleted (issue 10 item A1: fails before the
+    fix: STORAGE_UNAVAILABLE)."""
+    key = "k" * 300 + "é" * 106
+    assert len(key.encode()) == 512
+    put = checkpoints_stub.Put(
+        cpb.PutCheckpointRequest(
+            namespace=NS64, key=key, value=b"v", expect_absent=True
+        ),
+        timeout=5,
+    )
+    got = checkpoints_stub.Get(
+        cpb.GetCheckpointRequest(namespace=NS64, key=key), timeout=5
+    ).checkpoint
+    assert (got.key, got.value, got.revision) == (key, b"v", put.revision)
+    page = checkpoints_stub.List(
+        cpb.ListCheckpointsRequest(namespace=NS64, prefix="k" * 300), timeout=5
+    )
+    assert [cp.key for cp in page.checkpoints] == [key]
+    checkpoints_stub.Delete(
+        cpb.DeleteCheckpointRequest(
+            namespace=NS64, key=key, expected_revision=put.revision
+        ),
+        timeout=5,
+    )
+
+
+def test_a_raw_input_is_not_the_json_input_of_the_same_bytes(
+    ledger_stub: ToolLedgerStub,
+) -> None:
+    """A call prepared with JSON `1.0`, prepared again with raw `1`, is
+    INPUT_MISMATCH (issue 10 item C13: fails before the fix: one
+    fingerprint, so the raw repeat got the JSON call's answer)."""
+    _prepare(ledger_stub, pb.Payload(json="1.0"), ns="default", call="kind")
+    expect_refusal(
+        lambda: _prepare(ledger_stub, pb.Payload(raw=b"1"), ns="default", call="kind"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "INPUT_MISMATCH",
+    )
+    again = _prepare(ledger_stub, pb.Payload(json="1"), ns="default", call="kind")
+    assert again.call.revision == 1
+
+
+def _stats(channel: grpc.Channel) -> apb.GetStatsResponse:
+    return admin_pb2_grpc.AdminStub(channel).GetStats(apb.GetStatsRequest(), timeout=5)
+
+
+def test_stats_report_tombstone_bytes_apart(
+    daemon: RunningDaemon,
+    channel: grpc.Channel,
+    ledger_stub: ToolLedgerStub,
+    clock: ManualClock,
+) -> None:
+    """GetStats reports each namespace's tombstone bytes apart from its
+    stored bytes (issue 10 item A2: fails before the fix: tombstones counted
+    as stored bytes, against the quota)."""
+    started = _prepare(ledger_stub, pb.Payload(json="{}"), ns="default", call="c")
+    assert started.decision == pb.DECISION_EXECUTE
+    held = ledger_stub.StartTool(
+        pb.StartToolRequest(ref=pb.CallRef(run_id=RUN, call_id="c")), timeout=5
+    )
+    ledger_stub.CommitTool(
+        pb.CommitToolRequest(
+            ref=pb.CallRef(run_id=RUN, call_id="c"),
+            attempt=held.call.attempt,
+            result=pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json="1")),
+        ),
+        timeout=5,
+    )
+    recovery_pb2_grpc.RecoveryStub(channel).AcknowledgeRecovery(
+        rpb.AcknowledgeRecoveryRequest(run_id=RUN, call_ids=["c"]), timeout=5
+    )
+    clock.advance(8 * 86_400)
+    done = asyncio.run_coroutine_threadsafe(
+        daemon.daemon.compact_expired(), daemon.loop
+    ).result(timeout=30)
+    assert done is not None
+    assert done.compacted == 1
+    [mine] = _stats(channel).namespaces
+    assert (mine.namespace, mine.stored_bytes) == ("default", 0)
+    assert mine.tombstone_bytes > 0
+
+
+def test_the_policy_summary_has_the_retention_windows() -> None:
+    """A reload's answer carries the unacknowledged window and the tombstone
+    lifetime, as set in the policy file."""
+    policy = parse_policy(
+        "[retention]\ndays = 2\nunacknowledged_days = 9\ntombstone_days = 40\n"
+    )
+    summary = policy_pb(policy)
+    assert (
+        summary.retention_seconds,
+        summary.unacknowledged_retention_seconds,
+        summary.tombstone_seconds,
+    ) == (2 * 86_400, 9 * 86_400, 40 * 86_400)
