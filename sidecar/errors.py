@@ -19,6 +19,7 @@
     │   ├── RunNotReadOnly       RUN_NOT_READ_ONLY
     │   ├── RetryDisabled        RETRY_DISABLED
     │   ├── ResultCompacted      RESULT_COMPACTED
+    │   ├── UnsupportedKeyScheme UNSUPPORTED_KEY_SCHEME
     │   ├── PolicyInvalid        POLICY_INVALID
     │   ├── NoPolicyFile         NO_POLICY_FILE
     │   └── RouteNotAllowed      ROUTE_NOT_ALLOWED
@@ -166,6 +167,13 @@ class ResultCompacted(PreconditionFailed):
     still refuses a re-execution (DESIGN §4)."""
 
     reason = "RESULT_COMPACTED"
+
+
+class UnsupportedKeyScheme(PreconditionFailed):
+    """The stored call has an idempotency key scheme this daemon does not
+    know (ADR-010 R4); it is neither changed nor given another key."""
+
+    reason = "UNSUPPORTED_KEY_SCHEME"
 
 
 class PolicyInvalid(PreconditionFailed):

@@ -5,7 +5,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from sidecar.errors import UnsupportedKeyScheme
+
+# Idempotency key schemes (ADR-010 D2, R4). A record keeps the scheme it was
+# created with; this daemon hands out keys only of the schemes it knows and
+# refuses a record of any other (UNSUPPORTED_KEY_SCHEME) rather than compute
+# a key the target system never saw. docs/ledger.md says how a new scheme
+# keeps the old one de-duplicating for a window.
 KEY_SCHEME_V1 = 1
+KEY_SCHEMES = frozenset({KEY_SCHEME_V1})
 # Input fingerprint schemes (`ledger.fingerprint`): V1 hashed the canonical
 # input alone, so a JSON and a raw input with the same bytes collided; V2
 # hashes the input's kind first. Records stored before V2 keep V1, and a
@@ -83,6 +91,24 @@ class CallRef:
     def idempotency_key(self) -> str:
         """Key scheme v1: exactly `${runId}:${callId}` (ADR-010 D2)."""
         return f"{self.run_id}:{self.call_id}"
+
+
+def check_key_scheme(scheme: int) -> None:
+    """Raises UnsupportedKeyScheme for a scheme this daemon cannot compute
+    (ADR-010 R4: a record's key never changes scheme, so none is guessed)."""
+    if scheme not in KEY_SCHEMES:
+        raise UnsupportedKeyScheme(
+            f"the call's idempotency key scheme {scheme} is not one this daemon "
+            f"knows ({', '.join(str(s) for s in sorted(KEY_SCHEMES))}); it is left "
+            "untouched: serve it with the daemon version that created it",
+            {"keyScheme": str(scheme)},
+        )
+
+
+def idempotency_key(ref: CallRef, scheme: int) -> str:
+    """The key of `ref` in key scheme `scheme` (ADR-010 D2, R4)."""
+    check_key_scheme(scheme)
+    return ref.idempotency_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +216,7 @@ class ToolCall:
 
     @property
     def idempotency_key(self) -> str:
-        return self.ref.idempotency_key
+        return idempotency_key(self.ref, self.key_scheme)
 
     @property
     def rejected(self) -> bool:

@@ -36,6 +36,7 @@ from sidecar.ledger.model import (
     State,
     ToolCall,
     Transition,
+    check_key_scheme,
 )
 from sidecar.storage import keys
 from sidecar.storage.api import ReadView, Table, WriteView
@@ -201,11 +202,14 @@ def decode_call(raw: bytes) -> ToolCall:
     ignored, keys an earlier one lacked take their meaning of then.
 
     Raises:
+        UnsupportedKeyScheme: the record's idempotency key scheme is unknown
+            (ADR-010 R4): nothing may act on it with a key of another scheme.
         RecordFormatError: a record version this daemon cannot read.
     """
     doc = json.loads(raw)
     if doc.get("v") != RECORD_VERSION:
         raise RecordFormatError(f"record version {doc.get('v')!r}")
+    check_key_scheme(doc["scheme"])
     r = doc["result"]
     lease = doc["lease"]
     return ToolCall(

@@ -20,6 +20,7 @@ from sidecar.ledger.model import (
     Effect,
     Outcome,
     ToolCall,
+    check_key_scheme,
 )
 from sidecar.ledger.retention import Tombstone
 from sidecar.storage import records
@@ -59,6 +60,7 @@ def decode(raw: bytes) -> Tombstone:
     doc = json.loads(raw)
     if doc.get("v") != TOMBSTONE_VERSION:
         raise TombstoneFormatError(f"tombstone version {doc.get('v')!r}")
+    check_key_scheme(doc["scheme"])
     fingerprint_scheme = doc.get("fps", FINGERPRINT_V1)
     if fingerprint_scheme not in (FINGERPRINT_V1, FINGERPRINT_V2):
         raise TombstoneFormatError(f"fingerprint scheme {fingerprint_scheme!r}")

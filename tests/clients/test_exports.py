@@ -74,6 +74,7 @@ EXPORTS = {
     "UpstreamDeadlineExceeded",
     "UpstreamUnavailable",
     "Unauthenticated",
+    "UnsupportedKeyScheme",
     "QuotaExceeded",
     "RateLimited",
 }

@@ -65,6 +65,7 @@ from effectd_client._exceptions import ToolCallStopped as ToolCallStopped
 from effectd_client._exceptions import ToolFailed as ToolFailed
 from effectd_client._exceptions import ToolTimedOut as ToolTimedOut
 from effectd_client._exceptions import Unauthenticated as Unauthenticated
+from effectd_client._exceptions import UnsupportedKeyScheme as UnsupportedKeyScheme
 from effectd_client._exceptions import (
     UpstreamDeadlineExceeded as UpstreamDeadlineExceeded,
 )
@@ -161,6 +162,7 @@ __all__ = [
     "ToolResult",
     "ToolTimedOut",
     "Unauthenticated",
+    "UnsupportedKeyScheme",
     "UpstreamDeadlineExceeded",
     "UpstreamUnavailable",
     "current_call",

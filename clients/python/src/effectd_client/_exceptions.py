@@ -171,6 +171,13 @@ class ResultCompacted(EffectdError):
     REASON: ClassVar[str] = "RESULT_COMPACTED"
 
 
+class UnsupportedKeyScheme(EffectdError):
+    """The call was created with an idempotency key scheme this daemon does
+    not know; it is left untouched."""
+
+    REASON: ClassVar[str] = "UNSUPPORTED_KEY_SCHEME"
+
+
 class PolicyInvalid(EffectdError):
     """The policy file is unreadable or invalid; the old policy stays."""
 
@@ -246,6 +253,7 @@ REASON_CLASSES: dict[str, type[EffectdError]] = {
         RunNotReadOnly,
         RetryDisabled,
         ResultCompacted,
+        UnsupportedKeyScheme,
         PolicyInvalid,
         NoPolicyFile,
         UpstreamUnavailable,

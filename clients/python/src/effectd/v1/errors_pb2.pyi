@@ -157,6 +157,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     its rate limit allows; nothing was done. google.rpc.RetryInfo says when
     the next request will be admitted.
     """
+    UNSUPPORTED_KEY_SCHEME: _ErrorReason.ValueType  # 40
+    """FAILED_PRECONDITION. The stored call has an idempotency key scheme this
+    daemon does not know (a newer daemon created it). The call is left as
+    it is and no key is computed for it (ADR-010 R4): serve it with a
+    daemon that knows the scheme. The ErrorInfo metadata carries keyScheme.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The reason string of `google.rpc.ErrorInfo` is the value name. The values
@@ -291,5 +297,11 @@ RATE_LIMITED: ErrorReason.ValueType  # 31
 """RESOURCE_EXHAUSTED. The namespace sent more requests per second than
 its rate limit allows; nothing was done. google.rpc.RetryInfo says when
 the next request will be admitted.
+"""
+UNSUPPORTED_KEY_SCHEME: ErrorReason.ValueType  # 40
+"""FAILED_PRECONDITION. The stored call has an idempotency key scheme this
+daemon does not know (a newer daemon created it). The call is left as
+it is and no key is computed for it (ADR-010 R4): serve it with a
+daemon that knows the scheme. The ErrorInfo metadata carries keyScheme.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -340,6 +340,9 @@ class ToolCall(_message.Message):
     idempotency_key: _builtins.str
     """Scheme 1: exactly "${run_id}:${call_id}" (ADR-010 D2)."""
     key_scheme: _builtins.int
+    """Fixed for the call's life (ADR-010 R4); a daemon that does not know it
+    refuses the call with UNSUPPORTED_KEY_SCHEME.
+    """
     input_fingerprint: _builtins.str
     """"sha256:<hex>" of the input's kind and the input (canonical JSON, or
     the raw bytes); of the input alone for a call recorded before store
