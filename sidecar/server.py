@@ -63,7 +63,7 @@ from sidecar.services.policy import PolicyService, Reload
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import PassResult, RetentionService
 from sidecar.services.retry import RetryService
-from sidecar.storage.api import Store
+from sidecar.storage.api import ReportsFill, Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 
 if TYPE_CHECKING:
@@ -281,6 +281,7 @@ class Daemon:
                         backup=store.backup,
                         quotas=cfg.quotas,
                         incarnation=store.incarnation,
+                        fill=store.fill if isinstance(store, ReportsFill) else None,
                     ),
                 ),
                 generic_handler(

@@ -468,6 +468,13 @@ def stats(con: Console, args: argparse.Namespace) -> int:
         f"{_limit(q.stored_bytes)}, requests/s {_limit(q.requests_per_second)}"
         f"; incarnation {done.incarnation}"
     )
+    if done.HasField("store_fill"):
+        fill = done.store_fill
+        share = fill.used_bytes / fill.map_size_bytes if fill.map_size_bytes else 0.0
+        print(
+            f"store: {fill.used_bytes} of {fill.map_size_bytes} bytes used "
+            f"({share:.1%}); the data file reaches {fill.high_water_bytes}"
+        )
     return OK
 
 

@@ -18,7 +18,7 @@ from sidecar.provider.budget import RetryBudget
 from sidecar.provider.client import Counters
 from sidecar.provider.policy import Stop
 from sidecar.provider.routes import Route
-from sidecar.storage.api import ReadView, Store, Table
+from sidecar.storage.api import ReadView, ReportsFill, Store, Table
 from sidecar.storage.records import state_prefix
 
 log = logging.getLogger(__name__)
@@ -87,23 +87,32 @@ class LedgerCollector:
             self._stopped = True
 
     def describe(self) -> Iterable[Metric]:
-        return [_ledger_family()]
+        return [_ledger_family(), *_fill_families().values()]
 
     def collect(self) -> Iterable[Metric]:
         family = _ledger_family()
+        fills = _fill_families()
+        empty = [family, *fills.values()]
         try:
             with self._reading:
                 if self._stopped:
-                    return [family]
+                    return empty
                 counts = count_states(self._store)
+                fill = (
+                    self._store.fill() if isinstance(self._store, ReportsFill) else None
+                )
         except Exception:
             # A scrape during shutdown, or a storage failure: no sample
             # rather than a wrong one, and the scrape itself still answers.
             log.debug("ledger counts unavailable for this scrape", exc_info=True)
-            return [family]
+            return empty
         for state in State:
             family.add_metric([state.name], counts.get(state, 0))
-        return [family]
+        if fill is not None:
+            fills["used"].add_metric([], fill.used_bytes)
+            fills["high_water"].add_metric([], fill.high_water_bytes)
+            fills["map_size"].add_metric([], fill.map_size_bytes)
+        return [family, *fills.values()]
 
 
 def _ledger_family() -> GaugeMetricFamily:
@@ -112,6 +121,25 @@ def _ledger_family() -> GaugeMetricFamily:
         "Ledger records by state, read from the by-state index at scrape time.",
         labels=("state",),
     )
+
+
+def _fill_families() -> dict[str, GaugeMetricFamily]:
+    return {
+        "used": GaugeMetricFamily(
+            "effectd_store_used_bytes",
+            "Bytes of the store's pages that hold data; writes fail with "
+            "STORAGE_FULL when it reaches effectd_store_map_size_bytes.",
+        ),
+        "high_water": GaugeMetricFamily(
+            "effectd_store_high_water_bytes",
+            "How far into the map the data file reaches (freed pages inside "
+            "it are reused).",
+        ),
+        "map_size": GaugeMetricFamily(
+            "effectd_store_map_size_bytes",
+            "The most the store may take (--map-size).",
+        ),
+    }
 
 
 _Family = CounterMetricFamily | GaugeMetricFamily

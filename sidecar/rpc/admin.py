@@ -21,7 +21,7 @@ from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert, gate
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
-from sidecar.storage.api import BackupTargetError
+from sidecar.storage.api import BackupTargetError, StoreFill
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -84,8 +84,10 @@ class Admin:
         backup: Callable[[Path], int] | None = None,
         quotas: Quotas | None = None,
         incarnation: int = 0,
+        fill: Callable[[], StoreFill] | None = None,
     ) -> None:
         self._operator = operator
+        self._fill = fill
         self._quotas = quotas or Quotas()
         self._incarnation = incarnation
         self._limits = operator.limits
@@ -181,6 +183,7 @@ class Admin:
                 )
                 for n in self._operator.stats(namespace)
             ],
+            store_fill=self._store_fill(),
             quotas=pb.NamespaceQuotas(
                 open_calls=q.open_calls,
                 stored_bytes=q.stored_bytes,
@@ -188,4 +191,15 @@ class Admin:
                 burst=q.burst,
             ),
             incarnation=self._incarnation,
+        )
+
+    def _store_fill(self) -> pb.StoreFill | None:
+        # The whole store's: not for a caller limited to some namespaces.
+        if self._fill is None or not gate.whole_daemon():
+            return None
+        fill = self._fill()
+        return pb.StoreFill(
+            used_bytes=fill.used_bytes,
+            high_water_bytes=fill.high_water_bytes,
+            map_size_bytes=fill.map_size_bytes,
         )

@@ -12,8 +12,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 
@@ -37,6 +38,19 @@ class Table(enum.Enum):
     # Namespace -> (open calls, stored bytes); kept in step with CALLS,
     # CALL_STATES, CHECKPOINTS and TOMBSTONES by `sidecar.storage.usage`.
     USAGE = "usage"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFill:
+    """How full a store is. A write that needs more than the map has left is
+    refused (STORAGE_FULL): alert on `used_bytes / map_size_bytes`."""
+
+    # Pages that hold data: every table's B-tree, and the meta pages.
+    used_bytes: int
+    # How far into the map the data file reaches; pages freed inside it are
+    # reused before the file grows.
+    high_water_bytes: int
+    map_size_bytes: int
 
 
 class BackupTargetError(ValueError):
@@ -83,3 +97,10 @@ class Store(Protocol):
         """Copies a consistent snapshot into `path`, a new or empty directory
         (`BackupTargetError` otherwise); returns the bytes written."""
         ...
+
+
+@runtime_checkable
+class ReportsFill(Protocol):
+    """A store that knows how full it is (LMDB)."""
+
+    def fill(self) -> StoreFill: ...

@@ -30,6 +30,7 @@ from sidecar.storage import migration, usage
 from sidecar.storage.api import (
     BackupTargetError,
     ReadView,
+    StoreFill,
     Table,
     WriteView,
 )
@@ -50,6 +51,8 @@ FORMAT_VERSION = b"3"
 _UPGRADABLE = frozenset({b"1", b"2"})
 _FORMAT_KEY = b"format_version"
 _INCARNATION_KEY = b"incarnation"
+# LMDB's two meta pages, at the start of the data file.
+_META_PAGES = 2
 
 
 class StoreFormatError(RuntimeError):
@@ -277,6 +280,24 @@ class LmdbStore:
             raise ShuttingDown("the store is closed")
         with self._env.begin(write=False) as txn:
             return int(txn.stat(self._dbs[table])["entries"])
+
+    def fill(self) -> StoreFill:
+        """Bytes in use against the map size, from the B-tree headers: O(tables)."""
+        if self._closed:
+            raise ShuttingDown("the store is closed")
+        with self._env.begin(write=False) as txn:
+            stats = [txn.stat(db) for db in self._dbs.values()]
+        stats.append(self._env.stat())  # the main tree, which names the tables
+        page = stats[-1]["psize"]
+        pages = _META_PAGES + sum(
+            s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"] for s in stats
+        )
+        info = self._env.info()
+        return StoreFill(
+            used_bytes=pages * page,
+            high_water_bytes=(info["last_pgno"] + 1) * page,
+            map_size_bytes=info["map_size"],
+        )
 
     def backup(self, path: Path) -> int:
         """Copies a consistent, compacted snapshot of the store into `path`, a

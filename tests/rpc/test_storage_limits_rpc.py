@@ -1,14 +1,16 @@
 """Storage edges through the real server: the longest identities and
 checkpoint keys validation accepts are stored and found (never
-STORAGE_UNAVAILABLE); a JSON and a raw input are different inputs;
-tombstone bytes in Admin.GetStats; the retention settings in the policy
-summary."""
+STORAGE_UNAVAILABLE); a JSON and a raw input are different inputs; store
+fill and tombstone bytes in Admin.GetStats, `effectd ctl stats` and
+/metrics; the retention settings in the policy summary."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
+import pytest
 from effectd.v1 import admin_pb2 as apb
 from effectd.v1 import admin_pb2_grpc, recovery_pb2_grpc
 from effectd.v1 import checkpoints_pb2 as cpb
@@ -17,10 +19,13 @@ from effectd.v1 import recovery_pb2 as rpb
 from effectd.v1.checkpoints_pb2_grpc import CheckpointsStub
 from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
+from sidecar.cli import main
 from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
 from sidecar.policy_file import parse_policy
 from sidecar.rpc.admin import policy_pb
-from sidecar.testing import RunningDaemon
+from sidecar.testing import RunningDaemon, running_daemon
+from tests.observability.support import scrape
 from tests.rpc.support import expect_refusal
 
 NS64 = "n" * 64
@@ -106,15 +111,21 @@ def _stats(channel: grpc.Channel) -> apb.GetStatsResponse:
     return admin_pb2_grpc.AdminStub(channel).GetStats(apb.GetStatsRequest(), timeout=5)
 
 
-def test_stats_report_tombstone_bytes_apart(
+def test_stats_report_store_fill_and_tombstone_bytes(
     daemon: RunningDaemon,
     channel: grpc.Channel,
     ledger_stub: ToolLedgerStub,
     clock: ManualClock,
 ) -> None:
-    """GetStats reports each namespace's tombstone bytes apart from its
-    stored bytes (issue 10 item A2: fails before the fix: tombstones counted
-    as stored bytes, against the quota)."""
+    """GetStats reports the store's bytes in use against its map, and each
+    namespace's tombstone bytes apart from its stored bytes (issue 10 items
+    G28, A2: fails before the fix: neither was reported, and tombstones
+    counted as stored bytes)."""
+    before = _stats(channel)
+    assert before.HasField("store_fill")
+    fill = before.store_fill
+    assert fill.map_size_bytes == daemon.daemon.config.map_size
+    assert 0 < fill.used_bytes <= fill.high_water_bytes <= fill.map_size_bytes
     started = _prepare(ledger_stub, pb.Payload(json="{}"), ns="default", call="c")
     assert started.decision == pb.DECISION_EXECUTE
     held = ledger_stub.StartTool(
@@ -140,6 +151,28 @@ def test_stats_report_tombstone_bytes_apart(
     [mine] = _stats(channel).namespaces
     assert (mine.namespace, mine.stored_bytes) == ("default", 0)
     assert mine.tombstone_bytes > 0
+
+
+def test_ctl_stats_and_metrics_show_store_fill(
+    short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`effectd ctl stats` prints the store's fill, and /metrics has the
+    gauges to alert on (issue 10 item G28: fails before the fix: no fill)."""
+    config = ServeConfig(
+        data_dir=short_tmp / "data", metrics_listen="127.0.0.1:0", map_size=64 << 20
+    )
+    with running_daemon(config) as running:
+        capsys.readouterr()
+        assert main(["ctl", "--target", running.target, "stats"]) == 0
+        out = capsys.readouterr().out
+        assert f"of {64 << 20} bytes used" in out
+        address = running.daemon.metrics_address
+        assert address is not None
+        got = scrape(address)
+    assert got.value("effectd_store_map_size_bytes") == 64 << 20
+    used = got.value("effectd_store_used_bytes")
+    assert used is not None
+    assert 0 < used <= (got.value("effectd_store_high_water_bytes") or 0)
 
 
 def test_the_policy_summary_has_the_retention_windows() -> None:

@@ -499,6 +499,40 @@ class NamespaceStats(_message.Message):
 Global___NamespaceStats: _TypeAlias = NamespaceStats  # noqa: Y015
 
 @_typing.final
+class StoreFill(_message.Message):
+    """How full the store is. A write that needs more than the map has left is
+    refused with STORAGE_FULL: alert on used_bytes / map_size_bytes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USED_BYTES_FIELD_NUMBER: _builtins.int
+    HIGH_WATER_BYTES_FIELD_NUMBER: _builtins.int
+    MAP_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    used_bytes: _builtins.int
+    """Pages that hold data (every table's B-tree and the meta pages)."""
+    high_water_bytes: _builtins.int
+    """How far into the map the data file reaches; pages freed inside it are
+    reused before it grows.
+    """
+    map_size_bytes: _builtins.int
+    """The most the store may take (--map-size)."""
+    def __init__(
+        self,
+        *,
+        used_bytes: _builtins.int = ...,
+        high_water_bytes: _builtins.int = ...,
+        map_size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_water_bytes", b"high_water_bytes", "map_size_bytes", b"map_size_bytes", "used_bytes", b"used_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreFill: _TypeAlias = StoreFill  # noqa: Y015
+
+@_typing.final
 class NamespaceQuotas(_message.Message):
     """The per-namespace limits in force; 0 means unlimited."""
 
@@ -535,6 +569,7 @@ class GetStatsResponse(_message.Message):
     NAMESPACES_FIELD_NUMBER: _builtins.int
     QUOTAS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    STORE_FILL_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.int
     """How many times a daemon opened this store, this one included."""
     @_builtins.property
@@ -543,16 +578,23 @@ class GetStatsResponse(_message.Message):
 
     @_builtins.property
     def quotas(self) -> Global___NamespaceQuotas: ...
+    @_builtins.property
+    def store_fill(self) -> Global___StoreFill:
+        """The whole store's, for a caller who may see every namespace; absent for
+        others, and when the store cannot tell.
+        """
+
     def __init__(
         self,
         *,
         namespaces: _abc.Iterable[Global___NamespaceStats] | None = ...,
         quotas: Global___NamespaceQuotas | None = ...,
         incarnation: _builtins.int = ...,
+        store_fill: Global___StoreFill | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas", "store_fill", b"store_fill"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas", "store_fill", b"store_fill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
