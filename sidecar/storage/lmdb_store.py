@@ -374,8 +374,8 @@ class LmdbStore:
                     StorageUnavailable(f"storage write failed: {failed.error}")
                 )
                 continue
-            except lmdb.MapFullError:
-                self._commit_full(pending)
+            except (lmdb.MapFullError, lmdb.TxnFullError) as exc:
+                self._commit_too_big(pending, exc)
                 return
             except lmdb.Error as exc:
                 log.error("LMDB commit failed: %s", exc)
@@ -396,16 +396,21 @@ class LmdbStore:
                     log.exception("the commit observer failed")
             return
 
-    def _commit_full(self, batch: list[_Item]) -> None:
+    def _commit_too_big(self, batch: list[_Item], exc: lmdb.Error) -> None:
+        """The map, or one transaction, cannot hold the whole batch: its
+        halves are committed in turn, in order, down to single requests, so
+        the requests that fit still commit."""
         if len(batch) > 1:
-            # Find the requests that do not fit; the others still commit.
-            for item in batch:
-                self._commit([item])
+            half = len(batch) // 2
+            self._commit(batch[:half])
+            self._commit(batch[half:])
             return
-        size = self.options.map_size
-        batch[0][1].set_exception(
-            StorageFull(f"the storage map of {size} bytes is full")
-        )
+        if isinstance(exc, lmdb.MapFullError):
+            size = self.options.map_size
+            message = f"the storage map of {size} bytes is full"
+        else:
+            message = "the request writes more than one transaction holds"
+        batch[0][1].set_exception(StorageFull(message))
 
     def _apply(
         self, txn: lmdb.Transaction, batch: list[_Item]
@@ -417,6 +422,7 @@ class LmdbStore:
         Raises:
             _RequestFailed: LMDB failed one request's reads or writes.
             lmdb.MapFullError: the map is full.
+            lmdb.TxnFullError: the transaction holds as much as it can.
         """
         outcomes: list[_Outcome] = []
         writes = 0
@@ -425,7 +431,7 @@ class LmdbStore:
             view = _BufferedView(base, txn, self._dbs)
             try:
                 value = fn(view)
-            except lmdb.MapFullError:
+            except (lmdb.MapFullError, lmdb.TxnFullError):
                 raise
             except lmdb.Error as exc:
                 raise _RequestFailed(index, exc) from exc
@@ -434,7 +440,7 @@ class LmdbStore:
                 continue
             try:
                 writes += view.flush()
-            except lmdb.MapFullError:
+            except (lmdb.MapFullError, lmdb.TxnFullError):
                 raise
             except Exception as exc:  # part of its writes may be in the txn
                 raise _RequestFailed(index, exc) from exc

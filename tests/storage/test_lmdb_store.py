@@ -324,3 +324,36 @@ def test_negative_control_a_writer_that_fails_the_batch_is_caught(
         assert _neighbour_problems(s, _empty_key) != []
     finally:
         s.close()
+
+
+class _SmallTransactions(LmdbStore):
+    """LMDB's dirty-page limit, made small: a transaction that holds more
+    than `limit` requests' writes is full (lmdb.TxnFullError), as one of
+    many large checkpoint Txns would be."""
+
+    limit = 2
+
+    def _apply(self, txn: Any, batch: list[Any]) -> Any:
+        if len(batch) > self.limit:
+            raise lmdb.TxnFullError("mdb_put: MDB_TXN_FULL")
+        return super()._apply(txn, batch)
+
+
+def test_a_full_transaction_is_split_and_every_request_commits(
+    tmp_path: Path,
+) -> None:
+    """A batch too big for one transaction is committed in halves, in order:
+    every request commits once (issue 10 item A1: fails before the fix: the
+    whole batch, or the request that overflowed, failed with
+    STORAGE_UNAVAILABLE)."""
+    s = _SmallTransactions(tmp_path / "data")
+    try:
+        futures = _one_batch(s, [_increment(b"k%d" % i) for i in range(7)])
+        assert [f.exception() for f in futures] == [None] * 7
+        stored = s.read(
+            lambda v: [v.get(Table.CHECKPOINTS, b"k%d" % i) for i in range(7)]
+        )
+        assert stored == [b"1"] * 7
+        assert s.stats.largest_batch <= _SmallTransactions.limit
+    finally:
+        s.close()
