@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 from sidecar.clock import Clock
 from sidecar.config import Quotas
-from sidecar.errors import EffectdError, NotFound, QuotaExceeded
+from sidecar.errors import (
+    EffectdError,
+    NotFound,
+    QuotaExceeded,
+    UnsupportedKeyScheme,
+)
 from sidecar.ledger import fingerprint, paging, quota, retention, rules
 from sidecar.ledger.model import FINGERPRINT_V2, CallRef, Result, State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
@@ -273,7 +278,10 @@ class LedgerService:
                 )
             ]
             for key in keys:
-                old = records.load_call_at(view, key[1:])
+                try:
+                    old = records.load_call_at(view, key[1:])
+                except UnsupportedKeyScheme:
+                    continue  # a newer daemon's call: refused whenever touched
                 if (
                     old is None
                     or old.lease is None

@@ -1,11 +1,14 @@
 """The compaction pass: applies `ledger.retention` to the stored calls.
 
-A pass walks the by-state index of COMMITTED records in key order, a bounded
-batch per write transaction, and replaces every record that is due by its
-tombstone; then it deletes the tombstones past their lifetime, oldest first,
-in bounded batches too. Each batch reads the clock when the writer runs it,
-so a record acknowledged or changed meanwhile is judged as it is now. The
-daemon runs a pass at start and then periodically (`sidecar.server`).
+A pass walks the by-state index of COMMITTED records in key order on read
+snapshots (which never hold up the writer), a bounded chunk per snapshot,
+and collects the records that are due; then it replaces them by their
+tombstones in write transactions of a bounded batch, each judging every
+record again as it is then (one acknowledged or changed meanwhile is judged
+as it is now). Last, it deletes the tombstones past their lifetime, oldest
+first, in bounded batches too. A record this daemon cannot read (a key
+scheme it does not know) is left as it is. The daemon runs a pass at start
+and then periodically (`sidecar.server`).
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import functools
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
+from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import retention
-from sidecar.ledger.model import State
+from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.services._common import committed
 from sidecar.storage import records, tombstones
-from sidecar.storage.api import Store, Table, WriteView
+from sidecar.storage.api import ReadView, Store, Table, WriteView
 
 DEFAULT_BATCH = 256
+# Index entries read per snapshot: bounds how long one read transaction
+# keeps old pages from being reused.
+SCAN_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,17 +37,26 @@ class PassResult:
 
     examined: int
     compacted: int
+    # Write transactions.
     transactions: int
     # Tombstones deleted after their lifetime.
     expired: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class _Batch:
+class _Chunk:
     examined: int
-    compacted: int
+    # Record keys due as of the snapshot.
+    due: list[bytes]
     # The last index key examined; None when the index is done.
     resume: bytes | None
+
+
+def _readable(view: ReadView, key: bytes) -> ToolCall | None:
+    try:
+        return records.load_call_at(view, key)
+    except UnsupportedKeyScheme:
+        return None  # a newer daemon's: not this one's to compact
 
 
 class RetentionService:
@@ -59,24 +75,34 @@ class RetentionService:
         self._policy = policy
         self._batch = batch
 
-    def _compact_batch(
-        self, view: WriteView, *, policy: Policy, after: bytes | None
-    ) -> _Batch:
+    def _find_due(
+        self, view: ReadView, *, policy: Policy, after: bytes | None
+    ) -> _Chunk:
         now_ns = self._clock.wall_ns()
         prefix = records.state_prefix(State.COMMITTED)
-        keys = []
-        for key, _ in view.scan(Table.CALL_STATES, prefix, after=after):
-            keys.append(key)
-            if len(keys) == self._batch:
-                break
+        examined = 0
+        due = []
+        for index_key, _ in view.scan(Table.CALL_STATES, prefix, after=after):
+            examined += 1
+            key = index_key[len(prefix) :]
+            call = _readable(view, key)
+            if call is not None and retention.is_due(call, policy, now_ns):
+                due.append(key)
+            if examined == SCAN_CHUNK:
+                return _Chunk(examined, due, index_key)
+        return _Chunk(examined, due, None)
+
+    def _compact_keys(
+        self, view: WriteView, *, policy: Policy, keys: list[bytes]
+    ) -> int:
+        now_ns = self._clock.wall_ns()
         compacted = 0
         for key in keys:
-            call = records.load_call_at(view, key[len(prefix) :])
+            call = _readable(view, key)
             if call is not None and retention.is_due(call, policy, now_ns):
                 tombstones.compact(view, call, retention.tombstone(call, now_ns))
                 compacted += 1
-        resume = keys[-1] if len(keys) == self._batch else None
-        return _Batch(len(keys), compacted, resume)
+        return compacted
 
     def _expire_batch(self, view: WriteView, *, policy: Policy) -> tuple[int, bool]:
         before = retention.tombstones_expire_before(policy, self._clock.wall_ns())
@@ -89,16 +115,20 @@ class RetentionService:
         after: bytes | None = None
         examined = compacted = transactions = expired = 0
         while True:
-            batch = await committed(
-                self._store,
-                functools.partial(self._compact_batch, policy=policy, after=after),
+            chunk = self._store.read(
+                functools.partial(self._find_due, policy=policy, after=after)
             )
-            examined += batch.examined
-            compacted += batch.compacted
-            transactions += 1
-            if batch.resume is None:
+            examined += chunk.examined
+            for start in range(0, len(chunk.due), self._batch):
+                keys = chunk.due[start : start + self._batch]
+                compacted += await committed(
+                    self._store,
+                    functools.partial(self._compact_keys, policy=policy, keys=keys),
+                )
+                transactions += 1
+            if chunk.resume is None:
                 break
-            after = batch.resume
+            after = chunk.resume
         more = True
         while more:
             deleted, more = await committed(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ from sidecar.ledger.policy import FixedPolicy
 from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
+from sidecar.services.retention import RetentionService
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
-from tests.ledger.builders import committed, prepared, spec
+from tests.ledger.builders import committed, prepared, spec, started
 
 FUTURE = max(KEY_SCHEMES) + 1
 
@@ -144,3 +146,33 @@ def test_negative_control_a_daemon_that_ignores_the_scheme_is_caught(
     found = refusals(store)
     assert "prepare was answered" in found
     assert "the record changed" in found
+
+
+def test_sweeps_at_start_and_compaction_leave_such_calls_alone(
+    store: LmdbStore,
+) -> None:
+    """The start-up settlement of STARTED calls and the compaction pass walk
+    past calls of an unknown scheme without failing and without touching
+    them: one such call must not stop the daemon or its retention (issue 10
+    item C17: fails before the fix: they were settled and compacted as
+    scheme 1 calls)."""
+    clock = ManualClock()
+    old = dataclasses.replace(started(Effect.SIDE_EFFECT), key_scheme=FUTURE)
+    done = dataclasses.replace(
+        committed(Effect.READ),
+        ref=CallRef("default", "run-1", "done"),
+        key_scheme=FUTURE,
+    )
+    for call in (old, done):
+        _stored(store, functools.partial(records.save_call, old=None, new=call))
+    before = store.read(lambda view: list(view.scan(Table.CALLS, b"")))
+    ledger = LedgerService(store, clock, Limits(), FixedPolicy())
+    clock.advance(10 * 365 * 86_400)
+    retention_pass = RetentionService(store, clock, FixedPolicy())
+
+    async def sweeps() -> tuple[int, int]:
+        settled = await ledger.settle_earlier_incarnations()
+        return settled, (await retention_pass.compact()).compacted
+
+    assert asyncio.run(sweeps()) == (0, 0)
+    assert store.read(lambda view: list(view.scan(Table.CALLS, b""))) == before
