@@ -68,43 +68,38 @@ class LedgerService:
         return await answered(self._store, fn)
 
     def _mutation(
-        self, ref: CallRef, rule: Callable[[ToolCall, Now], Step]
+        self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
     ) -> Callable[[WriteView], Answer | EffectdError]:
         def apply(view: WriteView) -> Answer | EffectdError:
             old = records.load_call(view, ref)
             if old is None:
                 raise _not_found(ref, tombstones.load(view, ref))
-            step = rule(old, self.now())
+            # Read in the write transaction: a reload that took effect before
+            # this write decides it (the reload's audit entry comes first).
+            step = rule(old, self.now(), self._policy.current())
             if step.call.revision != old.revision:
                 records.save_call(view, old, step.call)
             return step.reply
 
         return apply
 
-    def _lease_ms(self, requested: int) -> int:
-        return requested or self._policy.current().default_lease_ms
-
-    def _resolved(self, spec: PrepareSpec) -> PrepareSpec:
-        return dataclasses.replace(spec, lease_ms=self._lease_ms(spec.lease_ms))
-
     async def prepare(self, spec: PrepareSpec) -> Answer:
-        spec = self._resolved(spec)
-        policy = self._policy.current()
-
         def apply(view: WriteView) -> Answer | EffectdError:
-            return _prepare_one(view, spec, self.now(), policy, self._quotas)
+            policy = self._policy.current()
+            resolved = _with_lease(spec, policy)
+            return _prepare_one(view, resolved, self.now(), policy, self._quotas)
 
         return await self._write(apply)
 
     async def prepare_many(self, specs: Sequence[PrepareSpec]) -> list[Answer]:
         """All in one transaction; one refusal and nothing is written."""
-        specs = [self._resolved(s) for s in specs]
-        policy = self._policy.current()
 
         def apply(view: WriteView) -> list[Answer]:
             now = self.now()
+            policy = self._policy.current()
             answers = []
-            for index, spec in enumerate(specs):
+            for index, asked in enumerate(specs):
+                spec = _with_lease(asked, policy)
                 try:
                     reply = _prepare_one(view, spec, now, policy, self._quotas)
                 except QuotaExceeded as exc:
@@ -127,14 +122,13 @@ class LedgerService:
         expected_revision: int | None,
         actor: str = rules.AGENT,
     ) -> Answer:
-        policy = self._policy.current()
         return await self._write(
             self._mutation(
                 ref,
-                lambda call, now: rules.start(
+                lambda call, now, policy: rules.start(
                     call,
                     now,
-                    lease_ms=self._lease_ms(lease_ms),
+                    lease_ms=lease_ms or policy.default_lease_ms,
                     retry=retry,
                     expected_revision=expected_revision,
                     policy=policy,
@@ -155,7 +149,7 @@ class LedgerService:
         return await self._write(
             self._mutation(
                 ref,
-                lambda call, now: rules.commit(
+                lambda call, now, _: rules.commit(
                     call,
                     now,
                     attempt=attempt,
@@ -169,11 +163,10 @@ class LedgerService:
     async def report_unknown(
         self, ref: CallRef, *, attempt: int, reason: str, actor: str = rules.AGENT
     ) -> Answer:
-        policy = self._policy.current()
         return await self._write(
             self._mutation(
                 ref,
-                lambda call, now: rules.report_unknown(
+                lambda call, now, policy: rules.report_unknown(
                     call,
                     now,
                     attempt=attempt,
@@ -190,11 +183,11 @@ class LedgerService:
         return await self._write(
             self._mutation(
                 ref,
-                lambda call, now: rules.heartbeat(
+                lambda call, now, policy: rules.heartbeat(
                     call,
                     now,
                     attempt=attempt,
-                    lease_ms=self._lease_ms(lease_ms),
+                    lease_ms=lease_ms or policy.default_lease_ms,
                     actor=actor,
                 ),
             )
@@ -293,6 +286,13 @@ class LedgerService:
             return settled
 
         return await committed(self._store, apply)
+
+
+def _with_lease(spec: PrepareSpec, policy: Policy) -> PrepareSpec:
+    """`spec` with the policy's default lease when it asks for none."""
+    if spec.lease_ms:
+        return spec
+    return dataclasses.replace(spec, lease_ms=policy.default_lease_ms)
 
 
 def _prepare_one(

@@ -111,12 +111,13 @@ class RacyLedger(LedgerService):
     ) -> Answer:
         old = self.get(ref)
         await asyncio.sleep(0.001)
+        policy = self._policy.current()
         step = rules.start(
             old,
             self.now(),
-            lease_ms=self._lease_ms(lease_ms),
+            lease_ms=lease_ms or policy.default_lease_ms,
             retry=retry,
-            policy=self._policy.current(),
+            policy=policy,
             expected_revision=expected_revision,
             actor=actor,
         )
