@@ -12,6 +12,7 @@
     │   ├── StaleAttempt         STALE_ATTEMPT
     │   ├── ResultMismatch       RESULT_MISMATCH
     │   ├── AttemptsExhausted    ATTEMPTS_EXHAUSTED
+    │   ├── ReconcileQuarantine  RECONCILE_QUARANTINE
     │   ├── MissingIdempotencyKey MISSING_IDEMPOTENCY_KEY
     │   ├── DeadlineExceeded     DEADLINE_EXCEEDED
     │   ├── AlreadyCommitted     ALREADY_COMMITTED
@@ -132,6 +133,14 @@ class ResultMismatch(PreconditionFailed):
 
 class AttemptsExhausted(PreconditionFailed):
     reason = "ATTEMPTS_EXHAUSTED"
+
+
+class ReconcileQuarantine(PreconditionFailed):
+    """ "Never executed" for a call whose outcome has not been unknown for the
+    quarantine yet, without the operator's confirmation that its attempt is
+    dead: the holder may still be running (ADR-010 D1, R3)."""
+
+    reason = "RECONCILE_QUARANTINE"
 
 
 # Retry denials (DESIGN §7): DecideRetry answers them as data; StartTool with

@@ -12,6 +12,11 @@
     unacknowledged_days = 30  # committed records never acknowledged, after (>= days)
     tombstone_days = 30    # tombstones are deleted after
 
+    [reconcile]
+    quarantine_leases = 3  # an UNKNOWN call may be reconciled "never executed"
+                           # only after this many of its leases (or with the
+                           # operator's confirmation that its attempt is dead)
+
     [tools.send_payment]
     effect = "side-effect" # forced, whatever callers declare (R2)
 
@@ -40,6 +45,7 @@ _SECTIONS: dict[str, dict[str, type]] = {
     "retry": {"retry_safe": bool, "max_attempts": int},
     "leases": {"default_ms": int},
     "retention": {"days": int, "unacknowledged_days": int, "tombstone_days": int},
+    "reconcile": {"quarantine_leases": int},
 }
 _RANGES: dict[tuple[str, str], tuple[int, int]] = {
     ("retry", "max_attempts"): (1, 100),
@@ -47,6 +53,7 @@ _RANGES: dict[tuple[str, str], tuple[int, int]] = {
     ("retention", "days"): (1, 3650),
     ("retention", "unacknowledged_days"): (1, 3650),
     ("retention", "tombstone_days"): (1, 3650),
+    ("reconcile", "quarantine_leases"): (1, 1000),
 }
 
 
@@ -75,7 +82,8 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
             continue
         if section not in _SECTIONS or not isinstance(table, dict):
             raise PolicyError(
-                f"{section}: unknown section (known: retry, leases, retention, tools)"
+                f"{section}: unknown section "
+                "(known: retry, leases, retention, reconcile, tools)"
             )
         for key, value in table.items():
             if key not in _SECTIONS[section]:
@@ -118,6 +126,9 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
         )
         * 86400,
         effect_overrides=MappingProxyType(overrides),
+        reconcile_quarantine_leases=values.get(
+            "reconcile.quarantine_leases", default.reconcile_quarantine_leases
+        ),
     )
 
 

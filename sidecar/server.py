@@ -229,7 +229,9 @@ class Daemon:
         )
 
     def make_operator(self, store: Store) -> OperatorService:
-        return OperatorService(store, self._clock, self.config.limits)
+        return OperatorService(
+            store, self._clock, self.config.limits, policy=self.policy
+        )
 
     async def start(self) -> Endpoints:
         cfg = self.config

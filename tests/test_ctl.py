@@ -156,6 +156,8 @@ def test_show_prints_record_history_approval_and_reconciliation(
             "checked",
             "--evidence",
             "no charge in the PSP",
+            "--confirm-dead-attempt",
+            "1",
         )[0]
         == 0
     )
@@ -225,10 +227,12 @@ def test_reconcile_with_the_result_found(ctl: Ctl, client: Client) -> None:
 
 
 def test_reconcile_not_executed_makes_the_call_startable(
-    ctl: Ctl, client: Client
+    ctl: Ctl, client: Client, clock: ManualClock
 ) -> None:
-    """`reconcile --not-executed` returns the call to PREPARED."""
+    """`reconcile --not-executed` returns the call to PREPARED once the call
+    has been UNKNOWN for the quarantine (3 leases of 30 s by default)."""
     _unknown(client, "c1")
+    clock.advance(90)
     code, _, _ = ctl(
         "reconcile",
         RUN,
@@ -238,6 +242,33 @@ def test_reconcile_not_executed_makes_the_call_startable(
         "r",
         "--evidence",
         "nothing in the logs",
+    )
+    assert code == 0
+    assert client.get_tool_call(RUN, "c1").state is State.PREPARED
+
+
+def test_reconcile_not_executed_in_quarantine_says_how_to_confirm(
+    ctl: Ctl, client: Client, clock: ManualClock
+) -> None:
+    """Before the quarantine ends `--not-executed` is refused (exit 1), saying
+    how long is left and how to confirm the attempt dead; with
+    `--confirm-dead-attempt 1` it is recorded at once (issue 10 item 8: fails
+    before the fix: it was accepted the instant the call became UNKNOWN)."""
+    _unknown(client, "c1")
+    clock.advance(30)
+    args = ("reconcile", RUN, "c1", "--not-executed", "--reason", "r")
+    code, _, err = ctl(*args, "--evidence", "nothing in the PSP")
+    assert code == 1
+    assert "refused: RECONCILE_QUARANTINE" in err
+    assert "60.0 s left" in err
+    assert "--confirm-dead-attempt 1" in err
+    assert client.get_tool_call(RUN, "c1").state is State.UNKNOWN
+    code, _, err = ctl(
+        *args, "--evidence", "killed pid 4242", "--confirm-dead-attempt", "2"
+    )
+    assert (code, "refused: STALE_ATTEMPT" in err) == (1, True)
+    code, _, _ = ctl(
+        *args, "--evidence", "killed pid 4242", "--confirm-dead-attempt", "1"
     )
     assert code == 0
     assert client.get_tool_call(RUN, "c1").state is State.PREPARED
@@ -675,7 +706,8 @@ def test_an_agent_token_may_not_reconcile_exit_1_permission_denied(
     with Client(auth_daemon.target, token=AGENT) as agent:
         _unknown(agent, "c1")
     reconcile = ("reconcile", RUN, "c1", "--not-executed")
-    why = ("--reason", "checked", "--evidence", "no charge")
+    why: tuple[str, ...] = ("--reason", "checked", "--evidence", "no charge")
+    why += ("--confirm-dead-attempt", "1")
     where = ("--target", auth_daemon.target, "--namespace", "team-a")
     agent_token = _token_file(short_tmp, AGENT)
     code, _, err = _main(

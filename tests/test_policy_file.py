@@ -21,6 +21,9 @@ default_ms = 1000
 [retention]
 days = 2
 
+[reconcile]
+quarantine_leases = 4
+
 [tools.send_payment]
 effect = "side-effect"
 """
@@ -33,6 +36,9 @@ def test_every_setting_is_read() -> None:
     assert policy.max_attempts == 5
     assert policy.default_lease_ms == 1000
     assert policy.retention_seconds == 2 * 86400
+    assert policy.reconcile_quarantine_leases == 4
+    assert policy.reconcile_quarantine_ns(10_000) == 40 * 10**9
+    assert policy.reconcile_quarantine_ns(0) == 4 * 1000 * 10**6
     assert policy.effect_of("send_payment", Effect.READ) is Effect.SIDE_EFFECT
     assert policy.effect_of("search", Effect.READ) is Effect.READ
 
@@ -54,6 +60,10 @@ def test_an_empty_file_is_the_default_policy() -> None:
         ("[retry]\nmax_attempts = 0", "retry.max_attempts: must be between"),
         ("[leases]\ndefault_ms = 0", "leases.default_ms: must be between"),
         ("[retention]\ndays = 0", "retention.days: must be between"),
+        (
+            "[reconcile]\nquarantine_leases = 0",
+            "reconcile.quarantine_leases: must be between",
+        ),
         ("retry = 3", "retry: unknown section"),
         ("[tools.search]\neffect = 'read'", 'only "side-effect" can be forced'),
         ("[tools.search]\neffect = 'side-effect'\nx = 1", "must set exactly"),

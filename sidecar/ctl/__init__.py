@@ -39,6 +39,17 @@ _HINTS = {
 }
 
 
+def _hint(exc: EffectdError) -> str:
+    if exc.reason == "RECONCILE_QUARANTINE":
+        attempt = exc.metadata.get("attempt", "N")
+        return (
+            "its holder may still be running: wait, or if you know that attempt "
+            f"{attempt} is dead (its process is gone), run the command again "
+            f"with --confirm-dead-attempt {attempt}"
+        )
+    return _HINTS.get(exc.reason, "")
+
+
 def _target(args: argparse.Namespace) -> str:
     if args.target:
         return str(args.target)
@@ -150,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             f"effectd ctl: refused: {exc.reason or exc.code.name}: {exc.message}",
             file=sys.stderr,
         )
-        hint = _HINTS.get(exc.reason)
+        hint = _hint(exc)
         if hint:
             print(f"  {hint}", file=sys.stderr)
         for v in exc.violations:

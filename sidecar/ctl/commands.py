@@ -215,6 +215,7 @@ def show(con: Console, args: argparse.Namespace) -> int:
             ("revision", call.revision),
             ("attempt", call.attempt),
             ("lease until", when(call.lease_expires_at)),
+            ("unknown from", when(call.unknown_since)),
             ("key", call.idempotency_key),
             ("input", call.input_fingerprint),
             ("approval", approval),
@@ -294,6 +295,7 @@ def reconcile(con: Console, args: argparse.Namespace) -> int:
         evidence=args.evidence,
         result=args.result,
         not_executed=args.not_executed,
+        confirmed_dead_attempt=args.confirm_dead_attempt,
     )
     _print_call(con, args, call)
     return OK

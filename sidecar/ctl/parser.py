@@ -196,7 +196,18 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     how.add_argument(
         "--not-executed",
         action="store_true",
-        help="the call never took effect: it may be started again",
+        help="the call never took effect: it may be started again (refused "
+        "until the call has been UNKNOWN for the policy's quarantine, unless "
+        "--confirm-dead-attempt)",
+    )
+    p.add_argument(
+        "--confirm-dead-attempt",
+        type=int,
+        default=0,
+        metavar="N",
+        help="you know that attempt N (the call's attempt, see show) is dead: "
+        "its process is gone and cannot still run the call; --not-executed is "
+        "then accepted before the quarantine ends",
     )
     p.add_argument("--reason", required=True, help="why (kept in the audit log)")
     p.add_argument(

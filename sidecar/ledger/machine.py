@@ -74,6 +74,9 @@ def apply(
     """Returns `call` after `event`, with `changes` applied, revision + 1 and
     the transition in its history."""
     to = target(call.state, event, call.effect)
+    if to is not State.UNKNOWN:
+        # Meaningful only while the outcome is unknown (ADR-010 D3).
+        changes.setdefault("unknown_since_ns", 0)
     revision = call.revision + 1
     attempt = changes.get("attempt", call.attempt)
     history = call.history

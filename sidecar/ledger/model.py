@@ -213,10 +213,30 @@ class ToolCall:
     approval: Approval | None = None
     # Oldest first.
     reconciliations: tuple[Reconciliation, ...] = field(default=())
+    # The lease the last attempt asked for (start, retry or heartbeat); 0 in
+    # records stored before it was kept.
+    lease_ms: int = 0
+    # UNKNOWN only: wall-clock time from which the outcome is unknown (the end
+    # of the attempt's lease, or its report); 0 elsewhere, and in records
+    # stored before it was kept (the history then tells).
+    unknown_since_ns: int = 0
 
     @property
     def idempotency_key(self) -> str:
         return idempotency_key(self.ref, self.key_scheme)
+
+    @property
+    def outcome_unknown_since_ns(self) -> int:
+        """When the outcome of the call's last attempt became unknown."""
+        if self.unknown_since_ns:
+            return self.unknown_since_ns
+        for entry in reversed(self.history):
+            if (
+                entry.to_state is State.UNKNOWN
+                and entry.from_state is not State.UNKNOWN
+            ):
+                return entry.at_ns
+        return self.updated_ns
 
     @property
     def rejected(self) -> bool:

@@ -5,7 +5,11 @@ and input fingerprint the approver saw: approve makes it PREPARED, reject
 commits it with the error result APPROVAL_REJECTED. A reconciliation resolves
 a STARTED or UNKNOWN call from evidence found in the target system: the
 result found there commits it, a verified "never ran" makes it PREPARED
-again (ADR-010 D3, R3). Both are compare-and-swap on the revision, so of two
+again (ADR-010 D3, R3), but only once the call has been UNKNOWN for the
+policy's quarantine or the operator confirms that its attempt is dead: an
+expired lease means that the holder stopped heartbeating, not that it
+stopped running, and a "never ran" found while it still runs would let the
+call run twice. Both are compare-and-swap on the revision, so of two
 operators deciding one record only the first succeeds. Like `rules`, each
 function returns a `Step`.
 """
@@ -18,7 +22,9 @@ from sidecar.errors import (
     EffectdError,
     InputMismatch,
     InvalidTransition,
+    ReconcileQuarantine,
     RevisionConflict,
+    StaleAttempt,
 )
 from sidecar.ledger import fingerprint, machine, rules
 from sidecar.ledger.model import (
@@ -32,6 +38,7 @@ from sidecar.ledger.model import (
     State,
     ToolCall,
 )
+from sidecar.ledger.policy import Policy
 from sidecar.ledger.rules import Answer, Now, Step
 
 
@@ -55,6 +62,9 @@ class ReconcileOrder:
     operator: str
     reason: str
     evidence: str
+    # The operator's word that this attempt is dead (its process is gone):
+    # "never executed" is then accepted before the quarantine ends; 0: none.
+    confirmed_dead_attempt: int = 0
 
     @property
     def resolution(self) -> Resolution:
@@ -83,6 +93,32 @@ def _invalid(call: ToolCall, event: Event) -> EffectdError:
     except EffectdError as exc:
         return exc
     raise AssertionError(f"{event} is legal in {call.state}")  # pragma: no cover
+
+
+def _quarantined(call: ToolCall, now: Now, policy: Policy) -> EffectdError | None:
+    """The refusal of "never executed" while the call is in quarantine."""
+    quarantine = policy.reconcile_quarantine_ns(call.lease_ms)
+    unknown_for = max(0, now.wall_ns - call.outcome_unknown_since_ns)
+    if unknown_for >= quarantine:
+        return None
+    left = quarantine - unknown_for
+    return ReconcileQuarantine(
+        f"the outcome of attempt {call.attempt} has been unknown for "
+        f"{_seconds(unknown_for)}: its holder may still be running. "
+        f'"never executed" is accepted after a quarantine of '
+        f"{_seconds(quarantine)} ({_seconds(left)} left), or now with the "
+        f"confirmation that attempt {call.attempt} is dead "
+        f"(confirmed_dead_attempt = {call.attempt})",
+        {
+            "attempt": str(call.attempt),
+            "quarantineMs": str(quarantine // 1_000_000),
+            "remainingMs": str(-(-left // 1_000_000)),
+        },
+    )
+
+
+def _seconds(ns: int) -> str:
+    return f"{ns / 1e9:.1f} s"
 
 
 def decide_approval(call: ToolCall, now: Now, decision: ApprovalDecision) -> Step:
@@ -128,7 +164,9 @@ def decide_approval(call: ToolCall, now: Now, decision: ApprovalDecision) -> Ste
     return Step(decided, Answer(rules.decide(decided), decided))
 
 
-def reconcile(call: ToolCall, now: Now, order: ReconcileOrder) -> Step:
+def reconcile(
+    call: ToolCall, now: Now, order: ReconcileOrder, policy: Policy | None = None
+) -> Step:
     """Reconcile: COMMITTED with the result found, or PREPARED when verified
     never executed; the evidence is kept on the record.
 
@@ -137,7 +175,10 @@ def reconcile(call: ToolCall, now: Now, order: ReconcileOrder) -> Step:
     so its history shows the expiry. Refused, changing nothing: another
     revision (REVISION_CONFLICT); a state other than STARTED or UNKNOWN, or
     "never executed" while an attempt still holds a live lease and may yet
-    execute (INVALID_TRANSITION).
+    execute (INVALID_TRANSITION); a confirmation naming another attempt than
+    the call's (STALE_ATTEMPT); "never executed" before the call has been
+    UNKNOWN for `policy`'s quarantine, unless its attempt is confirmed dead
+    (RECONCILE_QUARANTINE).
     """
     conflict = _revision_conflict(call, order.expected_revision)
     if conflict is not None:
@@ -149,6 +190,16 @@ def reconcile(call: ToolCall, now: Now, order: ReconcileOrder) -> Step:
     )
     if call.state not in (State.STARTED, State.UNKNOWN):
         return Step(call, _invalid(call, event))
+    confirmed = order.confirmed_dead_attempt
+    if confirmed and confirmed != call.attempt:
+        return Step(
+            call,
+            StaleAttempt(
+                f"attempt {confirmed} is not the call's attempt: confirm that "
+                f"attempt {call.attempt} is dead",
+                {"currentAttempt": str(call.attempt)},
+            ),
+        )
     settled = rules.settle(call, now)
     if settled.state is State.STARTED and order.result is None:
         return Step(
@@ -159,6 +210,10 @@ def reconcile(call: ToolCall, now: Now, order: ReconcileOrder) -> Step:
                 {"state": call.state.name, "event": event.value, "lease": "live"},
             ),
         )
+    if order.result is None and not confirmed:
+        early = _quarantined(settled, now, policy or Policy())
+        if early is not None:
+            return Step(call, early)
     entry = Reconciliation(
         resolution=order.resolution,
         operator=order.operator,

@@ -34,6 +34,16 @@ class Policy:
     tombstone_seconds: int = 30 * 24 * 3600
     # Tools whose effect is forced, whatever their callers declare (R2).
     effect_overrides: Mapping[str, Effect] = field(default_factory=_no_overrides)
+    # How long a call must have been UNKNOWN before an operator may record it
+    # "never executed", in leases of its last attempt: an expired lease means
+    # that the holder stopped heartbeating, not that it stopped running.
+    reconcile_quarantine_leases: int = 3
+
+    def reconcile_quarantine_ns(self, lease_ms: int) -> int:
+        """The quarantine of a call whose last attempt asked for `lease_ms`
+        (0: the default lease)."""
+        lease = lease_ms or self.default_lease_ms
+        return self.reconcile_quarantine_leases * lease * 1_000_000
 
     def effect_of(self, tool_name: str, declared: Effect) -> Effect:
         """The effect the rules must assume for a call of `tool_name`."""

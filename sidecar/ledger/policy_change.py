@@ -40,6 +40,7 @@ def document(policy: Policy) -> dict[str, Any]:
         "retention_seconds": policy.retention_seconds,
         "unacknowledged_retention_seconds": policy.unacknowledged_retention_seconds,
         "tombstone_seconds": policy.tombstone_seconds,
+        "reconcile_quarantine_leases": policy.reconcile_quarantine_leases,
         "effect_overrides": {
             name: policy.effect_overrides[name].value
             for name in sorted(policy.effect_overrides)
@@ -67,6 +68,8 @@ def changes(old: Policy, new: Policy) -> list[str]:
         changed.append("retention.unacknowledged_days")
     if old.tombstone_seconds != new.tombstone_seconds:
         changed.append("retention.tombstone_days")
+    if old.reconcile_quarantine_leases != new.reconcile_quarantine_leases:
+        changed.append("reconcile.quarantine_leases")
     for name in sorted(set(old.effect_overrides) | set(new.effect_overrides)):
         if old.effect_overrides.get(name) != new.effect_overrides.get(name):
             changed.append(f"tools.{name}.effect")

@@ -107,8 +107,16 @@ def settle(call: ToolCall, now: Now) -> ToolCall:
         event, reason = Event.RESTART, "started under an earlier daemon incarnation"
     else:
         event, reason = Event.EXPIRE, "lease expired"
+    # The outcome is unknown from the lease's end, however late it is noticed.
+    since = min(now.wall_ns, call.lease.expires_wall_ns)
     return machine.apply(
-        call, event, at_ns=now.wall_ns, actor=DAEMON, reason=reason, lease=None
+        call,
+        event,
+        at_ns=now.wall_ns,
+        actor=DAEMON,
+        reason=reason,
+        lease=None,
+        unknown_since_ns=since,
     )
 
 
@@ -153,6 +161,7 @@ def _start(
         actor=actor,
         attempt=call.attempt + 1,
         lease=_lease(now, lease_ms),
+        lease_ms=lease_ms,
     )
 
 
@@ -362,6 +371,7 @@ def report_unknown(
         actor=actor,
         reason=reason,
         lease=None,
+        unknown_since_ns=now.wall_ns,
     )
     return Step(unknown, _answer(unknown, policy=policy))
 
@@ -382,6 +392,7 @@ def heartbeat(
         at_ns=now.wall_ns,
         actor=actor,
         lease=_lease(now, lease_ms),
+        lease_ms=lease_ms,
     )
     return Step(extended, _answer(extended))
 

@@ -37,6 +37,7 @@ def policy_pb(policy: Policy) -> pb.PolicySummary:
         forced_side_effect_tools=policy_change.forced_side_effects(policy),
         unacknowledged_retention_seconds=policy.unacknowledged_retention_seconds,
         tombstone_seconds=policy.tombstone_seconds,
+        reconcile_quarantine_leases=policy.reconcile_quarantine_leases,
     )
 
 

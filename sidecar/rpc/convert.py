@@ -288,6 +288,8 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
     )
     if call.lease is not None:
         msg.lease_expires_at.CopyFrom(timestamp(call.lease.expires_wall_ns))
+    if call.state is State.UNKNOWN:
+        msg.unknown_since.CopyFrom(timestamp(call.outcome_unknown_since_ns))
     if call.result is not None:
         r = call.result
         msg.result.CopyFrom(
@@ -410,4 +412,5 @@ def reconcile_order(
         operator=operator,
         reason=req.reason,
         evidence=req.evidence,
+        confirmed_dead_attempt=req.confirmed_dead_attempt,
     )

@@ -20,6 +20,7 @@ from sidecar.ledger import audit, operator_rules, paging
 from sidecar.ledger.audit import Action
 from sidecar.ledger.model import CallRef, Resolution, State, ToolCall
 from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
+from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import Usage
 from sidecar.ledger.rules import Answer, Now
 from sidecar.ledger.validation import Limits
@@ -48,10 +49,17 @@ class NamespaceStats:
 
 
 class OperatorService:
-    def __init__(self, store: Store, clock: Clock, limits: Limits) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        limits: Limits,
+        policy: PolicySource | None = None,
+    ) -> None:
         self._store = store
         self._clock = clock
         self.limits = limits
+        self._policy = policy or FixedPolicy()
 
     def now(self) -> Now:
         return moment(self._clock, self._store)
@@ -96,7 +104,9 @@ class OperatorService:
 
         def apply(view: WriteView, now: Now) -> Answer | EffectdError:
             old = _load(view, ref)
-            step = operator_rules.reconcile(old, now, order)
+            # The quarantine in force when the write runs (ADR-010 R2 reloads).
+            policy = self._policy.current()
+            step = operator_rules.reconcile(old, now, order, policy)
             if isinstance(step.reply, EffectdError):
                 return step.reply
             records.save_call(view, old, step.call)
@@ -104,6 +114,8 @@ class OperatorService:
             details = {"attempt": str(old.attempt)}
             if order.result is not None:
                 details["resultDigest"] = order.result.digest
+            if order.confirmed_dead_attempt:
+                details["confirmedDeadAttempt"] = str(order.confirmed_dead_attempt)
             records.append_audit(
                 view,
                 audit.call_fact(

@@ -152,6 +152,8 @@ def encode_call(c: ToolCall) -> bytes:
         ],
         "approval_decision": _approval_doc(c.approval),
         "reconciliations": [_reconciliation_doc(r) for r in c.reconciliations],
+        "lease_ms": c.lease_ms,
+        "unknown_since": c.unknown_since_ns,
     }
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -256,6 +258,9 @@ def decode_call(raw: bytes) -> ToolCall:
         reconciliations=tuple(
             _reconciliation(r) for r in doc.get("reconciliations", ())
         ),
+        # Optional: records stored before these were kept have none.
+        lease_ms=doc.get("lease_ms", 0),
+        unknown_since_ns=doc.get("unknown_since", 0),
     )
 
 

@@ -400,6 +400,7 @@ def test_an_agent_token_may_not_reconcile(auth_target: str) -> None:
             reason="checked",
             evidence="no charge in the ledger",
             not_executed=True,
+            confirmed_dead_attempt=1,
         )
     assert done.revision > unknown.revision
 

@@ -77,6 +77,7 @@ EXPORTS = {
     "UnsupportedKeyScheme",
     "QuotaExceeded",
     "RateLimited",
+    "ReconcileQuarantine",
 }
 
 

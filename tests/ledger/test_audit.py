@@ -245,7 +245,7 @@ def test_entries_beyond_the_head_are_caught() -> None:
 def test_call_fact_describes_the_change() -> None:
     """call_fact takes identity, revisions and states from the two records."""
     old = unknown(Effect.SIDE_EFFECT)
-    order = ReconcileOrder(old.revision, None, "olga", "why", "what")
+    order = ReconcileOrder(old.revision, None, "olga", "why", "what", 1)
     new = operator_rules.reconcile(old, moment(), order).call
     got = audit.call_fact(
         Action.RECONCILE_NOT_EXECUTED,

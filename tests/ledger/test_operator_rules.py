@@ -8,12 +8,19 @@ nothing and audits nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 
 import pytest
 
-from sidecar.errors import InputMismatch, InvalidTransition, RevisionConflict
+from sidecar.errors import (
+    InputMismatch,
+    InvalidTransition,
+    ReconcileQuarantine,
+    RevisionConflict,
+    StaleAttempt,
+)
 from sidecar.ledger import operator_rules, rules
 from sidecar.ledger.fingerprint import fingerprint
 from sidecar.ledger.model import (
@@ -30,7 +37,7 @@ from sidecar.ledger.model import (
 )
 from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
 from sidecar.ledger.policy import Policy
-from sidecar.ledger.rules import Now, Step
+from sidecar.ledger.rules import Answer, Now, Step
 from sidecar.storage import records
 from tests.ledger.builders import (
     INCARNATION,
@@ -93,13 +100,17 @@ def _decision(
     )
 
 
-def _order(revision: int, *, found: bool, operator: str = "olga") -> ReconcileOrder:
+def _order(
+    revision: int, *, found: bool, operator: str = "olga", dead: int = 0
+) -> ReconcileOrder:
+    """`dead`: the operator confirms that this attempt is dead."""
     return ReconcileOrder(
         expected_revision=revision,
         result=ok_result(b'{"charged": true}') if found else None,
         operator=operator,
         reason="checked the payment provider",
         evidence="provider txn 42 " + ("exists" if found else "absent"),
+        confirmed_dead_attempt=dead,
     )
 
 
@@ -279,7 +290,8 @@ def test_reconcile_table(
     """Reconcile resolves only STARTED or UNKNOWN, for every effect; any other
     state is INVALID_TRANSITION and the record is untouched."""
     call = BUILDERS[state](effect)
-    step = operator_rules.reconcile(call, AFTER, _order(call.revision, found=found))
+    order = _order(call.revision, found=found, dead=call.attempt)
+    step = operator_rules.reconcile(call, AFTER, order)
     if to is None:
         refusal(step, InvalidTransition)
         assert step.call is call
@@ -303,7 +315,7 @@ def test_reconcile_keeps_the_evidence(effect: Effect, found: bool) -> None:
     """The reconciliation, with its evidence, the state and the revision it
     resolved, is kept on the record (ADR-010 R3)."""
     call = unknown(effect)
-    order = _order(call.revision, found=found)
+    order = _order(call.revision, found=found, dead=1)
     step = operator_rules.reconcile(call, AFTER, order)
     assert step.call.reconciliations == (
         Reconciliation(
@@ -356,7 +368,8 @@ def test_an_expired_lease_is_settled_before_reconcile(effect: Effect) -> None:
     operator saw; its history shows the expiry, then the reconciliation."""
     call = started(effect)
     expired = later(NOW, LEASE_NS)
-    step = operator_rules.reconcile(call, expired, _order(call.revision, found=False))
+    order = _order(call.revision, found=False, dead=1)
+    step = operator_rules.reconcile(call, expired, order)
     assert step.call.state is State.PREPARED
     assert [t.event for t in step.call.history[-2:]] == [
         Event.EXPIRE,
@@ -372,7 +385,7 @@ def test_not_executed_then_start_is_the_next_attempt(effect: Effect) -> None:
     idempotency key (ADR-010 D2, R4)."""
     call = unknown(effect)
     resolved = operator_rules.reconcile(
-        call, AFTER, _order(call.revision, found=False)
+        call, AFTER, _order(call.revision, found=False, dead=1)
     ).call
     step = rules.start(
         resolved,
@@ -392,7 +405,8 @@ def test_reconciliations_accumulate(effect: Effect) -> None:
     """A call reconciled twice keeps both reconciliations, oldest first."""
     now: Now = AFTER
     call = unknown(effect)
-    call = operator_rules.reconcile(call, now, _order(call.revision, found=False)).call
+    order = _order(call.revision, found=False, dead=1)
+    call = operator_rules.reconcile(call, now, order).call
     call = rules.start(
         call,
         now,
@@ -436,7 +450,7 @@ def test_approval_and_reconciliations_are_stored(found: bool) -> None:
     ).call
     call = rules.report_unknown(call, AFTER, attempt=1, reason="timeout").call
     call = operator_rules.reconcile(
-        call, AFTER, _order(call.revision, found=found)
+        call, AFTER, _order(call.revision, found=found, dead=1)
     ).call
     assert records.decode_call(records.encode_call(call)) == call
 
@@ -450,3 +464,201 @@ def test_records_stored_before_approvals_existed_stay_readable() -> None:
     old = records.decode_call(json.dumps(doc).encode())
     assert (old.approval, old.reconciliations) == (None, ())
     assert old == call
+
+
+# -- the reconcile quarantine (ADR-010 D1, R3) -----------------------------------
+
+QUARANTINE_NS = Policy().reconcile_quarantine_leases * LEASE_NS
+
+
+def _reported(effect: Effect) -> ToolCall:
+    """UNKNOWN at NOW: attempt 1 reported that it cannot tell."""
+    return unknown(effect, NOW)
+
+
+def _expired(effect: Effect) -> ToolCall:
+    """UNKNOWN since NOW + lease: noticed the moment the lease ran out."""
+    call = started(effect, NOW)
+    return rules.settle(call, later(NOW, LEASE_NS))
+
+
+def _restarted_unknown(effect: Effect) -> ToolCall:
+    """UNKNOWN since NOW: found at the start of a later incarnation at once."""
+    call = started(effect, moment(incarnation=INCARNATION - 1))
+    return rules.settle(call, NOW)
+
+
+# How the call became UNKNOWN -> (the call, since when its outcome is unknown).
+BECAME_UNKNOWN: dict[str, tuple[Callable[[Effect], ToolCall], int]] = {
+    "reported": (_reported, NOW.wall_ns),
+    "expired": (_expired, NOW.wall_ns + LEASE_NS),
+    "restarted": (_restarted_unknown, NOW.wall_ns),
+}
+
+
+def _at(wall_ns: int) -> Now:
+    return later(NOW, wall_ns - NOW.wall_ns)
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+@pytest.mark.parametrize("how", BECAME_UNKNOWN)
+def test_never_executed_waits_out_the_quarantine(effect: Effect, how: str) -> None:
+    """ "Never executed" is refused, changing nothing and saying how long is
+    left, until the call has been UNKNOWN for the quarantine (a multiple of its
+    lease); from then on it is accepted (issue 10 item 8: fails before the fix:
+    it was accepted the instant the call became UNKNOWN)."""
+    build, since = BECAME_UNKNOWN[how]
+    call = build(effect)
+    assert call.state is State.UNKNOWN
+    assert call.outcome_unknown_since_ns == since
+    order = _order(call.revision, found=False)
+    early = _at(since + QUARANTINE_NS - 1_000_000_000)
+    step = operator_rules.reconcile(call, early, order)
+    refused = refusal(step, ReconcileQuarantine)
+    assert step.call is call
+    assert refused.metadata == {
+        "attempt": "1",
+        "quarantineMs": str(QUARANTINE_NS // 1_000_000),
+        "remainingMs": "1000",
+    }
+    assert "1.0 s left" in refused.message
+    assert "confirmed_dead_attempt = 1" in refused.message
+    done = operator_rules.reconcile(call, _at(since + QUARANTINE_NS), order)
+    assert done.call.state is State.PREPARED
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_the_quarantine_counts_from_the_end_of_the_lease(effect: Effect) -> None:
+    """A STARTED call whose lease ran out long before anyone looked is
+    quarantined from the lease's end, not from the moment it is noticed."""
+    call = started(effect, NOW)
+    cleared = later(NOW, LEASE_NS + QUARANTINE_NS)
+    step = operator_rules.reconcile(call, cleared, _order(call.revision, found=False))
+    assert answer(step).call.state is State.PREPARED
+
+
+@pytest.mark.parametrize("lease_ms", [1_000, 600_000])
+def test_the_quarantine_is_a_multiple_of_the_attempts_lease(lease_ms: int) -> None:
+    """The quarantine is `reconcile.quarantine_leases` times the lease the
+    attempt asked for (an agent that needs long leases gets a long quarantine)."""
+    policy = Policy(reconcile_quarantine_leases=5)
+    begun = rules.prepare(
+        None, spec(Effect.SIDE_EFFECT, start=True, lease_ms=lease_ms), NOW
+    )
+    call = rules.report_unknown(begun.call, NOW, attempt=1, reason="timeout").call
+    assert call.lease_ms == lease_ms
+    quarantine = 5 * lease_ms * 1_000_000
+    order = _order(call.revision, found=False)
+    early = operator_rules.reconcile(call, later(NOW, quarantine - 1), order, policy)
+    refusal(early, ReconcileQuarantine)
+    done = operator_rules.reconcile(call, later(NOW, quarantine), order, policy)
+    assert answer(done).call.state is State.PREPARED
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_the_dead_attempt_confirmation_skips_the_quarantine(effect: Effect) -> None:
+    """The operator's word that the call's attempt is dead records "never
+    executed" at once; a confirmation of another attempt is STALE_ATTEMPT, and
+    none outweighs a live lease (the holder heartbeats: it is not dead)."""
+    call = unknown(effect, NOW)
+    step = operator_rules.reconcile(
+        call, AFTER, _order(call.revision, found=False, dead=1)
+    )
+    assert answer(step).call.state is State.PREPARED
+    other = operator_rules.reconcile(
+        call, AFTER, _order(call.revision, found=False, dead=2)
+    )
+    assert refusal(other, StaleAttempt).metadata == {"currentAttempt": "1"}
+    assert other.call is call
+    live = started(effect, NOW)
+    held = operator_rules.reconcile(
+        live, AFTER, _order(live.revision, found=False, dead=1)
+    )
+    refusal(held, InvalidTransition)
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_a_result_found_is_recorded_at_once(effect: Effect) -> None:
+    """The quarantine guards only "never executed": a result found in the
+    target system commits the call at once."""
+    call = unknown(effect, NOW)
+    step = operator_rules.reconcile(call, AFTER, _order(call.revision, found=True))
+    assert answer(step).call.state is State.COMMITTED
+
+
+def test_an_unknown_record_stored_before_it_kept_the_moment_uses_its_history() -> None:
+    """A record stored without `unknown_since` is quarantined from its
+    transition to UNKNOWN in the history (old records stay safe)."""
+    call = unknown(Effect.SIDE_EFFECT, NOW)
+    doc = json.loads(records.encode_call(call))
+    del doc["unknown_since"], doc["lease_ms"]
+    old = records.decode_call(json.dumps(doc).encode())
+    assert (old.unknown_since_ns, old.lease_ms) == (0, 0)
+    assert old.outcome_unknown_since_ns == NOW.wall_ns
+    order = _order(old.revision, found=False)
+    refusal(operator_rules.reconcile(old, AFTER, order), ReconcileQuarantine)
+    cleared = later(NOW, QUARANTINE_NS)
+    assert operator_rules.reconcile(old, cleared, order).call.state is State.PREPARED
+
+
+Reconciler = Callable[[ToolCall, Now, ReconcileOrder], Step]
+
+
+def _skips_quarantine(call: ToolCall, now: Now, order: ReconcileOrder) -> Step:
+    """BROKEN on purpose: "never executed" the instant the lease ran out."""
+    confirmed = dataclasses.replace(order, confirmed_dead_attempt=call.attempt)
+    return operator_rules.reconcile(call, now, confirmed)
+
+
+def zombie_runs_twice(effect: Effect, reconcile: Reconciler) -> list[str]:
+    """The zombie scenario: attempt 1 stops heartbeating but keeps running;
+    an operator looks at the target system right after its lease ran out and
+    finds nothing yet. Returns why the call could run twice or lose the
+    zombie's result ([] when it cannot)."""
+    call = started(effect, NOW)
+    expired = later(NOW, LEASE_NS + 1)
+    step = reconcile(call, expired, _order(call.revision, found=False))
+    problems = []
+    if isinstance(step.reply, Answer) and step.call.state is State.PREPARED:
+        again = rules.start(
+            step.call,
+            expired,
+            lease_ms=LEASE_MS,
+            retry=False,
+            policy=Policy(),
+            expected_revision=None,
+        )
+        if isinstance(again.reply, Answer) and again.reply.attempt_held:
+            problems.append(f"attempt {again.call.attempt} started beside attempt 1")
+        call = again.call
+    else:
+        call = step.call
+    late = rules.commit(
+        call, later(expired, 1), attempt=1, result=ok_result(), expected_revision=None
+    )
+    if not isinstance(late.reply, Answer):
+        problems.append(f"attempt 1's result lost: {late.reply.reason}")
+    return problems
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_a_zombie_attempt_neither_runs_twice_nor_loses_its_result(
+    effect: Effect,
+) -> None:
+    """With the quarantine, the attempt that stopped heartbeating can still
+    commit its result, and no second attempt starts beside it (issue 10 item
+    8: fails before the fix: attempt 2 started and attempt 1's result was
+    STALE_ATTEMPT)."""
+    assert zombie_runs_twice(effect, operator_rules.reconcile) == []
+
+
+@pytest.mark.parametrize("effect", EFFECTS)
+def test_negative_control_a_reconcile_without_quarantine_is_caught(
+    effect: Effect,
+) -> None:
+    """The scenario's checker catches a reconcile that skips the quarantine."""
+    found = zombie_runs_twice(effect, _skips_quarantine)
+    assert found == [
+        "attempt 2 started beside attempt 1",
+        "attempt 1's result lost: STALE_ATTEMPT",
+    ]

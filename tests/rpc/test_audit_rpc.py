@@ -74,6 +74,7 @@ def _reconcile(stub: ledger_pb2_grpc.ToolLedgerStub, call_id: str) -> None:
             operator="olga",
             reason="checked",
             evidence=f"no trace of {call_id}",
+            confirmed_dead_attempt=1,
         ),
         timeout=5,
     )

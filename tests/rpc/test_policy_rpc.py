@@ -210,7 +210,9 @@ def test_the_answer_reports_the_policy_in_force(
     _, admin = stubs
     policy_path.write_text(
         "[retry]\nmax_attempts = 2\n[leases]\ndefault_ms = 1500\n"
-        "[retention]\ndays = 3\n" + FORCED + '[tools.pay]\neffect = "side-effect"\n'
+        "[retention]\ndays = 3\n[reconcile]\nquarantine_leases = 7\n"
+        + FORCED
+        + '[tools.pay]\neffect = "side-effect"\n'
     )
     answer = _reload(admin)
     assert answer.policy == apb.PolicySummary(
@@ -221,6 +223,7 @@ def test_the_answer_reports_the_policy_in_force(
         forced_side_effect_tools=["pay", TOOL],
         unacknowledged_retention_seconds=30 * 86_400,
         tombstone_seconds=30 * 86_400,
+        reconcile_quarantine_leases=7,
     )
     assert answer.previous.max_attempts == 5
     assert answer.file == str(policy_path)

@@ -74,6 +74,9 @@ def reconcile_request(
         request.result.CopyFrom(FOUND)
     else:
         request.not_executed = True
+        # The operator knows attempt 1 is dead; the quarantine that applies
+        # without this word has its own tests below.
+        request.confirmed_dead_attempt = 1
     return request
 
 
@@ -179,8 +182,9 @@ def test_a_live_attempt_cannot_be_declared_never_executed(
     ledger_stub: ToolLedgerStub, clock: ManualClock
 ) -> None:
     """A STARTED call with a live lease may still execute: "not executed" is
-    refused; the result found may commit it; after the lease expires, "not
-    executed" is accepted and the history shows the expiry."""
+    refused, even with its attempt confirmed dead; after the lease expires,
+    "not executed" with that confirmation is accepted and the history shows
+    the expiry."""
     started = ledger_stub.PrepareTool(
         prepare_request(start=True, lease_ms=10_000), timeout=5
     ).call
@@ -200,6 +204,51 @@ def test_a_live_attempt_cannot_be_declared_never_executed(
     assert done.state == pb.CALL_STATE_PREPARED
     assert [t.event for t in done.history[-2:]] == ["expire", "reconcile_not_executed"]
     assert done.reconciliations[0].from_state == pb.CALL_STATE_STARTED
+
+
+def test_never_executed_waits_out_the_quarantine(
+    ledger_stub: ToolLedgerStub, channel: grpc.Channel, clock: ManualClock
+) -> None:
+    """Without the operator's word that its attempt is dead, "never executed"
+    is FAILED_PRECONDITION RECONCILE_QUARANTINE (nothing changes, nothing is
+    audited) until the call has been UNKNOWN for 3 leases (30 s each by
+    default), counted from `unknown_since`; then it is accepted (issue 10
+    item 8: fails before the fix: accepted at once)."""
+    call = _unknown(ledger_stub)
+    assert call.unknown_since == call.updated_at
+    request = reconcile_request(call.revision, found=False)
+    request.ClearField("confirmed_dead_attempt")
+    clock.advance(89)
+    got = expect_refusal(
+        lambda: ledger_stub.Reconcile(request, timeout=5),
+        PRECONDITION,
+        "RECONCILE_QUARANTINE",
+    )
+    assert got.metadata == {
+        "attempt": "1",
+        "quarantineMs": "90000",
+        "remainingMs": "1000",
+    }
+    assert _get(ledger_stub) == call
+    assert _audit(channel) == []
+    clock.advance(1)
+    done = ledger_stub.Reconcile(request, timeout=5).call
+    assert done.state == pb.CALL_STATE_PREPARED
+    assert not done.HasField("unknown_since")
+
+
+def test_a_confirmed_dead_attempt_is_audited(
+    ledger_stub: ToolLedgerStub, channel: grpc.Channel
+) -> None:
+    """The confirmation records "never executed" at once, and the audit entry
+    keeps the operator's word."""
+    call = _unknown(ledger_stub)
+    done = ledger_stub.Reconcile(
+        reconcile_request(call.revision, found=False), timeout=5
+    ).call
+    assert done.state == pb.CALL_STATE_PREPARED
+    [entry] = _audit(channel)
+    assert entry.details["confirmedDeadAttempt"] == "1"
 
 
 def test_a_live_attempt_can_be_committed_from_evidence(

@@ -252,6 +252,7 @@ class Client {
     errorCode = '',
     errorMessage = '',
     notExecuted = false,
+    confirmedDeadAttempt = 0,
   }) {
     const request = {
       ref: this._ref({ runId, callId }),
@@ -259,6 +260,7 @@ class Client {
       operator,
       reason,
       evidence,
+      confirmedDeadAttempt,
     };
     if (notExecuted) {
       request.notExecuted = true;

@@ -142,6 +142,8 @@ function toolCallOut(c) {
     history: (c.history || []).map(transitionOut),
     approval: approvalOut(c.approval),
     reconciliations: (c.reconciliations || []).map(reconciliationOut),
+    // UNKNOWN only: since when the outcome is unknown (the reconcile quarantine counts from here).
+    unknownSince: timestampOut(c.unknownSince),
   };
 }
 

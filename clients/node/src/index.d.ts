@@ -82,6 +82,8 @@ export interface ToolCall {
   history: Transition[];
   approval: Approval | null;
   reconciliations: Reconciliation[];
+  /** UNKNOWN only: since when the outcome is unknown (the reconcile quarantine counts from here). */
+  unknownSince: Date | null;
 }
 
 export interface Prepared {
@@ -214,6 +216,8 @@ export class Client {
       errorCode?: string;
       errorMessage?: string;
       notExecuted?: boolean;
+      /** The operator's word that this attempt is dead: "never executed" before the quarantine ends. */
+      confirmedDeadAttempt?: number;
     },
   ): Promise<ToolCall>;
   getToolCall(args: CallRef): Promise<ToolCall>;

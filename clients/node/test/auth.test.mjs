@@ -127,6 +127,7 @@ describe('bearer tokens', () => {
         reason: 'checked',
         evidence: 'no charge',
         notExecuted: true,
+        confirmedDeadAttempt: prepared.call.attempt,
       };
       await rejectsWith(agent.reconcile(order), errors.PERMISSION_DENIED);
       const done = await oncall.reconcile(order);

@@ -45,6 +45,7 @@ from effectd_client._exceptions import PermissionDenied as PermissionDenied
 from effectd_client._exceptions import PolicyInvalid as PolicyInvalid
 from effectd_client._exceptions import QuotaExceeded as QuotaExceeded
 from effectd_client._exceptions import RateLimited as RateLimited
+from effectd_client._exceptions import ReconcileQuarantine as ReconcileQuarantine
 from effectd_client._exceptions import ReconciliationNeeded as ReconciliationNeeded
 from effectd_client._exceptions import ReconciliationRequired as ReconciliationRequired
 from effectd_client._exceptions import ResultCompacted as ResultCompacted
@@ -133,6 +134,7 @@ __all__ = [
     "Prepared",
     "QuotaExceeded",
     "RateLimited",
+    "ReconcileQuarantine",
     "ReconciliationNeeded",
     "ReconciliationRequired",
     "RecordingRetry",

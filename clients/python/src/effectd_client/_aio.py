@@ -287,8 +287,15 @@ class AsyncClient:
         evidence: str,
         result: Any = None,
         not_executed: bool = False,
+        confirmed_dead_attempt: int = 0,
     ) -> ToolCall:
-        """Resolves an unknown outcome: the result found, or never executed."""
+        """Resolves an unknown outcome: the result found, or never executed.
+
+        "Never executed" is refused (`ReconcileQuarantine`) until the call
+        has been UNKNOWN for the daemon's quarantine, unless
+        `confirmed_dead_attempt` names its attempt: the operator's word that
+        the attempt's process is gone.
+        """
         request = req.reconcile(
             self.namespace,
             run_id,
@@ -299,6 +306,7 @@ class AsyncClient:
             evidence=evidence,
             result=result,
             not_executed=not_executed,
+            confirmed_dead_attempt=confirmed_dead_attempt,
         )
         return ToolCall.from_pb(
             (await self._call(self._ledger.Reconcile, request)).call

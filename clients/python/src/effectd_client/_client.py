@@ -299,8 +299,15 @@ class Client:
         evidence: str,
         result: Any = None,
         not_executed: bool = False,
+        confirmed_dead_attempt: int = 0,
     ) -> ToolCall:
-        """Resolves an unknown outcome: the result found, or never executed."""
+        """Resolves an unknown outcome: the result found, or never executed.
+
+        "Never executed" is refused (`ReconcileQuarantine`) until the call
+        has been UNKNOWN for the daemon's quarantine, unless
+        `confirmed_dead_attempt` names its attempt: the operator's word that
+        the attempt's process is gone.
+        """
         request = req.reconcile(
             self.namespace,
             run_id,
@@ -311,6 +318,7 @@ class Client:
             evidence=evidence,
             result=result,
             not_executed=not_executed,
+            confirmed_dead_attempt=confirmed_dead_attempt,
         )
         return ToolCall.from_pb(self._call(self._ledger.Reconcile, request).call)
 

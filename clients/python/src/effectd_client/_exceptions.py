@@ -227,6 +227,14 @@ class RateLimited(EffectdError):
     REASON: ClassVar[str] = "RATE_LIMITED"
 
 
+class ReconcileQuarantine(EffectdError):
+    """ "Never executed" came before the call's quarantine ended: wait
+    `metadata["remainingMs"]`, or confirm that attempt `metadata["attempt"]`
+    is dead (`confirmed_dead_attempt`)."""
+
+    REASON: ClassVar[str] = "RECONCILE_QUARANTINE"
+
+
 REASON_CLASSES: dict[str, type[EffectdError]] = {
     cls.REASON: cls
     for cls in (
@@ -262,6 +270,7 @@ REASON_CLASSES: dict[str, type[EffectdError]] = {
         Unauthenticated,
         QuotaExceeded,
         RateLimited,
+        ReconcileQuarantine,
     )
 }
 

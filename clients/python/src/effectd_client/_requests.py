@@ -188,6 +188,7 @@ def reconcile(
     evidence: str,
     result: Any,
     not_executed: bool,
+    confirmed_dead_attempt: int = 0,
 ) -> pb.ReconcileRequest:
     request = pb.ReconcileRequest(
         ref=ref(namespace, run_id, call_id),
@@ -195,6 +196,7 @@ def reconcile(
         operator=operator,
         reason=reason,
         evidence=evidence,
+        confirmed_dead_attempt=confirmed_dead_attempt,
     )
     if not_executed:
         request.not_executed = True

@@ -277,6 +277,7 @@ class PolicySummary(_message.Message):
     FORCED_SIDE_EFFECT_TOOLS_FIELD_NUMBER: _builtins.int
     UNACKNOWLEDGED_RETENTION_SECONDS_FIELD_NUMBER: _builtins.int
     TOMBSTONE_SECONDS_FIELD_NUMBER: _builtins.int
+    RECONCILE_QUARANTINE_LEASES_FIELD_NUMBER: _builtins.int
     retry_safe: _builtins.bool
     """The kill switch of ADR-010 R2: false, nothing is retry-safe."""
     max_attempts: _builtins.int
@@ -291,6 +292,10 @@ class PolicySummary(_message.Message):
     """
     tombstone_seconds: _builtins.int
     """Tombstones are deleted this long after they were made."""
+    reconcile_quarantine_leases: _builtins.int
+    """Reconcile "never executed" waits until a call has been UNKNOWN for this
+    many of its leases, unless its attempt is confirmed dead.
+    """
     @_builtins.property
     def forced_side_effect_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tools whose effect is forced to SIDE_EFFECT, sorted."""
@@ -305,10 +310,11 @@ class PolicySummary(_message.Message):
         forced_side_effect_tools: _abc.Iterable[_builtins.str] | None = ...,
         unacknowledged_retention_seconds: _builtins.int = ...,
         tombstone_seconds: _builtins.int = ...,
+        reconcile_quarantine_leases: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "max_attempts", b"max_attempts", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe", "tombstone_seconds", b"tombstone_seconds", "unacknowledged_retention_seconds", b"unacknowledged_retention_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "max_attempts", b"max_attempts", "reconcile_quarantine_leases", b"reconcile_quarantine_leases", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe", "tombstone_seconds", b"tombstone_seconds", "unacknowledged_retention_seconds", b"unacknowledged_retention_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

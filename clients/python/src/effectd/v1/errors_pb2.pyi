@@ -163,6 +163,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     it is and no key is computed for it (ADR-010 R4): serve it with a
     daemon that knows the scheme. The ErrorInfo metadata carries keyScheme.
     """
+    RECONCILE_QUARANTINE: _ErrorReason.ValueType  # 48
+    """FAILED_PRECONDITION. Reconcile "never executed" of a call whose outcome
+    has been unknown for less than the quarantine of the policy (a multiple
+    of its last lease): an expired lease means that the holder stopped
+    heartbeating, not that it stopped running. The metadata says how long
+    is left (`remainingMs`, `quarantineMs`) and which attempt may be
+    confirmed dead (`attempt`) to record it now; nothing changed.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The reason string of `google.rpc.ErrorInfo` is the value name. The values
@@ -303,5 +311,13 @@ UNSUPPORTED_KEY_SCHEME: ErrorReason.ValueType  # 40
 daemon does not know (a newer daemon created it). The call is left as
 it is and no key is computed for it (ADR-010 R4): serve it with a
 daemon that knows the scheme. The ErrorInfo metadata carries keyScheme.
+"""
+RECONCILE_QUARANTINE: ErrorReason.ValueType  # 48
+"""FAILED_PRECONDITION. Reconcile "never executed" of a call whose outcome
+has been unknown for less than the quarantine of the policy (a multiple
+of its last lease): an expired lease means that the holder stopped
+heartbeating, not that it stopped running. The metadata says how long
+is left (`remainingMs`, `quarantineMs`) and which attempt may be
+confirmed dead (`attempt`) to record it now; nothing changed.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

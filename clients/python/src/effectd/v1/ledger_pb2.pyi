@@ -332,6 +332,7 @@ class ToolCall(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
     RECONCILIATIONS_FIELD_NUMBER: _builtins.int
+    UNKNOWN_SINCE_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     effect: Global___Effect.ValueType
     state: Global___CallState.ValueType
@@ -385,6 +386,13 @@ class ToolCall(_message.Message):
         kept for the life of the record (ADR-010 R3).
         """
 
+    @_builtins.property
+    def unknown_since(self) -> _timestamp_pb2.Timestamp:
+        """UNKNOWN only: since when the outcome of the last attempt is unknown (the
+        end of its lease, or its report); the reconcile quarantine counts from
+        here.
+        """
+
     def __init__(
         self,
         *,
@@ -406,10 +414,11 @@ class ToolCall(_message.Message):
         history: _abc.Iterable[Global___Transition] | None = ...,
         approval: Global___Approval | None = ...,
         reconciliations: _abc.Iterable[Global___Reconciliation] | None = ...,
+        unknown_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "created_at", b"created_at", "effect", b"effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "created_at", b"created_at", "effect", b"effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -829,7 +838,11 @@ class ReconcileRequest(_message.Message):
     """Applied by compare-and-swap: of two operators resolving one record, the
     second gets REVISION_CONFLICT. The record and its audit entry are written in
     one transaction. "never executed" is refused while an attempt still holds
-    a live lease (it may yet execute).
+    a live lease (it may yet execute), and after that until the call has been
+    UNKNOWN for the policy's quarantine (`reconcile.quarantine_leases` times
+    its last lease; RECONCILE_QUARANTINE says how long is left) unless
+    `confirmed_dead_attempt` names the call's attempt: an expired lease means
+    that the holder stopped heartbeating, not that it stopped running.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -841,6 +854,7 @@ class ReconcileRequest(_message.Message):
     OPERATOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     EVIDENCE_FIELD_NUMBER: _builtins.int
+    CONFIRMED_DEAD_ATTEMPT_FIELD_NUMBER: _builtins.int
     expected_revision: _builtins.int
     """Required: the revision the operator inspected."""
     not_executed: _builtins.bool
@@ -851,6 +865,12 @@ class ReconcileRequest(_message.Message):
     """
     reason: _builtins.str
     evidence: _builtins.str
+    confirmed_dead_attempt: _builtins.int
+    """The operator's word that attempt N of the call (ToolCall.attempt) is
+    dead: its process is gone and cannot still execute the call. "never
+    executed" is then accepted before the quarantine ends. Another attempt
+    than the call's is refused with STALE_ATTEMPT. 0: no confirmation.
+    """
     @_builtins.property
     def ref(self) -> Global___CallRef: ...
     @_builtins.property
@@ -867,10 +887,11 @@ class ReconcileRequest(_message.Message):
         operator: _builtins.str = ...,
         reason: _builtins.str = ...,
         evidence: _builtins.str = ...,
+        confirmed_dead_attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["not_executed", b"not_executed", "ref", b"ref", "resolution", b"resolution", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence", b"evidence", "expected_revision", b"expected_revision", "not_executed", b"not_executed", "operator", b"operator", "reason", b"reason", "ref", b"ref", "resolution", b"resolution", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmed_dead_attempt", b"confirmed_dead_attempt", "evidence", b"evidence", "expected_revision", b"expected_revision", "not_executed", b"not_executed", "operator", b"operator", "reason", b"reason", "ref", b"ref", "resolution", b"resolution", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_resolution: _TypeAlias = _typing.Literal["result", "not_executed"]  # noqa: Y015
     _WhichOneofArgType_resolution: _TypeAlias = _typing.Literal["resolution", b"resolution"]  # noqa: Y015
