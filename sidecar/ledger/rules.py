@@ -62,6 +62,9 @@ class PrepareSpec:
     # Who prepares: recorded in the history (the token's name with
     # authentication on).
     actor: str = AGENT
+    # With `start`: start a call whose last attempt has an unknown outcome
+    # again, as an explicit retry under the retry rules (as StartTool's).
+    retry: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +73,8 @@ class Answer:
     call: ToolCall
     # This caller holds the attempt (`call.attempt` is its fencing token).
     attempt_held: bool = False
-    # EXECUTE after an attempt of unknown outcome: only an explicit retry
-    # (StartTool with retry) may start it.
+    # EXECUTE of a plain prepare (without start) after an attempt of unknown
+    # outcome: only an explicit retry (start with retry) may start it.
     retry_required: bool = False
 
     @property
@@ -179,7 +182,14 @@ def prepare(
     now: Now,
     policy: Policy | None = None,
 ) -> Step:
-    """PrepareTool: record the call, or answer for the existing record."""
+    """PrepareTool: record the call, or answer for the existing record.
+
+    With `spec.start`, EXECUTE means that this caller holds the attempt
+    (DESIGN §5), and a call whose last attempt has an unknown outcome is
+    started again only as StartTool would start it: an explicit retry
+    (`spec.retry`) under the retry rules, in this transaction; otherwise the
+    refusal says why. A SIDE_EFFECT of unknown outcome answers RECONCILE.
+    """
     if existing is None:
         call = _create(spec, now)
     else:
@@ -191,7 +201,17 @@ def prepare(
     if spec.start and call.state is State.PREPARED:
         started = _start(call, now, spec.lease_ms, Event.START, spec.actor)
         return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
-    return Step(call, _answer(call, policy=policy))
+    answer = _answer(call, policy=policy)
+    if spec.start and answer.retry_required:
+        return _retry(
+            call,
+            now,
+            lease_ms=spec.lease_ms,
+            retry=spec.retry,
+            policy=policy or Policy(),
+            actor=spec.actor,
+        )
+    return Step(call, answer)
 
 
 def _create(spec: PrepareSpec, now: Now) -> ToolCall:
@@ -269,9 +289,14 @@ def _retry(
         )
     elif not retry:
         refusal = InvalidTransition(
-            "the outcome of the last attempt is unknown: start it again only as "
-            "an explicit retry",
-            {"state": call.state.name, "event": Event.START.value},
+            f"the outcome of attempt {call.attempt} is unknown: it starts again "
+            "only as an explicit retry (retry = true), under the retry rules",
+            {
+                "state": call.state.name,
+                "event": Event.START.value,
+                "attempt": str(call.attempt),
+                "retryRequired": "true",
+            },
         )
     else:
         question = retry_rules.RetryQuestion(

@@ -144,6 +144,7 @@ def prepare_spec(
         start=req.start,
         lease_ms=lease,
         actor=gate.caller(AGENT),
+        retry=req.retry,
     )
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import itertools
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 
 import hypothesis
 import pytest
@@ -20,10 +21,12 @@ from hypothesis import strategies as st
 
 from sidecar.errors import (
     AttemptsExhausted,
+    EffectdError,
     InputMismatch,
     InvalidTransition,
     ReconciliationRequired,
     ResultMismatch,
+    RetryDisabled,
     RevisionConflict,
     StaleAttempt,
 )
@@ -47,6 +50,7 @@ from tests.ledger.builders import (
     MAX_ATTEMPTS,
     OTHER_INPUT,
     REF,
+    TOOL,
     answer,
     awaiting,
     committed,
@@ -338,6 +342,19 @@ AFTER_UNKNOWN = {
 }
 
 
+def check_found_unknown(step: Step, effect: Effect, *, start: bool) -> None:
+    """The reply of a prepare that found the call UNKNOWN: RECONCILE for a side
+    effect; otherwise a retry-only EXECUTE, or with `start` (which must hold
+    what it answers EXECUTE to) the refusal that asks for an explicit retry."""
+    if start and effect is not SE:
+        refused = refusal(step, InvalidTransition)
+        assert refused.metadata["retryRequired"] == "true"
+        return
+    reply = answer(step)
+    assert (reply.decision, reply.retry_required) == AFTER_UNKNOWN[effect]
+    assert not reply.attempt_held
+
+
 @pytest.mark.parametrize("start", [False, True])
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_a_prepare_after_the_lease_expired_finds_the_call_unknown(
@@ -351,7 +368,7 @@ def test_a_prepare_after_the_lease_expired_finds_the_call_unknown(
     assert call.lease is not None
     at_deadline = Now(now.wall_ns + LEASE_NS, call.lease.deadline_ns, INCARNATION)
     step = rules.prepare(call, spec(effect, start=start), at_deadline)
-    reply = answer(step)
+    check_found_unknown(step, effect, start=start)
     assert step.call.state is State.UNKNOWN
     assert step.call.revision == call.revision + 1
     assert step.call.lease is None
@@ -363,8 +380,6 @@ def test_a_prepare_after_the_lease_expired_finds_the_call_unknown(
         State.UNKNOWN,
         rules.DAEMON,
     )
-    assert (reply.decision, reply.retry_required) == AFTER_UNKNOWN[effect]
-    assert not reply.attempt_held
 
 
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
@@ -377,12 +392,10 @@ def test_a_prepare_under_a_later_incarnation_finds_the_call_unknown(
     call = started(effect)
     restarted = moment(monotonic_ns=0, incarnation=INCARNATION + 1)
     step = rules.prepare(call, spec(effect, start=True), restarted)
-    reply = answer(step)
+    check_found_unknown(step, effect, start=True)
     assert step.call.state is State.UNKNOWN
     assert step.call.history[-1].event is Event.RESTART
     assert step.call.history[-1].actor == rules.DAEMON
-    assert (reply.decision, reply.retry_required) == AFTER_UNKNOWN[effect]
-    assert not reply.attempt_held
 
 
 # --- start (DESIGN §4 start / retry, §5) ------------------------------------
@@ -816,6 +829,7 @@ def test_a_heartbeat_after_the_lease_is_gone_stores_unknown_and_refuses(
 
 class Op(enum.Enum):
     PREPARE = "prepare"  # flag: start in the same round trip
+    PREPARE_START = "prepare_start"  # start in the same round trip; flag: retry
     START = "start"  # flag: retry
     COMMIT = "commit"  # flag: from a stale attempt
     REPORT_UNKNOWN = "report_unknown"  # flag: from a stale attempt
@@ -850,6 +864,18 @@ def side_effect_violation(effect: Effect, ever_started: bool, step: Step) -> str
     if reply.decision is Decision.EXECUTE:
         retry = " (retry_required)" if reply.retry_required else ""
         return f"side effect: EXECUTE{retry} in {reply.call.state.name}"
+    return ""
+
+
+def start_violation(asked: PrepareSpec, before: ToolCall | None, step: Step) -> str:
+    """Why a prepare `step` breaks DESIGN §5's start promise, or "" if it does
+    not: with `start`, EXECUTE means that this caller holds a new attempt."""
+    reply = step.reply
+    if not asked.start or not isinstance(reply, Answer):
+        return ""
+    if reply.decision is Decision.EXECUTE and not reply.attempt_held:
+        state = "none" if before is None else before.state.name
+        return f"start: EXECUTE without the attempt (found {state})"
     return ""
 
 
@@ -918,8 +944,13 @@ def run(
     for index, action in enumerate(actions):
         now = _advance(now, action)
         step: Step | None = None
+        asked: PrepareSpec | None = None
         if action.op is Op.PREPARE:
-            step = prepare(call, spec(effect, start=action.flag), now)
+            asked = spec(effect, start=action.flag)
+        elif action.op is Op.PREPARE_START:
+            asked = dataclasses.replace(spec(effect, start=True), retry=action.flag)
+        if asked is not None:
+            step = prepare(call, asked, now)
         elif call is not None:
             step = _request(call, now, action)
         if step is None:
@@ -927,6 +958,7 @@ def run(
         for why in (
             side_effect_violation(effect, ever_started, step),
             fencing_violation(call, step),
+            "" if asked is None else start_violation(asked, call, step),
         ):
             if why:
                 violations.append(f"step {index} {action.op.value}: {why}")
@@ -956,7 +988,9 @@ def test_no_sequence_executes_a_started_side_effect_again(
     effect: Effect, script: list[Action]
 ) -> None:
     """No sequence of requests, expiries and restarts hands out an attempt or an
-    EXECUTE for a SIDE_EFFECT that was ever STARTED."""
+    EXECUTE for a SIDE_EFFECT that was ever STARTED, or answers a prepare with
+    `start` EXECUTE without a new attempt held (issue 10 item 9: fails before
+    the fix, for READ and IDEMPOTENT_WRITE)."""
     # ADR-010 D1 "never replayed automatically", D3; DESIGN §4 RECONCILIATION_REQUIRED.
     hypothesis.note(
         f"effect={effect.name} script={[(a.op.value, a.flag) for a in script]}"
@@ -1032,21 +1066,145 @@ def test_negative_control_the_random_search_finds_the_broken_prepare(
     assert not run(SE, found)
 
 
+def _unheld_execute(existing: ToolCall | None, spec: PrepareSpec, now: Now) -> Step:
+    """BROKEN on purpose, as prepare was: with `start`, a READ or
+    IDEMPOTENT_WRITE found UNKNOWN gets EXECUTE (retry_required), not held."""
+    step = rules.prepare(existing, spec, now)
+    if spec.start and step.call.state is State.UNKNOWN and step.call.effect is not SE:
+        return Step(step.call, Answer(Decision.EXECUTE, step.call, retry_required=True))
+    return step
+
+
+@pytest.mark.parametrize("effect", RETRYABLE, ids=lambda e: e.name)
+def test_negative_control_the_checker_catches_an_unheld_execute(
+    effect: Effect,
+) -> None:
+    """The property's start checker reports the prepare that answers EXECUTE
+    without the attempt, and nothing for the real rule on the same script."""
+    script = [
+        Action(Op.PREPARE, True),  # started, attempt 1
+        Action(Op.EXPIRE, False),  # the lease runs out
+        Action(Op.PREPARE, True),  # found UNKNOWN; with start
+    ]
+    assert run(effect, script) == []
+    found = run(effect, script, _unheld_execute)
+    assert found == [
+        "step 2 prepare: start: EXECUTE without the attempt (found STARTED)"
+    ]
+
+
+def test_negative_control_the_random_search_finds_the_unheld_execute() -> None:
+    """Random scripts, drawn as the property draws them, find it too."""
+    found = hypothesis.find(
+        SCRIPTS,
+        lambda script: bool(run(Effect.READ, script, _unheld_execute)),
+        settings=hypothesis.settings(
+            max_examples=300,
+            database=None,
+            deadline=None,
+            phases=[hypothesis.Phase.generate],
+        ),
+    )
+    assert not run(Effect.READ, found)
+
+
 @pytest.mark.parametrize("effect", RETRYABLE, ids=lambda e: e.name)
 def test_prepare_and_start_of_an_unknown_read_does_not_retry_it(
     effect: Effect,
 ) -> None:
-    """Prepare-and-start of an UNKNOWN READ / IDEMPOTENT_WRITE answers a
-    retry_required EXECUTE and hands out no attempt: only StartTool retries."""
-    # DESIGN §4 "explicit retry ... never triggered by recovery itself"; D3.
+    """Prepare-and-start of an UNKNOWN READ / IDEMPOTENT_WRITE without `retry`
+    hands out no attempt and answers no EXECUTE: it is refused, asking for an
+    explicit retry, and the record is unchanged (issue 10 item 9: fails before
+    the fix: it answered EXECUTE without holding the attempt)."""
+    # DESIGN §4 "explicit retry ... never triggered by recovery itself"; D3;
+    # DESIGN §5 "with start, EXECUTE means this caller holds the attempt".
     call = unknown(effect)
-    reply = answer(rules.prepare(call, spec(effect, start=True), moment()))
-    assert (reply.decision, reply.retry_required, reply.attempt_held) == (
-        Decision.EXECUTE,
-        True,
-        False,
-    )
-    assert reply.call == call
+    step = rules.prepare(call, spec(effect, start=True), moment())
+    refused = refusal(step, InvalidTransition)
+    assert refused.metadata == {
+        "state": "UNKNOWN",
+        "event": "start",
+        "attempt": "1",
+        "retryRequired": "true",
+    }
+    assert step.call is call
+
+
+def _prepare_retry(
+    call: ToolCall, now: Now, policy: Policy, *, effect: Effect | None = None
+) -> Step:
+    asked = dataclasses.replace(spec(effect or call.effect, start=True), retry=True)
+    return rules.prepare(call, asked, now, policy)
+
+
+@pytest.mark.parametrize("effect", RETRYABLE, ids=lambda e: e.name)
+def test_prepare_and_start_with_retry_holds_the_next_attempt(effect: Effect) -> None:
+    """With `retry`, prepare-and-start retries an UNKNOWN READ / IDEMPOTENT_WRITE
+    in the same transaction: EXECUTE holds attempt 2 (event retry), and attempt
+    1's late commit is then STALE_ATTEMPT (issue 10 item 9: fails before the
+    fix: no attempt was held)."""
+    call = unknown(effect)
+    step = _prepare_retry(call, moment(), Policy(max_attempts=MAX_ATTEMPTS))
+    reply = answer(step)
+    assert (reply.decision, reply.attempt_held) == (Decision.EXECUTE, True)
+    assert (step.call.state, step.call.attempt) == (State.STARTED, 2)
+    assert step.call.history[-1].event is Event.RETRY
+    refusal(_commit(step.call, 1), StaleAttempt)
+    assert answer(_commit(step.call, 2)).call.state is State.COMMITTED
+
+
+RETRY_REFUSALS: list[tuple[str, Policy, type[EffectdError]]] = [
+    # ADR-010 R2: the kill switch stops every retry at once.
+    ("kill switch", Policy(retry_safe_enabled=False), RetryDisabled),
+    # DESIGN §7: the attempt budget always applies (attempt 1 used of 1).
+    ("budget", Policy(max_attempts=1), AttemptsExhausted),
+    # ADR-010 R2: a tool forced to SIDE_EFFECT is never retried.
+    (
+        "forced side effect",
+        Policy(effect_overrides=MappingProxyType({TOOL: SE})),
+        ReconciliationRequired,
+    ),
+]
+
+
+@pytest.mark.parametrize("effect", RETRYABLE, ids=lambda e: e.name)
+@pytest.mark.parametrize(("why", "policy", "kind"), RETRY_REFUSALS)
+def test_prepare_and_start_with_retry_obeys_the_retry_rules(
+    effect: Effect, why: str, policy: Policy, kind: type[EffectdError]
+) -> None:
+    """The retry of prepare-and-start is decided by the retry rules in the same
+    transaction: the kill switch and the attempt budget refuse it with their
+    reason, changing nothing (issue 10 item 9: fails before the fix: EXECUTE
+    came back whatever the policy said). A forced side effect answers
+    RECONCILE instead: it is a decision, as for any UNKNOWN side effect."""
+    call = unknown(effect)
+    step = _prepare_retry(call, moment(), policy)
+    if kind is ReconciliationRequired:
+        assert answer(step).decision is Decision.RECONCILE
+        assert not answer(step).attempt_held
+    else:
+        refusal(step, kind)
+    assert step.call is call
+
+
+@pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.name)
+@pytest.mark.parametrize("retry", [False, True])
+@pytest.mark.parametrize(
+    "policy",
+    [Policy(), Policy(retry_safe_enabled=False), Policy(max_attempts=1)],
+    ids=["default", "kill-switch", "budget-1"],
+)
+def test_with_start_execute_always_holds_the_attempt(
+    effect: Effect, state: State, retry: bool, policy: Policy
+) -> None:
+    """For every state, effect, retry flag and policy, a prepare with `start`
+    that answers EXECUTE holds a new attempt (DESIGN §5; issue 10 item 9:
+    fails before the fix for UNKNOWN READ and IDEMPOTENT_WRITE)."""
+    call = BUILD[state](effect)
+    asked = dataclasses.replace(spec(effect, start=True), retry=retry)
+    step = rules.prepare(call, asked, moment(), policy)
+    assert start_violation(asked, call, step) == ""
 
 
 def test_an_approval_rejection_is_answered_rejected_on_prepare() -> None:

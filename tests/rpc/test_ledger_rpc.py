@@ -5,6 +5,7 @@ clock, fencing by attempt, batches, namespaces, listings and history."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import grpc
 import pytest
@@ -15,6 +16,10 @@ from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
 from effectd_client import Client, Decision, Effect, State
 from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
+from sidecar.ledger.policy import FixedPolicy, Policy
+from sidecar.server import Daemon
+from sidecar.testing import running_daemon
 from tests.rpc.support import DOMAIN, expect_refusal, prepare_request, ref, refused
 
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -382,19 +387,26 @@ def test_expired_retry_safe_call_needs_an_explicit_retry(
     ledger_stub: ToolLedgerStub, clock: ManualClock, effect: pb.Effect.ValueType
 ) -> None:
     """After a lease expiry a READ or IDEMPOTENT_WRITE prepare answers EXECUTE
-    with retry_required; only StartTool(retry) starts attempt 2, and attempt
-    1 can no longer commit (STALE_ATTEMPT)."""
+    with retry_required, and a prepare with start is refused, asking for an
+    explicit retry; only StartTool(retry) starts attempt 2, and attempt 1 can
+    no longer commit (STALE_ATTEMPT)."""
     ledger_stub.PrepareTool(
         prepare_request(effect=effect, start=True, lease_ms=1000), timeout=5
     )
     clock.advance(2)
-    prepared = ledger_stub.PrepareTool(
-        prepare_request(effect=effect, start=True), timeout=5
-    )
+    prepared = ledger_stub.PrepareTool(prepare_request(effect=effect), timeout=5)
     assert prepared.decision == pb.DECISION_EXECUTE
     assert prepared.retry_required
     assert not prepared.attempt_held
     assert prepared.call.state == pb.CALL_STATE_UNKNOWN
+    got = expect_refusal(
+        lambda: ledger_stub.PrepareTool(
+            prepare_request(effect=effect, start=True), timeout=5
+        ),
+        PRECONDITION,
+        "INVALID_TRANSITION",
+    )
+    assert got.metadata["retryRequired"] == "true"
     expect_refusal(lambda: start(ledger_stub), PRECONDITION, "INVALID_TRANSITION")
     retried = start(ledger_stub, retry=True)
     assert retried.decision == pb.DECISION_EXECUTE
@@ -512,8 +524,40 @@ def test_report_unknown_of_a_read_allows_a_retry(ledger_stub: ToolLedgerStub) ->
         pb.ReportUnknownRequest(ref=ref(), attempt=1, reason="connection lost"),
         timeout=5,
     )
-    answer = ledger_stub.PrepareTool(request, timeout=5)
+    answer = ledger_stub.PrepareTool(prepare_request(effect=pb.EFFECT_READ), timeout=5)
     assert (answer.decision, answer.retry_required) == (pb.DECISION_EXECUTE, True)
+
+
+@pytest.mark.parametrize("effect", [pb.EFFECT_READ, pb.EFFECT_IDEMPOTENT_WRITE])
+def test_prepare_with_start_and_retry_holds_the_retry(
+    ledger_stub: ToolLedgerStub, effect: pb.Effect.ValueType
+) -> None:
+    """PrepareTool(start, retry) of an UNKNOWN READ or IDEMPOTENT_WRITE holds
+    attempt 2 in one round trip (EXECUTE with attempt_held), PrepareTools the
+    same; then attempt 1's commit is STALE_ATTEMPT (issue 10 item 9: fails
+    before the fix: EXECUTE came back without the attempt, and attempt 1's
+    commit was accepted)."""
+    for call_id in ("one", "batch"):
+        request = prepare_request(call_id=call_id, effect=effect, start=True)
+        ledger_stub.PrepareTool(request, timeout=5)
+        ledger_stub.ReportUnknown(
+            pb.ReportUnknownRequest(ref=ref(call_id=call_id), attempt=1), timeout=5
+        )
+        request.retry = True
+        if call_id == "one":
+            answer = ledger_stub.PrepareTool(request, timeout=5)
+        else:
+            [answer] = ledger_stub.PrepareTools(
+                pb.PrepareToolsRequest(calls=[request]), timeout=5
+            ).results
+        assert (answer.decision, answer.attempt_held) == (pb.DECISION_EXECUTE, True)
+        assert (answer.call.state, answer.call.attempt) == (pb.CALL_STATE_STARTED, 2)
+        assert answer.call.history[-1].event == "retry"
+        expect_refusal(
+            lambda call_id=call_id: commit(ledger_stub, 1, call_id=call_id),  # type: ignore[misc]
+            PRECONDITION,
+            "STALE_ATTEMPT",
+        )
 
 
 # -- batches ------------------------------------------------------------------
@@ -858,3 +902,44 @@ def test_client_reads_the_same_history(client: Client) -> None:
     client.prepare_tool("run", "call", "t", {"q": 1}, effect=Effect.READ, start=True)
     client.commit_tool("run", "call", 1, {"a": 1})
     assert client.get_tool_call("run", "call").history == ("prepare", "start", "commit")
+
+
+def test_a_batch_retry_past_the_budget_writes_nothing(
+    short_tmp: Path, clock: ManualClock
+) -> None:
+    """Under a budget of one attempt, PrepareTool(start, retry) of an UNKNOWN
+    READ is refused ATTEMPTS_EXHAUSTED; in a PrepareTools batch the refusal
+    names its index and the batch writes nothing (issue 10 item 9: fails
+    before the fix: EXECUTE came back, ignoring the budget)."""
+    config = ServeConfig(data_dir=short_tmp / "budget")
+    daemon = Daemon(config, clock)
+    daemon.policy = FixedPolicy(Policy(max_attempts=1))
+    with (
+        running_daemon(config, clock, daemon=daemon) as running,
+        grpc.insecure_channel(running.target) as channel,
+    ):
+        stub = ToolLedgerStub(channel)
+        request = prepare_request(effect=pb.EFFECT_READ, start=True)
+        stub.PrepareTool(request, timeout=5)
+        stub.ReportUnknown(pb.ReportUnknownRequest(ref=ref(), attempt=1), timeout=5)
+        request.retry = True
+        got = expect_refusal(
+            lambda: stub.PrepareTool(request, timeout=5),
+            PRECONDITION,
+            "ATTEMPTS_EXHAUSTED",
+        )
+        assert got.metadata == {"attempts": "1", "maxAttempts": "1"}
+        fresh = prepare_request(call_id="fresh", start=True)
+        batch = pb.PrepareToolsRequest(calls=[fresh, request])
+        got = expect_refusal(
+            lambda: stub.PrepareTools(batch, timeout=5),
+            PRECONDITION,
+            "ATTEMPTS_EXHAUSTED",
+        )
+        assert got.metadata["index"] == "1"
+        missing = refused(
+            lambda: stub.GetToolCall(
+                pb.GetToolCallRequest(ref=ref(call_id="fresh")), timeout=5
+            )
+        )
+        assert missing.code is grpc.StatusCode.NOT_FOUND

@@ -149,6 +149,7 @@ class Client {
     requireApproval = false,
     start = false,
     leaseMs = 0,
+    retry = false,
   }) {
     return {
       ref: this._ref({ runId, callId }),
@@ -158,13 +159,17 @@ class Client {
       requireApproval,
       start,
       leaseMs,
+      retry,
     };
   }
 
   /**
-   * Records the call (or finds it) and returns the decision.
+   * Records the call (or finds it) and returns the decision. With `start`, EXECUTE means this caller
+   * holds the attempt; a READ or IDEMPOTENT_WRITE whose last attempt has an unknown outcome starts again
+   * only with `retry`, under the daemon's retry rules (else INVALID_TRANSITION with
+   * `metadata.retryRequired`, or the retry rule's refusal).
    *
-   * @param {object} args {runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval, start, leaseMs}
+   * @param {object} args {runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval, start, leaseMs, retry}
    * @returns {Promise<{decision: string, call: object, idempotencyKey: string, attemptHeld: boolean, retryRequired: boolean}>}
    */
   async prepareTool(args) {

@@ -106,6 +106,8 @@ export interface PrepareArgs extends CallRef {
   requireApproval?: boolean;
   start?: boolean;
   leaseMs?: number;
+  /** With `start`: an explicit retry of a READ / IDEMPOTENT_WRITE whose last attempt has an unknown outcome. */
+  retry?: boolean;
 }
 
 export interface Checkpoint {

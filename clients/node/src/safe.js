@@ -47,7 +47,10 @@
  *       └── ToolFailed               the stored result is an error result
  */
 
-const { EffectdError } = require('./errors');
+const { EffectdError, errors } = require('./errors');
+
+const RETRY_REQUIRED =
+  "the last attempt's outcome is unknown; pass retryUnknown: true to retry this READ or IDEMPOTENT_WRITE";
 
 /**
  * Thrown by a tool when it cannot know whether its effect happened (a lost
@@ -304,16 +307,22 @@ async function noteUnrecorded(client, call, attempt, cause) {
  */
 async function safeToolCall(client, call, fn) {
   const { runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval = false, leaseMs = 0 } = call;
-  let answer = await client.prepareTool({ runId, callId, tool, input, effect, requireApproval, start: true, leaseMs });
-  if (answer.decision === 'EXECUTE' && !answer.attemptHeld) {
-    if (answer.retryRequired && !call.retryUnknown) {
-      // ADR-010 D3: an unknown outcome is retried only when asked for.
-      throw new RetryRequired(
-        "the last attempt's outcome is unknown; pass retryUnknown: true to retry this READ or IDEMPOTENT_WRITE",
-        answer.call,
-      );
+  const retry = Boolean(call.retryUnknown);
+  let answer;
+  try {
+    // With `retry` the daemon applies the retry rules in the same transaction
+    // (budget, kill switch, channel; never a SIDE_EFFECT).
+    answer = await client.prepareTool({ runId, callId, tool, input, effect, requireApproval, start: true, leaseMs, retry });
+  } catch (error) {
+    // ADR-010 D3: an unknown outcome is retried only when asked for.
+    if (error instanceof errors.INVALID_TRANSITION && error.metadata.retryRequired === 'true') {
+      throw new RetryRequired(RETRY_REQUIRED, await client.getToolCall({ runId, callId }));
     }
-    // The daemon applies the retry rules (budget, kill switch; never a SIDE_EFFECT).
+    throw error;
+  }
+  if (answer.decision === 'EXECUTE' && !answer.attemptHeld) {
+    // A daemon that predates `retry` on PrepareTool invites the retry instead.
+    if (answer.retryRequired && !retry) throw new RetryRequired(RETRY_REQUIRED, answer.call);
     answer = await client.startTool({ runId, callId, retry: answer.retryRequired, leaseMs });
   }
   const { decision, call: record } = answer;

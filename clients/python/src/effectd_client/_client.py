@@ -140,8 +140,16 @@ class Client:
         require_approval: bool = False,
         start: bool = False,
         lease_ms: int = 0,
+        retry: bool = False,
     ) -> Prepared:
-        """Records the call (or finds it) and returns the decision."""
+        """Records the call (or finds it) and returns the decision.
+
+        With `start`, EXECUTE means this caller holds the attempt; a READ or
+        IDEMPOTENT_WRITE whose last attempt has an unknown outcome starts
+        again only with `retry`, under the daemon's retry rules (else
+        `InvalidTransition` with `metadata["retryRequired"]`, or the retry
+        rule's refusal).
+        """
         request = req.prepare_tool(
             self.namespace,
             run_id,
@@ -152,6 +160,7 @@ class Client:
             require_approval=require_approval,
             start=start,
             lease_ms=lease_ms,
+            retry=retry,
         )
         return req.prepared(self._call(self._ledger.PrepareTool, request))
 

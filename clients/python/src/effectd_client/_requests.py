@@ -42,6 +42,7 @@ def prepare_tool(
     require_approval: bool,
     start: bool,
     lease_ms: int,
+    retry: bool = False,
 ) -> pb.PrepareToolRequest:
     return pb.PrepareToolRequest(
         ref=ref(namespace, run_id, call_id),
@@ -51,6 +52,7 @@ def prepare_tool(
         require_approval=require_approval,
         start=start,
         lease_ms=lease_ms,
+        retry=retry,
     )
 
 

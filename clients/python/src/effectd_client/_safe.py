@@ -50,7 +50,9 @@ from effectd_client._client import Client
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import (
     CallRejected,
+    InvalidTransition,
     ResultNotRecorded,
+    RetryRequired,
     ToolFailed,
     ToolTimedOut,
 )
@@ -58,11 +60,13 @@ from effectd_client._recording import ONCE, RecordingRetry
 from effectd_client._safe_base import (
     _CURRENT,
     KEY_PARAMETER,
+    RETRY_REQUIRED,
     CallOptions,
     Next,
     RunBase,
     SafeCall,
     admit,
+    asks_for_retry,
     check_started,
     check_tool,
     decoded,
@@ -245,16 +249,23 @@ class Run(RunBase):
         the tool at the deadline (else `cancelled` is set when it passes)."""
         call_id = call_id or self.next_call_id(tool_name)
         c = self.client
-        p = c.prepare_tool(
-            self.run_id,
-            call_id,
-            tool_name,
-            input,
-            effect=o.effect,
-            require_approval=o.require_approval,
-            start=True,
-            lease_ms=self.lease_ms,
-        )
+        try:
+            p = c.prepare_tool(
+                self.run_id,
+                call_id,
+                tool_name,
+                input,
+                effect=o.effect,
+                require_approval=o.require_approval,
+                start=True,
+                lease_ms=self.lease_ms,
+                retry=o.retry_unknown,
+            )
+        except InvalidTransition as exc:
+            if not asks_for_retry(exc):
+                raise
+            call = c.get_tool_call(self.run_id, call_id)
+            raise RetryRequired(RETRY_REQUIRED, call) from None
         try:
             step = admit(p, retry_unknown=o.retry_unknown)
         except (ToolFailed, CallRejected):

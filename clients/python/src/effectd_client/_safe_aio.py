@@ -19,7 +19,9 @@ from effectd_client._aio import AsyncClient
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import (
     CallRejected,
+    InvalidTransition,
     ResultNotRecorded,
+    RetryRequired,
     ToolFailed,
     ToolTimedOut,
 )
@@ -28,11 +30,13 @@ from effectd_client._safe import P, R
 from effectd_client._safe_base import (
     _CURRENT,
     KEY_PARAMETER,
+    RETRY_REQUIRED,
     CallOptions,
     Next,
     RunBase,
     SafeCall,
     admit,
+    asks_for_retry,
     check_started,
     check_tool,
     decoded,
@@ -101,16 +105,23 @@ class AsyncRun(RunBase):
     ) -> AsyncIterator[SafeCall]:
         call_id = call_id or self.next_call_id(tool_name)
         c = self.client
-        p = await c.prepare_tool(
-            self.run_id,
-            call_id,
-            tool_name,
-            input,
-            effect=o.effect,
-            require_approval=o.require_approval,
-            start=True,
-            lease_ms=self.lease_ms,
-        )
+        try:
+            p = await c.prepare_tool(
+                self.run_id,
+                call_id,
+                tool_name,
+                input,
+                effect=o.effect,
+                require_approval=o.require_approval,
+                start=True,
+                lease_ms=self.lease_ms,
+                retry=o.retry_unknown,
+            )
+        except InvalidTransition as exc:
+            if not asks_for_retry(exc):
+                raise
+            call = await c.get_tool_call(self.run_id, call_id)
+            raise RetryRequired(RETRY_REQUIRED, call) from None
         try:
             step = admit(p, retry_unknown=o.retry_unknown)
         except (ToolFailed, CallRejected):

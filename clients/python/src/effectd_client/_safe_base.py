@@ -19,6 +19,7 @@ from effectd_client._exceptions import (
     ApprovalPending,
     CallInProgress,
     CallRejected,
+    InvalidTransition,
     ReconciliationNeeded,
     RetryRequired,
     ToolFailed,
@@ -55,11 +56,7 @@ def admit(p: Prepared, *, retry_unknown: bool) -> Next:
             # and the daemon refuses it for SIDE_EFFECT whatever we ask.
             if retry_unknown and p.call.effect is not Effect.SIDE_EFFECT:
                 return Next.RETRY
-            raise RetryRequired(
-                "the last attempt's outcome is unknown; pass retry_unknown=True "
-                "to retry this READ or IDEMPOTENT_WRITE",
-                p.call,
-            )
+            raise RetryRequired(RETRY_REQUIRED, p.call)
         case Decision.EXECUTE:
             return Next.START
         case Decision.RETURN_RESULT:
@@ -80,6 +77,18 @@ def admit(p: Prepared, *, retry_unknown: bool) -> Next:
                 p.call,
             )
     raise AssertionError(p.decision)  # pragma: no cover
+
+
+RETRY_REQUIRED = (
+    "the last attempt's outcome is unknown; pass retry_unknown=True to retry "
+    "this READ or IDEMPOTENT_WRITE"
+)
+
+
+def asks_for_retry(exc: InvalidTransition) -> bool:
+    """The daemon refused a start because the last attempt's outcome is
+    unknown and no explicit retry was asked for."""
+    return exc.metadata.get("retryRequired") == "true"
 
 
 def check_started(p: Prepared) -> None:

@@ -91,7 +91,9 @@ class _DecisionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Decision.Val
     DESCRIPTOR: _descriptor.EnumDescriptor
     DECISION_UNSPECIFIED: _Decision.ValueType  # 0
     DECISION_EXECUTE: _Decision.ValueType  # 1
-    """Start the call (after `start`, this caller holds the attempt: run it).
+    """Start the call. After a start (PrepareTool with `start`, StartTool) this
+    caller holds the attempt: run it. From a plain prepare it is an
+    invitation to start (with `retry_required`, only as an explicit retry).
     For IDEMPOTENT_WRITE, pass `idempotency_key` to the tool.
     """
     DECISION_RETURN_RESULT: _Decision.ValueType  # 2
@@ -112,7 +114,9 @@ class Decision(_Decision, metaclass=_DecisionEnumTypeWrapper):
 
 DECISION_UNSPECIFIED: Decision.ValueType  # 0
 DECISION_EXECUTE: Decision.ValueType  # 1
-"""Start the call (after `start`, this caller holds the attempt: run it).
+"""Start the call. After a start (PrepareTool with `start`, StartTool) this
+caller holds the attempt: run it. From a plain prepare it is an
+invitation to start (with `retry_required`, only as an explicit retry).
 For IDEMPOTENT_WRITE, pass `idempotency_key` to the tool.
 """
 DECISION_RETURN_RESULT: Decision.ValueType  # 2
@@ -435,6 +439,7 @@ class PrepareToolRequest(_message.Message):
     REQUIRE_APPROVAL_FIELD_NUMBER: _builtins.int
     START_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
+    RETRY_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     """1..256 bytes of UTF-8 without control characters; part of the call's
     identity check on repeats.
@@ -448,6 +453,11 @@ class PrepareToolRequest(_message.Message):
     """
     lease_ms: _builtins.int
     """Lease of the attempt when `start` is set; 0 means the default (30 s)."""
+    retry: _builtins.bool
+    """With `start`: an explicit retry of a READ or IDEMPOTENT_WRITE whose last
+    attempt has an unknown outcome (StartToolRequest.retry), decided by the
+    retry rules in the same transaction. Never starts a SIDE_EFFECT again.
+    """
     @_builtins.property
     def ref(self) -> Global___CallRef: ...
     @_builtins.property
@@ -462,10 +472,11 @@ class PrepareToolRequest(_message.Message):
         require_approval: _builtins.bool = ...,
         start: _builtins.bool = ...,
         lease_ms: _builtins.int = ...,
+        retry: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "ref", b"ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effect", b"effect", "input", b"input", "lease_ms", b"lease_ms", "ref", b"ref", "require_approval", b"require_approval", "start", b"start", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effect", b"effect", "input", b"input", "lease_ms", b"lease_ms", "ref", b"ref", "require_approval", b"require_approval", "retry", b"retry", "start", b"start", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -488,9 +499,10 @@ class PrepareToolResponse(_message.Message):
     (decision EXECUTE); `call.attempt` is then its fencing token.
     """
     retry_required: _builtins.bool
-    """EXECUTE for a READ or IDEMPOTENT_WRITE call whose last attempt has an
-    unknown outcome: it is never started implicitly; only StartTool with
-    `retry = true` may start it again, under the retry rules.
+    """EXECUTE of a plain prepare (without `start`) for a READ or
+    IDEMPOTENT_WRITE call whose last attempt has an unknown outcome: it is
+    never started implicitly; only a start with `retry = true` (StartTool or
+    PrepareTool) may start it again, under the retry rules.
     """
     @_builtins.property
     def call(self) -> Global___ToolCall: ...

@@ -92,9 +92,13 @@ class ToolLedgerServicer:
     def PrepareTool(self, request, context):
         """Records a tool call, or finds the existing record of the same identity,
         and returns the decision. With `start = true` a PREPARED call is also
-        started in the same transaction, and EXECUTE then means that this caller
-        holds the attempt. Repeating a prepare with the same input is idempotent;
-        other input is refused with INPUT_MISMATCH.
+        started in the same transaction, and EXECUTE then always means that this
+        caller holds the attempt: a READ or IDEMPOTENT_WRITE whose last attempt
+        has an unknown outcome is started again only with `retry = true`, under
+        the retry rules, exactly as StartTool(retry) would (else the refusal says
+        why: INVALID_TRANSITION with metadata retryRequired, RETRY_DISABLED,
+        ATTEMPTS_EXHAUSTED, MCP_NO_REPLAY, ...). Repeating a prepare with the
+        same input is idempotent; other input is refused with INPUT_MISMATCH.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

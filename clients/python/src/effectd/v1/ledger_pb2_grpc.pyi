@@ -54,9 +54,13 @@ class ToolLedgerStub:
     PrepareTool: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.PrepareToolRequest, _ledger_pb2.PrepareToolResponse]
     """Records a tool call, or finds the existing record of the same identity,
     and returns the decision. With `start = true` a PREPARED call is also
-    started in the same transaction, and EXECUTE then means that this caller
-    holds the attempt. Repeating a prepare with the same input is idempotent;
-    other input is refused with INPUT_MISMATCH.
+    started in the same transaction, and EXECUTE then always means that this
+    caller holds the attempt: a READ or IDEMPOTENT_WRITE whose last attempt
+    has an unknown outcome is started again only with `retry = true`, under
+    the retry rules, exactly as StartTool(retry) would (else the refusal says
+    why: INVALID_TRANSITION with metadata retryRequired, RETRY_DISABLED,
+    ATTEMPTS_EXHAUSTED, MCP_NO_REPLAY, ...). Repeating a prepare with the
+    same input is idempotent; other input is refused with INPUT_MISMATCH.
     """
     PrepareTools: _grpc.UnaryUnaryMultiCallable[_ledger_pb2.PrepareToolsRequest, _ledger_pb2.PrepareToolsResponse]
     """PrepareTool for a batch of parallel tool calls, in one transaction. If
@@ -97,9 +101,13 @@ class ToolLedgerAsyncStub(ToolLedgerStub):
     PrepareTool: _aio.UnaryUnaryMultiCallable[_ledger_pb2.PrepareToolRequest, _ledger_pb2.PrepareToolResponse]  # type: ignore[assignment]
     """Records a tool call, or finds the existing record of the same identity,
     and returns the decision. With `start = true` a PREPARED call is also
-    started in the same transaction, and EXECUTE then means that this caller
-    holds the attempt. Repeating a prepare with the same input is idempotent;
-    other input is refused with INPUT_MISMATCH.
+    started in the same transaction, and EXECUTE then always means that this
+    caller holds the attempt: a READ or IDEMPOTENT_WRITE whose last attempt
+    has an unknown outcome is started again only with `retry = true`, under
+    the retry rules, exactly as StartTool(retry) would (else the refusal says
+    why: INVALID_TRANSITION with metadata retryRequired, RETRY_DISABLED,
+    ATTEMPTS_EXHAUSTED, MCP_NO_REPLAY, ...). Repeating a prepare with the
+    same input is idempotent; other input is refused with INPUT_MISMATCH.
     """
     PrepareTools: _aio.UnaryUnaryMultiCallable[_ledger_pb2.PrepareToolsRequest, _ledger_pb2.PrepareToolsResponse]  # type: ignore[assignment]
     """PrepareTool for a batch of parallel tool calls, in one transaction. If
@@ -143,9 +151,13 @@ class ToolLedgerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.PrepareToolResponse, _abc.Awaitable[_ledger_pb2.PrepareToolResponse]]:
         """Records a tool call, or finds the existing record of the same identity,
         and returns the decision. With `start = true` a PREPARED call is also
-        started in the same transaction, and EXECUTE then means that this caller
-        holds the attempt. Repeating a prepare with the same input is idempotent;
-        other input is refused with INPUT_MISMATCH.
+        started in the same transaction, and EXECUTE then always means that this
+        caller holds the attempt: a READ or IDEMPOTENT_WRITE whose last attempt
+        has an unknown outcome is started again only with `retry = true`, under
+        the retry rules, exactly as StartTool(retry) would (else the refusal says
+        why: INVALID_TRANSITION with metadata retryRequired, RETRY_DISABLED,
+        ATTEMPTS_EXHAUSTED, MCP_NO_REPLAY, ...). Repeating a prepare with the
+        same input is idempotent; other input is refused with INPUT_MISMATCH.
         """
 
     @_abc_1.abstractmethod
