@@ -31,6 +31,18 @@ class Effect(enum.Enum):
     SIDE_EFFECT = "side-effect"
 
 
+class Channel(enum.Enum):
+    """How the agent reaches the tool; the retry rules of DESIGN §7 depend on
+    it (ADR-010 D5: an MCP call is never replayed after a transport failure;
+    D6: child and background runs). The values are those of the matching
+    `ledger.retry.RetryContext`."""
+
+    TOOL = "tool"
+    MCP = "mcp"
+    CHILD_FOREGROUND = "child_foreground"
+    DURABLE_BACKGROUND = "durable_background"
+
+
 class State(enum.Enum):
     PREPARED = "prepared"
     AWAITING_APPROVAL = "awaiting_approval"
@@ -220,6 +232,8 @@ class ToolCall:
     # of the attempt's lease, or its report); 0 elsewhere, and in records
     # stored before it was kept (the history then tells).
     unknown_since_ns: int = 0
+    # Recorded at prepare, part of the identity; TOOL in older records.
+    channel: Channel = Channel.TOOL
 
     @property
     def idempotency_key(self) -> str:

@@ -24,6 +24,7 @@ from sidecar.ledger import machine
 from sidecar.ledger import retry as retry_rules
 from sidecar.ledger.model import (
     CallRef,
+    Channel,
     Decision,
     Effect,
     Event,
@@ -65,6 +66,8 @@ class PrepareSpec:
     # With `start`: start a call whose last attempt has an unknown outcome
     # again, as an explicit retry under the retry rules (as StartTool's).
     retry: bool = False
+    # How the agent reaches the tool (ADR-010 D5, D6); part of the identity.
+    channel: Channel = Channel.TOOL
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +228,7 @@ def _create(spec: PrepareSpec, now: Now) -> ToolCall:
         revision=1,
         input_fingerprint=spec.fingerprint,
         approval_required=spec.require_approval,
+        channel=spec.channel,
         attempt=0,
         created_ns=now.wall_ns,
         updated_ns=now.wall_ns,
@@ -241,6 +245,8 @@ def _mismatch(call: ToolCall, spec: PrepareSpec) -> str:
         return f"the call was prepared for tool {call.tool_name!r}"
     if call.effect is not spec.effect:
         return f"the call was prepared with effect {call.effect.name}"
+    if call.channel is not spec.channel:
+        return f"the call was prepared through channel {call.channel.name}"
     return ""
 
 
@@ -303,7 +309,9 @@ def _retry(
             facts=retry_rules.Facts(
                 call.effect, call.state, call.idempotency_key, call.tool_name
             ),
-            context=retry_rules.RetryContext.TOOL,
+            # ADR-010 D5, D6: the rules of the channel the call was prepared
+            # through; the ledger knows only that the outcome is unknown.
+            context=retry_rules.RetryContext(call.channel.value),
             failure=retry_rules.FailureKind.UNKNOWN,
             retryable=False,
             attempts_used=call.attempt,

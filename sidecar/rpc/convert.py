@@ -19,6 +19,7 @@ from sidecar.ledger.model import (
     APPROVAL_REJECTED,
     Approval,
     CallRef,
+    Channel,
     Decision,
     Effect,
     Outcome,
@@ -45,6 +46,11 @@ EFFECTS: dict[int, Effect] = {
     pb.EFFECT_SIDE_EFFECT: Effect.SIDE_EFFECT,
 }
 EFFECT_TO_PB = {e: pb.Effect.Value(f"EFFECT_{e.name}") for e in Effect}
+CHANNELS: dict[int, Channel] = {
+    pb.CALL_CHANNEL_UNSPECIFIED: Channel.TOOL,
+    **{pb.CallChannel.Value(f"CALL_CHANNEL_{c.name}"): c for c in Channel},
+}
+CHANNEL_TO_PB = {c: pb.CallChannel.Value(f"CALL_CHANNEL_{c.name}") for c in Channel}
 STATES: dict[int, State] = {
     pb.CallState.Value(f"CALL_STATE_{s.name}"): s for s in State
 }
@@ -119,7 +125,9 @@ def payload(
     return Payload(PayloadKind.JSON, data)
 
 
-def _enum(v: Violations, field: str, value: int, known: dict[int, Effect]) -> None:
+def _enum(
+    v: Violations, field: str, value: int, known: dict[int, Effect] | dict[int, Channel]
+) -> None:
     if value not in known:
         v.add(field, f"unknown enum value {value}")
 
@@ -130,6 +138,7 @@ def prepare_spec(
     call_ref = ref(v, req.ref, limits, _join(field, "ref"))
     v.text_id(_join(field, "tool_name"), req.tool_name, limits.max_id_bytes)
     _enum(v, _join(field, "effect"), req.effect, EFFECTS)
+    _enum(v, _join(field, "channel"), req.channel, CHANNELS)
     tool_input = payload(v, req.input, limits, _join(field, "input"), required=True)
     lease = lease_ms(v, req.lease_ms, limits, _join(field, "lease_ms"))
     if v.items or tool_input is None:
@@ -145,6 +154,7 @@ def prepare_spec(
         lease_ms=lease,
         actor=gate.caller(AGENT),
         retry=req.retry,
+        channel=CHANNELS[req.channel],
     )
 
 
@@ -282,6 +292,7 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
         key_scheme=call.key_scheme,
         input_fingerprint=call.input_fingerprint,
         approval_required=call.approval_required,
+        channel=CHANNEL_TO_PB[call.channel],
         attempt=call.attempt,
         acknowledged=call.acknowledged,
         created_at=timestamp(call.created_ns),

@@ -2,7 +2,10 @@
 
 A question about a recorded call takes its facts from the stored record, as
 the rules would see it now (a STARTED call whose lease is gone counts as
-UNKNOWN), without writing anything: a decision changes no record. The jitter
+UNKNOWN), without writing anything: a decision changes no record. The
+channel the call was prepared through is a fact too: for a call prepared as
+MCP, a child or a background run, its rules apply whatever context the
+question names (StartTool applies the same). The jitter
 comes from an injected random source, so tests are deterministic.
 """
 
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from sidecar.clock import Clock
 from sidecar.errors import NotFound
 from sidecar.ledger import retry, rules
-from sidecar.ledger.model import CallRef
+from sidecar.ledger.model import CallRef, Channel
 from sidecar.ledger.policy import PolicySource
 from sidecar.ledger.rules import Now
 from sidecar.services._common import moment
@@ -59,9 +62,13 @@ class RetryService:
         facts = retry.Facts(
             call.effect, call.state, call.idempotency_key, call.tool_name
         )
+        context = question.context
+        if call.channel is not Channel.TOOL:
+            context = retry.RetryContext(call.channel.value)
         return dataclasses.replace(
             question,
             facts=facts,
+            context=context,
             attempts_used=max(question.attempts_used, call.attempt),
         )
 

@@ -24,6 +24,7 @@ from sidecar.ledger.model import (
     FINGERPRINT_V2,
     Approval,
     CallRef,
+    Channel,
     Effect,
     Event,
     Lease,
@@ -154,6 +155,7 @@ def encode_call(c: ToolCall) -> bytes:
         "reconciliations": [_reconciliation_doc(r) for r in c.reconciliations],
         "lease_ms": c.lease_ms,
         "unknown_since": c.unknown_since_ns,
+        "channel": c.channel.value,
     }
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -261,6 +263,7 @@ def decode_call(raw: bytes) -> ToolCall:
         # Optional: records stored before these were kept have none.
         lease_ms=doc.get("lease_ms", 0),
         unknown_since_ns=doc.get("unknown_since", 0),
+        channel=Channel(doc.get("channel", Channel.TOOL.value)),
     )
 
 

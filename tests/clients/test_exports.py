@@ -31,6 +31,7 @@ EXPORTS = {
     "ApprovalPending",
     "CallInProgress",
     "CallRejected",
+    "Channel",
     "ReconciliationNeeded",
     "RetryRequired",
     "ToolFailed",

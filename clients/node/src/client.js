@@ -150,6 +150,7 @@ class Client {
     start = false,
     leaseMs = 0,
     retry = false,
+    channel = 'TOOL',
   }) {
     return {
       ref: this._ref({ runId, callId }),
@@ -160,6 +161,7 @@ class Client {
       start,
       leaseMs,
       retry,
+      channel: c.enumIn('CallChannel', channel),
     };
   }
 
@@ -169,7 +171,11 @@ class Client {
    * only with `retry`, under the daemon's retry rules (else INVALID_TRANSITION with
    * `metadata.retryRequired`, or the retry rule's refusal).
    *
-   * @param {object} args {runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval, start, leaseMs, retry}
+   * `channel` ('TOOL', 'MCP', 'CHILD_FOREGROUND', 'DURABLE_BACKGROUND'; part of the call's identity) says how
+   * the tool is reached; its retry rules apply (an MCP call of unknown outcome is never started again).
+   *
+   * @param {object} args {runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval, start, leaseMs, retry,
+   *   channel = 'TOOL'}
    * @returns {Promise<{decision: string, call: object, idempotencyKey: string, attemptHeld: boolean, retryRequired: boolean}>}
    */
   async prepareTool(args) {

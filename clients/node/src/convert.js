@@ -9,6 +9,7 @@ const { load } = require('./proto');
 
 const PREFIXES = {
   Effect: 'EFFECT_',
+  CallChannel: 'CALL_CHANNEL_',
   CallState: 'CALL_STATE_',
   Decision: 'DECISION_',
   Outcome: 'OUTCOME_',
@@ -127,6 +128,8 @@ function toolCallOut(c) {
     callId: ref.callId,
     toolName: c.toolName,
     effect: enumOut('Effect', c.effect),
+    // A daemon that predates channels sends none: TOOL.
+    channel: c.channel === 'CALL_CHANNEL_UNSPECIFIED' ? 'TOOL' : enumOut('CallChannel', c.channel),
     state: enumOut('CallState', c.state),
     revision: c.revision,
     idempotencyKey: c.idempotencyKey,

@@ -2,6 +2,7 @@
 import type { ChannelCredentials, ChannelOptions } from '@grpc/grpc-js';
 
 export type Effect = 'READ' | 'IDEMPOTENT_WRITE' | 'SIDE_EFFECT';
+export type Channel = 'TOOL' | 'MCP' | 'CHILD_FOREGROUND' | 'DURABLE_BACKGROUND';
 export type CallState = 'PREPARED' | 'AWAITING_APPROVAL' | 'STARTED' | 'UNKNOWN' | 'COMMITTED';
 export type Decision = 'EXECUTE' | 'RETURN_RESULT' | 'AWAIT_APPROVAL' | 'REJECTED' | 'IN_PROGRESS' | 'RECONCILE';
 export type RecoveryAction =
@@ -67,6 +68,7 @@ export interface ToolCall {
   callId: string;
   toolName: string;
   effect: Effect;
+  channel: Channel;
   state: CallState;
   revision: number;
   idempotencyKey: string;
@@ -108,6 +110,8 @@ export interface PrepareArgs extends CallRef {
   leaseMs?: number;
   /** With `start`: an explicit retry of a READ / IDEMPOTENT_WRITE whose last attempt has an unknown outcome. */
   retry?: boolean;
+  /** How the tool is reached (default 'TOOL'); part of the call's identity; its retry rules apply. */
+  channel?: Channel;
 }
 
 export interface Checkpoint {

@@ -70,6 +70,7 @@ function loadFrom(dir) {
     enums: {
       ErrorReason: enumValues('ErrorReason'),
       Effect: enumValues('Effect'),
+      CallChannel: enumValues('CallChannel'),
       CallState: enumValues('CallState'),
       Decision: enumValues('Decision'),
       Outcome: enumValues('Outcome'),

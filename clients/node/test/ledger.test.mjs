@@ -1,7 +1,7 @@
 // The ToolLedger, Recovery and RetryPolicy methods against a real daemon.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Client } from '../src/index.js';
+import { Client, errors } from '../src/index.js';
 import { startDaemon } from '../src/testing.js';
 
 let daemon;
@@ -242,6 +242,35 @@ describe('retry decisions', () => {
     assert.equal(allowed.allow, true);
     assert.equal(allowed.reason, '');
     assert.equal(allowed.effect, 'READ');
+  });
+
+  test('an MCP call of unknown outcome is never started again, by a retry or by prepareTool', async () => {
+    const ref = { runId: 'retry', callId: 'mcp' };
+    const args = { ...ref, tool: 'lookup', input: 1, start: true, effect: 'READ', channel: 'MCP' };
+    const p = await client.prepareTool(args);
+    assert.equal(p.call.channel, 'MCP');
+    await client.reportUnknown({ ...ref, attempt: p.call.attempt, reason: 'transport' });
+    await assert.rejects(client.startTool({ ...ref, retry: true }), errors.MCP_NO_REPLAY);
+    await assert.rejects(client.prepareTool({ ...args, retry: true }), errors.MCP_NO_REPLAY);
+    await assert.rejects(client.prepareTool({ ...args, channel: 'TOOL' }), errors.INPUT_MISMATCH);
+    const plain = await client.prepareTool({ ...ref, tool: 'lookup', input: 1, effect: 'READ', channel: 'MCP' });
+    assert.equal(plain.call.channel, 'MCP');
+  });
+
+  test('prepareTool with start and retry holds the retry of a READ of unknown outcome', async () => {
+    const ref = { runId: 'retry', callId: 'read' };
+    const args = { ...ref, tool: 'lookup', input: 1, start: true, effect: 'READ' };
+    const p = await client.prepareTool(args);
+    assert.equal(p.call.channel, 'TOOL');
+    await client.reportUnknown({ ...ref, attempt: p.call.attempt, reason: 'timeout' });
+    await assert.rejects(
+      client.prepareTool(args),
+      (error) => error instanceof errors.INVALID_TRANSITION && error.metadata.retryRequired === 'true',
+    );
+    const retried = await client.prepareTool({ ...args, retry: true });
+    assert.equal(retried.decision, 'EXECUTE');
+    assert.equal(retried.attemptHeld, true);
+    assert.equal(retried.call.attempt, 2);
   });
 
   test('a recorded committed call is ALREADY_COMMITTED', async () => {

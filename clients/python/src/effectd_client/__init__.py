@@ -87,6 +87,7 @@ from effectd_client._transport import EffectdTransport as EffectdTransport
 from effectd_client._transport import (
     Httpx2EffectdTransport as Httpx2EffectdTransport,
 )
+from effectd_client._types import Channel as Channel
 from effectd_client._types import Checkpoint as Checkpoint
 from effectd_client._types import Decision as Decision
 from effectd_client._types import Effect as Effect
@@ -110,6 +111,7 @@ __all__ = [
     "CallInProgress",
     "CallOptions",
     "CallRejected",
+    "Channel",
     "Checkpoint",
     "Client",
     "DeadlineExceeded",

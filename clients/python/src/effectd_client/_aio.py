@@ -21,6 +21,7 @@ from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
 from effectd_client._recording import RecordingRetry
 from effectd_client._types import (
+    Channel,
     Checkpoint,
     Effect,
     Prepared,
@@ -130,6 +131,7 @@ class AsyncClient:
         start: bool = False,
         lease_ms: int = 0,
         retry: bool = False,
+        channel: Channel = Channel.TOOL,
     ) -> Prepared:
         """Records the call (or finds it) and returns the decision.
 
@@ -137,7 +139,9 @@ class AsyncClient:
         IDEMPOTENT_WRITE whose last attempt has an unknown outcome starts
         again only with `retry`, under the daemon's retry rules (else
         `InvalidTransition` with `metadata["retryRequired"]`, or the retry
-        rule's refusal).
+        rule's refusal). `channel` (part of the call's identity) says how the
+        tool is reached; its retry rules apply (an MCP call of unknown
+        outcome is never started again).
         """
         request = req.prepare_tool(
             self.namespace,
@@ -150,6 +154,7 @@ class AsyncClient:
             start=start,
             lease_ms=lease_ms,
             retry=retry,
+            channel=channel,
         )
         return req.prepared(await self._call(self._ledger.PrepareTool, request))
 

@@ -16,6 +16,7 @@ from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
 from effectd_client._recording import RecordingRetry
 from effectd_client._types import (
+    Channel,
     Checkpoint,
     Effect,
     Prepared,
@@ -141,6 +142,7 @@ class Client:
         start: bool = False,
         lease_ms: int = 0,
         retry: bool = False,
+        channel: Channel = Channel.TOOL,
     ) -> Prepared:
         """Records the call (or finds it) and returns the decision.
 
@@ -148,7 +150,9 @@ class Client:
         IDEMPOTENT_WRITE whose last attempt has an unknown outcome starts
         again only with `retry`, under the daemon's retry rules (else
         `InvalidTransition` with `metadata["retryRequired"]`, or the retry
-        rule's refusal).
+        rule's refusal). `channel` (part of the call's identity) says how the
+        tool is reached; its retry rules apply (an MCP call of unknown
+        outcome is never started again).
         """
         request = req.prepare_tool(
             self.namespace,
@@ -161,6 +165,7 @@ class Client:
             start=start,
             lease_ms=lease_ms,
             retry=retry,
+            channel=channel,
         )
         return req.prepared(self._call(self._ledger.PrepareTool, request))
 

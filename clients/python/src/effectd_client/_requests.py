@@ -14,7 +14,14 @@ from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
-from effectd_client._types import Decision, Effect, Prepared, State, ToolCall
+from effectd_client._types import (
+    Channel,
+    Decision,
+    Effect,
+    Prepared,
+    State,
+    ToolCall,
+)
 
 
 def payload(value: Any) -> pb.Payload:
@@ -43,6 +50,7 @@ def prepare_tool(
     start: bool,
     lease_ms: int,
     retry: bool = False,
+    channel: Channel = Channel.TOOL,
 ) -> pb.PrepareToolRequest:
     return pb.PrepareToolRequest(
         ref=ref(namespace, run_id, call_id),
@@ -53,6 +61,7 @@ def prepare_tool(
         start=start,
         lease_ms=lease_ms,
         retry=retry,
+        channel=channel.value,
     )
 
 

@@ -16,6 +16,16 @@ class Effect(enum.Enum):
     SIDE_EFFECT = ledger_pb2.EFFECT_SIDE_EFFECT
 
 
+class Channel(enum.Enum):
+    """How the agent reaches the tool; its retry rules apply to the call
+    (an MCP call of unknown outcome is never started again, ADR-010 D5)."""
+
+    TOOL = ledger_pb2.CALL_CHANNEL_TOOL
+    MCP = ledger_pb2.CALL_CHANNEL_MCP
+    CHILD_FOREGROUND = ledger_pb2.CALL_CHANNEL_CHILD_FOREGROUND
+    DURABLE_BACKGROUND = ledger_pb2.CALL_CHANNEL_DURABLE_BACKGROUND
+
+
 class State(enum.Enum):
     PREPARED = ledger_pb2.CALL_STATE_PREPARED
     AWAITING_APPROVAL = ledger_pb2.CALL_STATE_AWAITING_APPROVAL
@@ -81,6 +91,7 @@ class ToolCall:
     # lease end of a STARTED call (0 when none).
     updated_ns: int = 0
     lease_expires_ns: int = 0
+    channel: Channel = Channel.TOOL
 
     @property
     def lease_ms(self) -> int:
@@ -108,6 +119,8 @@ class ToolCall:
             acknowledged=msg.acknowledged,
             updated_ns=msg.updated_at.ToNanoseconds(),
             lease_expires_ns=msg.lease_expires_at.ToNanoseconds(),
+            # A daemon that predates channels sends none: TOOL.
+            channel=Channel(msg.channel or ledger_pb2.CALL_CHANNEL_TOOL),
         )
 
 

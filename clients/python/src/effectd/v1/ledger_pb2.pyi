@@ -60,6 +60,41 @@ EFFECT_IDEMPOTENT_WRITE: Effect.ValueType  # 2
 EFFECT_SIDE_EFFECT: Effect.ValueType  # 3
 Global___Effect: _TypeAlias = Effect  # noqa: Y015
 
+class _CallChannel:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CallChannelEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CallChannel.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CALL_CHANNEL_UNSPECIFIED: _CallChannel.ValueType  # 0
+    CALL_CHANNEL_TOOL: _CallChannel.ValueType  # 1
+    """A tool call of the agent."""
+    CALL_CHANNEL_MCP: _CallChannel.ValueType  # 2
+    """A tool call through an MCP server (ADR-010 D5)."""
+    CALL_CHANNEL_CHILD_FOREGROUND: _CallChannel.ValueType  # 3
+    """A child run the agent waits for (ADR-010 D6)."""
+    CALL_CHANNEL_DURABLE_BACKGROUND: _CallChannel.ValueType  # 4
+    """A durable background execution (ADR-010 D6)."""
+
+class CallChannel(_CallChannel, metaclass=_CallChannelEnumTypeWrapper):
+    """How the agent reaches the tool. The retry rules of the channel apply to a
+    retry of the call (RetryPolicy, ADR-010 D5, D6): an MCP call whose outcome
+    is unknown is never started again (MCP_NO_REPLAY; only a new logical call,
+    a new call_id, may reconnect). The values match RetryContext's.
+    Unspecified means TOOL.
+    """
+
+CALL_CHANNEL_UNSPECIFIED: CallChannel.ValueType  # 0
+CALL_CHANNEL_TOOL: CallChannel.ValueType  # 1
+"""A tool call of the agent."""
+CALL_CHANNEL_MCP: CallChannel.ValueType  # 2
+"""A tool call through an MCP server (ADR-010 D5)."""
+CALL_CHANNEL_CHILD_FOREGROUND: CallChannel.ValueType  # 3
+"""A child run the agent waits for (ADR-010 D6)."""
+CALL_CHANNEL_DURABLE_BACKGROUND: CallChannel.ValueType  # 4
+"""A durable background execution (ADR-010 D6)."""
+Global___CallChannel: _TypeAlias = CallChannel  # noqa: Y015
+
 class _CallState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -336,6 +371,7 @@ class ToolCall(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
     RECONCILIATIONS_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
     UNKNOWN_SINCE_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     effect: Global___Effect.ValueType
@@ -360,6 +396,8 @@ class ToolCall(_message.Message):
     """
     acknowledged: _builtins.bool
     """The stored result was delivered to the transcript (AcknowledgeRecovery)."""
+    channel: Global___CallChannel.ValueType
+    """The channel the call was prepared through (never unspecified)."""
     @_builtins.property
     def ref(self) -> Global___CallRef: ...
     @_builtins.property
@@ -418,11 +456,12 @@ class ToolCall(_message.Message):
         history: _abc.Iterable[Global___Transition] | None = ...,
         approval: Global___Approval | None = ...,
         reconciliations: _abc.Iterable[Global___Reconciliation] | None = ...,
+        channel: Global___CallChannel.ValueType = ...,
         unknown_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "created_at", b"created_at", "effect", b"effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "channel", b"channel", "created_at", b"created_at", "effect", b"effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -440,6 +479,7 @@ class PrepareToolRequest(_message.Message):
     START_FIELD_NUMBER: _builtins.int
     LEASE_MS_FIELD_NUMBER: _builtins.int
     RETRY_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     """1..256 bytes of UTF-8 without control characters; part of the call's
     identity check on repeats.
@@ -458,6 +498,11 @@ class PrepareToolRequest(_message.Message):
     attempt has an unknown outcome (StartToolRequest.retry), decided by the
     retry rules in the same transaction. Never starts a SIDE_EFFECT again.
     """
+    channel: Global___CallChannel.ValueType
+    """How the agent reaches the tool; unspecified means TOOL. Part of the
+    call's identity check on repeats (INPUT_MISMATCH), like tool_name and
+    effect.
+    """
     @_builtins.property
     def ref(self) -> Global___CallRef: ...
     @_builtins.property
@@ -473,10 +518,11 @@ class PrepareToolRequest(_message.Message):
         start: _builtins.bool = ...,
         lease_ms: _builtins.int = ...,
         retry: _builtins.bool = ...,
+        channel: Global___CallChannel.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "ref", b"ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effect", b"effect", "input", b"input", "lease_ms", b"lease_ms", "ref", b"ref", "require_approval", b"require_approval", "retry", b"retry", "start", b"start", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "effect", b"effect", "input", b"input", "lease_ms", b"lease_ms", "ref", b"ref", "require_approval", b"require_approval", "retry", b"retry", "start", b"start", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
