@@ -85,6 +85,9 @@ class Facts:
     state: State
     idempotency_key: str
     tool_name: str = ""
+    # A recorded STARTED call whose attempt still holds a live lease: nothing
+    # failed yet, and StartTool answers IN_PROGRESS.
+    lease_live: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +159,7 @@ def decide(
     def deny(reason: Reason, message: str, wait: int = 0) -> RetryDecision:
         return RetryDecision(False, reason, message, effect, budget, wait)
 
-    denial = _state_rule(facts.state) or _context_rule(question, effect)
+    denial = _state_rule(facts) or _context_rule(question, effect)
     denial = denial or _effect_rule(question, effect)
     if denial is not None:
         return deny(*denial)
@@ -181,7 +184,16 @@ def decide(
     return RetryDecision(True, None, "retry allowed", effect, budget, wait)
 
 
-def _state_rule(state: State) -> tuple[Reason, str] | None:
+def _state_rule(facts: Facts) -> tuple[Reason, str] | None:
+    state = facts.state
+    if state is State.STARTED and facts.lease_live:
+        # DESIGN §5 IN_PROGRESS: another attempt holds a live lease; a retry
+        # now would run the call beside it (StartTool answers IN_PROGRESS).
+        return (
+            Reason.INVALID_TRANSITION,
+            "an attempt holds a live lease: wait for its outcome or for its "
+            "lease to run out",
+        )
     if state is State.COMMITTED:
         # DESIGN §7: COMMITTED is never retried; ADR-010 D1, D3 use the result.
         return Reason.ALREADY_COMMITTED, "the call is committed: use its stored result"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from sidecar.clock import Clock
 from sidecar.errors import NotFound
 from sidecar.ledger import retry, rules
-from sidecar.ledger.model import CallRef, Channel
+from sidecar.ledger.model import CallRef, Channel, State
 from sidecar.ledger.policy import PolicySource
 from sidecar.ledger.rules import Now
 from sidecar.services._common import moment
@@ -60,7 +60,12 @@ class RetryService:
             )
         call = rules.settle(call, self._now())
         facts = retry.Facts(
-            call.effect, call.state, call.idempotency_key, call.tool_name
+            call.effect,
+            call.state,
+            call.idempotency_key,
+            call.tool_name,
+            # Settled: a STARTED call still holds a live lease.
+            lease_live=call.state is State.STARTED,
         )
         context = question.context
         if call.channel is not Channel.TOOL:

@@ -511,3 +511,23 @@ def test_start_without_retry_of_an_unknown_read_is_still_invalid() -> None:
         expected_revision=None,
     )
     refusal(step, InvalidTransition)
+
+
+@pytest.mark.parametrize(
+    ("context", "effect"), list(itertools.product(RetryContext, Effect))
+)
+def test_a_recorded_call_with_a_live_lease_is_not_retried(
+    context: RetryContext, effect: Effect
+) -> None:
+    """A recorded STARTED call whose attempt holds a live lease is never
+    retried, in any context, as StartTool answers it IN_PROGRESS (DESIGN §5);
+    the same STARTED facts without a live lease keep their rule rows."""
+    live = ask(effect, State.STARTED, context)
+    live = dataclasses.replace(
+        live, facts=dataclasses.replace(live.facts, lease_live=True)
+    )
+    got = run(live)
+    assert (got.allow, got.reason) == (False, Reason.INVALID_TRANSITION)
+    assert run(ask(effect, State.STARTED, context)).reason == expected(
+        context, effect, State.STARTED
+    )

@@ -166,6 +166,32 @@ def test_decide_retry_by_call_identity_reads_the_ledger(
     assert (again.call.attempt, again.idempotency_key) == (2, "run:w")
 
 
+@pytest.mark.parametrize("effect", [pb.EFFECT_READ, pb.EFFECT_IDEMPOTENT_WRITE])
+def test_decide_retry_agrees_with_start_tool_on_a_live_attempt(
+    ledger_stub: Ledger,
+    retry_stub: Retry,
+    clock: ManualClock,
+    effect: pb.Effect.ValueType,
+) -> None:
+    """While attempt 1 holds a live lease, DecideRetry about the call denies a
+    retry (INVALID_TRANSITION) as StartTool(retry) answers IN_PROGRESS; once the
+    lease ran out both allow it (audit F20: fails before the fix: DecideRetry
+    allowed a retry beside the live attempt)."""
+    ledger_stub.PrepareTool(
+        prepare_request("run", "live", effect=effect, start=True, lease_ms=10_000)
+    )
+    request = ypb.DecideRetryRequest(
+        call=ref("run", "live"), context=ypb.RETRY_CONTEXT_TOOL
+    )
+    got = retry_stub.DecideRetry(request, timeout=5)
+    assert (got.allow, got.reason) == (False, errors_pb2.INVALID_TRANSITION)
+    start = pb.StartToolRequest(ref=ref("run", "live"), retry=True)
+    assert ledger_stub.StartTool(start).decision == pb.DECISION_IN_PROGRESS
+    clock.advance(10)
+    assert retry_stub.DecideRetry(request, timeout=5).allow
+    assert ledger_stub.StartTool(start).decision == pb.DECISION_EXECUTE
+
+
 def test_decide_retry_by_identity_of_a_committed_or_side_effect_call(
     ledger_stub: Ledger, retry_stub: Retry
 ) -> None:

@@ -11,7 +11,9 @@ changes no answer (ADR-010 D7).
 
 The rules, first denial wins:
   1. COMMITTED is never retried: ALREADY_COMMITTED (use the stored result).
-     AWAITING_APPROVAL has nothing to retry: INVALID_TRANSITION.
+     AWAITING_APPROVAL has nothing to retry: INVALID_TRANSITION. Neither
+     has a recorded STARTED call whose attempt holds a live lease
+     (StartTool answers it IN_PROGRESS): INVALID_TRANSITION.
   2. RUN: a whole run only when declared read-only (effect READ):
      RUN_NOT_READ_ONLY (R5).
      MCP: after any failure but an APPLICATION error, never replayed:
