@@ -18,6 +18,8 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.AWAITING_APPROVAL, Event.APPROVE): State.PREPARED,
     (State.AWAITING_APPROVAL, Event.REJECT): State.COMMITTED,
     (State.PREPARED, Event.START): State.STARTED,
+    # Approval asked for on a repeat prepare, before anything ran (DESIGN §4).
+    (State.PREPARED, Event.REQUIRE_APPROVAL): State.AWAITING_APPROVAL,
     (State.STARTED, Event.COMMIT): State.COMMITTED,
     (State.STARTED, Event.HEARTBEAT): State.STARTED,
     (State.STARTED, Event.EXPIRE): State.UNKNOWN,

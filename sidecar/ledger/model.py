@@ -67,6 +67,8 @@ class Event(enum.Enum):
     RECONCILE_NOT_EXECUTED = "reconcile_not_executed"
     ACKNOWLEDGE = "acknowledge"
     HEARTBEAT = "heartbeat"
+    # A repeat prepare asked for an approval the call did not require yet.
+    REQUIRE_APPROVAL = "require_approval"
 
 
 class Decision(enum.Enum):

@@ -201,6 +201,8 @@ def prepare(
             meta = {"callRevision": str(existing.revision)}
             return Step(existing, InputMismatch(mismatch, meta))
         call = settle(existing, now)
+        if spec.require_approval and not call.approval_required:
+            return _require_approval(existing, call, spec, now, policy)
     if spec.start and call.state is State.PREPARED:
         started = _start(call, now, spec.lease_ms, Event.START, spec.actor)
         return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
@@ -215,6 +217,36 @@ def prepare(
             actor=spec.actor,
         )
     return Step(call, answer)
+
+
+def _require_approval(
+    existing: ToolCall,
+    call: ToolCall,
+    spec: PrepareSpec,
+    now: Now,
+    policy: Policy | None,
+) -> Step:
+    """A repeat prepare that requires an approval the call was prepared
+    without: a call that never started waits for it (AWAITING_APPROVAL); one
+    that started already ran without it, so the prepare is refused."""
+    if call.state is not State.PREPARED:
+        return Step(
+            existing,
+            InputMismatch(
+                "the call was prepared without approval and has started: an "
+                "approval cannot be required after the fact; use a new call_id",
+                {"callRevision": str(existing.revision), "state": call.state.name},
+            ),
+        )
+    waiting = machine.apply(
+        call,
+        Event.REQUIRE_APPROVAL,
+        at_ns=now.wall_ns,
+        actor=spec.actor,
+        reason="a repeat prepare requires approval",
+        approval_required=True,
+    )
+    return Step(waiting, _answer(waiting, policy=policy))
 
 
 def _create(spec: PrepareSpec, now: Now) -> ToolCall:

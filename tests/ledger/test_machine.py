@@ -46,6 +46,9 @@ LEGAL: dict[tuple[State, Event], State] = {
     (S.AWAITING_APPROVAL, E.APPROVE): S.PREPARED,  # DESIGN §4 approve
     (S.AWAITING_APPROVAL, E.REJECT): S.COMMITTED,  # DESIGN §4 reject; ADR-010 D3
     (S.PREPARED, E.START): S.STARTED,  # DESIGN §4 start; ADR-010 D3
+    # A repeat prepare asks for an approval before anything ran: DESIGN §4
+    # "only approve executes" (ADR-010 D3) holds for the call from then on.
+    (S.PREPARED, E.REQUIRE_APPROVAL): S.AWAITING_APPROVAL,
     (S.STARTED, E.COMMIT): S.COMMITTED,  # DESIGN §4 commit OK / ERROR
     # The holder of the lease reporting back; DESIGN §4 lease (only a live
     # STARTED call has a lease to extend).

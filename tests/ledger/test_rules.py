@@ -1215,3 +1215,57 @@ def test_an_approval_rejection_is_answered_rejected_on_prepare() -> None:
     assert reply.decision is Decision.REJECTED
     assert reply.call.result is not None
     assert reply.call.result.error_code == APPROVAL_REJECTED
+
+
+# --- require_approval on a repeat prepare (DESIGN §4, ADR-010 D3) -------------
+
+
+@pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("start", [False, True])
+def test_a_repeat_that_requires_approval_makes_a_prepared_call_wait(
+    effect: Effect, start: bool
+) -> None:
+    """A call prepared without approval and re-prepared with require_approval
+    (with or without start) waits for an approver: AWAIT_APPROVAL, no attempt
+    held (issue 10 item 12: fails before the fix: with start it executed)."""
+    call = prepared(effect)
+    step = rules.prepare(
+        call, spec(effect, require_approval=True, start=start), moment()
+    )
+    reply = answer(step)
+    assert (reply.decision, reply.attempt_held) == (Decision.AWAIT_APPROVAL, False)
+    assert (step.call.state, step.call.approval_required) == (
+        State.AWAITING_APPROVAL,
+        True,
+    )
+    assert step.call.history[-1].event is Event.REQUIRE_APPROVAL
+    again = rules.prepare(step.call, spec(effect, start=True), moment())
+    assert answer(again).decision is Decision.AWAIT_APPROVAL
+    assert again.call == step.call
+
+
+@pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("state", [ST, U, C], ids=lambda s: s.name)
+def test_approval_cannot_be_required_after_the_call_started(
+    effect: Effect, state: State
+) -> None:
+    """A call that started without approval cannot be made to require one:
+    the repeat is INPUT_MISMATCH and nothing changes (issue 10 item 12: fails
+    before the fix: its result or its decision came back as if approved)."""
+    call = BUILD[state](effect)
+    step = rules.prepare(
+        call, spec(effect, require_approval=True, start=True), moment()
+    )
+    refused = refusal(step, InputMismatch)
+    assert refused.metadata["state"] == state.name
+    assert step.call is call
+
+
+@pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
+def test_a_repeat_without_approval_never_lifts_the_requirement(effect: Effect) -> None:
+    """A call that requires approval keeps waiting when re-prepared without
+    require_approval."""
+    call = awaiting(effect)
+    step = rules.prepare(call, spec(effect, start=True), moment())
+    assert answer(step).decision is Decision.AWAIT_APPROVAL
+    assert step.call is call

@@ -233,6 +233,47 @@ def test_a_call_without_approval_cannot_be_decided(ledger_stub: ToolLedgerStub) 
     assert _get(ledger_stub) == call
 
 
+def test_approval_required_on_a_repeat_holds_a_prepared_call(
+    ledger_stub: ToolLedgerStub,
+) -> None:
+    """A call prepared without approval and re-prepared with require_approval
+    and start waits for an approver instead of executing; approved, it starts
+    (issue 10 item 12: fails before the fix: EXECUTE with the attempt held)."""
+    ledger_stub.PrepareTool(prepare_request(json=INPUT), timeout=5)
+    request = prepare_request(json=INPUT, require_approval=True, start=True)
+    answer = ledger_stub.PrepareTool(request, timeout=5)
+    assert (answer.decision, answer.attempt_held) == (
+        pb.DECISION_AWAIT_APPROVAL,
+        False,
+    )
+    assert (answer.call.state, answer.call.approval_required) == (
+        pb.CALL_STATE_AWAITING_APPROVAL,
+        True,
+    )
+    assert answer.call.history[-1].event == "require_approval"
+    _decide(ledger_stub, answer.call)
+    started = ledger_stub.PrepareTool(request, timeout=5)
+    assert (started.decision, started.attempt_held) == (pb.DECISION_EXECUTE, True)
+
+
+def test_approval_cannot_be_required_after_the_call_started(
+    ledger_stub: ToolLedgerStub,
+) -> None:
+    """A call that started without approval: a repeat that requires it is
+    INPUT_MISMATCH and the record is unchanged."""
+    started = ledger_stub.PrepareTool(
+        prepare_request(json=INPUT, start=True), timeout=5
+    ).call
+    expect_refusal(
+        lambda: ledger_stub.PrepareTool(
+            prepare_request(json=INPUT, require_approval=True, start=True), timeout=5
+        ),
+        PRECONDITION,
+        "INPUT_MISMATCH",
+    )
+    assert _get(ledger_stub) == started
+
+
 def test_deciding_an_unknown_call_is_not_found(ledger_stub: ToolLedgerStub) -> None:
     """A decision on a record of another namespace, or none, is NOT_FOUND."""
     waiting = _await(ledger_stub)

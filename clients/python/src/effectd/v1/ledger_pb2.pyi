@@ -319,8 +319,9 @@ class Transition(_message.Message):
     from_state: Global___CallState.ValueType
     to_state: Global___CallState.ValueType
     event: _builtins.str
-    """One of: prepare, approve, reject, start, retry, commit, expire,
-    restart, report_unknown, reconcile. Heartbeats are not recorded.
+    """One of: prepare, require_approval, approve, reject, start, retry,
+    commit, expire, restart, report_unknown, reconcile_committed,
+    reconcile_not_executed, acknowledge. Heartbeats are not recorded.
     """
     actor: _builtins.str
     reason: _builtins.str
@@ -486,7 +487,12 @@ class PrepareToolRequest(_message.Message):
     """
     effect: Global___Effect.ValueType
     require_approval: _builtins.bool
-    """The call waits in AWAITING_APPROVAL until an approver decides."""
+    """The call waits in AWAITING_APPROVAL until an approver decides. On a
+    repeat of a call prepared without it: a call that never started waits
+    for an approver from now on (AWAIT_APPROVAL); one that started is
+    refused with INPUT_MISMATCH (it ran without approval). A repeat without
+    it never lifts a requirement.
+    """
     start: _builtins.bool
     """Also start the call in the same transaction (prepare and start in one
     round trip).
