@@ -274,6 +274,35 @@ def test_reconcile_not_executed_in_quarantine_says_how_to_confirm(
     assert client.get_tool_call(RUN, "c1").state is State.PREPARED
 
 
+def test_enter_reconciliation_makes_a_tools_open_calls_side_effects(
+    ctl: Ctl, client: Client
+) -> None:
+    """`enter-reconciliation TOOL` makes every open call of the tool a side
+    effect for good (exit 0, counts printed; `show` tells), so an unknown READ
+    of it answers RECONCILE (issue 10 item 10: fails before the fix: no such
+    command, exit 2)."""
+    p = client.prepare_tool(
+        RUN, "r1", "lookup", {"q": 1}, effect=Effect.READ, start=True
+    )
+    client.report_unknown(RUN, "r1", p.call.attempt, "timeout")
+    client.prepare_tool(RUN, "r2", "lookup", {"q": 2}, effect=Effect.READ)
+    _unknown(client, "c1")  # another tool
+    code, out, err = ctl(
+        "enter-reconciliation", "lookup", "--reason", "dup", "--operator", "olga"
+    )
+    assert code == 0, err
+    shown = dict(line.split(None, 1) for line in out.splitlines() if "  " in line)
+    assert "now side effects  2" in out
+    assert shown["already"].strip() == "0"
+    again = client.prepare_tool(RUN, "r1", "lookup", {"q": 1}, effect=Effect.READ)
+    assert again.decision.name == "RECONCILE"
+    assert client.get_tool_call(RUN, "r1").forced_effect is Effect.SIDE_EFFECT
+    code, out, _ = ctl("show", RUN, "r1")
+    assert "READ, forced to SIDE_EFFECT" in out
+    code, out, _ = ctl("--json", "enter-reconciliation", "lookup", "--reason", "again")
+    assert (code, json.loads(out)["already_side_effect"]) == (0, "2")
+
+
 def test_recover_prints_the_plan(ctl: Ctl, client: Client) -> None:
     """`recover RUN` prints one action per call and whether the run is interrupted."""
     _committed(client, "a")

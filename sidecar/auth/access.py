@@ -110,6 +110,8 @@ RULES: Mapping[str, Rule] = {
     "/effectd.v1.Admin/Backup": _rule(Role.OPERATOR, global_scope=True),
     # Scoped like ListAudit: an operator sees the namespaces of its token.
     "/effectd.v1.Admin/GetStats": _rule(Role.OPERATOR),
+    # Scoped like GetStats: the calls of the token's namespaces.
+    "/effectd.v1.Admin/EnterReconciliation": _rule(Role.OPERATOR),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": _rule(*_ANY),
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": _rule(*_ANY),
 }

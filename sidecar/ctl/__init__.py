@@ -1,6 +1,7 @@
 """`effectd ctl`, the operator's console (DESIGN §10): list what needs a
-human, inspect, approve, reject, reconcile, recover, verify and list the
-audit log, back up while serving, reload the policy.
+human, inspect, approve, reject, reconcile, put a tool's open calls into
+reconciliation, recover, verify and list the audit log, back up while
+serving, reload the policy.
 
 This module is the console's error boundary: it turns what can go wrong into
 the exit codes scripts rely on (0 ok, 1 refused by the daemon with its

@@ -190,6 +190,14 @@ def _state(value: pb.CallState.ValueType) -> str:
     return enum_name(pb.CallState.Name(value), "CALL_STATE_")
 
 
+def _effect_text(call: pb.ToolCall) -> str:
+    declared = enum_name(pb.Effect.Name(call.effect), "EFFECT_")
+    if call.forced_effect == pb.EFFECT_UNSPECIFIED:
+        return declared
+    forced = enum_name(pb.Effect.Name(call.forced_effect), "EFFECT_")
+    return f"{declared}, forced to {forced} (ADR-010 R2)"
+
+
 def show(con: Console, args: argparse.Namespace) -> int:
     ref = pb.CallRef(namespace=con.namespace, run_id=args.run, call_id=args.call)
     call = con.call(con.ledger.GetToolCall, pb.GetToolCallRequest(ref=ref)).call
@@ -210,7 +218,7 @@ def show(con: Console, args: argparse.Namespace) -> int:
             ("call", f"{call.ref.run_id} / {call.ref.call_id}"),
             ("namespace", call.ref.namespace),
             ("tool", call.tool_name),
-            ("effect", enum_name(pb.Effect.Name(call.effect), "EFFECT_")),
+            ("effect", _effect_text(call)),
             ("state", _state(call.state)),
             ("revision", call.revision),
             ("attempt", call.attempt),
@@ -298,6 +306,38 @@ def reconcile(con: Console, args: argparse.Namespace) -> int:
         confirmed_dead_attempt=args.confirm_dead_attempt,
     )
     _print_call(con, args, call)
+    return OK
+
+
+def enter_reconciliation(con: Console, args: argparse.Namespace) -> int:
+    done = con.call(
+        con.admin.EnterReconciliation,
+        apb.EnterReconciliationRequest(
+            tool_name=args.tool,
+            namespace=con.namespace,
+            reason=args.reason,
+            operator=_actor(con, args.operator),
+        ),
+    )
+    if args.json:
+        emit_json(done)
+        return OK
+    forced = done.prepared + done.awaiting_approval + done.started + done.unknown
+    audit = (
+        f"{done.first_audit_sequence}..{done.last_audit_sequence}" if forced else "-"
+    )
+    fields(
+        [
+            ("tool", done.tool_name),
+            ("now side effects", forced),
+            ("  unknown", done.unknown),
+            ("  started", done.started),
+            ("  awaiting", done.awaiting_approval),
+            ("  prepared", done.prepared),
+            ("already", done.already_side_effect),
+            ("audit entries", audit),
+        ]
+    )
     return OK
 
 
@@ -496,6 +536,7 @@ def command_of(args: argparse.Namespace) -> Command:
         "approve": decide,
         "reject": decide,
         "reconcile": reconcile,
+        "enter-reconciliation": enter_reconciliation,
         "recover": recover,
         "backup": backup,
         "stats": stats,

@@ -223,6 +223,24 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
 
     p = cmds.add_parser(
+        "enter-reconciliation",
+        help="a tool duplicated its effect: its open calls become side effects",
+        description="ADR-010 R2 'enter reconciliation': every open call of TOOL "
+        "(of --namespace, or of every namespace the token may see) becomes a "
+        "SIDE_EFFECT for good, audited: those of unknown outcome answer "
+        "RECONCILE until reconciled, whatever the policy says later, and none "
+        "is retried. Force the tool in the policy file too, for new calls.",
+    )
+    p.add_argument("tool", metavar="TOOL", help="the tool's exact name")
+    p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    p.add_argument(
+        "--operator",
+        default=None,
+        metavar="NAME",
+        help="who (default $USER; with a token, the token's name)",
+    )
+
+    p = cmds.add_parser(
         "recover",
         help="the recovery plan of a run",
         description="Prints what an agent resuming RUN would do with each call. "

@@ -37,6 +37,9 @@ class Action(enum.Enum):
     RECONCILE_NOT_EXECUTED = "reconcile_not_executed"
     # The policy file was reloaded (ADR-010 R2); the entry names no record.
     POLICY_RELOAD = "policy_reload"
+    # An operator put the open calls of a tool into reconciliation (ADR-010
+    # R2): one entry per call made a SIDE_EFFECT for good.
+    ENTER_RECONCILIATION = "enter_reconciliation"
 
 
 def _no_details() -> Mapping[str, str]:

@@ -35,6 +35,12 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.UNKNOWN, Event.RECONCILE_COMMITTED): State.COMMITTED,
     (State.UNKNOWN, Event.RECONCILE_NOT_EXECUTED): State.PREPARED,
     (State.COMMITTED, Event.ACKNOWLEDGE): State.COMMITTED,
+    # ADR-010 R2: an open call becomes a SIDE_EFFECT for good; nothing else
+    # changes (a committed one has nothing left to decide).
+    (State.PREPARED, Event.FORCE_SIDE_EFFECT): State.PREPARED,
+    (State.AWAITING_APPROVAL, Event.FORCE_SIDE_EFFECT): State.AWAITING_APPROVAL,
+    (State.STARTED, Event.FORCE_SIDE_EFFECT): State.STARTED,
+    (State.UNKNOWN, Event.FORCE_SIDE_EFFECT): State.UNKNOWN,
 }
 
 # Events that change nothing a reader of the history needs.
@@ -75,7 +81,7 @@ def apply(
 ) -> ToolCall:
     """Returns `call` after `event`, with `changes` applied, revision + 1 and
     the transition in its history."""
-    to = target(call.state, event, call.effect)
+    to = target(call.state, event, call.recorded_effect)
     if to is not State.UNKNOWN:
         # Meaningful only while the outcome is unknown (ADR-010 D3).
         changes.setdefault("unknown_since_ns", 0)

@@ -69,6 +69,9 @@ class Event(enum.Enum):
     HEARTBEAT = "heartbeat"
     # A repeat prepare asked for an approval the call did not require yet.
     REQUIRE_APPROVAL = "require_approval"
+    # The operator's policy or action made the call a SIDE_EFFECT for good
+    # (ADR-010 R2).
+    FORCE_SIDE_EFFECT = "force_side_effect"
 
 
 class Decision(enum.Enum):
@@ -236,10 +239,19 @@ class ToolCall:
     unknown_since_ns: int = 0
     # Recorded at prepare, part of the identity; TOOL in older records.
     channel: Channel = Channel.TOOL
+    # SIDE_EFFECT once the operator forced it on this call (ADR-010 R2): by
+    # the policy in force when the call was decided, or by putting the tool's
+    # open calls into reconciliation. Sticky: a later policy never relaxes it.
+    forced_effect: Effect | None = None
 
     @property
     def idempotency_key(self) -> str:
         return idempotency_key(self.ref, self.key_scheme)
+
+    @property
+    def recorded_effect(self) -> Effect:
+        """The effect the rules start from: the forced one, else as declared."""
+        return self.forced_effect or self.effect
 
     @property
     def outcome_unknown_since_ns(self) -> int:

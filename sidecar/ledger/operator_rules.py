@@ -30,6 +30,7 @@ from sidecar.ledger import fingerprint, machine, rules
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
     Approval,
+    Effect,
     Event,
     Outcome,
     Reconciliation,
@@ -89,10 +90,33 @@ def _revision_conflict(call: ToolCall, expected: int) -> EffectdError | None:
 
 def _invalid(call: ToolCall, event: Event) -> EffectdError:
     try:
-        machine.target(call.state, event, call.effect)
+        machine.target(call.state, event, call.recorded_effect)
     except EffectdError as exc:
         return exc
     raise AssertionError(f"{event} is legal in {call.state}")  # pragma: no cover
+
+
+def enter_reconciliation(call: ToolCall, now: Now, operator: str, reason: str) -> Step:
+    """ADR-010 R2 "enter reconciliation": an open call of a tool found to
+    duplicate its effect becomes a SIDE_EFFECT for good, in the state it is
+    in. One whose outcome is unknown then answers RECONCILE until an operator
+    reconciles it, whatever the policy says later; one that never ran runs at
+    most once and is never retried. A call already a SIDE_EFFECT is answered
+    unchanged (the same object); a committed one is INVALID_TRANSITION.
+    """
+    if call.state is State.COMMITTED:
+        return Step(call, _invalid(call, Event.FORCE_SIDE_EFFECT))
+    if call.recorded_effect is Effect.SIDE_EFFECT:
+        return Step(call, Answer(rules.decide(call), call))
+    forced = machine.apply(
+        call,
+        Event.FORCE_SIDE_EFFECT,
+        at_ns=now.wall_ns,
+        actor=operator,
+        reason=reason,
+        forced_effect=Effect.SIDE_EFFECT,
+    )
+    return Step(forced, Answer(rules.decide(forced), forced))
 
 
 def _quarantined(call: ToolCall, now: Now, policy: Policy) -> EffectdError | None:

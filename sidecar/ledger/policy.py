@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from sidecar.ledger.model import Effect
+from sidecar.ledger.model import Effect, ToolCall
 
 
 def _no_overrides() -> Mapping[str, Effect]:
@@ -48,6 +48,11 @@ class Policy:
     def effect_of(self, tool_name: str, declared: Effect) -> Effect:
         """The effect the rules must assume for a call of `tool_name`."""
         return self.effect_overrides.get(tool_name, declared)
+
+    def effect_for(self, call: ToolCall) -> Effect:
+        """The effect the rules must assume for a recorded call: a SIDE_EFFECT
+        forced on the call stays one whatever this policy says (R2)."""
+        return self.effect_of(call.tool_name, call.recorded_effect)
 
 
 class PolicySource(Protocol):

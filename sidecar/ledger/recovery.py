@@ -86,6 +86,6 @@ def plan(calls: Iterable[ToolCall], policy: Policy) -> Plan:
     """The plan for settled records, one item per call, in their order."""
     items = []
     for call in calls:
-        effect = policy.effect_of(call.tool_name, call.effect)
+        effect = policy.effect_for(call)
         items.append(PlanItem(call, action(call, effect), effect))
     return Plan(tuple(items))

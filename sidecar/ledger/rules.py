@@ -9,6 +9,7 @@ request that noticed it is refused.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sidecar.errors import (
@@ -129,10 +130,9 @@ def settle(call: ToolCall, now: Now) -> ToolCall:
 def decide(call: ToolCall, policy: Policy | None = None) -> Decision:
     """The decision for a settled record (DESIGN §5), under `policy`."""
     # ADR-010 R2: a tool the operator forced to SIDE_EFFECT is one from the
-    # next decision on, whatever its callers declared.
-    effect = (
-        call.effect if policy is None else policy.effect_of(call.tool_name, call.effect)
-    )
+    # next decision on, whatever its callers declared; a call it was forced on
+    # stays one.
+    effect = call.recorded_effect if policy is None else policy.effect_for(call)
     match call.state:
         case State.PREPARED:
             return Decision.EXECUTE
@@ -147,6 +147,30 @@ def decide(call: ToolCall, policy: Policy | None = None) -> Decision:
         case State.COMMITTED:
             return Decision.REJECTED if call.rejected else Decision.RETURN_RESULT
     raise AssertionError(call.state)  # pragma: no cover
+
+
+def enforce(call: ToolCall, policy: Policy | None, now: Now) -> ToolCall:
+    """`call` with the effect `policy` forces on it recorded for good.
+
+    ADR-010 R2: once a decision about an open call assumed a SIDE_EFFECT
+    because the operator forced the tool to one, the call stays one, so
+    taking the override out of the policy never reopens retries of calls
+    that were answered RECONCILE. A committed call has nothing to decide.
+    """
+    if policy is None or call.state is State.COMMITTED:
+        return call
+    if call.recorded_effect is Effect.SIDE_EFFECT:
+        return call
+    if policy.effect_of(call.tool_name, call.effect) is not Effect.SIDE_EFFECT:
+        return call
+    return machine.apply(
+        call,
+        Event.FORCE_SIDE_EFFECT,
+        at_ns=now.wall_ns,
+        actor=DAEMON,
+        reason="the policy forces this tool to side-effect (ADR-010 R2)",
+        forced_effect=Effect.SIDE_EFFECT,
+    )
 
 
 def _answer(
@@ -195,12 +219,15 @@ def prepare(
     """
     if existing is None:
         call = _create(spec, now)
+        if policy is not None and policy.effect_for(call) is not call.effect:
+            # Recorded with the call: decided under the override (R2).
+            call = dataclasses.replace(call, forced_effect=Effect.SIDE_EFFECT)
     else:
         mismatch = _mismatch(existing, spec)
         if mismatch:
             meta = {"callRevision": str(existing.revision)}
             return Step(existing, InputMismatch(mismatch, meta))
-        call = settle(existing, now)
+        call = enforce(settle(existing, now), policy, now)
         if spec.require_approval and not call.approval_required:
             return _require_approval(existing, call, spec, now, policy)
     if spec.start and call.state is State.PREPARED:
@@ -301,7 +328,7 @@ def start(
         _check_revision(call, expected_revision)
     except RevisionConflict as exc:
         return Step(call, exc)
-    settled = settle(call, now)
+    settled = enforce(settle(call, now), policy, now)
     if settled.state is State.PREPARED:
         started = _start(settled, now, lease_ms, Event.START, actor)
         return Step(started, Answer(Decision.EXECUTE, started, attempt_held=True))
@@ -309,7 +336,7 @@ def start(
         return _retry(
             settled, now, lease_ms=lease_ms, retry=retry, policy=policy, actor=actor
         )
-    return Step(settled, _answer(settled))
+    return Step(settled, _answer(settled, policy=policy))
 
 
 def _retry(
@@ -319,7 +346,7 @@ def _retry(
     # DESIGN §4: StartTool answers a side effect's retry RECONCILIATION_REQUIRED
     # (the retry rules would say SIDE_EFFECT_NOT_RETRY_SAFE); a forced
     # SIDE_EFFECT override of the policy counts (ADR-010 R2).
-    if policy.effect_of(call.tool_name, call.effect) is Effect.SIDE_EFFECT:
+    if policy.effect_for(call) is Effect.SIDE_EFFECT:
         refusal = ReconciliationRequired(
             "the outcome of this side effect is unknown: it is never replayed; "
             "reconcile it",
@@ -339,7 +366,7 @@ def _retry(
     else:
         question = retry_rules.RetryQuestion(
             facts=retry_rules.Facts(
-                call.effect, call.state, call.idempotency_key, call.tool_name
+                call.recorded_effect, call.state, call.idempotency_key, call.tool_name
             ),
             # ADR-010 D5, D6: the rules of the channel the call was prepared
             # through; the ledger knows only that the outcome is unknown.
@@ -422,6 +449,7 @@ def report_unknown(
     actor: str = AGENT,
 ) -> Step:
     """ReportUnknown: the attempt cannot tell whether the tool ran."""
+    call = enforce(call, policy, now)
     if call.state is State.UNKNOWN and attempt == call.attempt:
         return Step(call, _answer(call, policy=policy))
     if call.state is not State.STARTED:
@@ -464,7 +492,7 @@ def heartbeat(
 
 def _invalid(call: ToolCall, event: Event) -> EffectdError:
     try:
-        machine.target(call.state, event, call.effect)
+        machine.target(call.state, event, call.recorded_effect)
     except EffectdError as exc:
         return exc
     raise AssertionError(f"{event} is legal in {call.state}")  # pragma: no cover

@@ -163,6 +163,33 @@ class Admin:
             raise
         return pb.BackupResponse(path=str(path), bytes=size)
 
+    async def EnterReconciliation(
+        self, req: pb.EnterReconciliationRequest, _: Context
+    ) -> pb.EnterReconciliationResponse:
+        v = Violations()
+        v.text_id("tool_name", req.tool_name, self._limits.max_id_bytes)
+        namespace = _scope(v, req.namespace)
+        operator = convert.operator_action(v, self._limits, req.operator, req.reason)
+        v.require()
+        done = await self._operator.enter_reconciliation(
+            tool_name=req.tool_name,
+            namespace=namespace,
+            operator=operator,
+            reason=req.reason,
+        )
+        return pb.EnterReconciliationResponse(
+            tool_name=done.tool_name,
+            prepared=done.forced.get(State.PREPARED, 0),
+            awaiting_approval=done.forced.get(State.AWAITING_APPROVAL, 0),
+            started=done.forced.get(State.STARTED, 0),
+            unknown=done.forced.get(State.UNKNOWN, 0),
+            already_side_effect=done.already,
+            examined=done.examined,
+            batches=done.batches,
+            first_audit_sequence=done.first_audit_sequence,
+            last_audit_sequence=done.last_audit_sequence,
+        )
+
     async def GetStats(
         self, req: pb.GetStatsRequest, _: Context
     ) -> pb.GetStatsResponse:

@@ -298,6 +298,8 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
         created_at=timestamp(call.created_ns),
         updated_at=timestamp(call.updated_ns),
     )
+    if call.forced_effect is not None:
+        msg.forced_effect = EFFECT_TO_PB[call.forced_effect]
     if call.lease is not None:
         msg.lease_expires_at.CopyFrom(timestamp(call.lease.expires_wall_ns))
     if call.state is State.UNKNOWN:
@@ -399,6 +401,12 @@ def approval_decision(
         expected_revision=req.expected_revision,
         input_fingerprint=req.input_fingerprint,
     )
+
+
+def operator_action(v: Violations, limits: Limits, operator: str, reason: str) -> str:
+    """The actor of an operator action (with authentication on, the
+    credential's name), its reason validated."""
+    return _operator_text(v, limits, ("operator", operator), reason)
 
 
 def reconcile_order(

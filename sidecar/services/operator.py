@@ -24,6 +24,7 @@ from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import Usage
 from sidecar.ledger.rules import Answer, Now
 from sidecar.ledger.validation import Limits
+from sidecar.services import enter_reconciliation as tool_reconciliation
 from sidecar.services._common import answered, moment
 from sidecar.storage import records, usage
 from sidecar.storage.api import ReadView, Store, Table, WriteView
@@ -134,6 +135,28 @@ class OperatorService:
             return step.reply
 
         return await self._write(apply)
+
+    async def enter_reconciliation(
+        self,
+        *,
+        tool_name: str,
+        namespace: str | None,
+        operator: str,
+        reason: str,
+        batch: int = tool_reconciliation.BATCH,
+    ) -> tool_reconciliation.Entered:
+        """Makes every open call of `tool_name` in `namespace` (None: every
+        namespace) a SIDE_EFFECT for good, each with its audit entry, in
+        bounded batches (ADR-010 R2 "enter reconciliation")."""
+        return await tool_reconciliation.enter_reconciliation(
+            self._store,
+            self.now,
+            tool_name=tool_name,
+            namespace=namespace,
+            operator=operator,
+            reason=reason,
+            batch=batch,
+        )
 
     # -- the audit log ---------------------------------------------------------
 

@@ -60,7 +60,8 @@ class RetryService:
             )
         call = rules.settle(call, self._now())
         facts = retry.Facts(
-            call.effect,
+            # A SIDE_EFFECT forced on the call stays one (ADR-010 R2).
+            call.recorded_effect,
             call.state,
             call.idempotency_key,
             call.tool_name,

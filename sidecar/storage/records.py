@@ -156,6 +156,7 @@ def encode_call(c: ToolCall) -> bytes:
         "lease_ms": c.lease_ms,
         "unknown_since": c.unknown_since_ns,
         "channel": c.channel.value,
+        "forced": None if c.forced_effect is None else c.forced_effect.value,
     }
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -264,6 +265,7 @@ def decode_call(raw: bytes) -> ToolCall:
         lease_ms=doc.get("lease_ms", 0),
         unknown_since_ns=doc.get("unknown_since", 0),
         channel=Channel(doc.get("channel", Channel.TOOL.value)),
+        forced_effect=None if doc.get("forced") is None else Effect(doc["forced"]),
     )
 
 

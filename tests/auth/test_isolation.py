@@ -349,6 +349,18 @@ def attacks(s: Seeded) -> dict[str, list[tuple[str, Attack]]]:
                 ),
             )
         ],
+        "/effectd.v1.Admin/EnterReconciliation": [
+            (
+                t,
+                lambda x: x.admin.EnterReconciliation(
+                    admin_pb2.EnterReconciliationRequest(
+                        tool_name="pay", namespace="b", reason="dup"
+                    ),
+                    metadata=x.metadata,
+                ),
+            )
+            for t in [OPERATOR_A, AGENT_A]
+        ],
         "/effectd.v1.Admin/VerifyAudit": [
             (
                 OPERATOR_A,

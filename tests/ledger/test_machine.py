@@ -49,6 +49,12 @@ LEGAL: dict[tuple[State, Event], State] = {
     # A repeat prepare asks for an approval before anything ran: DESIGN §4
     # "only approve executes" (ADR-010 D3) holds for the call from then on.
     (S.PREPARED, E.REQUIRE_APPROVAL): S.AWAITING_APPROVAL,
+    # ADR-010 R2 "change the effect to side-effect, and enter reconciliation":
+    # an open call becomes a side effect for good, in the state it is in.
+    (S.PREPARED, E.FORCE_SIDE_EFFECT): S.PREPARED,
+    (S.AWAITING_APPROVAL, E.FORCE_SIDE_EFFECT): S.AWAITING_APPROVAL,
+    (S.STARTED, E.FORCE_SIDE_EFFECT): S.STARTED,
+    (S.UNKNOWN, E.FORCE_SIDE_EFFECT): S.UNKNOWN,
     (S.STARTED, E.COMMIT): S.COMMITTED,  # DESIGN §4 commit OK / ERROR
     # The holder of the lease reporting back; DESIGN §4 lease (only a live
     # STARTED call has a lease to extend).

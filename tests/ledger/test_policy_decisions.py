@@ -4,14 +4,17 @@ declared, in every rule whose answer depends on the effect."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from types import MappingProxyType
 
 import pytest
 
 from sidecar.errors import ReconciliationRequired
 from sidecar.ledger import rules
-from sidecar.ledger.model import Decision, Effect, State, ToolCall
+from sidecar.ledger.model import Decision, Effect, Event, State, ToolCall
 from sidecar.ledger.policy import Policy
+from sidecar.ledger.rules import Now, PrepareSpec, Step
 from tests.ledger.builders import (
     LEASE_MS,
     TOOL,
@@ -95,3 +98,100 @@ def test_a_retry_of_a_forced_tool_is_reconciliation() -> None:
     )
     refusal(step, ReconciliationRequired)
     assert step.call.state is State.UNKNOWN
+
+
+# -- the forced effect is recorded on the call: R2 is sticky ---------------------
+
+Decider = Callable[[ToolCall | None, PrepareSpec, Now, Policy], Step]
+
+
+def _forgets_the_call(
+    existing: ToolCall | None, asked: PrepareSpec, now: Now, policy: Policy
+) -> Step:
+    """BROKEN on purpose, as the ledger was: the policy in force alone decides;
+    nothing decided under an earlier one is remembered."""
+    step = rules.prepare(existing, asked, now, policy)
+    return Step(dataclasses.replace(step.call, forced_effect=None), step.reply)
+
+
+def reopened(effect: Effect, prepare: Decider = rules.prepare) -> list[str]:
+    """The R2 scenario: the tool is forced to SIDE_EFFECT, an UNKNOWN call of it
+    answers RECONCILE; then the override is taken out of the policy. Returns
+    what the call is offered afterwards that it must not be ([] if nothing)."""
+    now = moment()
+    call = unknown(effect, now)
+    asked = dataclasses.replace(spec(effect, start=True), retry=True)
+    first = prepare(call, asked, now, FORCED)
+    assert answer(first).decision is Decision.RECONCILE
+    found = []
+    plain = prepare(first.call, spec(effect), now, Policy())
+    if answer(plain).decision is not Decision.RECONCILE:
+        found.append(f"prepare: {answer(plain).decision.name}")
+    again = prepare(first.call, asked, now, Policy())
+    if isinstance(again.reply, rules.Answer) and again.reply.attempt_held:
+        found.append(f"retry: attempt {again.call.attempt} held")
+    start = rules.start(
+        first.call,
+        now,
+        lease_ms=LEASE_MS,
+        retry=True,
+        expected_revision=None,
+        policy=Policy(),
+    )
+    if isinstance(start.reply, rules.Answer) and start.reply.attempt_held:
+        found.append(f"StartTool(retry): attempt {start.call.attempt} held")
+    return found
+
+
+@pytest.mark.parametrize("effect", [Effect.READ, Effect.IDEMPOTENT_WRITE])
+def test_a_call_decided_under_the_override_stays_a_side_effect(effect: Effect) -> None:
+    """Taking the override out of the policy does not reopen retries of a call
+    that was answered RECONCILE under it: the forced effect was recorded on
+    the call, with its history entry (issue 10 item 10: fails before the fix:
+    EXECUTE, and StartTool(retry) started attempt 2)."""
+    assert reopened(effect) == []
+    call = rules.prepare(unknown(effect), spec(effect), moment(), FORCED).call
+    assert call.forced_effect is Effect.SIDE_EFFECT
+    entry = call.history[-1]
+    assert (entry.event, entry.actor, entry.to_state) == (
+        Event.FORCE_SIDE_EFFECT,
+        rules.DAEMON,
+        State.UNKNOWN,
+    )
+    assert rules.prepare(call, spec(effect), moment(), FORCED).call == call
+
+
+@pytest.mark.parametrize("effect", [Effect.READ, Effect.IDEMPOTENT_WRITE])
+def test_negative_control_a_ledger_that_forgets_the_override_is_caught(
+    effect: Effect,
+) -> None:
+    """The scenario's checker catches a ledger that decides by the policy in
+    force alone."""
+    assert reopened(effect, _forgets_the_call) == [
+        "prepare: EXECUTE",
+        "retry: attempt 2 held",
+        "StartTool(retry): attempt 2 held",
+    ]
+
+
+def test_a_new_call_of_a_forced_tool_records_the_override() -> None:
+    """A call created while its tool is forced is a side effect for good; one
+    of another tool, or declared SIDE_EFFECT, records nothing."""
+    now = moment()
+    forced = rules.prepare(None, spec(Effect.READ), now, FORCED).call
+    assert forced.forced_effect is Effect.SIDE_EFFECT
+    assert forced.revision == 1
+    assert (
+        rules.prepare(None, spec(Effect.READ), now, OTHER_FORCED).call.forced_effect
+        is None
+    )
+    assert (
+        rules.prepare(None, spec(Effect.SIDE_EFFECT), now, FORCED).call.forced_effect
+        is None
+    )
+
+
+def test_a_committed_call_records_nothing() -> None:
+    """A committed call has nothing left to decide: it stays as it is."""
+    call = committed(Effect.READ)
+    assert rules.prepare(call, spec(Effect.READ), moment(), FORCED).call is call

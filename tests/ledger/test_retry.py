@@ -477,7 +477,9 @@ def test_start_with_retry_of_a_forced_side_effect_requires_reconciliation(
     call = unknown(effect)
     step = _retry_start(call, forced)
     refusal(step, ReconciliationRequired)
-    assert step.call is call
+    # Nothing starts; the forced effect is recorded on the call for good.
+    assert (step.call.state, step.call.attempt) == (call.state, call.attempt)
+    assert step.call.forced_effect is SE
 
 
 @pytest.mark.parametrize("effect", [R, W], ids=lambda e: e.name)

@@ -1182,9 +1182,10 @@ def test_prepare_and_start_with_retry_obeys_the_retry_rules(
     if kind is ReconciliationRequired:
         assert answer(step).decision is Decision.RECONCILE
         assert not answer(step).attempt_held
+        assert step.call.forced_effect is SE  # ADR-010 R2, recorded for good
     else:
         refusal(step, kind)
-    assert step.call is call
+        assert step.call is call
 
 
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)

@@ -18,7 +18,7 @@ from effectd.v1 import ledger_pb2 as pb
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
-from tests.rpc.support import expect_refusal, prepare_request, ref
+from tests.rpc.support import expect_refusal, prepare_request, ref, refused
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
 Admin = admin_pb2_grpc.AdminStub
@@ -103,6 +103,70 @@ def test_forcing_a_tool_to_side_effect_decides_the_next_call(
     expect_refusal(
         lambda: _retry(ledger, "after"), PRECONDITION, "RECONCILIATION_REQUIRED"
     )
+
+
+def test_taking_the_override_out_does_not_reopen_its_calls(
+    stubs: tuple[Ledger, Admin], policy_path: Path
+) -> None:
+    """ADR-010 R2 is sticky: an unknown READ answered RECONCILE while its tool
+    was forced to SIDE_EFFECT still answers RECONCILE, and its retry is still
+    refused, after the override is taken out of the file and reloaded; the
+    record shows the forced effect (issue 10 item 10: fails before the fix:
+    EXECUTE, and StartTool(retry) started attempt 2)."""
+    ledger, admin = stubs
+    _unknown_read(ledger, "call")
+    policy_path.write_text(FORCED)
+    _reload(admin, "duplicate found")
+    assert _decision(ledger, "call") == pb.DECISION_RECONCILE
+    policy_path.write_text("[retry]\nmax_attempts = 5\n")
+    assert "tools.search.effect" in _reload(admin, "override removed").changed
+    assert _decision(ledger, "call") == pb.DECISION_RECONCILE
+    got = expect_refusal(
+        lambda: _retry(ledger, "call"), PRECONDITION, "RECONCILIATION_REQUIRED"
+    )
+    assert got.metadata["attempt"] == "1"
+    call = ledger.GetToolCall(pb.GetToolCallRequest(ref=ref("run", "call"))).call
+    assert (call.effect, call.forced_effect) == (pb.EFFECT_READ, pb.EFFECT_SIDE_EFFECT)
+    assert "force_side_effect" in [t.event for t in call.history]
+
+
+def test_enter_reconciliation_puts_the_tools_open_calls_in_reconciliation(
+    stubs: tuple[Ledger, Admin],
+) -> None:
+    """Admin.EnterReconciliation makes every open call of the tool a
+    SIDE_EFFECT for good, audited, with no override in the policy: its
+    unknown READ answers RECONCILE and is never retried; a second run changes
+    nothing (issue 10 item 10: fails before the fix: no such action)."""
+    ledger, admin = stubs
+    _unknown_read(ledger, "a")
+    _unknown_read(ledger, "b")
+    request = apb.EnterReconciliationRequest(
+        tool_name=TOOL, reason="duplicate charge found", operator="olga"
+    )
+    done = admin.EnterReconciliation(request, timeout=10)
+    assert (done.unknown, done.started, done.already_side_effect) == (2, 0, 0)
+    assert done.last_audit_sequence == done.first_audit_sequence + 1
+    assert _decision(ledger, "a") == pb.DECISION_RECONCILE
+    expect_refusal(lambda: _retry(ledger, "b"), PRECONDITION, "RECONCILIATION_REQUIRED")
+    entries = admin.ListAudit(apb.ListAuditRequest(), timeout=5).entries
+    assert [e.action for e in entries] == [apb.AUDIT_ACTION_ENTER_RECONCILIATION] * 2
+    assert {e.actor for e in entries} == {"olga"}
+    assert entries[0].details["tool"] == TOOL
+    assert admin.VerifyAudit(apb.VerifyAuditRequest(), timeout=5).ok
+    again = admin.EnterReconciliation(request, timeout=10)
+    assert (again.unknown, again.already_side_effect) == (0, 2)
+
+
+def test_enter_reconciliation_refuses_bad_input_by_field(
+    stubs: tuple[Ledger, Admin],
+) -> None:
+    """No tool and no reason: INVALID_ARGUMENT naming both fields."""
+    _, admin = stubs
+    got = refused(
+        lambda: admin.EnterReconciliation(apb.EnterReconciliationRequest(), timeout=5)
+    )
+    assert got.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert set(got.fields or ()) == {"tool_name", "reason", "operator"}
 
 
 def test_the_kill_switch_stops_a_read_retry(

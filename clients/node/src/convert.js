@@ -130,6 +130,8 @@ function toolCallOut(c) {
     effect: enumOut('Effect', c.effect),
     // A daemon that predates channels sends none: TOOL.
     channel: c.channel === 'CALL_CHANNEL_UNSPECIFIED' ? 'TOOL' : enumOut('CallChannel', c.channel),
+    // 'SIDE_EFFECT' once the operator forced it on this call (ADR-010 R2), else null.
+    forcedEffect: c.forcedEffect && c.forcedEffect !== 'EFFECT_UNSPECIFIED' ? enumOut('Effect', c.forcedEffect) : null,
     state: enumOut('CallState', c.state),
     revision: c.revision,
     idempotencyKey: c.idempotencyKey,

@@ -68,6 +68,8 @@ export interface ToolCall {
   callId: string;
   toolName: string;
   effect: Effect;
+  /** 'SIDE_EFFECT' once the operator forced it on this call (ADR-010 R2), else null. */
+  forcedEffect: Effect | null;
   channel: Channel;
   state: CallState;
   revision: number;

@@ -249,6 +249,7 @@ describe('retry decisions', () => {
     const args = { ...ref, tool: 'lookup', input: 1, start: true, effect: 'READ', channel: 'MCP' };
     const p = await client.prepareTool(args);
     assert.equal(p.call.channel, 'MCP');
+    assert.equal(p.call.forcedEffect, null);
     await client.reportUnknown({ ...ref, attempt: p.call.attempt, reason: 'transport' });
     await assert.rejects(client.startTool({ ...ref, retry: true }), errors.MCP_NO_REPLAY);
     await assert.rejects(client.prepareTool({ ...args, retry: true }), errors.MCP_NO_REPLAY);

@@ -92,6 +92,8 @@ class ToolCall:
     updated_ns: int = 0
     lease_expires_ns: int = 0
     channel: Channel = Channel.TOOL
+    # SIDE_EFFECT once the operator forced it on this call (ADR-010 R2).
+    forced_effect: Effect | None = None
 
     @property
     def lease_ms(self) -> int:
@@ -121,6 +123,7 @@ class ToolCall:
             lease_expires_ns=msg.lease_expires_at.ToNanoseconds(),
             # A daemon that predates channels sends none: TOOL.
             channel=Channel(msg.channel or ledger_pb2.CALL_CHANNEL_TOOL),
+            forced_effect=Effect(msg.forced_effect) if msg.forced_effect else None,
         )
 
 

@@ -42,6 +42,10 @@ class _AuditActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AuditActi
     its details hold `old` and `new` (each policy as RFC 8785 JSON),
     `changed` (the settings that differ) and `file`.
     """
+    AUDIT_ACTION_ENTER_RECONCILIATION: _AuditAction.ValueType  # 40
+    """EnterReconciliation made this open call a SIDE_EFFECT for good (ADR-010
+    R2); details: `tool`, `declaredEffect`.
+    """
 
 class AuditAction(_AuditAction, metaclass=_AuditActionEnumTypeWrapper):
     """-- the audit log ------------------------------------------------------------
@@ -61,6 +65,10 @@ AUDIT_ACTION_POLICY_RELOAD: AuditAction.ValueType  # 5
 """The policy file was reloaded (ADR-010 R2). The entry names no record;
 its details hold `old` and `new` (each policy as RFC 8785 JSON),
 `changed` (the settings that differ) and `file`.
+"""
+AUDIT_ACTION_ENTER_RECONCILIATION: AuditAction.ValueType  # 40
+"""EnterReconciliation made this open call a SIDE_EFFECT for good (ADR-010
+R2); details: `tool`, `declaredEffect`.
 """
 Global___AuditAction: _TypeAlias = AuditAction  # noqa: Y015
 
@@ -605,3 +613,92 @@ class GetStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class EnterReconciliationRequest(_message.Message):
+    """-- enter reconciliation (ADR-010 R2) ------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    tool_name: _builtins.str
+    """Required: the tool (its exact tool_name)."""
+    namespace: _builtins.str
+    """Only calls of this namespace; empty means every namespace (with
+    authentication on: the token's namespace, required when the token holds
+    several and not all).
+    """
+    reason: _builtins.str
+    """Required; kept in each call's history and audit entry."""
+    operator: _builtins.str
+    """Who; with authentication on, empty or the token's name."""
+    def __init__(
+        self,
+        *,
+        tool_name: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "operator", b"operator", "reason", b"reason", "tool_name", b"tool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnterReconciliationRequest: _TypeAlias = EnterReconciliationRequest  # noqa: Y015
+
+@_typing.final
+class EnterReconciliationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    PREPARED_FIELD_NUMBER: _builtins.int
+    AWAITING_APPROVAL_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    ALREADY_SIDE_EFFECT_FIELD_NUMBER: _builtins.int
+    EXAMINED_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    FIRST_AUDIT_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LAST_AUDIT_SEQUENCE_FIELD_NUMBER: _builtins.int
+    tool_name: _builtins.str
+    prepared: _builtins.int
+    """Open calls made a SIDE_EFFECT now, by the state they are in."""
+    awaiting_approval: _builtins.int
+    started: _builtins.int
+    unknown: _builtins.int
+    already_side_effect: _builtins.int
+    """Open calls that were a SIDE_EFFECT already (declared, or forced before):
+    unchanged.
+    """
+    examined: _builtins.int
+    """Records of the scope examined, and the transactions they took."""
+    batches: _builtins.int
+    first_audit_sequence: _builtins.int
+    """The audit entries written, one per call made a SIDE_EFFECT; 0 if none."""
+    last_audit_sequence: _builtins.int
+    def __init__(
+        self,
+        *,
+        tool_name: _builtins.str = ...,
+        prepared: _builtins.int = ...,
+        awaiting_approval: _builtins.int = ...,
+        started: _builtins.int = ...,
+        unknown: _builtins.int = ...,
+        already_side_effect: _builtins.int = ...,
+        examined: _builtins.int = ...,
+        batches: _builtins.int = ...,
+        first_audit_sequence: _builtins.int = ...,
+        last_audit_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_side_effect", b"already_side_effect", "awaiting_approval", b"awaiting_approval", "batches", b"batches", "examined", b"examined", "first_audit_sequence", b"first_audit_sequence", "last_audit_sequence", b"last_audit_sequence", "prepared", b"prepared", "started", b"started", "tool_name", b"tool_name", "unknown", b"unknown"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnterReconciliationResponse: _TypeAlias = EnterReconciliationResponse  # noqa: Y015

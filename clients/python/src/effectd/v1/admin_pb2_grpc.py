@@ -59,6 +59,11 @@ class AdminStub:
                 request_serializer=effectd_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=effectd_dot_v1_dot_admin__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.EnterReconciliation = channel.unary_unary(
+                '/effectd.v1.Admin/EnterReconciliation',
+                request_serializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationRequest.SerializeToString,
+                response_deserializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -112,6 +117,23 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EnterReconciliation(self, request, context):
+        """ADR-010 R2 "enter reconciliation": makes every open call (PREPARED,
+        AWAITING_APPROVAL, STARTED, UNKNOWN) of a tool a SIDE_EFFECT for good,
+        each with its history entry (event force_side_effect) and its audit entry
+        (AUDIT_ACTION_ENTER_RECONCILIATION), in bounded batches of one
+        transaction each. A call whose outcome is unknown then answers RECONCILE
+        until an operator reconciles it, whatever the policy file says later;
+        none is ever retried; one that never ran runs at most once. New calls of
+        the tool are the policy's: force the tool in the policy file as well.
+        Idempotent: a call already a SIDE_EFFECT is counted, not changed, so an
+        interrupted run is finished by running it again. Operator role; the
+        namespace rules of GetStats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +161,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=effectd_dot_v1_dot_admin__pb2.GetStatsRequest.FromString,
                     response_serializer=effectd_dot_v1_dot_admin__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'EnterReconciliation': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnterReconciliation,
+                    request_deserializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationRequest.FromString,
+                    response_serializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +303,33 @@ class Admin:
             '/effectd.v1.Admin/GetStats',
             effectd_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
             effectd_dot_v1_dot_admin__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnterReconciliation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectd.v1.Admin/EnterReconciliation',
+            effectd_dot_v1_dot_admin__pb2.EnterReconciliationRequest.SerializeToString,
+            effectd_dot_v1_dot_admin__pb2.EnterReconciliationResponse.FromString,
             options,
             channel_credentials,
             insecure,

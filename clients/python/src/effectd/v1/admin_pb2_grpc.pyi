@@ -63,6 +63,19 @@ class AdminStub:
     the quotas they count against. With authentication on, only the
     namespaces of the caller's token; another namespace answers NOT_FOUND.
     """
+    EnterReconciliation: _grpc.UnaryUnaryMultiCallable[_admin_pb2.EnterReconciliationRequest, _admin_pb2.EnterReconciliationResponse]
+    """ADR-010 R2 "enter reconciliation": makes every open call (PREPARED,
+    AWAITING_APPROVAL, STARTED, UNKNOWN) of a tool a SIDE_EFFECT for good,
+    each with its history entry (event force_side_effect) and its audit entry
+    (AUDIT_ACTION_ENTER_RECONCILIATION), in bounded batches of one
+    transaction each. A call whose outcome is unknown then answers RECONCILE
+    until an operator reconciles it, whatever the policy file says later;
+    none is ever retried; one that never ran runs at most once. New calls of
+    the tool are the policy's: force the tool in the policy file as well.
+    Idempotent: a call already a SIDE_EFFECT is counted, not changed, so an
+    interrupted run is finished by running it again. Operator role; the
+    namespace rules of GetStats.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -93,6 +106,19 @@ class AdminAsyncStub(AdminStub):
     AWAITING_APPROVAL are the ones waiting for a person), stored bytes, and
     the quotas they count against. With authentication on, only the
     namespaces of the caller's token; another namespace answers NOT_FOUND.
+    """
+    EnterReconciliation: _aio.UnaryUnaryMultiCallable[_admin_pb2.EnterReconciliationRequest, _admin_pb2.EnterReconciliationResponse]  # type: ignore[assignment]
+    """ADR-010 R2 "enter reconciliation": makes every open call (PREPARED,
+    AWAITING_APPROVAL, STARTED, UNKNOWN) of a tool a SIDE_EFFECT for good,
+    each with its history entry (event force_side_effect) and its audit entry
+    (AUDIT_ACTION_ENTER_RECONCILIATION), in bounded batches of one
+    transaction each. A call whose outcome is unknown then answers RECONCILE
+    until an operator reconciles it, whatever the policy file says later;
+    none is ever retried; one that never ran runs at most once. New calls of
+    the tool are the policy's: force the tool in the policy file as well.
+    Idempotent: a call already a SIDE_EFFECT is counted, not changed, so an
+    interrupted run is finished by running it again. Operator role; the
+    namespace rules of GetStats.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -151,6 +177,25 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         AWAITING_APPROVAL are the ones waiting for a person), stored bytes, and
         the quotas they count against. With authentication on, only the
         namespaces of the caller's token; another namespace answers NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def EnterReconciliation(
+        self,
+        request: _admin_pb2.EnterReconciliationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.EnterReconciliationResponse, _abc.Awaitable[_admin_pb2.EnterReconciliationResponse]]:
+        """ADR-010 R2 "enter reconciliation": makes every open call (PREPARED,
+        AWAITING_APPROVAL, STARTED, UNKNOWN) of a tool a SIDE_EFFECT for good,
+        each with its history entry (event force_side_effect) and its audit entry
+        (AUDIT_ACTION_ENTER_RECONCILIATION), in bounded batches of one
+        transaction each. A call whose outcome is unknown then answers RECONCILE
+        until an operator reconciles it, whatever the policy file says later;
+        none is ever retried; one that never ran runs at most once. New calls of
+        the tool are the policy's: force the tool in the policy file as well.
+        Idempotent: a call already a SIDE_EFFECT is counted, not changed, so an
+        interrupted run is finished by running it again. Operator role; the
+        namespace rules of GetStats.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

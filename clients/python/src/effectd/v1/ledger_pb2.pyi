@@ -373,6 +373,7 @@ class ToolCall(_message.Message):
     APPROVAL_FIELD_NUMBER: _builtins.int
     RECONCILIATIONS_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
+    FORCED_EFFECT_FIELD_NUMBER: _builtins.int
     UNKNOWN_SINCE_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     effect: Global___Effect.ValueType
@@ -399,6 +400,12 @@ class ToolCall(_message.Message):
     """The stored result was delivered to the transcript (AcknowledgeRecovery)."""
     channel: Global___CallChannel.ValueType
     """The channel the call was prepared through (never unspecified)."""
+    forced_effect: Global___Effect.ValueType
+    """EFFECT_SIDE_EFFECT once the operator forced it on this call (ADR-010
+    R2): by the policy in force when the call was decided, or by
+    Admin.EnterReconciliation. Sticky: a later policy never relaxes it, and
+    the rules treat the call as a SIDE_EFFECT. Unspecified: none.
+    """
     @_builtins.property
     def ref(self) -> Global___CallRef: ...
     @_builtins.property
@@ -458,11 +465,12 @@ class ToolCall(_message.Message):
         approval: Global___Approval | None = ...,
         reconciliations: _abc.Iterable[Global___Reconciliation] | None = ...,
         channel: Global___CallChannel.ValueType = ...,
+        forced_effect: Global___Effect.ValueType = ...,
         unknown_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "channel", b"channel", "created_at", b"created_at", "effect", b"effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "channel", b"channel", "created_at", b"created_at", "effect", b"effect", "forced_effect", b"forced_effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
