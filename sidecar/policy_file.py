@@ -3,6 +3,8 @@
     [retry]
     retry_safe = true      # the kill switch of ADR-010 R2: false stops every retry
     max_attempts = 3       # attempts a call may use, the first one included
+    require_idempotency_proof = false  # true: an IDEMPOTENT_WRITE counts as a
+                           # SIDE_EFFECT unless its tool is proven (below)
 
     [leases]
     default_ms = 30000     # lease of an attempt that asks for none
@@ -19,6 +21,10 @@
 
     [tools.send_payment]
     effect = "side-effect" # forced, whatever callers declare (R2)
+
+    [tools.upsert_contact]
+    idempotency_proven = true  # its target's de-duplication on the key is
+                           # proven by its owner's tests (effectd_client.testing)
 
 A file with an unknown key, a wrong type or a value out of range is refused
 with a message that names the setting; the policy in force stays.
@@ -42,7 +48,11 @@ class PolicyError(ValueError):
 
 
 _SECTIONS: dict[str, dict[str, type]] = {
-    "retry": {"retry_safe": bool, "max_attempts": int},
+    "retry": {
+        "retry_safe": bool,
+        "max_attempts": int,
+        "require_idempotency_proof": bool,
+    },
     "leases": {"default_ms": int},
     "retention": {"days": int, "unacknowledged_days": int, "tombstone_days": int},
     "reconcile": {"quarantine_leases": int},
@@ -91,19 +101,7 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
             values[f"{section}.{key}"] = _check(
                 section, key, value, _SECTIONS[section][key]
             )
-    overrides: dict[str, Effect] = {}
-    tools = doc.get("tools", {})
-    if not isinstance(tools, dict):
-        raise PolicyError("tools: must be a table of [tools.NAME] sections")
-    for name, table in tools.items():
-        if not isinstance(table, dict) or set(table) != {"effect"}:
-            raise PolicyError(f"tools.{name}: must set exactly `effect`")
-        if table["effect"] != Effect.SIDE_EFFECT.value:
-            raise PolicyError(
-                f'tools.{name}.effect: only "side-effect" can be forced; a policy '
-                "never makes a tool less conservative than its callers declare"
-            )
-        overrides[name] = Effect.SIDE_EFFECT
+    overrides, proven = _tools(doc.get("tools", {}))
     default = Policy()
     days = values.get("retention.days", default.retention_seconds // 86400)
     unacknowledged_days = values.get(
@@ -129,7 +127,45 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
         reconcile_quarantine_leases=values.get(
             "reconcile.quarantine_leases", default.reconcile_quarantine_leases
         ),
+        idempotency_proof_required=values.get(
+            "retry.require_idempotency_proof", default.idempotency_proof_required
+        ),
+        proven_idempotent_tools=frozenset(proven),
     )
+
+
+_TOOL_KEYS = frozenset({"effect", "idempotency_proven"})
+
+
+def _tools(tools: Any) -> tuple[dict[str, Effect], set[str]]:
+    """The [tools.NAME] sections: forced effects, and tools proven idempotent."""
+    if not isinstance(tools, dict):
+        raise PolicyError("tools: must be a table of [tools.NAME] sections")
+    overrides: dict[str, Effect] = {}
+    proven: set[str] = set()
+    for name, table in tools.items():
+        if not isinstance(table, dict) or not table or not set(table) <= _TOOL_KEYS:
+            raise PolicyError(
+                f"tools.{name}: must set `effect` or `idempotency_proven`, nothing else"
+            )
+        if "effect" in table:
+            if table["effect"] != Effect.SIDE_EFFECT.value:
+                raise PolicyError(
+                    f'tools.{name}.effect: only "side-effect" can be forced; a policy '
+                    "never makes a tool less conservative than its callers declare"
+                )
+            overrides[name] = Effect.SIDE_EFFECT
+        if "idempotency_proven" in table:
+            if _check(
+                "tools", f"{name}.idempotency_proven", table["idempotency_proven"], bool
+            ):
+                proven.add(name)
+            if name in overrides and name in proven:
+                raise PolicyError(
+                    f"tools.{name}: forced to side-effect and proven idempotent at "
+                    "once; remove one"
+                )
+    return overrides, proven
 
 
 class PolicyFile:

@@ -26,6 +26,9 @@ quarantine_leases = 4
 
 [tools.send_payment]
 effect = "side-effect"
+
+[tools.upsert_contact]
+idempotency_proven = true
 """
 
 
@@ -41,6 +44,8 @@ def test_every_setting_is_read() -> None:
     assert policy.reconcile_quarantine_ns(0) == 4 * 1000 * 10**6
     assert policy.effect_of("send_payment", Effect.READ) is Effect.SIDE_EFFECT
     assert policy.effect_of("search", Effect.READ) is Effect.READ
+    assert policy.proven_idempotent_tools == {"upsert_contact"}
+    assert policy.idempotency_proof_required is False
 
 
 def test_an_empty_file_is_the_default_policy() -> None:
@@ -66,7 +71,20 @@ def test_an_empty_file_is_the_default_policy() -> None:
         ),
         ("retry = 3", "retry: unknown section"),
         ("[tools.search]\neffect = 'read'", 'only "side-effect" can be forced'),
-        ("[tools.search]\neffect = 'side-effect'\nx = 1", "must set exactly"),
+        ("[tools.search]\neffect = 'side-effect'\nx = 1", "nothing else"),
+        ("[tools.search]\n", "must set `effect` or `idempotency_proven`"),
+        (
+            "[tools.search]\nidempotency_proven = 'yes'",
+            "tools.search.idempotency_proven: must be a bool",
+        ),
+        (
+            "[tools.search]\neffect = 'side-effect'\nidempotency_proven = true",
+            "forced to side-effect and proven idempotent at once",
+        ),
+        (
+            "[retry]\nrequire_idempotency_proof = 1",
+            "retry.require_idempotency_proof: must be a bool",
+        ),
         ("tools = 1", "tools: must be a table"),
     ],
 )
@@ -102,3 +120,35 @@ def test_a_bad_reload_keeps_the_old_policy(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="cannot be read"):
         source.reload()
     assert source.current() is before
+
+
+@pytest.mark.parametrize(
+    ("text", "proven"),
+    [
+        ("", False),
+        ("[retry]\nrequire_idempotency_proof = true\n", False),
+        (
+            "[retry]\nrequire_idempotency_proof = true\n"
+            "[tools.upsert]\nidempotency_proven = true\n",
+            True,
+        ),
+        (
+            "[retry]\nrequire_idempotency_proof = true\n"
+            "[tools.upsert]\nidempotency_proven = false\n",
+            False,
+        ),
+    ],
+)
+def test_an_idempotent_write_needs_proof_when_the_policy_says_so(
+    text: str, proven: bool
+) -> None:
+    """With `require_idempotency_proof`, an IDEMPOTENT_WRITE counts as a
+    SIDE_EFFECT unless its tool is listed `idempotency_proven` (issue 10 item
+    16: fails before the fix: the setting did not exist, a self-declared
+    IDEMPOTENT_WRITE was always retry-safe); READ and SIDE_EFFECT are untouched."""
+    policy = parse_policy(text)
+    required = "require_idempotency_proof = true" in text
+    want = Effect.IDEMPOTENT_WRITE if proven or not required else Effect.SIDE_EFFECT
+    assert policy.effect_of("upsert", Effect.IDEMPOTENT_WRITE) is want
+    assert policy.effect_of("other", Effect.READ) is Effect.READ
+    assert policy.effect_of("upsert", Effect.SIDE_EFFECT) is Effect.SIDE_EFFECT

@@ -17,6 +17,10 @@ def _no_overrides() -> Mapping[str, Effect]:
     return MappingProxyType({})
 
 
+def _none_proven() -> frozenset[str]:
+    return frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     # The kill switch of ADR-010 R2: off, nothing is retry-safe.
@@ -38,6 +42,13 @@ class Policy:
     # "never executed", in leases of its last attempt: an expired lease means
     # that the holder stopped heartbeating, not that it stopped running.
     reconcile_quarantine_leases: int = 3
+    # ADR-010 "compatibility": a tool is retry-safe as IDEMPOTENT_WRITE only
+    # with evidence that its target de-duplicates on the key. When set, an
+    # IDEMPOTENT_WRITE counts as a SIDE_EFFECT unless its tool is listed in
+    # `proven_idempotent_tools` (by the operator, from the tool owner's
+    # de-duplication tests, e.g. `effectd_client.testing`).
+    idempotency_proof_required: bool = False
+    proven_idempotent_tools: frozenset[str] = field(default_factory=_none_proven)
 
     def reconcile_quarantine_ns(self, lease_ms: int) -> int:
         """The quarantine of a call whose last attempt asked for `lease_ms`
@@ -47,7 +58,17 @@ class Policy:
 
     def effect_of(self, tool_name: str, declared: Effect) -> Effect:
         """The effect the rules must assume for a call of `tool_name`."""
-        return self.effect_overrides.get(tool_name, declared)
+        forced = self.effect_overrides.get(tool_name)
+        if forced is not None:
+            return forced
+        if (
+            declared is Effect.IDEMPOTENT_WRITE
+            and self.idempotency_proof_required
+            and tool_name not in self.proven_idempotent_tools
+        ):
+            # Self-declared, not proven: as conservative as undeclared (D2).
+            return Effect.SIDE_EFFECT
+        return declared
 
     def effect_for(self, call: ToolCall) -> Effect:
         """The effect the rules must assume for a recorded call: a SIDE_EFFECT

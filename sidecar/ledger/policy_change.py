@@ -41,6 +41,8 @@ def document(policy: Policy) -> dict[str, Any]:
         "unacknowledged_retention_seconds": policy.unacknowledged_retention_seconds,
         "tombstone_seconds": policy.tombstone_seconds,
         "reconcile_quarantine_leases": policy.reconcile_quarantine_leases,
+        "require_idempotency_proof": policy.idempotency_proof_required,
+        "proven_idempotent_tools": sorted(policy.proven_idempotent_tools),
         "effect_overrides": {
             name: policy.effect_overrides[name].value
             for name in sorted(policy.effect_overrides)
@@ -70,9 +72,13 @@ def changes(old: Policy, new: Policy) -> list[str]:
         changed.append("retention.tombstone_days")
     if old.reconcile_quarantine_leases != new.reconcile_quarantine_leases:
         changed.append("reconcile.quarantine_leases")
+    if old.idempotency_proof_required != new.idempotency_proof_required:
+        changed.append("retry.require_idempotency_proof")
     for name in sorted(set(old.effect_overrides) | set(new.effect_overrides)):
         if old.effect_overrides.get(name) != new.effect_overrides.get(name):
             changed.append(f"tools.{name}.effect")
+    for name in sorted(old.proven_idempotent_tools ^ new.proven_idempotent_tools):
+        changed.append(f"tools.{name}.idempotency_proven")
     return changed
 
 

@@ -38,6 +38,8 @@ def policy_pb(policy: Policy) -> pb.PolicySummary:
         unacknowledged_retention_seconds=policy.unacknowledged_retention_seconds,
         tombstone_seconds=policy.tombstone_seconds,
         reconcile_quarantine_leases=policy.reconcile_quarantine_leases,
+        require_idempotency_proof=policy.idempotency_proof_required,
+        proven_idempotent_tools=sorted(policy.proven_idempotent_tools),
     )
 
 

@@ -42,6 +42,26 @@ CHANGES = [
     ("budget", BASE, Policy(max_attempts=1), ["retry.max_attempts"]),
     ("lease", BASE, Policy(default_lease_ms=5), ["leases.default_ms"]),
     ("retention", BASE, Policy(retention_seconds=86_400), ["retention.days"]),
+    # ADR-010 D1, R3: the reconcile quarantine.
+    (
+        "quarantine",
+        BASE,
+        Policy(reconcile_quarantine_leases=9),
+        ["reconcile.quarantine_leases"],
+    ),
+    # ADR-010 "compatibility": proof of de-duplication.
+    (
+        "proof",
+        BASE,
+        Policy(idempotency_proof_required=True),
+        ["retry.require_idempotency_proof"],
+    ),
+    (
+        "proven tool",
+        BASE,
+        Policy(proven_idempotent_tools=frozenset({"crm"})),
+        ["tools.crm.idempotency_proven"],
+    ),
 ]
 
 

@@ -195,3 +195,52 @@ def test_a_committed_call_records_nothing() -> None:
     """A committed call has nothing left to decide: it stays as it is."""
     call = committed(Effect.READ)
     assert rules.prepare(call, spec(Effect.READ), moment(), FORCED).call is call
+
+
+# -- IDEMPOTENT_WRITE needs proof when the policy says so (ADR-010 compat.) -----
+
+PROOF = Policy(idempotency_proof_required=True)
+PROVEN = Policy(
+    idempotency_proof_required=True, proven_idempotent_tools=frozenset({TOOL})
+)
+
+
+@pytest.mark.parametrize(
+    ("policy", "decision", "retried"),
+    [
+        (Policy(), Decision.EXECUTE, True),  # self-declared counts by default
+        (PROOF, Decision.RECONCILE, False),  # not proven: a SIDE_EFFECT
+        (PROVEN, Decision.EXECUTE, True),  # proven by its owner's tests
+    ],
+    ids=["default", "proof-required", "proven"],
+)
+def test_an_unproven_idempotent_write_is_a_side_effect(
+    policy: Policy, decision: Decision, retried: bool
+) -> None:
+    """Under `require_idempotency_proof`, an UNKNOWN IDEMPOTENT_WRITE of a tool
+    not listed as proven answers RECONCILE and is never retried; listed, it is
+    retry-safe again (issue 10 item 16: fails before the fix: a self-declared
+    IDEMPOTENT_WRITE was always retried)."""
+    now = moment()
+    call = unknown(Effect.IDEMPOTENT_WRITE, now)
+    assert (
+        answer(rules.prepare(call, spec(Effect.IDEMPOTENT_WRITE), now, policy)).decision
+        is decision
+    )
+    step = rules.start(
+        call, now, lease_ms=LEASE_MS, retry=True, expected_revision=None, policy=policy
+    )
+    if retried:
+        assert answer(step).attempt_held
+    else:
+        refusal(step, ReconciliationRequired)
+
+
+def test_a_read_never_needs_proof() -> None:
+    """A READ is retry-safe whatever the proof setting says (ADR-010 D6)."""
+    now = moment()
+    call = unknown(Effect.READ, now)
+    step = rules.start(
+        call, now, lease_ms=LEASE_MS, retry=True, expected_revision=None, policy=PROOF
+    )
+    assert answer(step).attempt_held

@@ -277,6 +277,7 @@ def test_the_answer_reports_the_policy_in_force(
         "[retention]\ndays = 3\n[reconcile]\nquarantine_leases = 7\n"
         + FORCED
         + '[tools.pay]\neffect = "side-effect"\n'
+        + "[tools.crm]\nidempotency_proven = true\n"
     )
     answer = _reload(admin)
     assert answer.policy == apb.PolicySummary(
@@ -288,6 +289,7 @@ def test_the_answer_reports_the_policy_in_force(
         unacknowledged_retention_seconds=30 * 86_400,
         tombstone_seconds=30 * 86_400,
         reconcile_quarantine_leases=7,
+        proven_idempotent_tools=["crm"],
     )
     assert answer.previous.max_attempts == 5
     assert answer.file == str(policy_path)

@@ -20,3 +20,30 @@ export function startDaemon(options?: {
   env?: Record<string, string>;
   readyTimeoutMs?: number;
 }): Promise<Daemon>;
+
+export interface DeduplicationReport {
+  key: string;
+  writes: number;
+  refusedRepeats: number;
+  /** The requirements that passed, in order: fresh, first, repeated, concurrent, restarted, distinct. */
+  passed: string[];
+}
+
+/** Evidence that a target de-duplicates on the idempotency key; throws DeduplicationNotProven. */
+export function checkDeduplication(options: {
+  write: (key: string, value: any) => unknown;
+  count: (key: string) => number | Promise<number>;
+  value?: unknown;
+  repeats?: number;
+  concurrency?: number;
+  restart?: () => unknown;
+  distinctKeys?: boolean;
+  runId?: string;
+}): Promise<DeduplicationReport>;
+
+/** The key effectd hands an IDEMPOTENT_WRITE tool: `${runId}:${callId}`. */
+export function idempotencyKey(runId: string, callId: string): string;
+
+export class DeduplicationNotProven extends Error {
+  readonly step: string;
+}

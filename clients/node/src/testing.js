@@ -13,6 +13,7 @@
  */
 
 const { spawn } = require('node:child_process');
+const { randomUUID } = require('node:crypto');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
@@ -95,4 +96,102 @@ async function startDaemon({
   return { target: `unix:${socket}`, tcp, socket, dataDir, process: child, stop, stderr: () => stderr };
 }
 
-module.exports = { startDaemon, DEFAULT_PYTHON };
+/**
+ * Evidence that a target system de-duplicates on the idempotency key (ADR-010: "effectively once"
+ * must be proven by the target system's own tests; effectd proves only that it does not repeat a
+ * call itself). A tool owner runs it in their test suite against a real (test) instance of the target;
+ * when it passes, the operator may list the tool as proven (`[tools.NAME] idempotency_proven = true`),
+ * which matters once the policy sets `[retry] require_idempotency_proof = true`.
+ *
+ * `write(key, value)` performs the tool's effect with idempotency key `key`; `count(key)` says how many
+ * effects the target holds for it. Required, in order (the step names the failure):
+ *   fresh       no effect for a new key yet
+ *   first       one write makes exactly one effect
+ *   repeated    writes repeated with the same key add none
+ *   concurrent  writes racing with a new key make exactly one effect
+ *   restarted   after `restart()` (when given) a repeat adds none: the de-duplication is durable
+ *   distinct    another key makes its own effect and the first key's count does not move
+ * A repeat that throws (a refused duplicate, e.g. 409) is counted, not a failure.
+ *
+ * @param {object} options
+ * @param {(key: string, value: any) => any} options.write may return a promise.
+ * @param {(key: string) => number | Promise<number>} options.count
+ * @param {*} [options.value] the tool's input, passed to every write.
+ * @param {number} [options.repeats] default 3.
+ * @param {number} [options.concurrency] default 4 racing writes.
+ * @param {() => any} [options.restart] restarts the target (or its de-duplication store).
+ * @param {boolean} [options.distinctKeys] default true; off only for a target that de-duplicates by content.
+ * @param {string} [options.runId] default a fresh one.
+ * @returns {Promise<{key: string, writes: number, refusedRepeats: number, passed: string[]}>}
+ * @throws {DeduplicationNotProven} with `step`.
+ */
+async function checkDeduplication({
+  write,
+  count,
+  value = null,
+  repeats = 3,
+  concurrency = 4,
+  restart,
+  distinctKeys = true,
+  runId = `dedup-check-${randomUUID().slice(0, 12)}`,
+}) {
+  if (repeats < 1 || concurrency < 2) throw new RangeError('repeats must be at least 1 and concurrency at least 2');
+  const key = idempotencyKey(runId, 'call-1');
+  const other = idempotencyKey(runId, 'call-2');
+  const racing = idempotencyKey(runId, 'call-3');
+  const report = { key, writes: 0, refusedRepeats: 0, passed: [] };
+  const expect = async (step, k, want, what) => {
+    const got = await count(k);
+    if (got !== want) throw new DeduplicationNotProven(step, `${what}: count(${JSON.stringify(k)}) is ${got}, expected ${want}`);
+  };
+  const again = async (k) => {
+    report.writes += 1;
+    try {
+      await write(k, value);
+    } catch {
+      report.refusedRepeats += 1; // A target may refuse a duplicate: not a failure.
+    }
+  };
+  await expect('fresh', key, 0, 'a new key already has effects');
+  report.passed.push('fresh');
+  report.writes += 1;
+  await write(key, value);
+  await expect('first', key, 1, 'one write');
+  report.passed.push('first');
+  for (let i = 0; i < repeats; i += 1) await again(key);
+  await expect('repeated', key, 1, `${repeats} repeats`);
+  report.passed.push('repeated');
+  await expect('concurrent', racing, 0, 'a new key has effects');
+  await Promise.all(Array.from({ length: concurrency }, () => again(racing)));
+  await expect('concurrent', racing, 1, `${concurrency} racing first writes`);
+  report.passed.push('concurrent');
+  if (restart) {
+    await restart();
+    await again(key);
+    await expect('restarted', key, 1, 'a repeat after a restart');
+    report.passed.push('restarted');
+  }
+  if (distinctKeys) {
+    await write(other, value);
+    await expect('distinct', other, 1, "another key's write");
+    await expect('distinct', key, 1, "after another key's write");
+    report.passed.push('distinct');
+  }
+  return report;
+}
+
+/** The key effectd hands an IDEMPOTENT_WRITE tool (scheme 1, ADR-010 D2). */
+function idempotencyKey(runId, callId) {
+  return `${runId}:${callId}`;
+}
+
+/** The target did not show de-duplication on the key; `step` names the failed requirement. */
+class DeduplicationNotProven extends Error {
+  constructor(step, message) {
+    super(`${step}: ${message}`);
+    this.name = 'DeduplicationNotProven';
+    this.step = step;
+  }
+}
+
+module.exports = { startDaemon, DEFAULT_PYTHON, checkDeduplication, idempotencyKey, DeduplicationNotProven };

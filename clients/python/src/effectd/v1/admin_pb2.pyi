@@ -286,6 +286,8 @@ class PolicySummary(_message.Message):
     UNACKNOWLEDGED_RETENTION_SECONDS_FIELD_NUMBER: _builtins.int
     TOMBSTONE_SECONDS_FIELD_NUMBER: _builtins.int
     RECONCILE_QUARANTINE_LEASES_FIELD_NUMBER: _builtins.int
+    REQUIRE_IDEMPOTENCY_PROOF_FIELD_NUMBER: _builtins.int
+    PROVEN_IDEMPOTENT_TOOLS_FIELD_NUMBER: _builtins.int
     retry_safe: _builtins.bool
     """The kill switch of ADR-010 R2: false, nothing is retry-safe."""
     max_attempts: _builtins.int
@@ -304,9 +306,17 @@ class PolicySummary(_message.Message):
     """Reconcile "never executed" waits until a call has been UNKNOWN for this
     many of its leases, unless its attempt is confirmed dead.
     """
+    require_idempotency_proof: _builtins.bool
+    """An IDEMPOTENT_WRITE counts as a SIDE_EFFECT unless its tool is listed
+    in proven_idempotent_tools (evidence of downstream de-duplication).
+    """
     @_builtins.property
     def forced_side_effect_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tools whose effect is forced to SIDE_EFFECT, sorted."""
+
+    @_builtins.property
+    def proven_idempotent_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tools whose target's de-duplication on the key is proven, sorted."""
 
     def __init__(
         self,
@@ -319,10 +329,12 @@ class PolicySummary(_message.Message):
         unacknowledged_retention_seconds: _builtins.int = ...,
         tombstone_seconds: _builtins.int = ...,
         reconcile_quarantine_leases: _builtins.int = ...,
+        require_idempotency_proof: _builtins.bool = ...,
+        proven_idempotent_tools: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "max_attempts", b"max_attempts", "reconcile_quarantine_leases", b"reconcile_quarantine_leases", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe", "tombstone_seconds", b"tombstone_seconds", "unacknowledged_retention_seconds", b"unacknowledged_retention_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "max_attempts", b"max_attempts", "proven_idempotent_tools", b"proven_idempotent_tools", "reconcile_quarantine_leases", b"reconcile_quarantine_leases", "require_idempotency_proof", b"require_idempotency_proof", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe", "tombstone_seconds", b"tombstone_seconds", "unacknowledged_retention_seconds", b"unacknowledged_retention_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
