@@ -44,11 +44,12 @@ class RecoveryService:
 
     async def recover(self, namespace: str, run_id: str) -> Recovered:
         """The plan of a run, after stale STARTED calls became UNKNOWN."""
-        policy = self._policy.current()
         prefix = records.run_prefix(namespace, run_id)
 
         def apply(view: WriteView) -> Recovered:
             now = self.now()
+            # In the write transaction: a reload that took effect decides.
+            policy = self._policy.current()
             stored = [
                 records.decode_call(raw) for _, raw in view.scan(Table.CALLS, prefix)
             ]
@@ -56,9 +57,11 @@ class RecoveryService:
             settled = 0
             for old in stored:
                 new = rules.settle(old, now)
+                settled += new.revision != old.revision
+                # ADR-010 R2: a plan made under a forced effect holds the call.
+                new = rules.enforce(new, policy, now)
                 if new.revision != old.revision:
                     records.save_call(view, old, new)
-                    settled += 1
                 calls.append(new)
             return Recovered(recovery.plan(calls, policy), settled)
 

@@ -12,7 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 from effectd.v1 import admin_pb2 as apb
-from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc
+from effectd.v1 import (
+    admin_pb2_grpc,
+    ledger_pb2_grpc,
+    recovery_pb2,
+    recovery_pb2_grpc,
+)
 from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.clock import ManualClock
@@ -128,6 +133,31 @@ def test_taking_the_override_out_does_not_reopen_its_calls(
     call = ledger.GetToolCall(pb.GetToolCallRequest(ref=ref("run", "call"))).call
     assert (call.effect, call.forced_effect) == (pb.EFFECT_READ, pb.EFFECT_SIDE_EFFECT)
     assert "force_side_effect" in [t.event for t in call.history]
+
+
+def test_a_recovery_plan_made_under_the_override_holds_the_call(
+    stubs: tuple[Ledger, Admin], policy_path: Path, policy_daemon: RunningDaemon
+) -> None:
+    """Recover under the override plans RECONCILE for the unknown READ and
+    records the forced effect: after the override is taken out, the plan and
+    the ledger still hold it (issue 10 item 10: fails before the fix:
+    RETRY_NEEDS_POLICY, and the retry started)."""
+    ledger, admin = stubs
+    _unknown_read(ledger, "call")
+    policy_path.write_text(FORCED)
+    _reload(admin)
+    with grpc.insecure_channel(policy_daemon.target) as channel:
+        recover = recovery_pb2_grpc.RecoveryStub(channel).Recover
+        request = recovery_pb2.RecoverRequest(run_id="run")
+        [item] = recover(request, timeout=5).items
+        assert item.action == recovery_pb2.RECOVERY_ACTION_RECONCILE
+        policy_path.write_text("[retry]\nmax_attempts = 5\n")
+        _reload(admin)
+        [item] = recover(request, timeout=5).items
+        assert item.action == recovery_pb2.RECOVERY_ACTION_RECONCILE
+    expect_refusal(
+        lambda: _retry(ledger, "call"), PRECONDITION, "RECONCILIATION_REQUIRED"
+    )
 
 
 def test_enter_reconciliation_puts_the_tools_open_calls_in_reconciliation(
