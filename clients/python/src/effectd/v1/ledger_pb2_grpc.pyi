@@ -11,6 +11,7 @@ durable in the daemon's storage.
 State machine of a record (ADR-010 D2, D3):
 
   (none) --prepare--> PREPARED, or AWAITING_APPROVAL when approval is required
+  PREPARED --prepare again, requiring approval--> AWAITING_APPROVAL
   AWAITING_APPROVAL --approve--> PREPARED
   AWAITING_APPROVAL --reject--> COMMITTED (outcome ERROR, error_code APPROVAL_REJECTED)
   PREPARED --start--> STARTED (attempt + 1, a lease)
@@ -18,7 +19,10 @@ State machine of a record (ADR-010 D2, D3):
   STARTED --lease expired / earlier daemon incarnation / reported--> UNKNOWN
   STARTED, UNKNOWN (READ, IDEMPOTENT_WRITE) --explicit retry--> STARTED (attempt + 1)
   STARTED, UNKNOWN (SIDE_EFFECT) --retry--> refused: RECONCILIATION_REQUIRED
-  STARTED, UNKNOWN --reconcile--> COMMITTED or PREPARED (operator, audited)
+  STARTED, UNKNOWN --reconcile--> COMMITTED or PREPARED (operator, audited;
+    "never executed" only after a quarantine or a confirmed dead attempt)
+  any open state --force side effect--> the same state, a SIDE_EFFECT for
+    good (the operator's policy or Admin.EnterReconciliation, ADR-010 R2)
 
 Records that are not COMMITTED are never deleted.
 """
