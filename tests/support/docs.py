@@ -114,8 +114,13 @@ def _marker(lines: list[str], fence: int) -> tuple[str, str]:
 
 
 def _calls_to_handle(daemon: RunningDaemon) -> None:
-    """run-1: call-7 and call-8 await approval, call-9 and call-10 are
-    UNKNOWN (the calls the ctl examples approve, reject and reconcile)."""
+    """run-1: call-7 and call-8 await approval; call-9 and call-11 are
+    UNKNOWN (reported), call-10's attempt held a lease of 1 ms that ran out
+    (the calls the ctl examples approve, reject and reconcile). "Never
+    executed" waits out a quarantine of 3 leases after the outcome became
+    unknown: call-10's (3 ms from its lease's end) is over before a reader's
+    command can run; call-11's (90 s) is not, so its example confirms that
+    the attempt is dead."""
     with Client(daemon.target) as client:
         for call_id in ("call-7", "call-8"):
             client.prepare_tool(
@@ -125,11 +130,14 @@ def _calls_to_handle(daemon: RunningDaemon) -> None:
                 {"cents": 1200, "call": call_id},
                 require_approval=True,
             )
-        for call_id in ("call-9", "call-10"):
+        for call_id in ("call-9", "call-11"):
             held = client.prepare_tool(
                 "run-1", call_id, "charge", {"cents": 500, "call": call_id}, start=True
             )
             client.report_unknown("run-1", call_id, held.call.attempt, "lost")
+        client.prepare_tool(
+            "run-1", "call-10", "charge", {"cents": 500}, start=True, lease_ms=1
+        )
 
 
 FIXTURES: dict[str, Callable[[RunningDaemon], None]] = {
