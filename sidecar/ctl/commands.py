@@ -336,6 +336,7 @@ def enter_reconciliation(con: Console, args: argparse.Namespace) -> int:
             ("  prepared", done.prepared),
             ("already", done.already_side_effect),
             ("audit entries", audit),
+            ("unknown scheme", done.skipped_unknown_key_scheme),
         ]
     )
     return OK

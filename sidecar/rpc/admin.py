@@ -190,6 +190,7 @@ class Admin:
             batches=done.batches,
             first_audit_sequence=done.first_audit_sequence,
             last_audit_sequence=done.last_audit_sequence,
+            skipped_unknown_key_scheme=done.skipped,
         )
 
     async def GetStats(

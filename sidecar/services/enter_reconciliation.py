@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import audit, operator_rules
 from sidecar.ledger.audit import Action
 from sidecar.ledger.model import State, ToolCall
@@ -44,6 +45,9 @@ class Entered:
     already: int = 0
     # Records of the scope examined (every tool, committed ones included).
     examined: int = 0
+    # Records of a key scheme this daemon does not know (a newer daemon's):
+    # left as they are, as every request leaves them (ADR-010 R4).
+    skipped: int = 0
     batches: int = 0
     # The audit entries written, one per call forced; 0 when none.
     first_audit_sequence: int = 0
@@ -59,6 +63,7 @@ class _Batch:
     forced: list[tuple[State, int]]
     already: int
     examined: int
+    skipped: int
     # Where the next batch starts; None when the walk is done.
     next_key: bytes | None
 
@@ -77,7 +82,7 @@ def _batch(
 ) -> _Batch:
     # Chosen first, changed after: the walk reads the records as they were.
     chosen: list[ToolCall] = []
-    examined = 0
+    examined = skipped = 0
     last = b""
     next_key: bytes | None = None
     for key, raw in view.scan(Table.CALLS, prefix, after=after):
@@ -86,7 +91,11 @@ def _batch(
             break
         examined += 1
         last = key
-        call = records.decode_call(raw)
+        try:
+            call = records.decode_call(raw)
+        except UnsupportedKeyScheme:
+            skipped += 1
+            continue
         if call.tool_name == tool_name and call.state is not State.COMMITTED:
             chosen.append(call)
     forced: list[tuple[State, int]] = []
@@ -110,7 +119,7 @@ def _batch(
             ),
         )
         forced.append((call.state, entry.sequence))
-    return _Batch(forced, already, examined, next_key)
+    return _Batch(forced, already, examined, skipped, next_key)
 
 
 async def enter_reconciliation(
@@ -149,6 +158,7 @@ async def enter_reconciliation(
         done.batches += 1
         done.examined += got.examined
         done.already += got.already
+        done.skipped += got.skipped
         for state, sequence in got.forced:
             done.forced[state] = done.forced.get(state, 0) + 1
             done.first_audit_sequence = done.first_audit_sequence or sequence

@@ -227,3 +227,32 @@ def test_an_entered_call_answers_are_decisions(store: LmdbStore) -> None:
         assert step.reply.decision is Decision.RECONCILE
 
     asyncio.run(scenario())
+
+
+def test_a_record_of_an_unknown_key_scheme_is_left_alone(store: LmdbStore) -> None:
+    """A newer daemon's record (a key scheme this one does not know) is
+    skipped and counted, never changed; the rest of the walk goes on."""
+    w = _world(store)
+
+    async def scenario() -> None:
+        await _seed(w)
+        newer = dataclasses.replace(
+            next(c for c in _calls(store) if c.ref.call_id == "unknown-2"),
+            key_scheme=99,
+        )
+        raw = records.encode_call(newer)
+
+        def put(view: WriteView) -> None:
+            view.put(Table.CALLS, records.call_key(newer.ref), raw)
+
+        await asyncio.wrap_future(store.submit(put))
+        done = await w.operator.enter_reconciliation(
+            tool_name=TOOL, namespace="default", operator="olga", reason="dup"
+        )
+        assert (done.skipped, done.forced[State.UNKNOWN]) == (1, 2)
+        stored = store.read(
+            lambda view: view.get(Table.CALLS, records.call_key(newer.ref))
+        )
+        assert stored == raw
+
+    asyncio.run(scenario())

@@ -677,6 +677,7 @@ class EnterReconciliationResponse(_message.Message):
     BATCHES_FIELD_NUMBER: _builtins.int
     FIRST_AUDIT_SEQUENCE_FIELD_NUMBER: _builtins.int
     LAST_AUDIT_SEQUENCE_FIELD_NUMBER: _builtins.int
+    SKIPPED_UNKNOWN_KEY_SCHEME_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     prepared: _builtins.int
     """Open calls made a SIDE_EFFECT now, by the state they are in."""
@@ -693,6 +694,10 @@ class EnterReconciliationResponse(_message.Message):
     first_audit_sequence: _builtins.int
     """The audit entries written, one per call made a SIDE_EFFECT; 0 if none."""
     last_audit_sequence: _builtins.int
+    skipped_unknown_key_scheme: _builtins.int
+    """Records of a key scheme this daemon does not know (a newer daemon's),
+    left as they are (UNSUPPORTED_KEY_SCHEME): serve them with that daemon.
+    """
     def __init__(
         self,
         *,
@@ -706,10 +711,11 @@ class EnterReconciliationResponse(_message.Message):
         batches: _builtins.int = ...,
         first_audit_sequence: _builtins.int = ...,
         last_audit_sequence: _builtins.int = ...,
+        skipped_unknown_key_scheme: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_side_effect", b"already_side_effect", "awaiting_approval", b"awaiting_approval", "batches", b"batches", "examined", b"examined", "first_audit_sequence", b"first_audit_sequence", "last_audit_sequence", b"last_audit_sequence", "prepared", b"prepared", "started", b"started", "tool_name", b"tool_name", "unknown", b"unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_side_effect", b"already_side_effect", "awaiting_approval", b"awaiting_approval", "batches", b"batches", "examined", b"examined", "first_audit_sequence", b"first_audit_sequence", "last_audit_sequence", b"last_audit_sequence", "prepared", b"prepared", "skipped_unknown_key_scheme", b"skipped_unknown_key_scheme", "started", b"started", "tool_name", b"tool_name", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
