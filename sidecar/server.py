@@ -44,7 +44,9 @@ from sidecar.ledger.quota import RateLimiter
 from sidecar.locking import ExclusiveLock
 from sidecar.observability import logs
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
+from sidecar.observability.provider import ProviderMonitor
 from sidecar.policy_file import PolicyFile
+from sidecar.provider.budget import RetryBudget
 from sidecar.provider.client import ProviderClient, Sleep
 from sidecar.provider.routes import Route, load_providers
 from sidecar.rpc import tls
@@ -320,19 +322,24 @@ class Daemon:
             trust_env=False,
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
         )
+        budget = RetryBudget(self._clock)
+        monitor = ProviderMonitor(self.routes, budget)
         self.provider = ProviderClient(
             self.routes,
             self._http,
             self._clock,
+            budget=budget,
             rng=self.retry_random,
             sleep=self.provider_sleep,
+            observer=monitor,
+            limits=cfg.limits,
         )
-        self._unwatch.append(self.metrics.watch_provider(self.provider))
+        self._unwatch.append(self.metrics.watch_provider(monitor))
         server.add_generic_rpc_handlers(
             (
                 generic_handler(
                     provider_pb2.DESCRIPTOR.services_by_name["Provider"],
-                    Provider(self.provider, cfg.limits),
+                    Provider(self.provider),
                 ),
             )
         )

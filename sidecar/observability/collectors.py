@@ -1,7 +1,7 @@
 """Collectors that read, at scrape time, what lives elsewhere: the ledger's
 records by state (from the store) and the provider proxy's counters and
-retry budget. The hot paths pay nothing for them; a scrape pays what is
-documented on each."""
+retry budget (from `sidecar.observability.provider`). The hot paths pay
+nothing for them; a scrape pays what is documented on each."""
 
 from __future__ import annotations
 
@@ -14,10 +14,7 @@ from typing import Protocol, runtime_checkable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sidecar.ledger.model import State
-from sidecar.provider.budget import RetryBudget
-from sidecar.provider.client import Counters
-from sidecar.provider.policy import Stop
-from sidecar.provider.routes import Route
+from sidecar.observability.provider import STOPS, Counters
 from sidecar.storage.api import ReadView, ReportsFill, Store, Table
 from sidecar.storage.records import state_prefix
 
@@ -32,16 +29,14 @@ class CountsEntries(Protocol):
 
 
 class ProviderSource(Protocol):
-    """What `watch_provider` reads of `sidecar.provider.client.ProviderClient`."""
-
-    @property
-    def routes(self) -> Mapping[str, Route]: ...
+    """What `watch_provider` reads: a `ProviderMonitor`."""
 
     @property
     def counters(self) -> Counters: ...
 
-    @property
-    def budget(self) -> RetryBudget: ...
+    def credits(self) -> Mapping[str, float]:
+        """Retry credit left, by route name."""
+        ...
 
 
 def count_states(store: Store) -> dict[State, int]:
@@ -143,15 +138,14 @@ def _fill_families() -> dict[str, GaugeMetricFamily]:
 
 
 _Family = CounterMetricFamily | GaugeMetricFamily
-# Every way a provider call ends: the stop reasons, and a cancellation.
-_STOPS = (*(s.value for s in Stop), "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderCollector:
     """Reads the proxy's in-process counters at scrape time. They are
     mutated on the event loop; this thread only looks keys up (never
-    iterates a dict that may grow), and each value is a sample."""
+    iterates a dict that may grow), and each value is a sample. The routes
+    are those the budget's credit is read for."""
 
     provider: ProviderSource
 
@@ -161,7 +155,7 @@ class ProviderCollector:
     def collect(self) -> Iterable[Metric]:
         families = _provider_families()
         c = self.provider.counters
-        for name, route in sorted(self.provider.routes.items()):
+        for name, credit in sorted(self.provider.credits().items()):
             per = c.by_route
             families["attempts"].add_metric([name], per.get((name, "attempts"), 0))
             families["retries"].add_metric(
@@ -173,12 +167,11 @@ class ProviderCollector:
             families["budget_denied"].add_metric(
                 [name], per.get((name, "budget_denied"), 0)
             )
-            credit = self.provider.budget.available(route.budget_key)
             families["budget"].add_metric([name], credit)
         families["stream_retries"].add_metric([], c.stream_pre_commit_retries)
         families["wait"].add_metric([], c.wait_seconds)
         families["possibly_executed"].add_metric([], c.possibly_executed)
-        for stop in _STOPS:
+        for stop in STOPS:
             families["stops"].add_metric([stop], c.stops.get(stop, 0))
         return list(families.values())
 

@@ -3,7 +3,7 @@
 Functions of an attempt's outcome (status, headers, transport error), the
 attempt number, the time left and an injected random source; they decide
 whether a provider call is retried and after what wait. The HTTP side
-(`sidecar.provider.client`) applies them.
+(`sidecar.provider.attempts`) applies them.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@
     "OpenAI-Organization" = "org-..."
 
 The file is validated as a whole; an error names the setting and never
-shows a credential. `resolve` turns a request's path into a URL below the
-route's base and refuses anything else (ROUTE_NOT_ALLOWED).
+shows a credential. `resolve` (or `locate`, for a route already looked up)
+turns a request's path into a URL below the route's base and refuses
+anything else (ROUTE_NOT_ALLOWED).
 """
 
 from __future__ import annotations
@@ -272,6 +273,11 @@ def resolve(routes: Mapping[str, Route], name: str, path: str) -> tuple[Route, s
     """The route and absolute URL of a request; ROUTE_NOT_ALLOWED for an
     unknown route or any path that could leave the route's base."""
     route = routes.get(name)
+    return locate(route, name, path)
+
+
+def locate(route: Route | None, name: str, path: str) -> tuple[Route, str]:
+    """`resolve` for a route already looked up (None: no route `name`)."""
     if route is None:
         raise RouteNotAllowed(
             f"no provider route {name!r} is configured", {"route": name}

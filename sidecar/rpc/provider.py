@@ -1,28 +1,26 @@
 """The `effectd.v1.Provider` service: translation only.
 
-Requests are validated and turned into `sidecar.provider.client.Request`;
-answers and stream items into messages. Every answer carries the trailer
+Requests become `sidecar.provider.messages.Request` as they are (the
+provider checks them, looks their route up and decides their headers);
+answers and stream items become messages. Every answer carries the trailer
 `grpc-retry-pushback-ms: -1` (the sidecar has retried already) and the
 attempt count and total wait as `x-providercall-*` trailers.
 """
 
 from __future__ import annotations
 
-import re
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 from effectd.v1 import provider_pb2 as pb
 
-from sidecar.ledger.validation import Limits, Violations
-from sidecar.provider.client import (
-    FORBIDDEN_REQUEST_HEADERS,
+from sidecar.provider.client import ProviderClient
+from sidecar.provider.messages import (
     Answer,
     Attempt,
-    Counters,
     Events,
-    ProviderClient,
     Request,
     StreamEnd,
     StreamHead,
@@ -32,12 +30,6 @@ from sidecar.rpc import gate
 from sidecar.rpc.errors import NO_PUSHBACK
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-METHODS = frozenset({"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"})
-MAX_HEADERS = 100
-MAX_PATH_BYTES = 8192
-MAX_CLIENT_RETRIES = 100
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 
 STOPS: dict[Stop, int] = {s: pb.StopReason.Value(f"STOP_REASON_{s.name}") for s in Stop}
 OUTCOMES: dict[Cause, int] = {
@@ -49,43 +41,12 @@ OUTCOMES: dict[Cause, int] = {
 }
 
 
-def request_of(
-    req: pb.ProviderRequest, limits: Limits, own_headers: frozenset[str]
-) -> Request:
-    """The validated request; INVALID_REQUEST lists every bad field."""
-    v = Violations()
-    v.text_id("route", req.route, limits.max_id_bytes)
-    method = req.method.upper() or "POST"
-    if method not in METHODS:
-        v.add("method", f"must be one of {', '.join(sorted(METHODS))}")
-    if not req.path:
-        v.add("path", "is required")
-    elif len(req.path.encode()) > MAX_PATH_BYTES:
-        v.add("path", f"must be at most {MAX_PATH_BYTES} bytes")
-    if len(req.headers) > MAX_HEADERS:
-        v.add("headers", f"must be at most {MAX_HEADERS} headers")
-    for i, h in enumerate(req.headers[:MAX_HEADERS]):
-        name = h.name.lower()
-        if not _TOKEN.match(h.name):
-            v.add(f"headers[{i}].name", "must be an HTTP header name")
-        elif name in FORBIDDEN_REQUEST_HEADERS or name.startswith("proxy-"):
-            v.add(f"headers[{i}].name", "is set by the sidecar, not by requests")
-        elif name in own_headers:
-            v.add(f"headers[{i}].name", "is set by the route, not by requests")
-        if any(c in h.value for c in "\r\n\0") or len(h.value) > limits.max_text_bytes:
-            v.add(f"headers[{i}].value", "must be one line of at most 4096 bytes")
-    if req.HasField("max_retries") and req.max_retries > MAX_CLIENT_RETRIES:
-        v.add("max_retries", f"must be at most {MAX_CLIENT_RETRIES}")
-    if req.client_retry_count > MAX_CLIENT_RETRIES:
-        v.add("client_retry_count", f"must be at most {MAX_CLIENT_RETRIES}")
-    v.text("idempotency_key", req.idempotency_key, limits.max_key_bytes)
-    if any(c in req.idempotency_key for c in "\r\n\0"):
-        v.add("idempotency_key", "must be one line")
-    v.require()
+def request_of(req: pb.ProviderRequest) -> Request:
+    """The request as sent; an unset `max_retries` is None."""
     return Request(
         route=req.route,
         path=req.path,
-        method=method,
+        method=req.method,
         headers=tuple((h.name, h.value) for h in req.headers),
         body=req.body,
         max_retries=req.max_retries if req.HasField("max_retries") else None,
@@ -162,51 +123,38 @@ def end_message(end: StreamEnd) -> pb.StreamEnd:
 class Provider:
     """Servicer of `effectd.v1.Provider`."""
 
-    def __init__(self, client: ProviderClient, limits: Limits) -> None:
+    def __init__(self, client: ProviderClient) -> None:
         self.client = client
-        self._limits = limits
-
-    @property
-    def counters(self) -> Counters:
-        """Attempts, retries, waits, stop reasons and budget denials."""
-        return self.client.counters
-
-    def _request(self, req: pb.ProviderRequest) -> Request:
-        route = self.client.routes.get(req.route)
-        own = route.own_headers if route is not None else frozenset()
-        return request_of(req, self._limits, own)
 
     async def ProviderCall(
         self, req: pb.ProviderRequest, context: Context
     ) -> pb.ProviderResponse:
-        answer = await self.client.call(
-            self._request(req), gate.time_remaining(context)
-        )
+        answer = await self.client.call(request_of(req), gate.time_remaining(context))
         context.set_trailing_metadata(_trailers(answer.attempts))
         return answer_message(answer)
 
     async def ProviderStream(
         self, req: pb.ProviderRequest, context: Context
     ) -> AsyncIterator[pb.ProviderStreamMessage]:
-        request = self._request(req)
         head: StreamHead | None = None
-        stream = self.client.stream(request, gate.time_remaining(context))
-        async for item in stream:
-            if isinstance(item, StreamHead):
-                # Sent with the first message only (§10.5: nothing before it).
-                head = item
-                continue
-            msg = pb.ProviderStreamMessage()
-            if head is not None:
-                msg.head.status = head.status
-                msg.head.headers.extend(_headers(head.headers))
-                head = None
-            if isinstance(item, Events):
-                msg.events.extend(
-                    pb.SseEvent(event=e.event, data=e.data, id=e.id)
-                    for e in item.events
-                )
-            elif isinstance(item, StreamEnd):
-                msg.end.CopyFrom(end_message(item))
-                context.set_trailing_metadata(_trailers(item.attempts))
-            yield msg
+        stream = self.client.stream(request_of(req), gate.time_remaining(context))
+        async with contextlib.aclosing(stream) as items:
+            async for item in items:
+                if isinstance(item, StreamHead):
+                    # Sent with the first message only (§10.5: nothing before it).
+                    head = item
+                    continue
+                msg = pb.ProviderStreamMessage()
+                if head is not None:
+                    msg.head.status = head.status
+                    msg.head.headers.extend(_headers(head.headers))
+                    head = None
+                if isinstance(item, Events):
+                    msg.events.extend(
+                        pb.SseEvent(event=e.event, data=e.data, id=e.id)
+                        for e in item.events
+                    )
+                elif isinstance(item, StreamEnd):
+                    msg.end.CopyFrom(end_message(item))
+                    context.set_trailing_metadata(_trailers(item.attempts))
+                yield msg

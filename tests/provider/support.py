@@ -11,8 +11,12 @@ from typing import TypeVar
 import httpx
 
 from sidecar.clock import ManualClock
+from sidecar.observability.provider import ProviderMonitor
+from sidecar.provider.attempts import Sleep
 from sidecar.provider.budget import RetryBudget
-from sidecar.provider.client import ProviderClient, Request
+from sidecar.provider.client import ProviderClient
+from sidecar.provider.messages import Request
+from sidecar.provider.observer import ProviderObserver
 from sidecar.provider.routes import Route
 
 T = TypeVar("T")
@@ -45,6 +49,11 @@ def route(base_url: str, **options: object) -> Route:
     return Route(**values)  # type: ignore[arg-type]
 
 
+def monitor() -> ProviderMonitor:
+    """The daemon's observer: counters and the retry log."""
+    return ProviderMonitor({}, RetryBudget(ManualClock()))
+
+
 def request(**options: object) -> Request:
     values: dict[str, object] = {"route": "up", "path": "/v1/chat"}
     values.update(options)
@@ -60,12 +69,16 @@ def run(
     transport: httpx.AsyncBaseTransport | None = None,
     budget: RetryBudget | None = None,
     advance: bool = True,
+    sleep: Sleep | None = None,
+    observer: ProviderObserver | None = None,
     **route_options: object,
 ) -> T:
-    """Runs `body` with a client on a manual clock, bounded to 30 s of real time."""
+    """Runs `body` with a client on a manual clock, bounded to 30 s of real
+    time; the client sleeps with `sleep` (default: the `FakeSleep` given to
+    `body`) and reports to `observer`."""
     clock = clock or ManualClock()
     print(f"random seed {seed}")
-    sleep = FakeSleep(clock, advance=advance)
+    fake = FakeSleep(clock, advance=advance)
 
     async def main() -> T:
         async with httpx.AsyncClient(
@@ -77,8 +90,9 @@ def run(
                 clock,
                 budget=budget or RetryBudget(clock),
                 rng=random.Random(seed).random,  # noqa: S311 - test jitter
-                sleep=sleep,
+                sleep=sleep or fake,
+                observer=observer,
             )
-            return await asyncio.wait_for(body(client, sleep), 30)
+            return await asyncio.wait_for(body(client, fake), 30)
 
     return asyncio.run(main())

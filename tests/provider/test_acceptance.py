@@ -17,17 +17,17 @@ import pytest
 from sidecar.clock import ManualClock, SystemClock
 from sidecar.errors import UpstreamDeadlineExceeded, UpstreamUnavailable
 from sidecar.provider.budget import RetryBudget
-from sidecar.provider.client import (
+from sidecar.provider.client import ProviderClient
+from sidecar.provider.messages import (
     Answer,
     Events,
-    ProviderClient,
     StreamEnd,
     StreamHead,
     StreamItem,
 )
 from sidecar.provider.policy import Cause, Stop
 from sidecar.provider.routes import RouteEffect
-from tests.provider.support import FakeSleep, request, route, run
+from tests.provider.support import FakeSleep, monitor, request, route, run
 from tests.provider.upstream import Reply, serving, wait_until
 
 
@@ -250,27 +250,25 @@ def test_case_10_cancel_during_backoff_stops_at_once() -> None:
     # provider-retries §10.10 case 10
     sleeping = asyncio.Event()
 
-    async def body(
-        client: ProviderClient, _: FakeSleep
-    ) -> tuple[float, ProviderClient]:
-        async def forever(seconds: float) -> None:
-            sleeping.set()
-            await asyncio.Event().wait()
+    async def forever(seconds: float) -> None:
+        sleeping.set()
+        await asyncio.Event().wait()
 
-        client._sleep = forever
+    async def body(client: ProviderClient, _: FakeSleep) -> float:
         task = asyncio.create_task(client.call(request()))
         await asyncio.wait_for(sleeping.wait(), 5)
         start = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return time.monotonic() - start, client
+        return time.monotonic() - start
 
+    watching = monitor()
     with serving(Reply(503)) as up:
-        took, client = run(body, up.base_url)
+        took = run(body, up.base_url, sleep=forever, observer=watching)
         assert len(up.seen) == 1
     assert took < 0.1
-    assert client.counters.stops == {"cancelled": 1}
+    assert watching.counters.stops == {"cancelled": 1}
 
 
 def test_case_10_cancel_mid_attempt_closes_the_upstream_request() -> None:
@@ -622,16 +620,12 @@ def test_a_retry_is_logged_before_its_sleep_without_credentials(
     # provider-retries §10.8
     order: list[str] = []
 
-    async def body(client: ProviderClient, sleep: FakeSleep) -> Answer:
-        async def recording(seconds: float) -> None:
-            order.append(f"sleep {len(caplog.records)}")
-
-        client._sleep = recording
-        return await client.call(request())
+    async def recording(seconds: float) -> None:
+        order.append(f"sleep {len(caplog.records)}")
 
     caplog.set_level("INFO", logger="sidecar.provider")
     with serving(Reply(500), Reply(200)) as up:
-        run(body, up.base_url)
+        run(_call, up.base_url, sleep=recording, observer=monitor())
     scheduled = [
         r for r in caplog.records if getattr(r, "event", "") == "retry_scheduled"
     ]
@@ -643,15 +637,11 @@ def test_a_retry_is_logged_before_its_sleep_without_credentials(
 
 def test_counters_count_attempts_waits_stops_and_denials() -> None:
     """The in-process counters see attempts, retries, waits, stop reasons."""
-
     # provider-retries §10.8
-    async def body(client: ProviderClient, _: FakeSleep) -> ProviderClient:
-        await client.call(request())
-        return client
-
+    watching = monitor()
     with serving(Reply(500), Reply(200)) as up:
-        client = run(body, up.base_url)
-    counters = client.counters
+        run(_call, up.base_url, observer=watching)
+    counters = watching.counters
     assert (counters.attempts, counters.retries) == (2, 1)
     assert counters.wait_seconds > 0
     assert counters.stops == {"succeeded": 1}
