@@ -20,6 +20,7 @@ from typing import Generic, Protocol, TypeVar
 
 import httpx
 
+from effectd_client import is_hop_by_hop
 from sidecar.clock import Clock
 from sidecar.errors import (
     RetryBudgetExhausted,
@@ -32,10 +33,12 @@ from sidecar.provider.budget import RetryBudget
 from sidecar.provider.messages import Attempt, Headers
 from sidecar.provider.observer import ProviderObserver, RetryDetails
 from sidecar.provider.policy import Cause, Outcome, Random, Stop
-from sidecar.provider.prepare import HOP_BY_HOP, Prepared
+from sidecar.provider.prepare import Prepared
 
 Sleep = Callable[[float], Awaitable[None]]
 REQUEST_ID_HEADERS = ("x-request-id", "request-id")
+# The body is answered decoded: its wire length and encoding do not apply.
+_DECODED = frozenset({"content-length", "content-encoding"})
 
 
 class Judged(Protocol):
@@ -302,12 +305,11 @@ def request_id(response: httpx.Response) -> str:
 
 
 def answer_headers(response: httpx.Response) -> Headers:
-    """The headers answered: the body is answered decoded, so its wire
-    length and encoding do not apply."""
+    """The headers an answer carries to the agent."""
     return tuple(
         (name, value)
         for name, value in response.headers.multi_items()
-        if name.lower() not in HOP_BY_HOP | {"content-length", "content-encoding"}
+        if not is_hop_by_hop(name) and name.lower() not in _DECODED
     )
 
 

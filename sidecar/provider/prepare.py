@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from effectd_client import is_hop_by_hop
 from sidecar.clock import Clock
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.observability import trace
@@ -33,20 +34,9 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 CONNECT_TIMEOUT = 5.0
 # Answer before the gRPC deadline passes, so the agent gets our status.
 REPLY_MARGIN = 0.05
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-FORBIDDEN_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length"}
+# Set by the sidecar, with the hop-by-hop headers (the list the client's
+# transports share) and any proxy-*.
+SIDECAR_HEADERS = frozenset({"host", "content-length"})
 # An agent's own credentials: never sent upstream, whatever header the route
 # puts its credential in (DESIGN §9: provider keys live in the sidecar).
 CREDENTIAL_HEADERS = frozenset(
@@ -97,6 +87,10 @@ class Prepared:
         )
 
 
+def _sidecars(name: str) -> bool:
+    return is_hop_by_hop(name) or name in SIDECAR_HEADERS or name.startswith("proxy-")
+
+
 def check(request: Request, route: Route | None, limits: Limits) -> str:
     """The request's method, upper-cased; INVALID_REQUEST lists every bad
     field. `route` is the request's route, when it names one."""
@@ -116,7 +110,7 @@ def check(request: Request, route: Route | None, limits: Limits) -> str:
         lowered = name.lower()
         if not _TOKEN.match(name):
             v.add(f"headers[{i}].name", "must be an HTTP header name")
-        elif lowered in FORBIDDEN_REQUEST_HEADERS or lowered.startswith("proxy-"):
+        elif _sidecars(lowered):
             v.add(f"headers[{i}].name", "is set by the sidecar, not by requests")
         elif lowered in own:
             v.add(f"headers[{i}].name", "is set by the route, not by requests")
@@ -185,9 +179,8 @@ def prepare(
 
 __all__ = [
     "CREDENTIAL_HEADERS",
-    "FORBIDDEN_REQUEST_HEADERS",
-    "HOP_BY_HOP",
     "METHODS",
+    "SIDECAR_HEADERS",
     "Prepared",
     "check",
     "prepare",

@@ -9,6 +9,7 @@ EXPORTS = {
     "AsyncClient",
     "Checkpoint",
     "Client",
+    "Connection",
     "Decision",
     "Effect",
     "FieldViolation",
@@ -44,6 +45,7 @@ EXPORTS = {
     "AsyncEffectdTransport",
     "Httpx2EffectdTransport",
     "AsyncHttpx2EffectdTransport",
+    "is_hop_by_hop",
     # refusals: EffectdError and one class per ErrorReason
     "EffectdError",
     "AlreadyCommitted",

@@ -20,7 +20,7 @@ from effectd_client import (
     EffectdTransport,
     Httpx2EffectdTransport,
 )
-from effectd_client._transport import wants_stream
+from effectd_client._provider import wants_stream
 from tests.clients.fake_provider import (
     ANTHROPIC_KEY,
     OPENAI_KEY,

@@ -23,7 +23,7 @@ from effectd_client import (
     EffectdTransport,
     Httpx2EffectdTransport,
 )
-from effectd_client import _transport as transport
+from effectd_client import _provider as wire
 from sidecar.errors import (
     EffectdError,
     RetryBudgetExhausted,
@@ -234,10 +234,10 @@ def test_sdk_default_retries_never_repeat_the_sidecars_decision(
     assert [s.headers["x-stainless-retry-count"] for s in up.seen] == ["0"] * seen
 
 
-def _as_before(exc: grpc.RpcError) -> transport._Answer:
+def _as_before(exc: grpc.RpcError) -> wire.Answer:
     """The transport's old answer to a call the sidecar ended without an
     upstream answer: an httpx error."""
-    raise transport._failure(exc)
+    raise wire.failure(exc)
 
 
 @pytest.mark.parametrize("sdk", SDKS)
@@ -247,7 +247,7 @@ def test_negative_control_a_raised_decision_is_sent_again_by_the_sdk(
     """Negative control: with the sidecar's decision raised as an httpx error
     (the old behaviour) the SDK's own retries send the side-effect POST to the
     upstream three times, so the count above would catch it."""
-    monkeypatch.setattr(transport, "_decided", _as_before)
+    monkeypatch.setattr(wire, "decided", _as_before)
     effect, reply, stream, decided = DECIDED["side-effect-reset"]
     with (
         proxied(short_tmp, reply, effect=effect) as (target, up),
@@ -304,7 +304,7 @@ def test_the_sidecars_decisions_are_answers(
 ) -> None:
     """A call the sidecar ended without an upstream answer is an HTTP answer
     with `x-should-retry: false`, the reason and the attempts."""
-    answer = transport._decided(error)
+    answer = wire.decided(error)
     headers = dict(answer.headers)
     assert answer.status == status
     assert headers["x-should-retry"] == "false"
@@ -323,8 +323,8 @@ def test_the_sidecars_decisions_are_answers(
 def test_what_never_reached_the_upstream_is_still_raised(error: _RpcError) -> None:
     """A refusal or an unreachable daemon decided nothing about the upstream:
     raised, as an httpx ConnectError by the flavours."""
-    with pytest.raises(transport._Failed):
-        transport._decided(error)
+    with pytest.raises(wire.Failed):
+        wire.decided(error)
 
 
 def test_every_failure_without_an_upstream_answer_is_mapped() -> None:
@@ -332,7 +332,7 @@ def test_every_failure_without_an_upstream_answer_is_mapped() -> None:
     status, so no new one is raised (and retried by an SDK) by omission."""
     reasons = {c.reason for c in UpstreamFailed.__subclasses__()}
     assert reasons
-    assert reasons <= transport._DECIDED.keys()
+    assert reasons <= wire.DECIDED.keys()
 
 
 @pytest.mark.parametrize(
@@ -350,7 +350,7 @@ def test_the_deadline_is_the_requests_read_timeout(
     extensions: dict[str, Any], deadline: float | None
 ) -> None:
     """The read timeout of the request's `timeout` extension, when a number."""
-    assert transport._read_timeout(extensions) == deadline
+    assert wire.read_timeout(extensions) == deadline
 
 
 @pytest.mark.parametrize(
@@ -361,5 +361,5 @@ def test_the_transports_timeout_bounds_the_requests(
     configured: float | None, requested: float | None, deadline: float | None
 ) -> None:
     """The transport's `timeout` only lowers a request's deadline."""
-    options = transport._options("openai", configured, None, ())
+    options = wire.options("openai", configured, None, ())
     assert options.deadline(requested) == deadline

@@ -13,16 +13,20 @@ named after its `ErrorReason`.
 `EffectdTransport` (and its async and httpx2 siblings) send an SDK's HTTP
 requests through the daemon's Provider service: see `effectd_client._transport`.
 
-Every entry point takes the same connection options (`effectd_client._channel`):
-`token=` (sent as `authorization: Bearer` metadata; default `EFFECTD_TOKEN`),
-TLS with `root_certificates=`, `certificate_chain=` and `private_key=` (or
-`tls=True` for the system roots), and `max_message_bytes=` (default 8 MiB, the
+Every entry point takes the same connection options, as one `Connection`
+value in place of the target or as keywords: `token=` (sent as
+`authorization: Bearer` metadata; default `EFFECTD_TOKEN`), TLS with
+`root_certificates=`, `certificate_chain=` and `private_key=` (or `tls=True`
+for the system roots), and `max_message_bytes=` (default 8 MiB, the
 daemon's). `Run` and `AsyncRun` use their client's.
 
-    Client("127.0.0.1:50051", token=token, root_certificates=ca_pem)
+    daemon = Connection("127.0.0.1:50051", token=token, root_certificates=ca_pem)
+    Client(daemon)  # or Client("127.0.0.1:50051", token=token, ...)
+    EffectdTransport(daemon, route="openai")
 """
 
 from effectd_client._aio import AsyncClient as AsyncClient
+from effectd_client._channel import Connection as Connection
 from effectd_client._client import Client as Client
 from effectd_client._errors import EffectdError as EffectdError
 from effectd_client._errors import FieldViolation as FieldViolation
@@ -71,6 +75,7 @@ from effectd_client._exceptions import (
     UpstreamDeadlineExceeded as UpstreamDeadlineExceeded,
 )
 from effectd_client._exceptions import UpstreamUnavailable as UpstreamUnavailable
+from effectd_client._provider import is_hop_by_hop as is_hop_by_hop
 from effectd_client._recording import RecordingRetry as RecordingRetry
 from effectd_client._safe import Run as Run
 from effectd_client._safe import SafeTool as SafeTool
@@ -114,6 +119,7 @@ __all__ = [
     "Channel",
     "Checkpoint",
     "Client",
+    "Connection",
     "DeadlineExceeded",
     "Decision",
     "Effect",
@@ -170,4 +176,5 @@ __all__ = [
     "UpstreamDeadlineExceeded",
     "UpstreamUnavailable",
     "current_call",
+    "is_hop_by_hop",
 ]

@@ -16,7 +16,7 @@ import grpc
 from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 
 from effectd_client import _requests as req
-from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, connection
+from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
 from effectd_client._recording import RecordingRetry
@@ -37,12 +37,12 @@ class AsyncClient:
     """An asyncio connection to effectd (`unix:PATH` or `HOST:PORT`).
 
     Create and use it inside a running event loop; `async with` closes it.
-    The options are those of `Client`.
+    The options, a `Connection` among them, are those of `Client`.
     """
 
     def __init__(
         self,
-        target: str = "unix:.effectd/effectd.sock",
+        target: str | Connection = "unix:.effectd/effectd.sock",
         *,
         namespace: str = "",
         timeout: float = 10.0,

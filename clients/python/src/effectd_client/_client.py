@@ -11,7 +11,7 @@ import grpc
 from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 
 from effectd_client import _requests as req
-from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, connection
+from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._errors import EffectdError
 from effectd_client._exceptions import NotFound
 from effectd_client._recording import RecordingRetry
@@ -32,7 +32,8 @@ class Client:
     """A connection to effectd (`unix:PATH` or `HOST:PORT`).
 
     Args:
-        target: `unix:PATH` or `HOST:PORT`.
+        target: `unix:PATH` or `HOST:PORT`, or a `Connection` (then none of
+            its options below is given as a keyword).
         namespace: sent with every request; with authentication on, empty
             means the token's namespace when it grants exactly one.
         timeout: the deadline of each call, in seconds.
@@ -56,7 +57,7 @@ class Client:
 
     def __init__(
         self,
-        target: str = "unix:.effectd/effectd.sock",
+        target: str | Connection = "unix:.effectd/effectd.sock",
         *,
         namespace: str = "",
         timeout: float = 10.0,
