@@ -17,6 +17,8 @@ the credential and never from the request body (`namespace` below).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -223,9 +225,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             inner = handler.unary_unary
 
             async def unary(request: Any, context: Context) -> Any:
-                state, tokens = self._enter(method, principal, metadata)
-                started = time.perf_counter()
-                try:
+                async with self._served(method, principal, metadata, context) as state:
                     await self._admit(state, request, context)
                     if context.time_remaining() is None and self._default_deadline:
                         state.deadline = (
@@ -239,8 +239,6 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                             grpc.StatusCode.DEADLINE_EXCEEDED,
                             "the default deadline of a call without one passed",
                         )
-                finally:
-                    self._leave(state, tokens, context, started, metadata)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary,
@@ -250,15 +248,16 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                state, tokens = self._enter(method, principal, metadata)
-                started = time.perf_counter()
-                try:
+            # A coroutine that writes, not an async generator: gRPC runs it
+            # in the call's own task, so a stream cut by its deadline ends
+            # here (CancelledError) in the context that set `CURRENT`. An
+            # async generator cut off is finalized later in a task of its
+            # own, whose context cannot reset the variables, and the call
+            # went unrecorded.
+            async def stream(request: Any, context: Context) -> None:
+                async with self._served(method, principal, metadata, context) as state:
                     await self._admit(state, request, context)
-                    async for item in inner_stream(request, context):
-                        yield item
-                finally:
-                    self._leave(state, tokens, context, started, metadata)
+                    await _serve_stream(inner_stream, request, context)
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
@@ -269,16 +268,32 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         # as they are.
         return handler
 
-    def _enter(
+    @contextlib.asynccontextmanager
+    async def _served(
         self,
         method: str,
         principal: Principal | None,
         metadata: tuple[tuple[str, str | bytes], ...],
-    ) -> tuple[CallState, tuple[Any, Any]]:
+        context: Context,
+    ) -> AsyncIterator[CallState]:
+        """The call's state, visible to its handler through `CURRENT`; at
+        the end, however the call ended, its outcome is recorded."""
         state = CallState(method, principal, trace=trace.from_metadata(metadata))
         if self._tracer is not None:
             state.trace = self._tracer.rpc_started(state)
-        return state, (CURRENT.set(state), trace.CURRENT.set(state.trace))
+        tokens = CURRENT.set(state), trace.CURRENT.set(state.trace)
+        started = time.perf_counter()
+        ended: BaseException | None = None
+        try:
+            yield state
+        except BaseException as exc:
+            ended = exc
+            raise
+        finally:
+            CURRENT.reset(tokens[0])
+            trace.CURRENT.reset(tokens[1])
+            code = _code_of(context, ended)
+            self._record(state, code, time.perf_counter() - started, metadata)
 
     async def _admit(self, state: CallState, request: object, context: Context) -> None:
         """Charges the call to its namespace's rate limit; over it, the call
@@ -303,19 +318,6 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             state.reason = exc.reason
             status = to_status(exc)
             await context.abort(status.code, status.details, status.trailing_metadata)
-
-    def _leave(
-        self,
-        state: CallState,
-        tokens: tuple[Any, Any],
-        context: Context,
-        started: float,
-        metadata: tuple[tuple[str, str | bytes], ...],
-    ) -> None:
-        CURRENT.reset(tokens[0])
-        trace.CURRENT.reset(tokens[1])
-        code = _code_of(context)
-        self._record(state, code, time.perf_counter() - started, metadata)
 
     def _finished(
         self,
@@ -366,7 +368,23 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         )
 
 
-def _code_of(context: Context) -> grpc.StatusCode:
+async def _serve_stream(handler: Any, request: Any, context: Context) -> None:
+    """Runs a server-streaming handler of either kind gRPC accepts: an async
+    generator (its items are written, and it is closed here, in this task,
+    however the call ends) or a coroutine that writes itself (health Watch)."""
+    if not inspect.isasyncgenfunction(handler):
+        await handler(request, context)
+        return
+    async with contextlib.aclosing(handler(request, context)) as items:
+        async for item in items:
+            await context.write(item)
+
+
+def _code_of(context: Context, ended: BaseException | None) -> grpc.StatusCode:
+    """The status the call ended with: the one it was aborted with or set;
+    else what ended it, as gRPC answers it (cut off after its deadline:
+    DEADLINE_EXCEEDED, before it: CANCELLED, any other exception: UNKNOWN);
+    else OK."""
     code: object = context.code()
     if isinstance(code, grpc.StatusCode):
         return code
@@ -374,7 +392,15 @@ def _code_of(context: Context) -> grpc.StatusCode:
         for candidate in grpc.StatusCode:
             if candidate.value[0] == code:
                 return candidate
-    return grpc.StatusCode.OK
+    if ended is None or isinstance(ended, grpc.aio.AbortError):
+        return grpc.StatusCode.OK
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    # A failed write (grpc.aio.InternalError): the client had gone.
+    if isinstance(ended, asyncio.CancelledError | grpc.aio.InternalError):
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN
 
 
 def _deny(handler: Any, exc: EffectdError) -> Any:
