@@ -327,14 +327,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "quota_requests_per_second",
         Kind.FLOAT,
-        "sustained requests per second, per namespace (0: unlimited)",
+        "sustained requests per second, per caller (0: unlimited)",
         into="quotas.requests_per_second",
         metavar="R",
     ),
     Setting(
         "quota_burst",
         Kind.INT,
-        "requests of headroom above the sustained rate, per namespace",
+        "requests of headroom above the sustained rate, per caller",
         into="quotas.burst",
         metavar="N",
     ),

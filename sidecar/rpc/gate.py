@@ -36,7 +36,7 @@ from sidecar.auth.access import (
     bearer_token,
 )
 from sidecar.errors import EffectdError, NotFound
-from sidecar.ledger.model import DEFAULT_NAMESPACE
+from sidecar.ledger.quota import Caller
 from sidecar.ledger.validation import Violations
 from sidecar.observability import trace
 from sidecar.rpc.errors import to_status
@@ -44,13 +44,20 @@ from sidecar.rpc.errors import to_status
 access_log = logging.getLogger("effectd.access")
 
 Context = grpc.aio.ServicerContext[Any, Any]
-# A rate-limit key longer than any valid namespace comes from a request that
-# will be refused anyway; it is cut so it cannot grow the limiter's memory.
-_MAX_KEY = 64
+# The RPCs that record work already done: the tool has run (or may have), and
+# its result must always be recordable, so no rate limit refuses them.
+RECORDS_WORK_DONE = frozenset(
+    {
+        "/effectd.v1.ToolLedger/CommitTool",
+        "/effectd.v1.ToolLedger/ReportUnknown",
+        "/effectd.v1.ToolLedger/Heartbeat",
+        "/effectd.v1.Recovery/AcknowledgeRecovery",
+    }
+)
 
 
 class Admission(Protocol):
-    def admit(self, namespace: str) -> None: ...
+    def admit(self, caller: Caller) -> None: ...
 
 
 class RpcObserver(Protocol):
@@ -178,6 +185,35 @@ def _requested_namespace(request: object) -> str:
     return ""
 
 
+def charged(principal: Principal | None, requested: str) -> Caller:
+    """Whom a call is charged to. With authentication, its caller: the
+    namespace of a token bound to one, else the token itself; never a
+    namespace the request names, which may be one the token is refused
+    (several namespaces or made-up ones must not widen a token's limit).
+    Without it, the namespace the request names once it is valid (empty:
+    the default one); requests naming an invalid one share one bucket."""
+    if principal is not None:
+        if len(principal.namespaces) == 1 and not principal.every_namespace:
+            return Caller(namespace=next(iter(principal.namespaces)))
+        return Caller(token=principal.name)
+    return Caller(namespace=_acting_in(None, requested))
+
+
+def _acting_in(principal: Principal | None, requested: str) -> str:
+    """The valid namespace the call acts in, for the record; "" when none
+    (the handler refuses it)."""
+    v = Violations()
+    named = v.namespace("namespace", requested)
+    if v.items:
+        return ""
+    if principal is None:
+        return named
+    try:
+        return principal.namespace(requested) or ""
+    except NotFound:
+        return ""
+
+
 class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(
         self,
@@ -296,24 +332,16 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             self._record(state, code, time.perf_counter() - started, metadata)
 
     async def _admit(self, state: CallState, request: object, context: Context) -> None:
-        """Charges the call to its namespace's rate limit; over it, the call
-        is refused (RATE_LIMITED) before its handler runs."""
+        """Charges the call to its caller's rate limit; over it, the call is
+        refused (RATE_LIMITED) before its handler runs. A call that records
+        work already done is never refused (`RECORDS_WORK_DONE`)."""
         requested = _requested_namespace(request)
-        try:
-            resolved = (
-                state.principal.namespace(requested)
-                if state.principal is not None
-                else requested or DEFAULT_NAMESPACE
-            )
-        except NotFound:
-            # The handler answers NOT_FOUND; charge the namespace the
-            # credential acts for.
-            resolved = None
-        state.namespace = (resolved or requested)[:_MAX_KEY]
-        if self._admission is None:
+        state.namespace = _acting_in(state.principal, requested)
+        caller = charged(state.principal, requested)
+        if self._admission is None or state.method in RECORDS_WORK_DONE:
             return
         try:
-            self._admission.admit(state.namespace)
+            self._admission.admit(caller)
         except EffectdError as exc:
             state.reason = exc.reason
             status = to_status(exc)
