@@ -50,6 +50,7 @@ from sidecar.provider.routes import Route, load_providers
 from sidecar.rpc import tls
 from sidecar.rpc.admin import Admin
 from sidecar.rpc.checkpoints import Checkpoints
+from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.gate import Gate
 from sidecar.rpc.handlers import generic_handler
 from sidecar.rpc.ledger import ToolLedger
@@ -266,10 +267,12 @@ class Daemon:
         await self.compact_expired()
         self._policies = PolicyService(store, self._clock, self.policy)
 
+        limits = cfg.server_limits
+        slots = Slots(limits.max_concurrent_rpcs, limits.max_concurrent_rpcs_per_caller)
         server = self._server = grpc.aio.server(
-            interceptors=[self._gate()],
+            interceptors=[self._gate(slots)],
             options=server_options(cfg),
-            maximum_concurrent_rpcs=cfg.server_limits.max_concurrent_rpcs,
+            maximum_concurrent_rpcs=slots.backstop,
         )
         operator = self.make_operator(store)
         server.add_generic_rpc_handlers(
@@ -378,7 +381,7 @@ class Daemon:
         )
         return self.endpoints
 
-    def _gate(self) -> Gate:
+    def _gate(self, slots: Slots) -> Gate:
         cfg = self.config
         quotas = cfg.quotas
         admission = (
@@ -400,6 +403,7 @@ class Daemon:
             observer=self.metrics,
             tracer=self.tracing,
             default_deadline=cfg.server_limits.default_deadline_seconds,
+            slots=slots,
         )
 
     async def _start_health_port(self) -> str | None:

@@ -275,6 +275,14 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=_INT32_MAX,
     ),
     Setting(
+        "max_concurrent_rpcs_per_caller",
+        Kind.INT,
+        "RPCs in flight of one namespace or token; more get RESOURCE_EXHAUSTED",
+        into="server_limits.max_concurrent_rpcs_per_caller",
+        metavar="N",
+        maximum=_INT32_MAX,
+    ),
+    Setting(
         "max_concurrent_streams",
         Kind.INT,
         "HTTP/2 streams per connection",

@@ -3,10 +3,11 @@
 In order, before any handler runs (and before the request is parsed):
 authenticate the bearer token, authorize the method for the token's roles
 (default deny: a method without a rule is refused to everyone). Then around
-the handler: admit the namespace through its rate limit, give a call that
-brought no deadline the default one, and record the outcome (metrics, a span
-with OpenTelemetry on, one access log line). Health is open: probes carry no
-credentials, and it tells only whether the daemon serves.
+the handler: charge the caller (`charged`) to its rate limit and take one of
+its concurrency slots (`sidecar.rpc.concurrency`), give a call that brought
+no deadline the default one, and record the outcome however the call ended
+(metrics, a span with OpenTelemetry on, one access log line). Health is open:
+probes carry no credentials, and it tells only whether the daemon serves.
 
 The caller's identity reaches the handlers through `CURRENT`, a ContextVar
 set by the wrapper the interceptor puts around each handler (it runs in the
@@ -39,6 +40,7 @@ from sidecar.errors import EffectdError, NotFound
 from sidecar.ledger.quota import Caller
 from sidecar.ledger.validation import Violations
 from sidecar.observability import trace
+from sidecar.rpc.concurrency import Pool, Slots
 from sidecar.rpc.errors import to_status
 
 access_log = logging.getLogger("effectd.access")
@@ -54,6 +56,15 @@ RECORDS_WORK_DONE = frozenset(
         "/effectd.v1.Recovery/AcknowledgeRecovery",
     }
 )
+
+
+# The concurrency pool of each RPC that does not take an ordinary slot; None:
+# never counted (health checks are answered whatever the load).
+_POOLS: dict[str, Pool | None] = {
+    **dict.fromkeys(RECORDS_WORK_DONE, Pool.RECORDING),
+    "/grpc.health.v1.Health/Watch": Pool.HEALTH_WATCH,
+    "/grpc.health.v1.Health/Check": None,
+}
 
 
 class Admission(Protocol):
@@ -223,9 +234,11 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         observer: RpcObserver | None = None,
         tracer: RpcTracer | None = None,
         default_deadline: float | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self._credentials = credentials
         self._admission = admission
+        self._slots = slots
         self._observer = observer
         self._tracer = tracer
         self._default_deadline = default_deadline
@@ -261,8 +274,9 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             inner = handler.unary_unary
 
             async def unary(request: Any, context: Context) -> Any:
-                async with self._served(method, principal, metadata, context) as state:
-                    await self._admit(state, request, context)
+                async with self._served(
+                    method, principal, metadata, request, context
+                ) as state:
                     if context.time_remaining() is None and self._default_deadline:
                         state.deadline = (
                             asyncio.get_running_loop().time() + self._default_deadline
@@ -291,8 +305,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             # own, whose context cannot reset the variables, and the call
             # went unrecorded.
             async def stream(request: Any, context: Context) -> None:
-                async with self._served(method, principal, metadata, context) as state:
-                    await self._admit(state, request, context)
+                async with self._served(method, principal, metadata, request, context):
                     await _serve_stream(inner_stream, request, context)
 
             return grpc.unary_stream_rpc_method_handler(
@@ -310,42 +323,57 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method: str,
         principal: Principal | None,
         metadata: tuple[tuple[str, str | bytes], ...],
+        request: object,
         context: Context,
     ) -> AsyncIterator[CallState]:
-        """The call's state, visible to its handler through `CURRENT`; at
-        the end, however the call ended, its outcome is recorded."""
+        """Admits the call (`_admit`) and gives its state, visible to its
+        handler through `CURRENT`; at the end, however the call ended, its
+        slot is given back and its outcome recorded."""
         state = CallState(method, principal, trace=trace.from_metadata(metadata))
         if self._tracer is not None:
             state.trace = self._tracer.rpc_started(state)
         tokens = CURRENT.set(state), trace.CURRENT.set(state.trace)
         started = time.perf_counter()
         ended: BaseException | None = None
+        release: Callable[[], None] | None = None
         try:
+            release = await self._admit(state, request, context)
             yield state
         except BaseException as exc:
             ended = exc
             raise
         finally:
+            if release is not None:
+                release()
             CURRENT.reset(tokens[0])
             trace.CURRENT.reset(tokens[1])
             code = _code_of(context, ended)
             self._record(state, code, time.perf_counter() - started, metadata)
 
-    async def _admit(self, state: CallState, request: object, context: Context) -> None:
-        """Charges the call to its caller's rate limit; over it, the call is
-        refused (RATE_LIMITED) before its handler runs. A call that records
-        work already done is never refused (`RECORDS_WORK_DONE`)."""
+    async def _admit(
+        self, state: CallState, request: object, context: Context
+    ) -> Callable[[], None] | None:
+        """Charges the call to its caller's rate limit and takes its slot
+        (`sidecar.rpc.concurrency`); over either, the call is refused before
+        its handler runs. Returns what gives the slot back. Health is never
+        rate-limited, nor is a call that records work already done
+        (`RECORDS_WORK_DONE`)."""
         requested = _requested_namespace(request)
         state.namespace = _acting_in(state.principal, requested)
         caller = charged(state.principal, requested)
-        if self._admission is None or state.method in RECORDS_WORK_DONE:
-            return
         try:
-            self._admission.admit(caller)
+            exempt = state.method in RECORDS_WORK_DONE or state.method in OPEN_METHODS
+            if self._admission is not None and not exempt:
+                self._admission.admit(caller)
+            pool = _POOLS.get(state.method, Pool.ORDINARY)
+            if self._slots is None or pool is None:
+                return None
+            return self._slots.take(pool, caller)
         except EffectdError as exc:
             state.reason = exc.reason
             status = to_status(exc)
             await context.abort(status.code, status.details, status.trailing_metadata)
+            raise AssertionError("abort returns only by raising") from None
 
     def _finished(
         self,

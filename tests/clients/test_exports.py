@@ -79,6 +79,7 @@ EXPORTS = {
     "QuotaExceeded",
     "RateLimited",
     "ReconcileQuarantine",
+    "ConcurrencyLimited",
 }
 
 

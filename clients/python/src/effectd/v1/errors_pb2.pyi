@@ -171,6 +171,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     is left (`remainingMs`, `quarantineMs`) and which attempt may be
     confirmed dead (`attempt`) to record it now; nothing changed.
     """
+    CONCURRENCY_LIMITED: _ErrorReason.ValueType  # 60
+    """RESOURCE_EXHAUSTED. The caller (its namespace, or its token) already has
+    as many calls in flight as one caller may, or the daemon as many as it
+    serves at once; nothing was done. Try again when a call has ended. Calls
+    that record work already done (CommitTool, ReportUnknown, Heartbeat,
+    AcknowledgeRecovery) have room of their own.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The reason string of `google.rpc.ErrorInfo` is the value name. The values
@@ -319,5 +326,12 @@ of its last lease): an expired lease means that the holder stopped
 heartbeating, not that it stopped running. The metadata says how long
 is left (`remainingMs`, `quarantineMs`) and which attempt may be
 confirmed dead (`attempt`) to record it now; nothing changed.
+"""
+CONCURRENCY_LIMITED: ErrorReason.ValueType  # 60
+"""RESOURCE_EXHAUSTED. The caller (its namespace, or its token) already has
+as many calls in flight as one caller may, or the daemon as many as it
+serves at once; nothing was done. Try again when a call has ended. Calls
+that record work already done (CommitTool, ReportUnknown, Heartbeat,
+AcknowledgeRecovery) have room of their own.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
