@@ -19,6 +19,8 @@ import grpc
 import pytest
 from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import retry_pb2 as rpb
+from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 
 from sidecar.clock import ManualClock
@@ -673,6 +675,67 @@ def test_malformed_request_is_invalid_argument(wire: grpc.Channel, bad: Case) ->
     for field in got.fields:
         assert any(field == f or field.startswith(f + ".") for f in bad.fields), got
     assert_serving(wire)
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [
+        pytest.param(0, -1, id="negative-nanos"),
+        pytest.param(0, 1_000_000_000, id="nanos-a-second"),
+        pytest.param(-62_135_596_801, 0, id="before-year-1"),
+        pytest.param(253_402_300_800, 0, id="after-year-9999"),
+        pytest.param(INT64[0], 0, id="int64-min"),
+        pytest.param(INT64[1], (1 << 31) - 1, id="int64-max"),
+    ],
+)
+def test_an_out_of_range_retry_deadline_is_invalid_argument(
+    wire: grpc.Channel, seconds: int, nanos: int
+) -> None:
+    """DecideRetry with a deadline Timestamp outside timestamp.proto's range
+    answers INVALID_REQUEST naming `deadline` (issue 10 item 22: fails before
+    the fix: the conversion raised ValueError and the answer was INTERNAL)."""
+    request = rpb.DecideRetryRequest(
+        facts=rpb.RetryFacts(effect=pb.EFFECT_READ, state=pb.CALL_STATE_UNKNOWN),
+        context=rpb.RETRY_CONTEXT_TOOL,
+        deadline=timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos),
+    )
+    call = wire.unary_unary(
+        "/effectd.v1.RetryPolicy/DecideRetry",
+        request_serializer=None,
+        response_deserializer=None,
+    )
+    got = refused(lambda: call(request.SerializeToString(), timeout=10))
+    assert (got.code, got.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+    )
+    assert got.fields == ("deadline",)
+    assert_serving(wire)
+
+
+def test_the_edges_of_the_timestamp_range_are_accepted(wire: grpc.Channel) -> None:
+    """Year 1 and the last nanosecond of year 9999 are valid deadlines (one
+    long past: the retry is denied, not refused)."""
+    call = wire.unary_unary(
+        "/effectd.v1.RetryPolicy/DecideRetry",
+        request_serializer=None,
+        response_deserializer=None,
+    )
+    for seconds, nanos in ((-62_135_596_800, 0), (253_402_300_799, 999_999_999)):
+        request = rpb.DecideRetryRequest(
+            facts=rpb.RetryFacts(effect=pb.EFFECT_READ, state=pb.CALL_STATE_UNKNOWN),
+            context=rpb.RETRY_CONTEXT_TOOL,
+            error=rpb.AttemptError(kind=rpb.FAILURE_KIND_TIMEOUT),
+            attempts_used=1,
+            deadline=timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos),
+        )
+        answer = rpb.DecideRetryResponse.FromString(
+            call(request.SerializeToString(), timeout=10)
+        )
+        assert answer.allow is (seconds > 0)
 
 
 def edge(call_id: str, **changes: object) -> pb.PrepareToolRequest:
