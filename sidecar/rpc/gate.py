@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from sidecar.auth.access import (
     OPEN_METHODS,
@@ -36,7 +37,7 @@ from sidecar.auth.access import (
     authorize,
     bearer_token,
 )
-from sidecar.errors import EffectdError, NotFound
+from sidecar.errors import EffectdError, FieldViolation, InvalidArgument, NotFound
 from sidecar.ledger.quota import Caller
 from sidecar.ledger.validation import Violations
 from sidecar.observability import trace
@@ -292,7 +293,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
             return grpc.unary_unary_rpc_method_handler(
                 unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_parsing(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
@@ -310,7 +311,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_parsing(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         # Streaming requests (server reflection): authenticated above; served
@@ -362,6 +363,8 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         state.namespace = _acting_in(state.principal, requested)
         caller = charged(state.principal, requested)
         try:
+            if isinstance(request, Unparsed):
+                raise InvalidArgument([FieldViolation("", str(request))])
             exempt = state.method in RECORDS_WORK_DONE or state.method in OPEN_METHODS
             if self._admission is not None and not exempt:
                 self._admission.admit(caller)
@@ -422,6 +425,35 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 "trace_id": state.trace.trace_id if state.trace else None,
             },
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Unparsed:
+    """Stands in for a request that did not parse (the gate refuses it
+    INVALID_ARGUMENT before any handler runs)."""
+
+    error: str
+
+    def __str__(self) -> str:
+        return f"is not a valid request: {self.error}"
+
+
+def _parsing(
+    deserializer: Callable[[bytes], Any] | None,
+) -> Callable[[bytes], Any] | None:
+    """The handler's deserializer, answering `Unparsed` where gRPC's own
+    would fail the call (UNKNOWN): a servicer not registered through
+    `sidecar.rpc.handlers` (health) gets bad bytes refused like the rest."""
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return Unparsed(str(exc))
+
+    return parse
 
 
 async def _serve_stream(handler: Any, request: Any, context: Context) -> None:
