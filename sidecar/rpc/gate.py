@@ -48,7 +48,8 @@ access_log = logging.getLogger("effectd.access")
 
 Context = grpc.aio.ServicerContext[Any, Any]
 # The RPCs that record work already done: the tool has run (or may have), and
-# its result must always be recordable, so no rate limit refuses them.
+# its result must always be recordable, so no rate limit refuses them and they
+# have concurrency slots of their own.
 RECORDS_WORK_DONE = frozenset(
     {
         "/effectd.v1.ToolLedger/CommitTool",
@@ -362,21 +363,25 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         requested = _requested_namespace(request)
         state.namespace = _acting_in(state.principal, requested)
         caller = charged(state.principal, requested)
+        release: Callable[[], None] | None = None
         try:
             if isinstance(request, Unparsed):
                 raise InvalidArgument([FieldViolation("", str(request))])
+            pool = _POOLS.get(state.method, Pool.ORDINARY)
+            if self._slots is not None and pool is not None:
+                release = self._slots.take(pool, caller)
             exempt = state.method in RECORDS_WORK_DONE or state.method in OPEN_METHODS
             if self._admission is not None and not exempt:
+                # After the slot: a call refused for concurrency takes no token.
                 self._admission.admit(caller)
-            pool = _POOLS.get(state.method, Pool.ORDINARY)
-            if self._slots is None or pool is None:
-                return None
-            return self._slots.take(pool, caller)
         except EffectdError as exc:
+            if release is not None:
+                release()
             state.reason = exc.reason
             status = to_status(exc)
             await context.abort(status.code, status.details, status.trailing_metadata)
-            raise AssertionError("abort returns only by raising") from None
+            raise AssertionError("abort returns only by raising") from exc
+        return release
 
     def _finished(
         self,

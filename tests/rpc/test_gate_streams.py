@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,11 @@ STREAMS = 300
 DEADLINE = 1.0
 FOREVER = "/effectd.test.Streams/Forever"
 CHUNK = b"x" * (1 << 20)
+# Room for every stream at once: a slot is given back only once the server
+# has ended its call, a moment after the client saw its deadline.
+ROOMY = ServerLimits(
+    max_concurrent_rpcs=STREAMS + 16, max_concurrent_rpcs_per_caller=STREAMS + 16
+)
 CUT = {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
@@ -168,7 +174,7 @@ def test_health_watch_on_the_main_port_streams_and_every_call_is_recorded(
     as OK)."""
     caplog.set_level(logging.DEBUG)
     with (
-        running_daemon(config) as running,
+        running_daemon(replace(config, server_limits=ROOMY)) as running,
         grpc.insecure_channel(running.target) as channel,
     ):
         health = health_pb2_grpc.HealthStub(channel)
@@ -220,7 +226,7 @@ def test_provider_streams_cut_at_their_deadline_are_all_recorded(
     config = ServeConfig(
         data_dir=short_tmp / "data",
         providers_file=providers,
-        server_limits=ServerLimits(max_concurrent_rpcs=STREAMS + 16),
+        server_limits=ROOMY,
     )
     daemon = Daemon(config)
     # No socket is opened: the transport answers in process.
