@@ -198,6 +198,9 @@ def optional_revision(msg: pb.StartToolRequest | pb.CommitToolRequest) -> int | 
 
 
 def states(v: Violations, values: list[int], field: str = "states") -> frozenset[State]:
+    if len(values) > len(STATES):
+        v.add(field, f"must hold at most {len(STATES)} states, got {len(values)}")
+        return frozenset()
     for i, value in enumerate(values):
         if value not in STATES:
             v.add(f"{field}[{i}]", f"unknown call state {value}")

@@ -678,6 +678,7 @@ def test_malformed_request_is_invalid_argument(wire: grpc.Channel, bad: Case) ->
 
 
 INT64 = (-(1 << 63), (1 << 63) - 1)
+UNKNOWN_STATE = pb.CALL_STATE_UNKNOWN
 
 
 @pytest.mark.parametrize(
@@ -794,6 +795,54 @@ def test_largest_batch_and_txn_are_accepted(wire: grpc.Channel) -> None:
         send(wire, "Txn", request.SerializeToString())
     ).revision
     assert revision > 0
+
+
+def test_many_bad_fields_are_named_in_a_bounded_answer(wire: grpc.Channel) -> None:
+    """256 empty calls (over a thousand violations) answer INVALID_REQUEST
+    with the first 32 violations and the count of the rest, small enough for
+    a client to read (fails before the fix: the BadRequest of every
+    violation passed gRPC's metadata limit, and the client saw
+    RESOURCE_EXHAUSTED without any ErrorInfo)."""
+    request = batch(*[pb.PrepareToolRequest() for _ in range(256)])
+    got = refused(lambda: send(wire, "PrepareTools", request.SerializeToString()))
+    assert (got.code, got.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+    )
+    assert got.fields is not None
+    assert len(got.fields) == 32
+    assert int(got.metadata["omittedViolations"]) > 900
+
+
+@pytest.mark.parametrize(
+    ("method", "request_", "field"),
+    [
+        ("PrepareTools", batch(*[pb.PrepareToolRequest()] * 10_001), "calls"),
+        ("Txn", txn([], [cpb.TxnOp()] * 10_001), "ops"),
+        (
+            "ListToolCalls",
+            pb.ListToolCallsRequest(run_id="r", states=[UNKNOWN_STATE] * 10_001),
+            "states",
+        ),
+    ],
+    ids=["calls", "ops", "states"],
+)
+def test_an_over_long_list_is_refused_before_its_elements_are_read(
+    wire: grpc.Channel, method: str, request_: Message, field: str
+) -> None:
+    """A list past its limit is refused for its length alone: the answer
+    names the list, not each of its elements (fails before the fix: each
+    element was read; the violations of ten thousand overflowed the trailer,
+    300 000 held the event loop for half a minute, and ten thousand valid
+    states were accepted)."""
+    got = refused(lambda: send(wire, method, request_.SerializeToString()))
+    assert (got.code, got.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+    )
+    assert got.fields is not None
+    assert field in got.fields
+    assert not [f for f in got.fields if f.startswith(field + "[")]
 
 
 def test_message_over_transport_limit_is_resource_exhausted(wire: grpc.Channel) -> None:

@@ -32,7 +32,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_UNSPECIFIED: _ErrorReason.ValueType  # 0
     INVALID_REQUEST: _ErrorReason.ValueType  # 1
     """INVALID_ARGUMENT. The request is malformed; `google.rpc.BadRequest`
-    lists every field violation.
+    lists the field violations, at most the first 32 (the ErrorInfo
+    metadata `omittedViolations` then counts the others). A list longer
+    than its limit is refused for its length alone.
     """
     INPUT_MISMATCH: _ErrorReason.ValueType  # 2
     """FAILED_PRECONDITION. A tool call was prepared again with an input whose
@@ -188,7 +190,9 @@ class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
 ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
 INVALID_REQUEST: ErrorReason.ValueType  # 1
 """INVALID_ARGUMENT. The request is malformed; `google.rpc.BadRequest`
-lists every field violation.
+lists the field violations, at most the first 32 (the ErrorInfo
+metadata `omittedViolations` then counts the others). A list longer
+than its limit is refused for its length alone.
 """
 INPUT_MISMATCH: ErrorReason.ValueType  # 2
 """FAILED_PRECONDITION. A tool call was prepared again with an input whose
