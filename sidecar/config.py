@@ -38,8 +38,11 @@ class ServerLimits:
 
     # Both directions, server and shipped clients.
     max_message_bytes: int = 8 << 20
-    # RPCs in flight over the whole server; more get RESOURCE_EXHAUSTED.
+    # RPCs in flight over the whole server; more get RESOURCE_EXHAUSTED. Calls
+    # that record work already done have as many more of their own.
     max_concurrent_rpcs: int = 256
+    # RPCs in flight of one caller (its namespace, or its token).
+    max_concurrent_rpcs_per_caller: int = 64
     # HTTP/2 streams per connection.
     max_concurrent_streams: int = 128
     # A TLS or HTTP/2 handshake that takes longer is dropped.
@@ -136,6 +139,7 @@ class ServeConfig:
             raise ConfigError("log-level: must be debug, info, warning or error")
         _positive(self.server_limits, "max_message_bytes", 1 << 10)
         _positive(self.server_limits, "max_concurrent_rpcs", 1)
+        _positive(self.server_limits, "max_concurrent_rpcs_per_caller", 1)
         _positive(self.server_limits, "max_concurrent_streams", 1)
         for name in (
             "handshake_timeout_seconds",

@@ -32,7 +32,8 @@
     ├── PermissionDenied         PERMISSION_DENIED
     ├── Throttled                (RESOURCE_EXHAUSTED, with a retry delay)
     │   ├── QuotaExceeded        QUOTA_EXCEEDED
-    │   └── RateLimited          RATE_LIMITED
+    │   ├── RateLimited          RATE_LIMITED
+    │   └── ConcurrencyLimited   CONCURRENCY_LIMITED
     ├── StorageFull              STORAGE_FULL
     ├── StorageUnavailable       STORAGE_UNAVAILABLE
     ├── ShuttingDown             SHUTTING_DOWN
@@ -265,6 +266,12 @@ class RateLimited(Throttled):
     """The namespace sent more requests per second than allowed."""
 
     reason = "RATE_LIMITED"
+
+
+class ConcurrencyLimited(Throttled):
+    """The caller, or the daemon, has as many calls in flight as allowed."""
+
+    reason = "CONCURRENCY_LIMITED"
 
 
 class StorageFull(EffectdError):

@@ -13,11 +13,9 @@ import contextlib
 import logging
 import os
 import random
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -38,6 +36,7 @@ from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
 from sidecar.clock import Clock, SystemClock
 from sidecar.config import ConfigError, ServeConfig, split_host_port
+from sidecar.directories import refuse_unsafe_directory
 from sidecar.errors import ShuttingDown
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
@@ -52,6 +51,7 @@ from sidecar.provider.routes import Route, load_providers
 from sidecar.rpc import tls
 from sidecar.rpc.admin import Admin
 from sidecar.rpc.checkpoints import Checkpoints
+from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.gate import Gate
 from sidecar.rpc.handlers import generic_handler
 from sidecar.rpc.ledger import ToolLedger
@@ -144,20 +144,6 @@ def load_tracing(cfg: ServeConfig) -> Tracing | None:
     return otel.from_environment()
 
 
-def refuse_unsafe_directory(path: Path) -> None:
-    """Refuses a data directory others may write to: whoever can replace the
-    ledger's files can make the daemon replay or forget side effects."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return  # created 0700 by the store
-    if mode & 0o022:
-        raise ConfigError(
-            f"data-dir: {path} is group- or world-writable (mode "
-            f"{stat.S_IMODE(mode):04o}); chmod 700 it"
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class Endpoints:
     """Where a started daemon listens: gRPC targets for clients."""
@@ -213,7 +199,7 @@ class Daemon:
         self.tracing: Tracing | None = load_tracing(config)
 
     def open_store(self) -> Store:
-        refuse_unsafe_directory(self.config.data_dir)
+        refuse_unsafe_directory(self.config.data_dir, "data-dir", sticky_ok=False)
         options = LmdbOptions(
             map_size=self.config.map_size,
             sync=self.config.sync,
@@ -238,14 +224,11 @@ class Daemon:
     async def start(self) -> Endpoints:
         cfg = self.config
         sock = cfg.socket_path
+        refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
         sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if sock.parent.stat().st_mode & 0o022:
-            # The socket itself is 0600, but others could replace it here.
-            log.warning(
-                "the socket directory %s is group- or world-writable; prefer a "
-                "0700 directory only the daemon's user can write",
-                sock.parent,
-            )
+        # The socket itself is 0600, but whoever may write its directory could
+        # rename it and put a socket of their own in its place.
+        refuse_unsafe_directory(sock.parent, "socket", sticky_ok=True)
         self._socket_lock = ExclusiveLock(
             sock.with_name(sock.name + ".lock"), f"socket {sock}"
         )
@@ -268,10 +251,12 @@ class Daemon:
         await self.compact_expired()
         self._policies = PolicyService(store, self._clock, self.policy)
 
+        limits = cfg.server_limits
+        slots = Slots(limits.max_concurrent_rpcs, limits.max_concurrent_rpcs_per_caller)
         server = self._server = grpc.aio.server(
-            interceptors=[self._gate()],
+            interceptors=[self._gate(slots)],
             options=server_options(cfg),
-            maximum_concurrent_rpcs=cfg.server_limits.max_concurrent_rpcs,
+            maximum_concurrent_rpcs=slots.backstop,
         )
         operator = self.make_operator(store)
         server.add_generic_rpc_handlers(
@@ -360,7 +345,9 @@ class Daemon:
         if cfg.listen is not None:
             host, _ = split_host_port("listen", cfg.listen)
             if cfg.tls:
-                port = server.add_secure_port(cfg.listen, tls.server_credentials(cfg))
+                port = server.add_secure_port(
+                    cfg.listen, tls.server_credentials(cfg, self._clock)
+                )
             else:
                 port = server.add_insecure_port(cfg.listen)
             tcp = f"{host}:{port}"
@@ -385,7 +372,7 @@ class Daemon:
         )
         return self.endpoints
 
-    def _gate(self) -> Gate:
+    def _gate(self, slots: Slots) -> Gate:
         cfg = self.config
         quotas = cfg.quotas
         admission = (
@@ -407,6 +394,7 @@ class Daemon:
             observer=self.metrics,
             tracer=self.tracing,
             default_deadline=cfg.server_limits.default_deadline_seconds,
+            slots=slots,
         )
 
     async def _start_health_port(self) -> str | None:

@@ -275,6 +275,14 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=_INT32_MAX,
     ),
     Setting(
+        "max_concurrent_rpcs_per_caller",
+        Kind.INT,
+        "RPCs in flight of one namespace or token; more get RESOURCE_EXHAUSTED",
+        into="server_limits.max_concurrent_rpcs_per_caller",
+        metavar="N",
+        maximum=_INT32_MAX,
+    ),
+    Setting(
         "max_concurrent_streams",
         Kind.INT,
         "HTTP/2 streams per connection",
@@ -327,14 +335,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "quota_requests_per_second",
         Kind.FLOAT,
-        "sustained requests per second, per namespace (0: unlimited)",
+        "sustained requests per second, per caller (0: unlimited)",
         into="quotas.requests_per_second",
         metavar="R",
     ),
     Setting(
         "quota_burst",
         Kind.INT,
-        "requests of headroom above the sustained rate, per namespace",
+        "requests of headroom above the sustained rate, per caller",
         into="quotas.burst",
         metavar="N",
     ),

@@ -87,6 +87,7 @@ def test_calls_beyond_the_concurrency_limit_are_refused(short_tmp: Path) -> None
             assert daemon.ledger.entered.acquire(timeout=10)
         refusal = refused(lambda: ledger.PrepareTool(prepare("third"), timeout=10))
         assert refusal.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refusal.reason == "CONCURRENCY_LIMITED"
         running.loop.call_soon_threadsafe(daemon.ledger.release.set)
         assert all(f.result(timeout=10).call.revision == 1 for f in held)
         # Once they finished, calls are served again.

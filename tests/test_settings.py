@@ -194,6 +194,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "otel": ("true", True),
     "max_message_size": ("16MiB", 16 << 20),
     "max_concurrent_rpcs": ("64", 64),
+    "max_concurrent_rpcs_per_caller": ("16", 16),
     "max_concurrent_streams": ("16", 16),
     "handshake_timeout": ("1.5", 1.5),
     "default_deadline": ("20", 20.0),

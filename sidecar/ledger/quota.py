@@ -1,5 +1,5 @@
 """Per-namespace limits as pure rules: what a write may add to a namespace's
-usage, and the token bucket that bounds its request rate.
+usage, and the token bucket that bounds a caller's request rate.
 
 A quota refuses only growth. A write that creates a record past `open_calls`,
 or takes the namespace over `stored_bytes`, is refused before anything is
@@ -25,9 +25,8 @@ from sidecar.errors import QuotaExceeded, RateLimited
 # What a refused namespace is told to wait: a quota frees up when one of its
 # calls commits or a checkpoint shrinks, which a second is a fair guess for.
 QUOTA_RETRY_SECONDS = 1.0
-# Namespaces whose buckets are kept; the least recently seen beyond it is
-# forgotten, and comes back with a full bucket.
-MAX_TRACKED_NAMESPACES = 10_000
+# Callers whose buckets are kept (see `RateLimiter`).
+MAX_TRACKED_CALLERS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,27 +80,62 @@ def _exceeded(namespace: str, quota: str, limit: int) -> QuotaExceeded:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Whom a request is charged to: a namespace, or a token by its name.
+
+    Neither (the default): requests that name no valid namespace, which
+    share one bucket so that made-up names cannot each get one.
+    """
+
+    namespace: str = ""
+    token: str = ""
+
+    def describe(self) -> dict[str, str]:
+        """The ErrorInfo metadata that names the caller."""
+        if self.token:
+            return {"token": self.token}
+        if self.namespace:
+            return {"namespace": self.namespace}
+        return {}
+
+    def __str__(self) -> str:
+        if self.token:
+            return f"token {self.token}"
+        if self.namespace:
+            return f"namespace {self.namespace}"
+        return "requests naming no valid namespace"
+
+
 @dataclass(slots=True)
 class _Bucket:
     tokens: float
     at: float
 
+    def refill(self, now: float, rate: float, capacity: float) -> None:
+        # A clock that went back (it should not) adds nothing.
+        if now > self.at:
+            self.tokens = min(capacity, self.tokens + (now - self.at) * rate)
+            self.at = now
+
 
 class RateLimiter:
-    """A token bucket per namespace: `rate` requests per second sustained,
+    """A token bucket per caller: `rate` requests per second sustained,
     `burst` at once.
 
-    A namespace seen for the first time (or again after being forgotten) gets
-    a full bucket. `burst` 0 means one second's worth of requests (at least
-    one), so a rate alone is a usable setting. `rate` 0 is unlimited. Memory
-    is bounded: at most `max_namespaces` buckets are kept, the least recently
-    used one is forgotten first. Safe to call from several threads.
+    A caller seen for the first time gets a full bucket. `burst` 0 means one
+    second's worth of requests (at least one), so a rate alone is a usable
+    setting. `rate` 0 is unlimited. Memory is bounded without letting anyone
+    escape the limit: at most `max_callers` buckets are kept, and a bucket is
+    forgotten only once it has refilled (then it is the same as a new one).
+    While every kept bucket still counts something, callers without a bucket
+    share one overflow bucket. Safe to call from several threads.
 
     Args:
         rate: tokens added per second.
         burst: the bucket's size.
         clock: seconds of a clock that never goes back (`time.monotonic`).
-        max_namespaces: how many buckets are kept.
+        max_callers: how many buckets are kept.
     """
 
     def __init__(
@@ -110,17 +144,18 @@ class RateLimiter:
         burst: int,
         clock: Callable[[], float],
         *,
-        max_namespaces: int = MAX_TRACKED_NAMESPACES,
+        max_callers: int = MAX_TRACKED_CALLERS,
     ) -> None:
         if rate < 0 or burst < 0:
             raise ValueError("rate and burst must not be negative")
-        if max_namespaces < 1:
-            raise ValueError("max_namespaces: must be at least 1")
+        if max_callers < 1:
+            raise ValueError("max_callers: must be at least 1")
         self.rate = rate
         self.capacity = float(burst if burst > 0 else max(1, math.ceil(rate)))
         self._clock = clock
-        self._max = max_namespaces
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._max = max_callers
+        self._buckets: OrderedDict[Caller, _Bucket] = OrderedDict()
+        self._overflow = _Bucket(self.capacity, clock())
         self._lock = threading.Lock()
 
     @classmethod
@@ -130,11 +165,11 @@ class RateLimiter:
 
     @property
     def tracked(self) -> int:
-        """How many namespaces have a bucket now."""
+        """How many callers have a bucket of their own now."""
         return len(self._buckets)
 
-    def admit(self, namespace: str) -> None:
-        """Takes one token of `namespace`'s bucket.
+    def admit(self, caller: Caller) -> None:
+        """Takes one token of `caller`'s bucket.
 
         Raises:
             RateLimited: the bucket is empty; `retry_delay` is the time until
@@ -144,23 +179,29 @@ class RateLimiter:
             return
         with self._lock:
             now = self._clock()
-            bucket = self._buckets.pop(namespace, None)
-            if bucket is None:
-                bucket = _Bucket(self.capacity, now)
-                if len(self._buckets) >= self._max:
-                    self._buckets.popitem(last=False)
-            elif now > bucket.at:
-                # A clock that went back (it should not) adds nothing.
-                refill = (now - bucket.at) * self.rate
-                bucket.tokens = min(self.capacity, bucket.tokens + refill)
-                bucket.at = now
-            self._buckets[namespace] = bucket
+            bucket = self._bucket(caller, now)
+            bucket.refill(now, self.rate, self.capacity)
             if bucket.tokens >= 1.0:
                 bucket.tokens -= 1.0
                 return
             missing = 1.0 - bucket.tokens
         raise RateLimited(
-            f"namespace {namespace} is over its rate of {self.rate:g} requests/s",
-            {"limit": f"{self.rate:g}", "namespace": namespace},
+            f"{caller} is over its rate of {self.rate:g} requests/s",
+            {"limit": f"{self.rate:g}", **caller.describe()},
             retry_delay=missing / self.rate,
         )
+
+    def _bucket(self, caller: Caller, now: float) -> _Bucket:
+        bucket = self._buckets.get(caller)
+        if bucket is not None:
+            self._buckets.move_to_end(caller)
+            return bucket
+        if len(self._buckets) >= self._max:
+            oldest_caller, oldest = next(iter(self._buckets.items()))
+            oldest.refill(now, self.rate, self.capacity)
+            if oldest.tokens < self.capacity:
+                # Forgetting it would hand its caller a full bucket again.
+                return self._overflow
+            del self._buckets[oldest_caller]
+        bucket = self._buckets[caller] = _Bucket(self.capacity, now)
+        return bucket

@@ -78,6 +78,8 @@ class Checkpoints:
             v.add("compares", f"must hold at most {limit} compares")
         if not 1 <= len(req.ops) <= limit:
             v.add("ops", f"must hold 1..{limit} ops")
+        if len(req.compares) > limit or len(req.ops) > limit:
+            v.require()  # before reading each of too many
         compares = [
             convert.compare(v, c, self._limits, f"compares[{i}]")
             for i, c in enumerate(req.compares)

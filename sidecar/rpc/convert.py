@@ -198,6 +198,9 @@ def optional_revision(msg: pb.StartToolRequest | pb.CommitToolRequest) -> int | 
 
 
 def states(v: Violations, values: list[int], field: str = "states") -> frozenset[State]:
+    if len(values) > len(STATES):
+        v.add(field, f"must hold at most {len(STATES)} states, got {len(values)}")
+        return frozenset()
     for i, value in enumerate(values):
         if value not in STATES:
             v.add(f"{field}[{i}]", f"unknown call state {value}")
@@ -243,6 +246,26 @@ def txn_op(v: Violations, msg: cpb.TxnOp, limits: Limits, field: str) -> Op:
         )
     v.add(field, "must set put or delete")
     return Op("", None)
+
+
+# A google.protobuf.Timestamp's range: 0001-01-01T00:00:00Z to
+# 9999-12-31T23:59:59.999999999Z, nanos 0..999 999 999 (timestamp.proto).
+TIMESTAMP_SECONDS = (-62_135_596_800, 253_402_300_799)
+MAX_NANOS = 999_999_999
+
+
+def timestamp_ns(v: Violations, field: str, ts: timestamp_pb2.Timestamp) -> int:
+    """A request's Timestamp as nanoseconds since the epoch; one outside the
+    range timestamp.proto defines (negative nanos, years outside 1..9999) is
+    a field violation, answered 0."""
+    low, high = TIMESTAMP_SECONDS
+    if not low <= ts.seconds <= high:
+        v.add(field, "must be between 0001-01-01 and 9999-12-31 (seconds out of range)")
+        return 0
+    if not 0 <= ts.nanos <= MAX_NANOS:
+        v.add(field, f"nanos must be between 0 and {MAX_NANOS}, got {ts.nanos}")
+        return 0
+    return ts.seconds * 1_000_000_000 + ts.nanos
 
 
 # -- answers ---------------------------------------------------------------

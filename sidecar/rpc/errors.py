@@ -54,6 +54,12 @@ CODES: dict[type[EffectdError], grpc.StatusCode] = {
     Throttled: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
+# The status details travel in a trailer, which clients refuse past 8-16 KiB
+# (gRPC's metadata limits): a BadRequest names at most this many fields, the
+# first ones found (ErrorInfo metadata `omittedViolations` counts the rest).
+MAX_VIOLATIONS = 32
+MAX_DESCRIPTION = 200
+
 # gRFC A6 pushback: the sidecar has retried already; clients must not stack theirs.
 NO_PUSHBACK = ("grpc-retry-pushback-ms", "-1")
 
@@ -74,19 +80,22 @@ def _pack(message: Message) -> any_pb2.Any:
 def to_status(error: EffectdError) -> grpc.Status:
     """The rich gRPC status for a domain error."""
     code = code_of(error)
+    metadata = dict(error.metadata)
+    if isinstance(error, InvalidArgument) and len(error.violations) > MAX_VIOLATIONS:
+        metadata["omittedViolations"] = str(len(error.violations) - MAX_VIOLATIONS)
     details = [
         _pack(
             error_details_pb2.ErrorInfo(
-                reason=error.reason, domain=DOMAIN, metadata=error.metadata
+                reason=error.reason, domain=DOMAIN, metadata=metadata
             )
         )
     ]
     if isinstance(error, InvalidArgument):
         violations = [
             error_details_pb2.BadRequest.FieldViolation(
-                field=v.field, description=v.description
+                field=v.field, description=v.description[:MAX_DESCRIPTION]
             )
-            for v in error.violations
+            for v in error.violations[:MAX_VIOLATIONS]
         ]
         details.append(_pack(error_details_pb2.BadRequest(field_violations=violations)))
     retry_delay = (

@@ -3,10 +3,11 @@
 In order, before any handler runs (and before the request is parsed):
 authenticate the bearer token, authorize the method for the token's roles
 (default deny: a method without a rule is refused to everyone). Then around
-the handler: admit the namespace through its rate limit, give a call that
-brought no deadline the default one, and record the outcome (metrics, a span
-with OpenTelemetry on, one access log line). Health is open: probes carry no
-credentials, and it tells only whether the daemon serves.
+the handler: charge the caller (`charged`) to its rate limit and take one of
+its concurrency slots (`sidecar.rpc.concurrency`), give a call that brought
+no deadline the default one, and record the outcome however the call ended
+(metrics, a span with OpenTelemetry on, one access log line). Health is open:
+probes carry no credentials, and it tells only whether the daemon serves.
 
 The caller's identity reaches the handlers through `CURRENT`, a ContextVar
 set by the wrapper the interceptor puts around each handler (it runs in the
@@ -17,6 +18,8 @@ the credential and never from the request body (`namespace` below).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from sidecar.auth.access import (
     OPEN_METHODS,
@@ -33,22 +37,40 @@ from sidecar.auth.access import (
     authorize,
     bearer_token,
 )
-from sidecar.errors import EffectdError, NotFound
-from sidecar.ledger.model import DEFAULT_NAMESPACE
+from sidecar.errors import EffectdError, FieldViolation, InvalidArgument, NotFound
+from sidecar.ledger.quota import Caller
 from sidecar.ledger.validation import Violations
 from sidecar.observability import trace
+from sidecar.rpc.concurrency import Pool, Slots
 from sidecar.rpc.errors import to_status
 
 access_log = logging.getLogger("effectd.access")
 
 Context = grpc.aio.ServicerContext[Any, Any]
-# A rate-limit key longer than any valid namespace comes from a request that
-# will be refused anyway; it is cut so it cannot grow the limiter's memory.
-_MAX_KEY = 64
+# The RPCs that record work already done: the tool has run (or may have), and
+# its result must always be recordable, so no rate limit refuses them and they
+# have concurrency slots of their own.
+RECORDS_WORK_DONE = frozenset(
+    {
+        "/effectd.v1.ToolLedger/CommitTool",
+        "/effectd.v1.ToolLedger/ReportUnknown",
+        "/effectd.v1.ToolLedger/Heartbeat",
+        "/effectd.v1.Recovery/AcknowledgeRecovery",
+    }
+)
+
+
+# The concurrency pool of each RPC that does not take an ordinary slot; None:
+# never counted (health checks are answered whatever the load).
+_POOLS: dict[str, Pool | None] = {
+    **dict.fromkeys(RECORDS_WORK_DONE, Pool.RECORDING),
+    "/grpc.health.v1.Health/Watch": Pool.HEALTH_WATCH,
+    "/grpc.health.v1.Health/Check": None,
+}
 
 
 class Admission(Protocol):
-    def admit(self, namespace: str) -> None: ...
+    def admit(self, caller: Caller) -> None: ...
 
 
 class RpcObserver(Protocol):
@@ -176,6 +198,35 @@ def _requested_namespace(request: object) -> str:
     return ""
 
 
+def charged(principal: Principal | None, requested: str) -> Caller:
+    """Whom a call is charged to. With authentication, its caller: the
+    namespace of a token bound to one, else the token itself; never a
+    namespace the request names, which may be one the token is refused
+    (several namespaces or made-up ones must not widen a token's limit).
+    Without it, the namespace the request names once it is valid (empty:
+    the default one); requests naming an invalid one share one bucket."""
+    if principal is not None:
+        if len(principal.namespaces) == 1 and not principal.every_namespace:
+            return Caller(namespace=next(iter(principal.namespaces)))
+        return Caller(token=principal.name)
+    return Caller(namespace=_acting_in(None, requested))
+
+
+def _acting_in(principal: Principal | None, requested: str) -> str:
+    """The valid namespace the call acts in, for the record; "" when none
+    (the handler refuses it)."""
+    v = Violations()
+    named = v.namespace("namespace", requested)
+    if v.items:
+        return ""
+    if principal is None:
+        return named
+    try:
+        return principal.namespace(requested) or ""
+    except NotFound:
+        return ""
+
+
 class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(
         self,
@@ -185,9 +236,11 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         observer: RpcObserver | None = None,
         tracer: RpcTracer | None = None,
         default_deadline: float | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self._credentials = credentials
         self._admission = admission
+        self._slots = slots
         self._observer = observer
         self._tracer = tracer
         self._default_deadline = default_deadline
@@ -223,10 +276,9 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             inner = handler.unary_unary
 
             async def unary(request: Any, context: Context) -> Any:
-                state, tokens = self._enter(method, principal, metadata)
-                started = time.perf_counter()
-                try:
-                    await self._admit(state, request, context)
+                async with self._served(
+                    method, principal, metadata, request, context
+                ) as state:
                     if context.time_remaining() is None and self._default_deadline:
                         state.deadline = (
                             asyncio.get_running_loop().time() + self._default_deadline
@@ -239,83 +291,97 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                             grpc.StatusCode.DEADLINE_EXCEEDED,
                             "the default deadline of a call without one passed",
                         )
-                finally:
-                    self._leave(state, tokens, context, started, metadata)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_parsing(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                state, tokens = self._enter(method, principal, metadata)
-                started = time.perf_counter()
-                try:
-                    await self._admit(state, request, context)
-                    async for item in inner_stream(request, context):
-                        yield item
-                finally:
-                    self._leave(state, tokens, context, started, metadata)
+            # A coroutine that writes, not an async generator: gRPC runs it
+            # in the call's own task, so a stream cut by its deadline ends
+            # here (CancelledError) in the context that set `CURRENT`. An
+            # async generator cut off is finalized later in a task of its
+            # own, whose context cannot reset the variables, and the call
+            # went unrecorded.
+            async def stream(request: Any, context: Context) -> None:
+                async with self._served(method, principal, metadata, request, context):
+                    await _serve_stream(inner_stream, request, context)
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_parsing(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         # Streaming requests (server reflection): authenticated above; served
         # as they are.
         return handler
 
-    def _enter(
+    @contextlib.asynccontextmanager
+    async def _served(
         self,
         method: str,
         principal: Principal | None,
         metadata: tuple[tuple[str, str | bytes], ...],
-    ) -> tuple[CallState, tuple[Any, Any]]:
+        request: object,
+        context: Context,
+    ) -> AsyncIterator[CallState]:
+        """Admits the call (`_admit`) and gives its state, visible to its
+        handler through `CURRENT`; at the end, however the call ended, its
+        slot is given back and its outcome recorded."""
         state = CallState(method, principal, trace=trace.from_metadata(metadata))
         if self._tracer is not None:
             state.trace = self._tracer.rpc_started(state)
-        return state, (CURRENT.set(state), trace.CURRENT.set(state.trace))
+        tokens = CURRENT.set(state), trace.CURRENT.set(state.trace)
+        started = time.perf_counter()
+        ended: BaseException | None = None
+        release: Callable[[], None] | None = None
+        try:
+            release = await self._admit(state, request, context)
+            yield state
+        except BaseException as exc:
+            ended = exc
+            raise
+        finally:
+            if release is not None:
+                release()
+            CURRENT.reset(tokens[0])
+            trace.CURRENT.reset(tokens[1])
+            code = _code_of(context, ended)
+            self._record(state, code, time.perf_counter() - started, metadata)
 
-    async def _admit(self, state: CallState, request: object, context: Context) -> None:
-        """Charges the call to its namespace's rate limit; over it, the call
-        is refused (RATE_LIMITED) before its handler runs."""
+    async def _admit(
+        self, state: CallState, request: object, context: Context
+    ) -> Callable[[], None] | None:
+        """Charges the call to its caller's rate limit and takes its slot
+        (`sidecar.rpc.concurrency`); over either, the call is refused before
+        its handler runs. Returns what gives the slot back. Health is never
+        rate-limited, nor is a call that records work already done
+        (`RECORDS_WORK_DONE`)."""
         requested = _requested_namespace(request)
+        state.namespace = _acting_in(state.principal, requested)
+        caller = charged(state.principal, requested)
+        release: Callable[[], None] | None = None
         try:
-            resolved = (
-                state.principal.namespace(requested)
-                if state.principal is not None
-                else requested or DEFAULT_NAMESPACE
-            )
-        except NotFound:
-            # The handler answers NOT_FOUND; charge the namespace the
-            # credential acts for.
-            resolved = None
-        state.namespace = (resolved or requested)[:_MAX_KEY]
-        if self._admission is None:
-            return
-        try:
-            self._admission.admit(state.namespace)
+            if isinstance(request, Unparsed):
+                raise InvalidArgument([FieldViolation("", str(request))])
+            pool = _POOLS.get(state.method, Pool.ORDINARY)
+            if self._slots is not None and pool is not None:
+                release = self._slots.take(pool, caller)
+            exempt = state.method in RECORDS_WORK_DONE or state.method in OPEN_METHODS
+            if self._admission is not None and not exempt:
+                # After the slot: a call refused for concurrency takes no token.
+                self._admission.admit(caller)
         except EffectdError as exc:
+            if release is not None:
+                release()
             state.reason = exc.reason
             status = to_status(exc)
             await context.abort(status.code, status.details, status.trailing_metadata)
-
-    def _leave(
-        self,
-        state: CallState,
-        tokens: tuple[Any, Any],
-        context: Context,
-        started: float,
-        metadata: tuple[tuple[str, str | bytes], ...],
-    ) -> None:
-        CURRENT.reset(tokens[0])
-        trace.CURRENT.reset(tokens[1])
-        code = _code_of(context)
-        self._record(state, code, time.perf_counter() - started, metadata)
+            raise AssertionError("abort returns only by raising") from exc
+        return release
 
     def _finished(
         self,
@@ -366,7 +432,52 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         )
 
 
-def _code_of(context: Context) -> grpc.StatusCode:
+@dataclass(frozen=True, slots=True)
+class Unparsed:
+    """Stands in for a request that did not parse (the gate refuses it
+    INVALID_ARGUMENT before any handler runs)."""
+
+    error: str
+
+    def __str__(self) -> str:
+        return f"is not a valid request: {self.error}"
+
+
+def _parsing(
+    deserializer: Callable[[bytes], Any] | None,
+) -> Callable[[bytes], Any] | None:
+    """The handler's deserializer, answering `Unparsed` where gRPC's own
+    would fail the call (UNKNOWN): a servicer not registered through
+    `sidecar.rpc.handlers` (health) gets bad bytes refused like the rest."""
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return Unparsed(str(exc))
+
+    return parse
+
+
+async def _serve_stream(handler: Any, request: Any, context: Context) -> None:
+    """Runs a server-streaming handler of either kind gRPC accepts: an async
+    generator (its items are written, and it is closed here, in this task,
+    however the call ends) or a coroutine that writes itself (health Watch)."""
+    if not inspect.isasyncgenfunction(handler):
+        await handler(request, context)
+        return
+    async with contextlib.aclosing(handler(request, context)) as items:
+        async for item in items:
+            await context.write(item)
+
+
+def _code_of(context: Context, ended: BaseException | None) -> grpc.StatusCode:
+    """The status the call ended with: the one it was aborted with or set;
+    else what ended it, as gRPC answers it (cut off after its deadline:
+    DEADLINE_EXCEEDED, before it: CANCELLED, any other exception: UNKNOWN);
+    else OK."""
     code: object = context.code()
     if isinstance(code, grpc.StatusCode):
         return code
@@ -374,7 +485,15 @@ def _code_of(context: Context) -> grpc.StatusCode:
         for candidate in grpc.StatusCode:
             if candidate.value[0] == code:
                 return candidate
-    return grpc.StatusCode.OK
+    if ended is None or isinstance(ended, grpc.aio.AbortError):
+        return grpc.StatusCode.OK
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    # A failed write (grpc.aio.InternalError): the client had gone.
+    if isinstance(ended, asyncio.CancelledError | grpc.aio.InternalError):
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN
 
 
 def _deny(handler: Any, exc: EffectdError) -> Any:

@@ -39,6 +39,7 @@ class ToolLedger:
                 "calls",
                 f"must hold 1..{self._limits.max_batch} calls, got {len(req.calls)}",
             )
+            v.require()  # before reading each of too many
         specs = [
             convert.prepare_spec(v, c, self._limits, f"calls[{i}]")
             for i, c in enumerate(req.calls)

@@ -62,6 +62,7 @@ class Recovery:
         count, most = len(req.call_ids), self._limits.max_batch
         if not 1 <= count <= most:
             v.add("call_ids", f"must hold 1..{most} call ids, got {count}")
+            v.require()  # before reading each of too many
         seen: dict[str, int] = {}
         for i, call_id in enumerate(req.call_ids):
             v.text_id(f"call_ids[{i}]", call_id, self._limits.max_id_bytes)

@@ -66,7 +66,7 @@ def question(
     v.text("error.message", req.error.message, limits.max_text_bytes)
     deadline = None
     if req.HasField("deadline"):
-        deadline = req.deadline.ToNanoseconds()
+        deadline = convert.timestamp_ns(v, "deadline", req.deadline)
     return retry.RetryQuestion(
         facts=facts,
         context=CONTEXTS.get(req.context, retry.RetryContext.TOOL),

@@ -5,7 +5,8 @@ gRPC asks for the certificate configuration at every new handshake
 them changed, so a rotated certificate (cert-manager, a renewed key pair)
 serves new connections while established ones continue. A rotation that
 leaves unreadable or mismatched files keeps the configuration in force and
-says so in the log.
+says so in the log, and so does a certificate that has expired or is not
+valid yet (at start and at each reload).
 
 With a client CA configured, client certificates are required: a
 `root_certificates` without `require_client_authentication=True` would
@@ -14,6 +15,7 @@ accept clients with none (measured: reliability-anchors §4.3).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import ssl
 import threading
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from cryptography import x509
 
+from sidecar.clock import Clock, SystemClock
 from sidecar.config import ConfigError, ServeConfig
 
 log = logging.getLogger(__name__)
@@ -43,10 +47,12 @@ class TlsFiles:
             stamps.append((st.st_mtime_ns, st.st_size, st.st_ino))
         return tuple(stamps)
 
-    def configuration(self) -> Any:
+    def configuration(self, now_ns: int | None = None) -> Any:
         """The files as gRPC's configuration; refuses a key that does not
         belong to the certificate (gRPC would accept it and fail every
-        handshake)."""
+        handshake). With `now_ns` (wall-clock nanoseconds), a certificate
+        that has expired or is not valid yet is logged: it is served anyway
+        (a clock can be wrong), but clients will refuse it."""
         cert = self.cert.read_bytes()
         key = self.key.read_bytes()
         ca = self.client_ca.read_bytes() if self.client_ca else None
@@ -60,8 +66,34 @@ class TlsFiles:
             raise MismatchedFiles(
                 exc.reason or "not a certificate and its key"
             ) from None
+        if now_ns is not None:
+            warn_outside_validity(self.cert, cert, now_ns)
         return grpc.ssl_server_certificate_configuration(
             [(key, cert)], root_certificates=ca
+        )
+
+
+def warn_outside_validity(path: Path, pem: bytes, now_ns: int) -> None:
+    """Logs a warning when the chain's first certificate (the server's) is
+    expired or not valid yet at `now_ns`."""
+    try:
+        leaf = x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        return  # ssl has accepted it; nothing more to say here
+    now = datetime.datetime.fromtimestamp(now_ns / 1e9, datetime.UTC)
+    if now > leaf.not_valid_after_utc:
+        log.warning(
+            "the TLS certificate %s expired at %s: clients will refuse it; "
+            "replace it (it is read again at the next handshake)",
+            path,
+            leaf.not_valid_after_utc.isoformat(),
+        )
+    elif now < leaf.not_valid_before_utc:
+        log.warning(
+            "the TLS certificate %s is not valid before %s: clients will "
+            "refuse it until then; check it and this machine's clock",
+            path,
+            leaf.not_valid_before_utc.isoformat(),
         )
 
 
@@ -73,11 +105,12 @@ class CertificateReloader:
     """The fetcher gRPC calls before each handshake: a new configuration
     when the files changed since the last one, else None (keep it)."""
 
-    def __init__(self, files: TlsFiles) -> None:
+    def __init__(self, files: TlsFiles, clock: Clock | None = None) -> None:
         self._files = files
+        self._clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._stamp = files.stamp()
-        self.initial = files.configuration()
+        self.initial = files.configuration(self._clock.wall_ns())
         self.reloads = 0
 
     def __call__(self) -> Any:
@@ -86,7 +119,7 @@ class CertificateReloader:
                 stamp = self._files.stamp()
                 if stamp == self._stamp:
                     return None
-                config = self._files.configuration()
+                config = self._files.configuration(self._clock.wall_ns())
             except OSError as exc:
                 log.error(
                     "TLS files unreadable (%s); the certificate in force stays",
@@ -104,12 +137,14 @@ class CertificateReloader:
             return config
 
 
-def server_credentials(cfg: ServeConfig) -> grpc.ServerCredentials:
+def server_credentials(
+    cfg: ServeConfig, clock: Clock | None = None
+) -> grpc.ServerCredentials:
     if cfg.tls_cert is None or cfg.tls_key is None:
         raise ConfigError("tls-cert: TLS needs tls-cert and tls-key")
     files = TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     try:
-        reloader = CertificateReloader(files)
+        reloader = CertificateReloader(files, clock)
     except OSError as exc:
         raise ConfigError(
             f"tls-cert: cannot read {exc.filename}: {exc.strerror}"

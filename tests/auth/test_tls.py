@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 
+from sidecar.clock import ManualClock
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.rpc import tls
 from sidecar.testing import running_daemon
@@ -214,3 +216,65 @@ def test_a_daemon_does_not_start_with_a_key_of_another_certificate(
     )
     with pytest.raises(ConfigError, match="tls-cert and tls-key"):
         tls.server_credentials(config)
+
+
+DAY_NS = 86_400 * 10**9
+
+
+def _started_at(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture, offset_ns: int
+) -> list[str]:
+    """The warnings of a TLS daemon started on a clock `offset_ns` from now
+    (the test certificates are valid from an hour ago for a day)."""
+    caplog.set_level("WARNING", logger="sidecar.rpc.tls")
+    pki = make_pki(short_tmp / "pki")
+    clock = ManualClock(wall_ns=time.time_ns() + offset_ns)
+    with running_daemon(tls_config(short_tmp / "data", pki, mutual=False), clock):
+        pass
+    return [r.getMessage() for r in caplog.records if r.name == "sidecar.rpc.tls"]
+
+
+def test_an_expired_certificate_is_served_with_a_warning(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two days on, the certificate has expired: the daemon starts (a clock
+    may be wrong) but says so (issue 10 item 27: fails before the fix: it
+    started without a word)."""
+    [warning] = _started_at(short_tmp, caplog, 2 * DAY_NS)
+    assert "expired" in warning
+    assert str(short_tmp / "pki") in warning
+
+
+def test_a_certificate_not_valid_yet_is_served_with_a_warning(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    [warning] = _started_at(short_tmp, caplog, -DAY_NS)
+    assert "not valid before" in warning
+
+
+def test_a_valid_certificate_starts_without_a_warning(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Control: at the time the certificate was made, nothing is logged."""
+    assert _started_at(short_tmp, caplog, 0) == []
+
+
+def test_a_rotation_to_an_expired_certificate_is_logged(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The check runs again when the files are read again."""
+    old, new = make_pki(short_tmp / "old"), make_pki(short_tmp / "new")
+    live = short_tmp / "live"
+    live.mkdir()
+    shutil.copy(old.server.cert, live / "cert.pem")
+    shutil.copy(old.server.key, live / "key.pem")
+    clock = ManualClock(wall_ns=time.time_ns())
+    reloader = tls.CertificateReloader(
+        tls.TlsFiles(live / "cert.pem", live / "key.pem", None), clock
+    )
+    assert not caplog.records
+    clock.advance(2 * 86_400)
+    _swap(new.server.key, live / "key.pem")
+    _swap(new.server.cert, live / "cert.pem")
+    assert reloader() is not None
+    assert any("expired" in r.getMessage() for r in caplog.records)

@@ -81,6 +81,7 @@ EXPORTS = {
     "QuotaExceeded",
     "RateLimited",
     "ReconcileQuarantine",
+    "ConcurrencyLimited",
 }
 
 

@@ -1,6 +1,7 @@
 """The quota rules as a table, and the rate limiter on the manual clock: a
-bucket per namespace that refuses with the exact wait, forgets the least
-recently seen namespace first, and does nothing when the rate is 0."""
+bucket per caller that refuses with the exact wait, keeps its memory bounded
+without handing anyone a fresh bucket early, and does nothing when the rate
+is 0."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pytest
 from sidecar.clock import ManualClock
 from sidecar.config import Quotas
 from sidecar.errors import QuotaExceeded, RateLimited
-from sidecar.ledger.quota import QUOTA_RETRY_SECONDS, RateLimiter, Usage, refuse_growth
+from sidecar.ledger.quota import (
+    QUOTA_RETRY_SECONDS,
+    Caller,
+    RateLimiter,
+    Usage,
+    refuse_growth,
+)
 
 # -- the growth rule ----------------------------------------------------------
 
@@ -76,11 +83,12 @@ def limiter(
 
 
 def admitted(limit: RateLimiter, namespace: str, tries: int) -> int:
-    """How many of `tries` requests in a row (no time passing) are admitted."""
+    """How many of `tries` requests of a namespace in a row (no time
+    passing) are admitted."""
     count = 0
     for _ in range(tries):
         try:
-            limit.admit(namespace)
+            limit.admit(Caller(namespace=namespace))
         except RateLimited:
             continue
         count += 1
@@ -89,7 +97,7 @@ def admitted(limit: RateLimiter, namespace: str, tries: int) -> int:
 
 def refusal(limit: RateLimiter, namespace: str) -> RateLimited:
     with pytest.raises(RateLimited) as info:
-        limit.admit(namespace)
+        limit.admit(Caller(namespace=namespace))
     return info.value
 
 
@@ -160,25 +168,58 @@ def test_burst_zero_is_one_second_of_requests(
     assert admitted(limit, "a", 1000) == capacity
 
 
-def test_memory_is_bounded_least_recently_seen_first(clock: ManualClock) -> None:
-    """At most `max_namespaces` buckets are kept; the one seen longest ago is
-    forgotten (and comes back full), a recently seen one keeps its state."""
-    limit = limiter(clock, max_namespaces=3)
+def test_memory_is_bounded_and_only_refilled_buckets_are_forgotten(
+    clock: ManualClock,
+) -> None:
+    """At most `max_callers` buckets are kept. A new caller past the bound
+    takes the place of the least recently seen bucket only once that one
+    has refilled (forgetting it then changes nothing); until then new
+    callers share one overflow bucket."""
+    limit = limiter(clock, max_callers=3)
     for name in ("a", "b", "c"):
         admitted(limit, name, 2)
-    refusal(limit, "a")  # "a" is now the most recently seen
-    admitted(limit, "d", 1)
+    assert admitted(limit, "d", 3) == 2  # the overflow bucket
+    assert admitted(limit, "e", 1) == 0  # shares it
     assert limit.tracked == 3
-    assert admitted(limit, "a", 2) == 0  # kept, still empty
-    assert admitted(limit, "b", 2) == 2  # forgotten, back full
+    clock.advance(0.5)  # a, b and c refill; the overflow too
+    assert admitted(limit, "e", 3) == 2  # takes a's place
+    assert limit.tracked == 3
+    assert admitted(limit, "b", 3) == 2  # b kept its bucket, refilled
+    assert admitted(limit, "c", 3) == 2
 
 
-def test_many_namespaces_never_grow_past_the_bound(clock: ManualClock) -> None:
-    """A flood of distinct namespaces keeps the default bound of 10 000."""
+def test_a_flood_of_new_callers_neither_grows_the_table_nor_refills_a_bucket(
+    clock: ManualClock,
+) -> None:
+    """A namespace that drained its bucket stays refused however many other
+    names are used meanwhile, and the table keeps its bound of 10 000 (issue
+    10 item 23: fails before the fix: the least recently seen bucket was
+    forgotten whatever it held, so 10 000 made-up names gave the drained
+    namespace a full bucket again)."""
     limit = limiter(clock)
+    admitted(limit, "drained", 2)
     for i in range(10_050):
-        limit.admit(f"ns-{i}")
+        admitted(limit, f"ns-{i}", 1)
     assert limit.tracked == 10_000
+    assert admitted(limit, "drained", 2) == 0
+
+
+def test_callers_are_namespaces_tokens_or_neither(clock: ManualClock) -> None:
+    """A token and a namespace of the same name are different callers; the
+    refusal names the caller it charged."""
+    limit = limiter(clock)
+    token, namespace, nobody = Caller(token="x"), Caller(namespace="x"), Caller()
+    for caller in (token, namespace, nobody):
+        limit.admit(caller)
+        limit.admit(caller)
+    for caller, named in (
+        (token, {"token": "x"}),
+        (namespace, {"namespace": "x"}),
+        (nobody, {}),
+    ):
+        with pytest.raises(RateLimited) as info:
+            limit.admit(caller)
+        assert info.value.metadata == {"limit": "4", **named}
 
 
 def test_a_clock_going_back_adds_no_tokens() -> None:
@@ -202,11 +243,11 @@ def test_of_reads_the_configured_quotas(clock: ManualClock) -> None:
 
 
 @pytest.mark.parametrize(
-    ("rate", "burst", "max_namespaces"), [(-1, 0, 1), (1, -1, 1), (1, 1, 0)]
+    ("rate", "burst", "max_callers"), [(-1, 0, 1), (1, -1, 1), (1, 1, 0)]
 )
 def test_nonsense_settings_are_refused(
-    rate: float, burst: int, max_namespaces: int
+    rate: float, burst: int, max_callers: int
 ) -> None:
     """Negative rates or bursts and an empty bound are programming errors."""
     with pytest.raises(ValueError, match="must"):
-        RateLimiter(rate, burst, lambda: 0.0, max_namespaces=max_namespaces)
+        RateLimiter(rate, burst, lambda: 0.0, max_callers=max_callers)

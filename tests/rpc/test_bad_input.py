@@ -19,6 +19,8 @@ import grpc
 import pytest
 from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import retry_pb2 as rpb
+from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 
 from sidecar.clock import ManualClock
@@ -675,6 +677,68 @@ def test_malformed_request_is_invalid_argument(wire: grpc.Channel, bad: Case) ->
     assert_serving(wire)
 
 
+INT64 = (-(1 << 63), (1 << 63) - 1)
+UNKNOWN_STATE = pb.CALL_STATE_UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [
+        pytest.param(0, -1, id="negative-nanos"),
+        pytest.param(0, 1_000_000_000, id="nanos-a-second"),
+        pytest.param(-62_135_596_801, 0, id="before-year-1"),
+        pytest.param(253_402_300_800, 0, id="after-year-9999"),
+        pytest.param(INT64[0], 0, id="int64-min"),
+        pytest.param(INT64[1], (1 << 31) - 1, id="int64-max"),
+    ],
+)
+def test_an_out_of_range_retry_deadline_is_invalid_argument(
+    wire: grpc.Channel, seconds: int, nanos: int
+) -> None:
+    """DecideRetry with a deadline Timestamp outside timestamp.proto's range
+    answers INVALID_REQUEST naming `deadline` (issue 10 item 22: fails before
+    the fix: the conversion raised ValueError and the answer was INTERNAL)."""
+    request = rpb.DecideRetryRequest(
+        facts=rpb.RetryFacts(effect=pb.EFFECT_READ, state=pb.CALL_STATE_UNKNOWN),
+        context=rpb.RETRY_CONTEXT_TOOL,
+        deadline=timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos),
+    )
+    call = wire.unary_unary(
+        "/effectd.v1.RetryPolicy/DecideRetry",
+        request_serializer=None,
+        response_deserializer=None,
+    )
+    got = refused(lambda: call(request.SerializeToString(), timeout=10))
+    assert (got.code, got.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+    )
+    assert got.fields == ("deadline",)
+    assert_serving(wire)
+
+
+def test_the_edges_of_the_timestamp_range_are_accepted(wire: grpc.Channel) -> None:
+    """Year 1 and the last nanosecond of year 9999 are valid deadlines (one
+    long past: the retry is denied, not refused)."""
+    call = wire.unary_unary(
+        "/effectd.v1.RetryPolicy/DecideRetry",
+        request_serializer=None,
+        response_deserializer=None,
+    )
+    for seconds, nanos in ((-62_135_596_800, 0), (253_402_300_799, 999_999_999)):
+        request = rpb.DecideRetryRequest(
+            facts=rpb.RetryFacts(effect=pb.EFFECT_READ, state=pb.CALL_STATE_UNKNOWN),
+            context=rpb.RETRY_CONTEXT_TOOL,
+            error=rpb.AttemptError(kind=rpb.FAILURE_KIND_TIMEOUT),
+            attempts_used=1,
+            deadline=timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos),
+        )
+        answer = rpb.DecideRetryResponse.FromString(
+            call(request.SerializeToString(), timeout=10)
+        )
+        assert answer.allow is (seconds > 0)
+
+
 def edge(call_id: str, **changes: object) -> pb.PrepareToolRequest:
     """A valid prepare of its own call in run `edge`, with `changes`."""
     return prepare(**{"run_id": "edge", "call_id": call_id, **changes})
@@ -731,6 +795,54 @@ def test_largest_batch_and_txn_are_accepted(wire: grpc.Channel) -> None:
         send(wire, "Txn", request.SerializeToString())
     ).revision
     assert revision > 0
+
+
+def test_many_bad_fields_are_named_in_a_bounded_answer(wire: grpc.Channel) -> None:
+    """256 empty calls (over a thousand violations) answer INVALID_REQUEST
+    with the first 32 violations and the count of the rest, small enough for
+    a client to read (fails before the fix: the BadRequest of every
+    violation passed gRPC's metadata limit, and the client saw
+    RESOURCE_EXHAUSTED without any ErrorInfo)."""
+    request = batch(*[pb.PrepareToolRequest() for _ in range(256)])
+    got = refused(lambda: send(wire, "PrepareTools", request.SerializeToString()))
+    assert (got.code, got.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+    )
+    assert got.fields is not None
+    assert len(got.fields) == 32
+    assert int(got.metadata["omittedViolations"]) > 900
+
+
+@pytest.mark.parametrize(
+    ("method", "request_", "field"),
+    [
+        ("PrepareTools", batch(*[pb.PrepareToolRequest()] * 10_001), "calls"),
+        ("Txn", txn([], [cpb.TxnOp()] * 10_001), "ops"),
+        (
+            "ListToolCalls",
+            pb.ListToolCallsRequest(run_id="r", states=[UNKNOWN_STATE] * 10_001),
+            "states",
+        ),
+    ],
+    ids=["calls", "ops", "states"],
+)
+def test_an_over_long_list_is_refused_before_its_elements_are_read(
+    wire: grpc.Channel, method: str, request_: Message, field: str
+) -> None:
+    """A list past its limit is refused for its length alone: the answer
+    names the list, not each of its elements (fails before the fix: each
+    element was read; the violations of ten thousand overflowed the trailer,
+    300 000 held the event loop for half a minute, and ten thousand valid
+    states were accepted)."""
+    got = refused(lambda: send(wire, method, request_.SerializeToString()))
+    assert (got.code, got.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+    )
+    assert got.fields is not None
+    assert field in got.fields
+    assert not [f for f in got.fields if f.startswith(field + "[")]
 
 
 def test_message_over_transport_limit_is_resource_exhausted(wire: grpc.Channel) -> None:

@@ -35,6 +35,7 @@ from effectd_client._exceptions import ApprovalPending as ApprovalPending
 from effectd_client._exceptions import AttemptsExhausted as AttemptsExhausted
 from effectd_client._exceptions import CallInProgress as CallInProgress
 from effectd_client._exceptions import CallRejected as CallRejected
+from effectd_client._exceptions import ConcurrencyLimited as ConcurrencyLimited
 from effectd_client._exceptions import DeadlineExceeded as DeadlineExceeded
 from effectd_client._exceptions import InputMismatch as InputMismatch
 from effectd_client._exceptions import InvalidRequest as InvalidRequest
@@ -119,6 +120,7 @@ __all__ = [
     "Channel",
     "Checkpoint",
     "Client",
+    "ConcurrencyLimited",
     "Connection",
     "DeadlineExceeded",
     "Decision",

@@ -235,6 +235,13 @@ class ReconcileQuarantine(EffectdError):
     REASON: ClassVar[str] = "RECONCILE_QUARANTINE"
 
 
+class ConcurrencyLimited(EffectdError):
+    """The caller already has as many calls in flight as it may (or the
+    daemon as many as it serves); try again when one has ended."""
+
+    REASON: ClassVar[str] = "CONCURRENCY_LIMITED"
+
+
 REASON_CLASSES: dict[str, type[EffectdError]] = {
     cls.REASON: cls
     for cls in (
@@ -271,6 +278,7 @@ REASON_CLASSES: dict[str, type[EffectdError]] = {
         QuotaExceeded,
         RateLimited,
         ReconcileQuarantine,
+        ConcurrencyLimited,
     )
 }
 

@@ -32,7 +32,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_UNSPECIFIED: _ErrorReason.ValueType  # 0
     INVALID_REQUEST: _ErrorReason.ValueType  # 1
     """INVALID_ARGUMENT. The request is malformed; `google.rpc.BadRequest`
-    lists every field violation.
+    lists the field violations, at most the first 32 (the ErrorInfo
+    metadata `omittedViolations` then counts the others). A list longer
+    than its limit is refused for its length alone.
     """
     INPUT_MISMATCH: _ErrorReason.ValueType  # 2
     """FAILED_PRECONDITION. A tool call was prepared again with an input whose
@@ -171,6 +173,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     is left (`remainingMs`, `quarantineMs`) and which attempt may be
     confirmed dead (`attempt`) to record it now; nothing changed.
     """
+    CONCURRENCY_LIMITED: _ErrorReason.ValueType  # 60
+    """RESOURCE_EXHAUSTED. The caller (its namespace, or its token) already has
+    as many calls in flight as one caller may, or the daemon as many as it
+    serves at once; nothing was done. Try again when a call has ended. Calls
+    that record work already done (CommitTool, ReportUnknown, Heartbeat,
+    AcknowledgeRecovery) have room of their own.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The reason string of `google.rpc.ErrorInfo` is the value name. The values
@@ -181,7 +190,9 @@ class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
 ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
 INVALID_REQUEST: ErrorReason.ValueType  # 1
 """INVALID_ARGUMENT. The request is malformed; `google.rpc.BadRequest`
-lists every field violation.
+lists the field violations, at most the first 32 (the ErrorInfo
+metadata `omittedViolations` then counts the others). A list longer
+than its limit is refused for its length alone.
 """
 INPUT_MISMATCH: ErrorReason.ValueType  # 2
 """FAILED_PRECONDITION. A tool call was prepared again with an input whose
@@ -319,5 +330,12 @@ of its last lease): an expired lease means that the holder stopped
 heartbeating, not that it stopped running. The metadata says how long
 is left (`remainingMs`, `quarantineMs`) and which attempt may be
 confirmed dead (`attempt`) to record it now; nothing changed.
+"""
+CONCURRENCY_LIMITED: ErrorReason.ValueType  # 60
+"""RESOURCE_EXHAUSTED. The caller (its namespace, or its token) already has
+as many calls in flight as one caller may, or the daemon as many as it
+serves at once; nothing was done. Try again when a call has ended. Calls
+that record work already done (CommitTool, ReportUnknown, Heartbeat,
+AcknowledgeRecovery) have room of their own.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,63 @@
+"""Which directories the daemon keeps its files in: ones no other local user
+can change under it.
+
+Whoever can write a directory can rename or replace what is in it: the
+ledger's files in the data directory (making the daemon replay or forget
+side effects), or the Unix socket (a socket of their own there collects the
+agents' bearer tokens and answers in the daemon's name). So a directory is
+refused when it is owned by another user (root excepted), or when its group
+or other users may write it. The one exception is a sticky directory owned
+by root or by the daemon's user, such as /tmp (mode 1777, owner root), and
+only where it is allowed (the socket's): there only a file's owner may
+rename or delete it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from sidecar.config import ConfigError
+
+ROOT = 0
+
+
+def refuse_unsafe_directory(path: Path, setting: str, *, sticky_ok: bool) -> None:
+    """Raises ConfigError, naming `setting`, for a directory another user
+    could change under the daemon; a missing one passes (the daemon creates
+    it, 0700).
+
+    Args:
+        path: the directory.
+        setting: the setting that chose it (`data-dir`, `socket`).
+        sticky_ok: accept a sticky directory owned by root or by the daemon's
+            user although others may write it (like /tmp).
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    me = os.geteuid()
+    if st.st_uid not in (me, ROOT):
+        raise ConfigError(
+            f"{setting}: {path} is owned by another user (uid {st.st_uid}, the "
+            f"daemon runs as uid {me}), who could change what the daemon keeps "
+            "there; use a directory of the daemon's user"
+        )
+    if not mode & 0o022:
+        return
+    if sticky_ok and mode & stat.S_ISVTX:
+        return
+    sticky = (
+        "; a sticky directory owned by root or by the daemon's user (like /tmp) "
+        "is accepted too"
+        if sticky_ok
+        else ""
+    )
+    raise ConfigError(
+        f"{setting}: {path} is group- or world-writable (mode {mode:04o}): another "
+        f"user could rename or replace what the daemon keeps there; chmod 700 it"
+        f"{sticky}"
+    )

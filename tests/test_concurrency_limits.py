@@ -1,0 +1,193 @@
+"""Concurrent RPCs per caller (docs/operations.md, section 5): one tenant
+holding long ProviderStreams gets only its share of the slots; the other
+tenants, gRPC health on the main port and the RPCs that record work already
+done are served meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import provider_pb2 as ppb
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.config import ServerLimits
+from sidecar.errors import ConcurrencyLimited
+from sidecar.ledger.quota import Caller
+from sidecar.rpc.concurrency import HEADROOM, Pool, Slots
+from sidecar.server import Daemon
+from sidecar.testing import running_daemon
+from tests.auth.support import AGENT_A, AGENT_B, Stubs, auth_config, stubs
+from tests.rpc.support import decode, prepare_request, ref
+
+TOTAL, PER_CALLER = 4, 2
+A, B, C = Caller(namespace="a"), Caller(namespace="b"), Caller(token="c")
+
+
+# -- the pools, as pure bookkeeping ---------------------------------------------
+
+
+def test_a_caller_gets_its_share_and_then_the_total_applies() -> None:
+    """Per caller at most `per_caller`; over all callers at most `total`; a
+    slot given back can be taken again."""
+    slots = Slots(TOTAL, PER_CALLER)
+    held = [slots.take(Pool.ORDINARY, A) for _ in range(PER_CALLER)]
+    with pytest.raises(ConcurrencyLimited) as mine:
+        slots.take(Pool.ORDINARY, A)
+    assert mine.value.metadata == {"limit": str(PER_CALLER), "namespace": "a"}
+    held += [slots.take(Pool.ORDINARY, B) for _ in range(PER_CALLER)]
+    with pytest.raises(ConcurrencyLimited) as everyone:
+        slots.take(Pool.ORDINARY, C)
+    assert everyone.value.metadata == {"limit": str(TOTAL)}
+    held.pop()()
+    slots.take(Pool.ORDINARY, C)
+    assert slots.in_flight(Pool.ORDINARY) == TOTAL
+
+
+def test_recording_calls_and_health_watches_have_room_of_their_own() -> None:
+    """With every ordinary slot taken, a caller can still take its share of
+    the recording pool, and health watches theirs."""
+    slots = Slots(TOTAL, PER_CALLER)
+    for caller in (A, A, B, B):
+        slots.take(Pool.ORDINARY, caller)
+    for _ in range(PER_CALLER):
+        slots.take(Pool.RECORDING, A)
+    with pytest.raises(ConcurrencyLimited):
+        slots.take(Pool.RECORDING, A)
+    slots.take(Pool.RECORDING, B)
+    watches = [slots.take(Pool.HEALTH_WATCH, Caller()) for _ in range(PER_CALLER)]
+    with pytest.raises(ConcurrencyLimited):
+        slots.take(Pool.HEALTH_WATCH, Caller())
+    assert len(watches) == PER_CALLER
+    assert slots.backstop == 2 * TOTAL + PER_CALLER + HEADROOM
+
+
+def test_giving_a_slot_back_twice_frees_only_one() -> None:
+    """Release is idempotent: a second call cannot free another caller's slot."""
+    slots = Slots(TOTAL, PER_CALLER)
+    release = slots.take(Pool.ORDINARY, A)
+    slots.take(Pool.ORDINARY, A)
+    release()
+    release()
+    assert slots.in_flight(Pool.ORDINARY) == 1
+    slots.take(Pool.ORDINARY, A)
+    with pytest.raises(ConcurrencyLimited):
+        slots.take(Pool.ORDINARY, A)
+
+
+@pytest.mark.parametrize(("total", "per_caller"), [(0, 1), (1, 0)])
+def test_empty_pools_are_refused(total: int, per_caller: int) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Slots(total, per_caller)
+
+
+# -- through a real daemon ------------------------------------------------------
+
+
+class Stalled(httpx.AsyncByteStream):
+    """An upstream event stream that sends one event, then nothing."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"n":1}\n\n'
+        await asyncio.Event().wait()
+
+
+async def stalled_upstream(_: httpx.Request) -> httpx.Response:
+    return httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=Stalled()
+    )
+
+
+@pytest.fixture
+def channel(short_tmp: Path) -> Iterator[grpc.Channel]:
+    """A daemon with tokens, a provider route to a stalling upstream, and
+    room for 4 ordinary calls, 2 per caller."""
+    providers = short_tmp / "providers.toml"
+    providers.write_text(
+        '[routes.up]\nbase_url = "http://127.0.0.1:9"\npaths = ["/v1/"]\n'
+    )
+    limits = ServerLimits(
+        max_concurrent_rpcs=TOTAL, max_concurrent_rpcs_per_caller=PER_CALLER
+    )
+    config = auth_config(
+        short_tmp / "data", providers_file=providers, server_limits=limits
+    )
+    daemon = Daemon(config)
+    daemon.provider_transport = httpx.MockTransport(stalled_upstream)
+    with (
+        running_daemon(config, daemon=daemon) as running,
+        grpc.insecure_channel(running.target) as ch,
+    ):
+        yield ch
+
+
+def open_stream(s: Stubs, streams: ExitStack) -> str:
+    """Opens a long ProviderStream; "OPEN" once its first message came (it
+    holds a slot until cancelled at the end of the test), else the reason
+    it was refused with."""
+    request = ppb.ProviderRequest(route="up", path="/v1/chat", body=b"{}")
+    call: Any = s.provider.ProviderStream(request, metadata=s.metadata, timeout=60)
+    streams.callback(call.cancel)
+    try:
+        next(call)
+    except grpc.RpcError as exc:
+        return decode(exc).reason or exc.code().name
+    return "OPEN"
+
+
+def test_one_tenants_streams_leave_room_for_others_health_and_commits(
+    channel: grpc.Channel,
+) -> None:
+    """Agent A tries to hold 4 long streams: 2 open, 2 are refused
+    CONCURRENCY_LIMITED. Agent B is served, health on the main port answers
+    SERVING, and A's CommitTool is answered; once B holds the other 2 slots,
+    A can still record its result (issue 10 item 24: fails before the fix:
+    A's 4 streams took every slot, and B, health and the commit got
+    `Concurrent RPC limit exceeded`)."""
+    a, b = stubs(channel, AGENT_A), stubs(channel, AGENT_B)
+    health = health_pb2_grpc.HealthStub(channel)
+    started = a.ledger.PrepareTool(
+        prepare_request("run", "c1", start=True), metadata=a.metadata, timeout=10
+    )
+    assert started.decision == pb.DECISION_EXECUTE
+    with ExitStack() as streams:
+        opened = [open_stream(a, streams) for _ in range(4)]
+        assert opened == ["OPEN", "OPEN", "CONCURRENCY_LIMITED", "CONCURRENCY_LIMITED"]
+
+        served = b.ledger.PrepareTool(
+            prepare_request("run", "b1"), metadata=b.metadata, timeout=10
+        )
+        assert served.decision == pb.DECISION_EXECUTE
+        check = health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+        assert [open_stream(b, streams) for _ in range(2)] == ["OPEN", "OPEN"]
+        a.ledger.Heartbeat(
+            pb.HeartbeatRequest(ref=ref("run", "c1"), attempt=1),
+            metadata=a.metadata,
+            timeout=10,
+        )
+        result = pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json="{}"))
+        committed = a.ledger.CommitTool(
+            pb.CommitToolRequest(ref=ref("run", "c1"), attempt=1, result=result),
+            metadata=a.metadata,
+            timeout=10,
+        )
+        assert committed.call.state == pb.CALL_STATE_COMMITTED
+        check = health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        # Every ordinary slot is taken now: anything else waits its turn.
+        with pytest.raises(grpc.RpcError) as full:
+            b.ledger.GetToolCall(
+                pb.GetToolCallRequest(ref=ref("run", "b1")),
+                metadata=b.metadata,
+                timeout=10,
+            )
+        assert decode(full.value).reason == "CONCURRENCY_LIMITED"
