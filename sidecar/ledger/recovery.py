@@ -18,8 +18,8 @@ from sidecar.ledger.policy import Policy
 class RecoveryAction(enum.Enum):
     """What the agent does with one call when it resumes a run."""
 
-    # Committed: complete the transcript with the stored result; do not call
-    # the tool.
+    # Committed, not yet acknowledged: complete the transcript with the stored
+    # result; do not call the tool.
     REPLAY_RESULT = "replay_result"
     # A side effect of unknown outcome: the run is interrupted until an
     # operator reconciles it.
@@ -33,6 +33,9 @@ class RecoveryAction(enum.Enum):
     # A READ / IDEMPOTENT_WRITE of unknown outcome: eligible for an explicit
     # retry under the retry policy, never automatic.
     RETRY_NEEDS_POLICY = "retry_needs_policy"
+    # Committed, and its result acknowledged as delivered to the transcript
+    # (AcknowledgeRecovery): nothing to do; appending it again would repeat it.
+    ALREADY_DELIVERED = "already_delivered"
 
 
 # Actions that interrupt the run: the agent cannot go on by itself.
@@ -61,11 +64,7 @@ def action(call: ToolCall, effect: Effect) -> RecoveryAction:
     """The action for one record, already settled, assuming `effect`."""
     match call.state:
         case State.COMMITTED:
-            # ADR-010 D3: committed + result -> the stored result, no call;
-            # reject -> an error result.
-            if call.rejected:
-                return RecoveryAction.ERROR_RESULT
-            return RecoveryAction.REPLAY_RESULT
+            return _committed(call)
         case State.STARTED | State.UNKNOWN:
             # ADR-010 D3: started + side-effect -> manual reconciliation;
             # read / idempotent-write retries need an explicit policy.
@@ -80,6 +79,18 @@ def action(call: ToolCall, effect: Effect) -> RecoveryAction:
             # by a reconciliation, DESIGN §4).
             return RecoveryAction.EXECUTE
     raise AssertionError(call.state)  # pragma: no cover
+
+
+def _committed(call: ToolCall) -> RecoveryAction:
+    # ADR-010 D1: a committed result is not appended again on recovery: once
+    # acknowledged, it was delivered already.
+    if call.acknowledged:
+        return RecoveryAction.ALREADY_DELIVERED
+    # ADR-010 D3: committed + result -> the stored result, no call; reject ->
+    # an error result.
+    if call.rejected:
+        return RecoveryAction.ERROR_RESULT
+    return RecoveryAction.REPLAY_RESULT
 
 
 def plan(calls: Iterable[ToolCall], policy: Policy) -> Plan:

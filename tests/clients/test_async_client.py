@@ -275,3 +275,35 @@ def test_async_context_manager_replays(daemon: RunningDaemon) -> None:
         return seen
 
     assert run_with(daemon, body) == [True, False]
+
+
+def test_async_resume_acknowledges_after_the_block(daemon: RunningDaemon) -> None:
+    """`AsyncRun` acknowledges a replayed result when its block ends, not
+    before: a failure inside leaves REPLAY_RESULT; after a clean block the plan
+    says ALREADY_DELIVERED and the replay `delivered` (issue 10 item 14: fails
+    before the fix: acknowledged before the block)."""
+
+    async def body(c: AsyncClient) -> list[RecoveryAction]:
+        quiet = AsyncRun(c, "run-j", acknowledge=False)
+        async with quiet.call("sum", [1, 2], call_id="s") as s:
+            s.set_result(3)
+        run = AsyncRun(c, "run-j")
+        await run.resume()
+        with pytest.raises(KeyError):
+            async with run.call("sum", [1, 2], call_id="s"):
+                raise KeyError("the agent failed while using the result")
+        actions = [i.action for i in (await AsyncRun(c, "run-j").resume()).items]
+        run = AsyncRun(c, "run-j")
+        await run.resume()
+        async with run.call("sum", [1, 2], call_id="s") as s:
+            assert not s.delivered
+        run = AsyncRun(c, "run-j")
+        actions += [i.action for i in (await run.resume()).items]
+        async with run.call("sum", [1, 2], call_id="s") as s:
+            assert (s.execute, s.delivered, s.result) == (False, True, 3)
+        return actions
+
+    assert run_with(daemon, body) == [
+        RecoveryAction.REPLAY_RESULT,
+        RecoveryAction.ALREADY_DELIVERED,
+    ]

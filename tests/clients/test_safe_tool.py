@@ -275,8 +275,9 @@ def test_resume_replays_done_steps_and_retries_an_unknown_read(
     clock.advance(3600)
     run = Run(client, "run-steps")
     plan = run.resume()
+    # search-1 was handed back (so acknowledged) before the crash.
     assert [(i.call.call_id, i.action) for i in plan.items] == [
-        ("search-1", RecoveryAction.REPLAY_RESULT),
+        ("search-1", RecoveryAction.ALREADY_DELIVERED),
         ("search-2", RecoveryAction.RETRY_NEEDS_POLICY),
     ]
     assert agent(run, crash_at=None, retry=True) == ["A", "B", "C"]
@@ -287,13 +288,61 @@ def test_resume_acknowledges_the_replayed_results(
     client: Client, clock: ManualClock
 ) -> None:
     """A result the plan replays is acknowledged when the run asks for it."""
-    tool = Run(client, "run-ack").tool("read", effect=Effect.READ)(lambda q: q)
+    quiet = Run(client, "run-ack", acknowledge=False)
+    tool = quiet.tool("read", effect=Effect.READ)(lambda q: q)
     assert tool.at("r")(1) == 1
     run = Run(client, "run-ack")
     plan = run.resume()
     assert [i.action for i in plan.items] == [RecoveryAction.REPLAY_RESULT]
     assert run.tool("read", effect=Effect.READ)(lambda q: q + 1).at("r")(1) == 1
     assert "acknowledge" in client.get_tool_call("run-ack", "r").history
+
+
+def test_resume_does_not_hand_out_a_delivered_result_again(client: Client) -> None:
+    """Once a result is acknowledged, the plan says ALREADY_DELIVERED without
+    the result, the replay says `delivered`, and nothing is acknowledged twice
+    (issue 10 item 14: fails before the fix: the plan said REPLAY_RESULT with
+    the result again)."""
+    tool = Run(client, "run-done").tool("read", effect=Effect.READ)(lambda q: q)
+    assert tool.at("r")(1) == 1  # handed back, so acknowledged
+    run = Run(client, "run-done")
+    plan = run.resume()
+    assert [i.action for i in plan.items] == [RecoveryAction.ALREADY_DELIVERED]
+    assert plan.items[0].result is None
+    with run.call("read", {"q": 1}, call_id="r", effect=Effect.READ) as step:
+        assert (step.execute, step.delivered, step.result) == (False, True, 1)
+    history = client.get_tool_call("run-done", "r").history
+    assert history.count("acknowledge") == 1
+
+
+def test_a_crash_while_using_a_replayed_result_leaves_it_to_replay(
+    client: Client,
+) -> None:
+    """A replayed result is acknowledged only after the block that uses it
+    ends: an agent that dies inside gets REPLAY_RESULT again, so the result is
+    not lost to an ALREADY_DELIVERED; a block that ends acknowledges it (issue
+    10 item 14: fails before the fix: the acknowledgement came before the
+    block)."""
+    quiet = Run(client, "run-lost", acknowledge=False)
+    assert quiet.tool("read", effect=Effect.READ)(lambda q: q).at("r")(1) == 1
+    run = Run(client, "run-lost")
+    assert [i.action for i in run.resume().items] == [RecoveryAction.REPLAY_RESULT]
+    seen: list[bool] = []
+
+    def dies_using_it() -> None:
+        with run.call("read", {"q": 1}, call_id="r", effect=Effect.READ) as step:
+            seen.append(step.delivered)
+            raise Crash
+
+    with pytest.raises(Crash):
+        dies_using_it()
+    assert seen == [False]
+    plan = Run(client, "run-lost").resume()
+    assert [i.action for i in plan.items] == [RecoveryAction.REPLAY_RESULT]
+    with run.call("read", {"q": 1}, call_id="r", effect=Effect.READ):
+        pass
+    plan = Run(client, "run-lost").resume()
+    assert [i.action for i in plan.items] == [RecoveryAction.ALREADY_DELIVERED]
 
 
 def test_raw_results_are_bytes_both_times(client: Client) -> None:

@@ -103,6 +103,20 @@ def reconciled_committed(effect: Effect) -> ToolCall:
     )
 
 
+def _acknowledged(call: ToolCall) -> ToolCall:
+    return machine.apply(
+        call, Event.ACKNOWLEDGE, at_ns=WALL0, actor="agent", acknowledged=True
+    )
+
+
+def acknowledged(effect: Effect) -> ToolCall:
+    return _acknowledged(committed(effect))
+
+
+def rejected_acknowledged(effect: Effect) -> ToolCall:
+    return _acknowledged(rejected(effect))
+
+
 def _unresolved(effect: Effect) -> RecoveryAction:
     # ADR-010 D3: started + side-effect -> manual reconciliation; read /
     # idempotent-write retries need an explicit orchestration policy.
@@ -131,6 +145,9 @@ ROWS = [
     Row("unknown", False, False, unknown, _unresolved),
     # ADR-010 D3 "committed + result: the stored result; do NOT call the tool".
     Row("committed", False, False, committed, _always(A.REPLAY_RESULT)),
+    # ADR-010 D1 "a committed result is not appended again on recovery": once
+    # acknowledged as delivered, there is nothing to append.
+    Row("acknowledged", False, False, acknowledged, _always(A.ALREADY_DELIVERED)),
     # ADR-010 D3 "awaiting_approval: no decision yet -> stay interrupted".
     Row("awaiting", True, False, awaiting, _always(A.WAIT_FOR_APPROVAL)),
     # DESIGN §6 "approved -> EXECUTE"; ADR-010 D3 "only approve executes".
@@ -142,6 +159,13 @@ ROWS = [
     ),
     # ADR-010 D3 "reject -> produce an error result".
     Row("rejected", True, True, rejected, _always(A.ERROR_RESULT)),
+    Row(
+        "rejected-acknowledged",
+        True,
+        True,
+        rejected_acknowledged,
+        _always(A.ALREADY_DELIVERED),
+    ),
     # DESIGN §4 reconcile: verified not executed -> PREPARED, may run again.
     Row(
         "reconciled-not-executed",
@@ -288,6 +312,7 @@ OPS: list[Op] = [
     _event(Event.REJECT, result=error_result(APPROVAL_REJECTED, "no")),
     _event(Event.RECONCILE_NOT_EXECUTED, lease=None),
     _event(Event.RECONCILE_COMMITTED, lease=None, result=ok_result()),
+    _event(Event.ACKNOWLEDGE, acknowledged=True),
 ]
 
 
@@ -363,6 +388,46 @@ def test_negative_control_a_plan_that_executes_unknown_side_effects_is_caught() 
     seed = secrets.randbits(32)
     print(f"seed={seed}")
     assert execute_violations(_executes_unknown_side_effects, seed) != []
+
+
+# --- the guard: a delivered result is never handed out to append again -----
+
+_APPENDS = frozenset({A.REPLAY_RESULT, A.ERROR_RESULT})
+
+
+def append_violations(act: Action, seed: int, walks: int = 400) -> list[str]:
+    """Acknowledged calls of random histories that `act` hands out to append
+    to the transcript again."""
+    rng = random.Random(seed)  # noqa: S311 (reproducible walks, not secrets)
+    found = []
+    for _ in range(walks):
+        call, _ = random_history(rng)
+        if call.acknowledged and act(call, call.effect) in _APPENDS:
+            found.append(f"{[t.event.value for t in call.history]}")
+    return found
+
+
+def test_recovery_never_hands_out_a_delivered_result_again() -> None:
+    """Over random histories, a result acknowledged as delivered is never
+    REPLAY_RESULT or ERROR_RESULT again (ADR-010 D1) (issue 10 item 14: fails
+    before the fix: an acknowledged result was REPLAY_RESULT)."""
+    seed = secrets.randbits(32)
+    print(f"seed={seed}")
+    assert append_violations(recovery.action, seed) == []
+
+
+def _ignores_acknowledgement(call: ToolCall, effect: Effect) -> RecoveryAction:
+    """Broken on purpose: the plan of before, blind to `acknowledged`."""
+    if call.state is State.COMMITTED:
+        return A.ERROR_RESULT if call.rejected else A.REPLAY_RESULT
+    return recovery.action(call, effect)
+
+
+def test_negative_control_a_plan_blind_to_acknowledgement_is_caught() -> None:
+    """The guard above catches a plan that replays acknowledged results."""
+    seed = secrets.randbits(32)
+    print(f"seed={seed}")
+    assert append_violations(_ignores_acknowledgement, seed) != []
 
 
 def test_the_walks_reach_every_state() -> None:

@@ -135,9 +135,47 @@ def test_acknowledge_marks_replayed_results_delivered(
     assert call.result.payload.raw == RESULT
     [again] = recovery_stub.AcknowledgeRecovery(request, timeout=5).calls
     assert again == call
-    [item] = _recover(recovery_stub).items
+
+
+@pytest.mark.parametrize("rejected", [False, True], ids=["result", "rejection"])
+def test_an_acknowledged_result_is_already_delivered_not_replayed(
+    ledger_stub: Ledger,
+    recovery_stub: recovery_pb2_grpc.RecoveryStub,
+    rejected: bool,
+) -> None:
+    """Once acknowledged, a committed call's item is ALREADY_DELIVERED without a
+    result to append, so an agent cannot append it twice (issue 10 item 14:
+    fails before the fix: it was REPLAY_RESULT with the result again)."""
+    if rejected:
+        gated = ledger_stub.PrepareTool(
+            prepare_request("run", "done", require_approval=True)
+        ).call
+        ledger_stub.DecideApproval(
+            pb.DecideApprovalRequest(
+                ref=ref("run", "done"),
+                approve=False,
+                approver="ada",
+                reason="no",
+                expected_revision=gated.revision,
+                input_fingerprint=gated.input_fingerprint,
+            )
+        )
+    else:
+        _committed(ledger_stub, "done")
+    [before] = _recover(recovery_stub).items
+    assert before.HasField("result")
+    replay = rpb.RECOVERY_ACTION_REPLAY_RESULT
+    assert before.action == (rpb.RECOVERY_ACTION_ERROR_RESULT if rejected else replay)
+    request = rpb.AcknowledgeRecoveryRequest(run_id="run", call_ids=["done"])
+    recovery_stub.AcknowledgeRecovery(request, timeout=5)
+    answer = _recover(recovery_stub)
+    [item] = answer.items
+    assert item.action == rpb.RECOVERY_ACTION_ALREADY_DELIVERED
+    assert not item.HasField("result")
+    # The record still holds the result, for whoever reads it.
     assert item.call.acknowledged
-    assert item.action == rpb.RECOVERY_ACTION_REPLAY_RESULT
+    assert item.call.HasField("result")
+    assert not answer.interrupted
 
 
 def test_acknowledge_is_all_or_nothing(
@@ -230,7 +268,8 @@ def test_the_services_report_serving(channel: grpc.Channel, service: str) -> Non
 
 
 def test_the_actions_on_the_wire_are_the_design_names() -> None:
-    """RecoveryAction is RECOVERY_ACTION_ plus exactly the DESIGN §6 names, and
+    """RecoveryAction is RECOVERY_ACTION_ plus exactly the DESIGN §6 names (and
+    ALREADY_DELIVERED, which splits acknowledged calls off REPLAY_RESULT), and
     every domain action has its wire value."""
     design = [
         "REPLAY_RESULT",
@@ -239,6 +278,7 @@ def test_the_actions_on_the_wire_are_the_design_names() -> None:
         "ERROR_RESULT",
         "EXECUTE",
         "RETRY_NEEDS_POLICY",
+        "ALREADY_DELIVERED",
     ]
     assert set(rpb.RecoveryAction.keys()) == {
         "RECOVERY_ACTION_UNSPECIFIED",

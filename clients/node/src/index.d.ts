@@ -11,7 +11,9 @@ export type RecoveryAction =
   | 'WAIT_FOR_APPROVAL'
   | 'ERROR_RESULT'
   | 'EXECUTE'
-  | 'RETRY_NEEDS_POLICY';
+  | 'RETRY_NEEDS_POLICY'
+  /** Committed and acknowledged: already in the transcript; append nothing. */
+  | 'ALREADY_DELIVERED';
 export type RetryContext = 'TOOL' | 'MCP' | 'CHILD_FOREGROUND' | 'DURABLE_BACKGROUND' | 'RUN';
 export type FailureKind = 'UNSPECIFIED' | 'TRANSPORT' | 'TIMEOUT' | 'APPLICATION';
 

@@ -217,6 +217,11 @@ describe('recovery', () => {
 
     const [acked] = await client.acknowledgeRecovery({ runId: run, callIds: ['a'] });
     assert.equal(acked.acknowledged, true);
+    // Delivered once: the plan no longer hands the result out to append.
+    const again = await client.recover({ runId: run });
+    assert.equal(again.items[0].action, 'ALREADY_DELIVERED');
+    assert.equal(again.items[0].result, null);
+    assert.deepEqual(again.items[0].call.result.value, { a: 1 });
     const empty = await client.recover({ runId: 'no-such-run' });
     assert.deepEqual(empty, { items: [], interrupted: false, settled: 0 });
   });

@@ -171,7 +171,10 @@ class Run(RunBase):
         """Reads the run's recovery plan; raises if the run is interrupted.
 
         Committed calls are then replayed by the next call with their id (and
-        acknowledged); EXECUTE and RETRY_NEEDS_POLICY items run as usual.
+        acknowledged when its block ends without error). A result acknowledged
+        before is ALREADY_DELIVERED in the plan, and its replay says
+        `SafeCall.delivered`: a transcript that survived has it. EXECUTE and
+        RETRY_NEEDS_POLICY items run as usual.
         """
         return self._take_plan(self.client.recover(self.run_id))
 
@@ -273,7 +276,6 @@ class Run(RunBase):
             raise
         if step is Next.REPLAY:
             assert p.call.result is not None
-            self._acknowledge(p.call)
             yield SafeCall(
                 self.run_id,
                 call_id,
@@ -281,7 +283,11 @@ class Run(RunBase):
                 p.idempotency_key,
                 False,
                 decoded(p.call.result, o.raw),
+                delivered=p.call.acknowledged,
             )
+            # Once the block used it: an agent that dies inside gets
+            # REPLAY_RESULT again, not ALREADY_DELIVERED.
+            self._acknowledge(p.call)
             return
         if step is not Next.EXECUTE:
             p = c.start_tool(

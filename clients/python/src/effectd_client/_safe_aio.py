@@ -129,7 +129,6 @@ class AsyncRun(RunBase):
             raise
         if step is Next.REPLAY:
             assert p.call.result is not None
-            await self._acknowledge(p.call)
             yield SafeCall(
                 self.run_id,
                 call_id,
@@ -137,7 +136,10 @@ class AsyncRun(RunBase):
                 p.idempotency_key,
                 False,
                 decoded(p.call.result, o.raw),
+                delivered=p.call.acknowledged,
             )
+            # See `Run._step`: acknowledged once the block used it.
+            await self._acknowledge(p.call)
             return
         if step is not Next.EXECUTE:
             p = await c.start_tool(

@@ -187,7 +187,10 @@ class SafeCall:
     """One tool call in a `Run.call` block.
 
     `execute` is True when this caller holds the attempt: run the tool and
-    `set_result`. Otherwise `result` is the stored result: do not run it.
+    `set_result`. Otherwise `result` is the stored result: do not run it;
+    `delivered` then says it was acknowledged as delivered to the transcript
+    before (the plan's ALREADY_DELIVERED): a transcript that survived the
+    crash has it already, so do not append it again.
     While the tool runs, `deadline` (a `time.monotonic()` value, None without
     a timeout) says when its outcome turns unknown, and `cancelled` is set
     once it has passed: a long tool should stop when it sees it.
@@ -201,6 +204,7 @@ class SafeCall:
     result: Any = None
     deadline: float | None = None
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    delivered: bool = False
 
     def set_result(self, value: Any) -> None:
         """The tool's result, committed when the block ends without error.

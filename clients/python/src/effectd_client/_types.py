@@ -145,6 +145,8 @@ class RecoveryAction(enum.Enum):
     ERROR_RESULT = recovery_pb2.RECOVERY_ACTION_ERROR_RESULT
     EXECUTE = recovery_pb2.RECOVERY_ACTION_EXECUTE
     RETRY_NEEDS_POLICY = recovery_pb2.RECOVERY_ACTION_RETRY_NEEDS_POLICY
+    # Committed and acknowledged: already in the transcript; append nothing.
+    ALREADY_DELIVERED = recovery_pb2.RECOVERY_ACTION_ALREADY_DELIVERED
 
 
 @dataclass(frozen=True, slots=True)

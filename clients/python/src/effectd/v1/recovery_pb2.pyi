@@ -9,6 +9,7 @@ executes, starts or retries a call. The rules, per call:
 
   COMMITTED                               -> REPLAY_RESULT (the stored result)
   COMMITTED by an approver's rejection    -> ERROR_RESULT (the stored error)
+  COMMITTED and acknowledged              -> ALREADY_DELIVERED (nothing to do)
   STARTED / UNKNOWN, SIDE_EFFECT          -> RECONCILE (the run is interrupted)
   STARTED / UNKNOWN, READ / IDEMPOTENT_WRITE -> RETRY_NEEDS_POLICY
   AWAITING_APPROVAL                       -> WAIT_FOR_APPROVAL (interrupted)
@@ -44,8 +45,9 @@ class _RecoveryActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Recove
     DESCRIPTOR: _descriptor.EnumDescriptor
     RECOVERY_ACTION_UNSPECIFIED: _RecoveryAction.ValueType  # 0
     RECOVERY_ACTION_REPLAY_RESULT: _RecoveryAction.ValueType  # 1
-    """The call is committed: append `result` to the transcript; do not call
-    the tool. Then AcknowledgeRecovery.
+    """The call is committed and its result not yet acknowledged: append
+    `result` to the transcript; do not call the tool. Then
+    AcknowledgeRecovery.
     """
     RECOVERY_ACTION_RECONCILE: _RecoveryAction.ValueType  # 2
     """A side effect whose outcome is unknown: the run is interrupted; an
@@ -55,7 +57,7 @@ class _RecoveryActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Recove
     """The call waits for an approver: the run stays interrupted."""
     RECOVERY_ACTION_ERROR_RESULT: _RecoveryAction.ValueType  # 4
     """An approver rejected the call: append the error `result` to the
-    transcript; do not call the tool.
+    transcript; do not call the tool. Then AcknowledgeRecovery.
     """
     RECOVERY_ACTION_EXECUTE: _RecoveryAction.ValueType  # 5
     """The call was approved or never started: start it (ToolLedger.StartTool)
@@ -66,14 +68,22 @@ class _RecoveryActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Recove
     is eligible for a retry, never automatically: ask RetryPolicy.DecideRetry,
     then StartTool with `retry = true`, passing the same `idempotency_key`.
     """
+    RECOVERY_ACTION_ALREADY_DELIVERED: _RecoveryAction.ValueType  # 7
+    """The call is committed and AcknowledgeRecovery already marked its result
+    (or its rejection) as delivered to the transcript: do nothing. Do not
+    append it again and do not call the tool. The item has no `result`; the
+    record (`call.result`) still holds it. A client that does not know this
+    value must stop, never treat it as REPLAY_RESULT.
+    """
 
 class RecoveryAction(_RecoveryAction, metaclass=_RecoveryActionEnumTypeWrapper):
     """What the agent does with one call when it resumes the run (DESIGN §6)."""
 
 RECOVERY_ACTION_UNSPECIFIED: RecoveryAction.ValueType  # 0
 RECOVERY_ACTION_REPLAY_RESULT: RecoveryAction.ValueType  # 1
-"""The call is committed: append `result` to the transcript; do not call
-the tool. Then AcknowledgeRecovery.
+"""The call is committed and its result not yet acknowledged: append
+`result` to the transcript; do not call the tool. Then
+AcknowledgeRecovery.
 """
 RECOVERY_ACTION_RECONCILE: RecoveryAction.ValueType  # 2
 """A side effect whose outcome is unknown: the run is interrupted; an
@@ -83,7 +93,7 @@ RECOVERY_ACTION_WAIT_FOR_APPROVAL: RecoveryAction.ValueType  # 3
 """The call waits for an approver: the run stays interrupted."""
 RECOVERY_ACTION_ERROR_RESULT: RecoveryAction.ValueType  # 4
 """An approver rejected the call: append the error `result` to the
-transcript; do not call the tool.
+transcript; do not call the tool. Then AcknowledgeRecovery.
 """
 RECOVERY_ACTION_EXECUTE: RecoveryAction.ValueType  # 5
 """The call was approved or never started: start it (ToolLedger.StartTool)
@@ -93,6 +103,13 @@ RECOVERY_ACTION_RETRY_NEEDS_POLICY: RecoveryAction.ValueType  # 6
 """A READ or IDEMPOTENT_WRITE whose last attempt has an unknown outcome. It
 is eligible for a retry, never automatically: ask RetryPolicy.DecideRetry,
 then StartTool with `retry = true`, passing the same `idempotency_key`.
+"""
+RECOVERY_ACTION_ALREADY_DELIVERED: RecoveryAction.ValueType  # 7
+"""The call is committed and AcknowledgeRecovery already marked its result
+(or its rejection) as delivered to the transcript: do nothing. Do not
+append it again and do not call the tool. The item has no `result`; the
+record (`call.result`) still holds it. A client that does not know this
+value must stop, never treat it as REPLAY_RESULT.
 """
 Global___RecoveryAction: _TypeAlias = RecoveryAction  # noqa: Y015
 
@@ -146,8 +163,8 @@ class RecoveryItem(_message.Message):
 
     @_builtins.property
     def result(self) -> _ledger_pb2.ToolResult:
-        """For REPLAY_RESULT and ERROR_RESULT: the stored result, byte for byte as
-        committed. Unset otherwise.
+        """For REPLAY_RESULT and ERROR_RESULT: the stored result to append, byte for
+        byte as committed. Unset otherwise (ALREADY_DELIVERED included).
         """
 
     def __init__(

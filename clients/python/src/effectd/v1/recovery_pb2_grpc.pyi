@@ -9,6 +9,7 @@ executes, starts or retries a call. The rules, per call:
 
   COMMITTED                               -> REPLAY_RESULT (the stored result)
   COMMITTED by an approver's rejection    -> ERROR_RESULT (the stored error)
+  COMMITTED and acknowledged              -> ALREADY_DELIVERED (nothing to do)
   STARTED / UNKNOWN, SIDE_EFFECT          -> RECONCILE (the run is interrupted)
   STARTED / UNKNOWN, READ / IDEMPOTENT_WRITE -> RETRY_NEEDS_POLICY
   AWAITING_APPROVAL                       -> WAIT_FOR_APPROVAL (interrupted)
