@@ -13,6 +13,7 @@ MAX_SOCKET_PATH = 107
 DEFAULT_MAP_SIZE = 8 << 30
 DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_RETENTION_INTERVAL_SECONDS = 600.0
+DEFAULT_SETTLE_INTERVAL_SECONDS = 10.0
 
 
 class ConfigError(ValueError):
@@ -97,6 +98,9 @@ class ServeConfig:
     # Seconds between compaction passes of the retention window (DESIGN §4);
     # the first pass runs at start.
     retention_interval_seconds: float = DEFAULT_RETENTION_INTERVAL_SECONDS
+    # Seconds between passes that turn STARTED calls whose lease ran out into
+    # UNKNOWN, so listings and stats show them as waiting for a person.
+    settle_interval_seconds: float = DEFAULT_SETTLE_INTERVAL_SECONDS
     limits: Limits = field(default_factory=Limits)
 
     @property
@@ -133,6 +137,8 @@ class ServeConfig:
             raise ConfigError(
                 "retention-interval: must be a positive number of seconds"
             )
+        if not self.settle_interval_seconds > 0:
+            raise ConfigError("settle-interval: must be a positive number of seconds")
         if self.log_format not in ("json", "text"):
             raise ConfigError("log-format: must be json or text")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -65,6 +65,7 @@ from sidecar.services.policy import PolicyService, Reload
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import PassResult, RetentionService
 from sidecar.services.retry import RetryService
+from sidecar.services.settlement import SettlementService, SettlePass
 from sidecar.storage.api import ReportsFill, Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 
@@ -174,6 +175,8 @@ class Daemon:
         self.endpoints: Endpoints | None = None
         self._retention: RetentionService | None = None
         self._retention_task: asyncio.Task[None] | None = None
+        self._settlement: SettlementService | None = None
+        self._settlement_task: asyncio.Task[None] | None = None
         self._policies: PolicyService | None = None
         # The jitter source of retry backoffs (spreading, not secrecy); a seam
         # for deterministic tests.
@@ -367,10 +370,18 @@ class Daemon:
             f" and {tcp}" if tcp else "",
             store.incarnation,
         )
+        self._start_periodic_passes()
+        return self.endpoints
+
+    def _start_periodic_passes(self) -> None:
+        if self._store is not None:
+            self._settlement = SettlementService(self._store, self._clock)
         self._retention_task = asyncio.create_task(
             self._retention_loop(), name="effectd-retention"
         )
-        return self.endpoints
+        self._settlement_task = asyncio.create_task(
+            self._settlement_loop(), name="effectd-settlement"
+        )
 
     def _gate(self, slots: Slots) -> Gate:
         cfg = self.config
@@ -438,6 +449,28 @@ class Daemon:
             await asyncio.sleep(self.config.retention_interval_seconds)
             await self.compact_expired()
 
+    async def settle_expired(self) -> SettlePass | None:
+        """One settlement pass: STARTED calls whose lease ran out become
+        UNKNOWN; a failure is logged, and the next pass tries again."""
+        if self._settlement is None:
+            return None
+        try:
+            done = await self._settlement.settle()
+        except Exception:
+            log.exception("the settlement pass failed; no call was settled")
+            return None
+        if done.settled:
+            log.warning(
+                "%d STARTED calls whose lease ran out are now UNKNOWN", done.settled
+            )
+        return done
+
+    async def _settlement_loop(self) -> None:
+        # On the injected clock, as the leases are.
+        while True:
+            await self._clock.sleep(self.config.settle_interval_seconds)
+            await self.settle_expired()
+
     async def reload_policy(self, actor: str, reason: str = "") -> Reload:
         """Reloads the policy file with its audit entry (ADR-010 R2); see
         `PolicyService.reload` for the refusals."""
@@ -457,6 +490,11 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention_task
             self._retention_task = None
+        if self._settlement_task is not None:
+            self._settlement_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._settlement_task
+            self._settlement_task = None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:

@@ -207,6 +207,14 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS",
     ),
     Setting(
+        "settle_interval",
+        Kind.FLOAT,
+        "seconds between passes that turn STARTED calls whose lease ran out "
+        "into UNKNOWN",
+        into="settle_interval_seconds",
+        metavar="SECONDS",
+    ),
+    Setting(
         "tokens_file",
         Kind.PATH,
         "bearer tokens: a TOML file of [[token]] tables, mode 0600; without "

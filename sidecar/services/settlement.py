@@ -1,0 +1,92 @@
+"""The settlement pass: STARTED calls whose lease ran out become UNKNOWN.
+
+A request that touches such a call settles it first (`rules.settle`), but a
+call nobody touches again (its agent died) would stay STARTED, and listings,
+stats and metrics would count it as running instead of waiting for a person.
+The daemon therefore runs this pass periodically (`sidecar.server`): it walks
+the by-state index of STARTED records in key order, a bounded batch per write
+transaction, and applies `rules.settle` to each record with the moment the
+writer runs the batch, so a call heartbeated or committed meanwhile is judged
+as it is now. Settling is what any touch would do; nothing is started.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from sidecar.clock import Clock
+from sidecar.errors import UnsupportedKeyScheme
+from sidecar.ledger import rules
+from sidecar.ledger.model import State
+from sidecar.services._common import committed, moment
+from sidecar.storage import records
+from sidecar.storage.api import Store, Table, WriteView
+
+DEFAULT_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SettlePass:
+    """What one settlement pass did."""
+
+    examined: int
+    settled: int
+    transactions: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    examined: int
+    settled: int
+    # The last index key examined; None when the index is done.
+    resume: bytes | None
+
+
+class SettlementService:
+    def __init__(
+        self, store: Store, clock: Clock, *, batch: int = DEFAULT_BATCH
+    ) -> None:
+        if batch < 1:
+            raise ValueError("batch: must be at least 1")
+        self._store = store
+        self._clock = clock
+        self._batch = batch
+
+    def _settle_batch(self, view: WriteView, *, after: bytes | None) -> _Batch:
+        now = moment(self._clock, self._store)
+        prefix = records.state_prefix(State.STARTED)
+        keys = []
+        for key, _ in view.scan(Table.CALL_STATES, prefix, after=after):
+            keys.append(key)
+            if len(keys) == self._batch:
+                break
+        settled = 0
+        for key in keys:
+            try:
+                old = records.load_call_at(view, key[len(prefix) :])
+            except UnsupportedKeyScheme:
+                continue  # a newer daemon's call: refused whenever touched
+            if old is None:
+                continue
+            new = rules.settle(old, now)
+            if new.revision != old.revision:
+                records.save_call(view, old, new)
+                settled += 1
+        resume = keys[-1] if len(keys) == self._batch else None
+        return _Batch(len(keys), settled, resume)
+
+    async def settle(self) -> SettlePass:
+        """One pass over every STARTED record."""
+        after: bytes | None = None
+        examined = settled = transactions = 0
+        while True:
+            batch = await committed(
+                self._store, functools.partial(self._settle_batch, after=after)
+            )
+            examined += batch.examined
+            settled += batch.settled
+            transactions += 1
+            if batch.resume is None:
+                return SettlePass(examined, settled, transactions)
+            after = batch.resume
