@@ -26,6 +26,11 @@
     idempotency_proven = true  # its target's de-duplication on the key is
                            # proven by its owner's tests (effectd_client.testing)
 
+    [inputs]
+    keep_all = false       # every call keeps its exact input until committed
+    max_bytes = 65536      # ... when it is at most this big (calls awaiting
+                           # approval always keep theirs)
+
 A file with an unknown key, a wrong type or a value out of range is refused
 with a message that names the setting; the policy in force stays.
 """
@@ -56,6 +61,7 @@ _SECTIONS: dict[str, dict[str, type]] = {
     "leases": {"default_ms": int},
     "retention": {"days": int, "unacknowledged_days": int, "tombstone_days": int},
     "reconcile": {"quarantine_leases": int},
+    "inputs": {"keep_all": bool, "max_bytes": int},
 }
 _RANGES: dict[tuple[str, str], tuple[int, int]] = {
     ("retry", "max_attempts"): (1, 100),
@@ -64,6 +70,7 @@ _RANGES: dict[tuple[str, str], tuple[int, int]] = {
     ("retention", "unacknowledged_days"): (1, 3650),
     ("retention", "tombstone_days"): (1, 3650),
     ("reconcile", "quarantine_leases"): (1, 1000),
+    ("inputs", "max_bytes"): (1, 1 << 20),
 }
 
 
@@ -93,7 +100,7 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
         if section not in _SECTIONS or not isinstance(table, dict):
             raise PolicyError(
                 f"{section}: unknown section "
-                "(known: retry, leases, retention, reconcile, tools)"
+                "(known: retry, leases, retention, reconcile, inputs, tools)"
             )
         for key, value in table.items():
             if key not in _SECTIONS[section]:
@@ -131,6 +138,10 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
             "retry.require_idempotency_proof", default.idempotency_proof_required
         ),
         proven_idempotent_tools=frozenset(proven),
+        keep_inputs=values.get("inputs.keep_all", default.keep_inputs),
+        max_kept_input_bytes=values.get(
+            "inputs.max_bytes", default.max_kept_input_bytes
+        ),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from effectd_client import Client, Decision, RecoveryAction, State
 from sidecar.clock import ManualClock
 from sidecar.testing import RunningDaemon
@@ -27,6 +29,18 @@ def test_approval_then_execution(client: Client) -> None:
     )
     assert started.decision is Decision.EXECUTE
     assert started.attempt_held
+
+
+def test_the_approver_reads_the_kept_input(client: Client) -> None:
+    """`get_tool_call` of a call awaiting approval carries its input as sent
+    (issue 10 item 29: fails before the fix: only the fingerprint was kept)."""
+    client.prepare_tool(
+        "run-k", "pay", "send_payment", {"cents": 5}, require_approval=True
+    )
+    seen = client.get_tool_call("run-k", "pay")
+    assert seen.kept_input_json is not None
+    assert json.loads(seen.kept_input_json) == {"cents": 5}
+    assert seen.kept_input_raw is None
 
 
 def test_recover_then_reconcile(client: Client, clock: ManualClock) -> None:

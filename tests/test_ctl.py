@@ -18,18 +18,19 @@ from typing import Any
 
 import grpc
 import pytest
-from effectd.v1 import admin_pb2, admin_pb2_grpc
+from effectd.v1 import admin_pb2, admin_pb2_grpc, ledger_pb2_grpc
 
 from effectd_client import Client, Effect, State, ToolCall
 from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.ctl.output import jsonable
+from sidecar.ledger.model import CallRef, Payload, PayloadKind
 from sidecar.storage import records
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb_store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
-from tests.rpc.support import refused
+from tests.rpc.support import prepare_request, refused
 from tests.support.certs import Pki, make_pki
 from tests.support.processes import ROOT
 
@@ -171,6 +172,42 @@ def test_show_prints_record_history_approval_and_reconciliation(
     shown = json.loads(out)
     assert shown["state"] == "CALL_STATE_PREPARED"
     assert shown["reconciliations"][0]["evidence"] == "no charge in the PSP"
+
+
+def test_show_prints_the_kept_input_harmlessly_and_checks_it(
+    ctl: Ctl, daemon: RunningDaemon
+) -> None:
+    """`show` prints the input a call awaiting approval keeps, as sent but with
+    control and bidi characters escaped, and says whether it hashes to the
+    fingerprint the approval binds; a copy that does not is flagged (issue 10
+    item 29: fails before the fix: only the fingerprint was shown)."""
+    # A carriage return between tokens and a right-to-left override inside a
+    # string: both valid JSON, both able to fool a terminal.
+    sent = '{"to":\r"bob\u202e@evil.example", "amount": 5}'
+    with grpc.insecure_channel(daemon.target) as channel:
+        ledger_pb2_grpc.ToolLedgerStub(channel).PrepareTool(
+            prepare_request(RUN, "c1", json=sent, require_approval=True), timeout=5
+        )
+    code, out, _ = ctl("show", RUN, "c1")
+    assert code == 0
+    assert "\r" not in out
+    assert "\u202e" not in out
+    assert '{"to":\\r"bob\\u202e@evil.example", "amount": 5}' in out
+    assert "input check   hashes to the input fingerprint" in out
+    code, out, _ = ctl("--json", "show", RUN, "c1")
+    assert json.loads(out)["kept_input"]["json"] == sent
+
+    def tamper(view: WriteView) -> None:
+        old = records.load_call(view, CallRef("default", RUN, "c1"))
+        assert old is not None
+        kept = Payload(PayloadKind.JSON, b'{"to": "bob", "amount": 5000}')
+        records.save_call(view, old, dataclasses.replace(old, kept_input=kept))
+
+    store = daemon.daemon._store
+    assert store is not None
+    store.submit(tamper).result(timeout=10)
+    code, out, _ = ctl("show", RUN, "c1")
+    assert "input check   DOES NOT hash to the input fingerprint" in out
 
 
 def test_approve_binds_revision_and_fingerprint_and_audits_the_approver(

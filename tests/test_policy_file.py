@@ -29,6 +29,10 @@ effect = "side-effect"
 
 [tools.upsert_contact]
 idempotency_proven = true
+
+[inputs]
+keep_all = true
+max_bytes = 1024
 """
 
 
@@ -46,6 +50,7 @@ def test_every_setting_is_read() -> None:
     assert policy.effect_of("search", Effect.READ) is Effect.READ
     assert policy.proven_idempotent_tools == {"upsert_contact"}
     assert policy.idempotency_proof_required is False
+    assert (policy.keep_inputs, policy.max_kept_input_bytes) == (True, 1024)
 
 
 def test_an_empty_file_is_the_default_policy() -> None:
@@ -69,6 +74,8 @@ def test_an_empty_file_is_the_default_policy() -> None:
             "[reconcile]\nquarantine_leases = 0",
             "reconcile.quarantine_leases: must be between",
         ),
+        ("[inputs]\nmax_bytes = 0", "inputs.max_bytes: must be between"),
+        ("[inputs]\nkeep_all = 'yes'", "inputs.keep_all: must be a bool"),
         ("retry = 3", "retry: unknown section"),
         ("[tools.search]\neffect = 'read'", 'only "side-effect" can be forced'),
         ("[tools.search]\neffect = 'side-effect'\nx = 1", "nothing else"),

@@ -9,6 +9,7 @@ same target. Each command returns its exit code; refusals propagate as
 from __future__ import annotations
 
 import argparse
+import base64
 import getpass
 import os
 import sys
@@ -22,7 +23,9 @@ from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, EffectdError, State, ToolCall
 from effectd_client._channel import Connection
-from sidecar.ctl.output import emit_json, enum_name, fields, table, when
+from sidecar.ctl.output import emit_json, enum_name, fields, printable, table, when
+from sidecar.ledger import fingerprint
+from sidecar.ledger.model import Payload, PayloadKind
 
 T = TypeVar("T")
 
@@ -198,6 +201,34 @@ def _effect_text(call: pb.ToolCall) -> str:
     return f"{declared}, forced to {forced} (ADR-010 R2)"
 
 
+def _kept_input(call: pb.ToolCall) -> list[tuple[str, object]]:
+    """The kept input as sent, control and format characters made visible
+    (an agent wrote it: it must not steer the approver's terminal), and
+    whether it hashes to the fingerprint the decision will be bound to."""
+    if not call.HasField("kept_input"):
+        return [("kept input", "not kept")]
+    kept = call.kept_input
+    if kept.WhichOneof("kind") == "raw":
+        payload = Payload(PayloadKind.RAW, kept.raw)
+        text = f"<{len(kept.raw)} raw bytes> base64:" + base64.b64encode(
+            kept.raw
+        ).decode("ascii")
+    else:
+        payload = Payload(PayloadKind.JSON, kept.json.encode("utf-8", "surrogatepass"))
+        text = printable(kept.json)
+    try:
+        matches = fingerprint.fingerprint(payload) == call.input_fingerprint
+    except fingerprint.NotCanonicalizable:
+        matches = False
+    check = (
+        "hashes to the input fingerprint"
+        if matches
+        else "DOES NOT hash to the input fingerprint: decide on the agent's "
+        "own account of the input, not on this text"
+    )
+    return [("kept input", text), ("input check", check)]
+
+
 def show(con: Console, args: argparse.Namespace) -> int:
     ref = pb.CallRef(namespace=con.namespace, run_id=args.run, call_id=args.call)
     call = con.call(con.ledger.GetToolCall, pb.GetToolCallRequest(ref=ref)).call
@@ -226,6 +257,7 @@ def show(con: Console, args: argparse.Namespace) -> int:
             ("unknown from", when(call.unknown_since)),
             ("key", call.idempotency_key),
             ("input", call.input_fingerprint),
+            *_kept_input(call),
             ("approval", approval),
             ("result", _result_text(call.result) if call.HasField("result") else "-"),
             ("acknowledged", "yes" if call.acknowledged else "no"),
@@ -462,6 +494,11 @@ def policy_reload(con: Console, args: argparse.Namespace) -> int:
             ("unacknowledged_retention_seconds", p.unacknowledged_retention_seconds),
             ("tombstone_seconds", p.tombstone_seconds),
             ("forced side effects", ", ".join(p.forced_side_effect_tools) or "-"),
+            (
+                "kept inputs",
+                ("every call" if p.keep_inputs else "calls awaiting approval")
+                + f" (policy cap {p.max_kept_input_bytes} bytes)",
+            ),
         ]
     )
     return OK

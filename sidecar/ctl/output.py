@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import json
 import sys
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -46,6 +47,18 @@ def emit_json(value: Any, out: TextIO | None = None) -> None:
     print(
         json.dumps(jsonable(value), indent=2, sort_keys=True, ensure_ascii=False),
         file=out or sys.stdout,
+    )
+
+
+def printable(text: str) -> str:
+    """`text` with every control, format (bidi overrides, zero-width) and
+    line or paragraph separator character escaped, so what someone else
+    wrote cannot move the cursor, recolour or reorder what is printed."""
+    return "".join(
+        c.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")
+        else c
+        for c in text
     )
 
 

@@ -87,6 +87,9 @@ def apply(
         changes.setdefault("unknown_since_ns", 0)
     revision = call.revision + 1
     attempt = changes.get("attempt", call.attempt)
+    if to is State.COMMITTED:
+        # Decided: the kept input is needed no more (the fingerprint stays).
+        changes["kept_input"] = None
     history = call.history
     if event not in _UNRECORDED:
         entry = Transition(

@@ -243,6 +243,9 @@ class ToolCall:
     # the policy in force when the call was decided, or by putting the tool's
     # open calls into reconciliation. Sticky: a later policy never relaxes it.
     forced_effect: Effect | None = None
+    # The exact input, kept until the call is COMMITTED for an approver (and
+    # an operator) to read (`ledger.kept_inputs`); None when not kept.
+    kept_input: Payload | None = None
 
     @property
     def idempotency_key(self) -> str:

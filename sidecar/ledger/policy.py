@@ -50,6 +50,11 @@ class Policy:
     idempotency_proof_required: bool = False
     proven_idempotent_tools: frozenset[str] = field(default_factory=_none_proven)
 
+    # Every call keeps its exact input until committed, when it is at most
+    # `max_kept_input_bytes` (calls awaiting approval always keep it).
+    keep_inputs: bool = False
+    max_kept_input_bytes: int = 64 << 10
+
     def reconcile_quarantine_ns(self, lease_ms: int) -> int:
         """The quarantine of a call whose last attempt asked for `lease_ms`
         (0: the default lease)."""

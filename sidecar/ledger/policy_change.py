@@ -47,6 +47,8 @@ def document(policy: Policy) -> dict[str, Any]:
             name: policy.effect_overrides[name].value
             for name in sorted(policy.effect_overrides)
         },
+        "keep_inputs": policy.keep_inputs,
+        "max_kept_input_bytes": policy.max_kept_input_bytes,
     }
 
 
@@ -55,25 +57,26 @@ def canonical(policy: Policy) -> str:
     return bytes(rfc8785.dumps(document(policy))).decode()
 
 
+# The scalar settings: the `Policy` attribute and its name in the policy file.
+_SCALARS = (
+    ("retry_safe_enabled", "retry.retry_safe"),
+    ("max_attempts", "retry.max_attempts"),
+    ("default_lease_ms", "leases.default_ms"),
+    ("retention_seconds", "retention.days"),
+    ("unacknowledged_retention_seconds", "retention.unacknowledged_days"),
+    ("tombstone_seconds", "retention.tombstone_days"),
+    ("reconcile_quarantine_leases", "reconcile.quarantine_leases"),
+    ("idempotency_proof_required", "retry.require_idempotency_proof"),
+    ("keep_inputs", "inputs.keep_all"),
+    ("max_kept_input_bytes", "inputs.max_bytes"),
+)
+
+
 def changes(old: Policy, new: Policy) -> list[str]:
     """The settings that differ, by their names in the policy file."""
-    changed = []
-    if old.retry_safe_enabled != new.retry_safe_enabled:
-        changed.append("retry.retry_safe")
-    if old.max_attempts != new.max_attempts:
-        changed.append("retry.max_attempts")
-    if old.default_lease_ms != new.default_lease_ms:
-        changed.append("leases.default_ms")
-    if old.retention_seconds != new.retention_seconds:
-        changed.append("retention.days")
-    if old.unacknowledged_retention_seconds != new.unacknowledged_retention_seconds:
-        changed.append("retention.unacknowledged_days")
-    if old.tombstone_seconds != new.tombstone_seconds:
-        changed.append("retention.tombstone_days")
-    if old.reconcile_quarantine_leases != new.reconcile_quarantine_leases:
-        changed.append("reconcile.quarantine_leases")
-    if old.idempotency_proof_required != new.idempotency_proof_required:
-        changed.append("retry.require_idempotency_proof")
+    changed = [
+        name for attr, name in _SCALARS if getattr(old, attr) != getattr(new, attr)
+    ]
     for name in sorted(set(old.effect_overrides) | set(new.effect_overrides)):
         if old.effect_overrides.get(name) != new.effect_overrides.get(name):
             changed.append(f"tools.{name}.effect")

@@ -21,7 +21,7 @@ from sidecar.errors import (
     RevisionConflict,
     StaleAttempt,
 )
-from sidecar.ledger import machine
+from sidecar.ledger import kept_inputs, machine
 from sidecar.ledger import retry as retry_rules
 from sidecar.ledger.model import (
     CallRef,
@@ -218,7 +218,7 @@ def prepare(
     refusal says why. A SIDE_EFFECT of unknown outcome answers RECONCILE.
     """
     if existing is None:
-        call = _create(spec, now)
+        call = _create(spec, now, policy)
         if policy is not None and policy.effect_for(call) is not call.effect:
             # Recorded with the call: decided under the override (R2).
             call = dataclasses.replace(call, forced_effect=Effect.SIDE_EFFECT)
@@ -276,7 +276,7 @@ def _require_approval(
     return Step(waiting, _answer(waiting, policy=policy))
 
 
-def _create(spec: PrepareSpec, now: Now) -> ToolCall:
+def _create(spec: PrepareSpec, now: Now, policy: Policy | None) -> ToolCall:
     state = State.AWAITING_APPROVAL if spec.require_approval else State.PREPARED
     entry = Transition(None, state, Event.PREPARE, now.wall_ns, spec.actor, "", 1, 0)
     return ToolCall(
@@ -292,6 +292,9 @@ def _create(spec: PrepareSpec, now: Now) -> ToolCall:
         created_ns=now.wall_ns,
         updated_ns=now.wall_ns,
         history=(entry,),
+        kept_input=kept_inputs.kept(
+            spec.input, require_approval=spec.require_approval, policy=policy
+        ),
     )
 
 

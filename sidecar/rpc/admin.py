@@ -40,6 +40,8 @@ def policy_pb(policy: Policy) -> pb.PolicySummary:
         reconcile_quarantine_leases=policy.reconcile_quarantine_leases,
         require_idempotency_proof=policy.idempotency_proof_required,
         proven_idempotent_tools=sorted(policy.proven_idempotent_tools),
+        keep_inputs=policy.keep_inputs,
+        max_kept_input_bytes=policy.max_kept_input_bytes,
     )
 
 

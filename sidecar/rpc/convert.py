@@ -301,6 +301,8 @@ def _transition_pb(t: Transition) -> pb.Transition:
 
 
 def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
+    """The record; with `history`, the whole of it (the kept input too),
+    without, the summary that lists and plans carry."""
     msg = pb.ToolCall(
         ref=pb.CallRef(
             namespace=call.ref.namespace,
@@ -343,6 +345,9 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
     msg.reconciliations.extend(_reconciliation_pb(r) for r in call.reconciliations)
     if history:
         msg.history.extend(_transition_pb(t) for t in call.history)
+        kept = payload_pb(call.kept_input)
+        if kept is not None:
+            msg.kept_input.CopyFrom(kept)
     return msg
 
 

@@ -158,6 +158,9 @@ def encode_call(c: ToolCall) -> bytes:
         "channel": c.channel.value,
         "forced": None if c.forced_effect is None else c.forced_effect.value,
     }
+    if c.kept_input is not None:
+        # Absent otherwise: a record without one is stored as before.
+        doc["kept_input"] = _payload_doc(c.kept_input)
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -266,6 +269,8 @@ def decode_call(raw: bytes) -> ToolCall:
         unknown_since_ns=doc.get("unknown_since", 0),
         channel=Channel(doc.get("channel", Channel.TOOL.value)),
         forced_effect=None if doc.get("forced") is None else Effect(doc["forced"]),
+        # Records written before inputs were kept have no such key.
+        kept_input=_payload(doc.get("kept_input")),
     )
 
 

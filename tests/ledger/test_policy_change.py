@@ -62,6 +62,9 @@ CHANGES = [
         Policy(proven_idempotent_tools=frozenset({"crm"})),
         ["tools.crm.idempotency_proven"],
     ),
+    # What the daemon keeps of each call's input for a person to read.
+    ("keep inputs", BASE, Policy(keep_inputs=True), ["inputs.keep_all"]),
+    ("input cap", BASE, Policy(max_kept_input_bytes=1), ["inputs.max_bytes"]),
 ]
 
 

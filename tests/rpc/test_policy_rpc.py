@@ -320,6 +320,8 @@ def test_the_answer_reports_the_policy_in_force(
         tombstone_seconds=30 * 86_400,
         reconcile_quarantine_leases=7,
         proven_idempotent_tools=["crm"],
+        keep_inputs=False,
+        max_kept_input_bytes=64 << 10,
     )
     assert answer.previous.max_attempts == 5
     assert answer.file == str(policy_path)

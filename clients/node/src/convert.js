@@ -119,6 +119,11 @@ function reconciliationOut(r) {
   };
 }
 
+function keptInputOut(p) {
+  if (!p || !p.kind) return null;
+  return { json: p.kind === 'json' ? p.json : null, raw: p.kind === 'raw' ? p.raw : null };
+}
+
 function toolCallOut(c) {
   if (!c) return null;
   const ref = c.ref || {};
@@ -149,6 +154,8 @@ function toolCallOut(c) {
     reconciliations: (c.reconciliations || []).map(reconciliationOut),
     // UNKNOWN only: since when the outcome is unknown (the reconcile quarantine counts from here).
     unknownSince: timestampOut(c.unknownSince),
+    // The exact input as sent while it is kept (not in lists or plans): {json, raw}, or null.
+    keptInput: keptInputOut(c.keptInput),
   };
 }
 

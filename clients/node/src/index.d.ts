@@ -90,6 +90,12 @@ export interface ToolCall {
   reconciliations: Reconciliation[];
   /** UNKNOWN only: since when the outcome is unknown (the reconcile quarantine counts from here). */
   unknownSince: Date | null;
+  /**
+   * The exact input as sent, kept until the call is committed when it awaits
+   * approval (or the daemon's policy keeps inputs); lists and plans omit it.
+   * An approval binds `inputFingerprint`, never this copy.
+   */
+  keptInput: { json: string | null; raw: Buffer | null } | null;
 }
 
 export interface Prepared {

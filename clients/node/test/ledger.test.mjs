@@ -181,6 +181,19 @@ describe('approval and reconciliation', () => {
   });
 });
 
+describe('kept input', () => {
+  test('getToolCall shows the exact input of a call awaiting approval, and only of such a call', async () => {
+    const ref = { runId: 'kept', callId: 'k1' };
+    const sent = Buffer.from([0, 1, 2, 0xff]);
+    await client.prepareTool({ ...ref, tool: 'pay', input: sent, requireApproval: true });
+    const got = await client.getToolCall(ref);
+    assert.deepEqual(got.keptInput.raw, sent);
+    assert.equal(got.keptInput.json, null);
+    await client.prepareTool({ runId: 'kept', callId: 'k2', tool: 'pay', input: { a: 1 } });
+    assert.equal((await client.getToolCall({ runId: 'kept', callId: 'k2' })).keptInput, null);
+  });
+});
+
 describe('recovery', () => {
   test('recover returns one item per call with the ADR-010 D3 action, and changes nothing else', async () => {
     const run = 'plan';

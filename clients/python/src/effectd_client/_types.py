@@ -94,6 +94,11 @@ class ToolCall:
     channel: Channel = Channel.TOOL
     # SIDE_EFFECT once the operator forced it on this call (ADR-010 R2).
     forced_effect: Effect | None = None
+    # The exact input as sent, kept until the call is committed when it
+    # awaits approval (or the policy keeps inputs); lists and plans omit it.
+    # JSON text or raw bytes; both None when not kept.
+    kept_input_json: str | None = None
+    kept_input_raw: bytes | None = None
 
     @property
     def lease_ms(self) -> int:
@@ -104,6 +109,7 @@ class ToolCall:
 
     @classmethod
     def from_pb(cls, msg: ledger_pb2.ToolCall) -> ToolCall:
+        kept = msg.kept_input.WhichOneof("kind")
         return cls(
             namespace=msg.ref.namespace,
             run_id=msg.ref.run_id,
@@ -124,6 +130,8 @@ class ToolCall:
             # A daemon that predates channels sends none: TOOL.
             channel=Channel(msg.channel or ledger_pb2.CALL_CHANNEL_TOOL),
             forced_effect=Effect(msg.forced_effect) if msg.forced_effect else None,
+            kept_input_json=msg.kept_input.json if kept == "json" else None,
+            kept_input_raw=msg.kept_input.raw if kept == "raw" else None,
         )
 
 

@@ -26,7 +26,7 @@ from effectd.v1 import ledger_pb2 as effectd_dot_v1_dot_ledger__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65\x66\x66\x65\x63td/v1/admin.proto\x12\neffectd.v1\x1a\x17\x65\x66\x66\x65\x63td/v1/ledger.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x03\n\nAuditEntry\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\'\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x17.effectd.v1.AuditAction\x12 \n\x03ref\x18\x05 \x01(\x0b\x32\x13.effectd.v1.CallRef\x12\x17\n\x0frevision_before\x18\x06 \x01(\x04\x12\x16\n\x0erevision_after\x18\x07 \x01(\x04\x12+\n\x0cstate_before\x18\x08 \x01(\x0e\x32\x15.effectd.v1.CallState\x12*\n\x0bstate_after\x18\t \x01(\x0e\x32\x15.effectd.v1.CallState\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x10\n\x08\x65vidence\x18\x0b \x01(\t\x12\x34\n\x07\x64\x65tails\x18\x0c \x03(\x0b\x32#.effectd.v1.AuditEntry.DetailsEntry\x12\x15\n\rprevious_hash\x18\r \x01(\t\x12\x0c\n\x04hash\x18\x0e \x01(\t\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x14\n\x12VerifyAuditRequest\"g\n\x13VerifyAuditResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x17\n\x0f\x65ntries_checked\x18\x02 \x01(\x04\x12\x1a\n\x12\x66irst_bad_sequence\x18\x03 \x01(\x04\x12\x0f\n\x07problem\x18\x04 \x01(\t\"b\n\x10ListAuditRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0cnewest_first\x18\x02 \x01(\x08\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"U\n\x11ListAuditResponse\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.effectd.v1.AuditEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xbe\x02\n\rPolicySummary\x12\x12\n\nretry_safe\x18\x01 \x01(\x08\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\r\x12\x18\n\x10\x64\x65\x66\x61ult_lease_ms\x18\x03 \x01(\r\x12\x19\n\x11retention_seconds\x18\x04 \x01(\x04\x12 \n\x18\x66orced_side_effect_tools\x18\x05 \x03(\t\x12(\n unacknowledged_retention_seconds\x18\x14 \x01(\x04\x12\x19\n\x11tombstone_seconds\x18\x15 \x01(\x04\x12#\n\x1breconcile_quarantine_leases\x18( \x01(\r\x12!\n\x19require_idempotency_proof\x18) \x01(\x08\x12\x1f\n\x17proven_idempotent_tools\x18* \x03(\t\"%\n\x13ReloadPolicyRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa5\x01\n\x14ReloadPolicyResponse\x12)\n\x06policy\x18\x01 \x01(\x0b\x32\x19.effectd.v1.PolicySummary\x12+\n\x08previous\x18\x02 \x01(\x0b\x32\x19.effectd.v1.PolicySummary\x12\x0f\n\x07\x63hanged\x18\x03 \x03(\t\x12\x16\n\x0e\x61udit_sequence\x18\x04 \x01(\x04\x12\x0c\n\x04\x66ile\x18\x05 \x01(\t\"\x1d\n\rBackupRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"-\n\x0e\x42\x61\x63kupResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"$\n\x0fGetStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xb5\x01\n\x0eNamespaceStats\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nopen_calls\x18\x02 \x01(\x04\x12\x10\n\x08prepared\x18\x03 \x01(\x04\x12\x19\n\x11\x61waiting_approval\x18\x04 \x01(\x04\x12\x0f\n\x07started\x18\x05 \x01(\x04\x12\x0f\n\x07unknown\x18\x06 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x07 \x01(\x04\x12\x17\n\x0ftombstone_bytes\x18\x14 \x01(\x04\"Q\n\tStoreFill\x12\x12\n\nused_bytes\x18\x01 \x01(\x04\x12\x18\n\x10high_water_bytes\x18\x02 \x01(\x04\x12\x16\n\x0emap_size_bytes\x18\x03 \x01(\x04\"g\n\x0fNamespaceQuotas\x12\x12\n\nopen_calls\x18\x01 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x02 \x01(\x04\x12\x1b\n\x13requests_per_second\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x04\"\xaf\x01\n\x10GetStatsResponse\x12.\n\nnamespaces\x18\x01 \x03(\x0b\x32\x1a.effectd.v1.NamespaceStats\x12+\n\x06quotas\x18\x02 \x01(\x0b\x32\x1b.effectd.v1.NamespaceQuotas\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12)\n\nstore_fill\x18\x14 \x01(\x0b\x32\x15.effectd.v1.StoreFill\"d\n\x1a\x45nterReconciliationRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08operator\x18\x04 \x01(\t\"\x9e\x02\n\x1b\x45nterReconciliationResponse\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x10\n\x08prepared\x18\x02 \x01(\x04\x12\x19\n\x11\x61waiting_approval\x18\x03 \x01(\x04\x12\x0f\n\x07started\x18\x04 \x01(\x04\x12\x0f\n\x07unknown\x18\x05 \x01(\x04\x12\x1b\n\x13\x61lready_side_effect\x18\x06 \x01(\x04\x12\x10\n\x08\x65xamined\x18\x07 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x08 \x01(\x04\x12\x1c\n\x14\x66irst_audit_sequence\x18\t \x01(\x04\x12\x1b\n\x13last_audit_sequence\x18\n \x01(\x04\x12\"\n\x1askipped_unknown_key_scheme\x18\x0b \x01(\x04*\xf4\x01\n\x0b\x41uditAction\x12\x1c\n\x18\x41UDIT_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41UDIT_ACTION_APPROVE\x10\x01\x12\x17\n\x13\x41UDIT_ACTION_REJECT\x10\x02\x12$\n AUDIT_ACTION_RECONCILE_COMMITTED\x10\x03\x12\'\n#AUDIT_ACTION_RECONCILE_NOT_EXECUTED\x10\x04\x12\x1e\n\x1a\x41UDIT_ACTION_POLICY_RELOAD\x10\x05\x12%\n!AUDIT_ACTION_ENTER_RECONCILIATION\x10(2\xe4\x03\n\x05\x41\x64min\x12N\n\x0bVerifyAudit\x12\x1e.effectd.v1.VerifyAuditRequest\x1a\x1f.effectd.v1.VerifyAuditResponse\x12H\n\tListAudit\x12\x1c.effectd.v1.ListAuditRequest\x1a\x1d.effectd.v1.ListAuditResponse\x12Q\n\x0cReloadPolicy\x12\x1f.effectd.v1.ReloadPolicyRequest\x1a .effectd.v1.ReloadPolicyResponse\x12?\n\x06\x42\x61\x63kup\x12\x19.effectd.v1.BackupRequest\x1a\x1a.effectd.v1.BackupResponse\x12\x45\n\x08GetStats\x12\x1b.effectd.v1.GetStatsRequest\x1a\x1c.effectd.v1.GetStatsResponse\x12\x66\n\x13\x45nterReconciliation\x12&.effectd.v1.EnterReconciliationRequest\x1a\'.effectd.v1.EnterReconciliationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65\x66\x66\x65\x63td/v1/admin.proto\x12\neffectd.v1\x1a\x17\x65\x66\x66\x65\x63td/v1/ledger.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x03\n\nAuditEntry\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\'\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x17.effectd.v1.AuditAction\x12 \n\x03ref\x18\x05 \x01(\x0b\x32\x13.effectd.v1.CallRef\x12\x17\n\x0frevision_before\x18\x06 \x01(\x04\x12\x16\n\x0erevision_after\x18\x07 \x01(\x04\x12+\n\x0cstate_before\x18\x08 \x01(\x0e\x32\x15.effectd.v1.CallState\x12*\n\x0bstate_after\x18\t \x01(\x0e\x32\x15.effectd.v1.CallState\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x10\n\x08\x65vidence\x18\x0b \x01(\t\x12\x34\n\x07\x64\x65tails\x18\x0c \x03(\x0b\x32#.effectd.v1.AuditEntry.DetailsEntry\x12\x15\n\rprevious_hash\x18\r \x01(\t\x12\x0c\n\x04hash\x18\x0e \x01(\t\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x14\n\x12VerifyAuditRequest\"g\n\x13VerifyAuditResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x17\n\x0f\x65ntries_checked\x18\x02 \x01(\x04\x12\x1a\n\x12\x66irst_bad_sequence\x18\x03 \x01(\x04\x12\x0f\n\x07problem\x18\x04 \x01(\t\"b\n\x10ListAuditRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x14\n\x0cnewest_first\x18\x02 \x01(\x08\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"U\n\x11ListAuditResponse\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.effectd.v1.AuditEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf1\x02\n\rPolicySummary\x12\x12\n\nretry_safe\x18\x01 \x01(\x08\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\r\x12\x18\n\x10\x64\x65\x66\x61ult_lease_ms\x18\x03 \x01(\r\x12\x19\n\x11retention_seconds\x18\x04 \x01(\x04\x12 \n\x18\x66orced_side_effect_tools\x18\x05 \x03(\t\x12(\n unacknowledged_retention_seconds\x18\x14 \x01(\x04\x12\x19\n\x11tombstone_seconds\x18\x15 \x01(\x04\x12#\n\x1breconcile_quarantine_leases\x18( \x01(\r\x12!\n\x19require_idempotency_proof\x18) \x01(\x08\x12\x1f\n\x17proven_idempotent_tools\x18* \x03(\t\x12\x13\n\x0bkeep_inputs\x18< \x01(\x08\x12\x1c\n\x14max_kept_input_bytes\x18= \x01(\r\"%\n\x13ReloadPolicyRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa5\x01\n\x14ReloadPolicyResponse\x12)\n\x06policy\x18\x01 \x01(\x0b\x32\x19.effectd.v1.PolicySummary\x12+\n\x08previous\x18\x02 \x01(\x0b\x32\x19.effectd.v1.PolicySummary\x12\x0f\n\x07\x63hanged\x18\x03 \x03(\t\x12\x16\n\x0e\x61udit_sequence\x18\x04 \x01(\x04\x12\x0c\n\x04\x66ile\x18\x05 \x01(\t\"\x1d\n\rBackupRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"-\n\x0e\x42\x61\x63kupResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"$\n\x0fGetStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xb5\x01\n\x0eNamespaceStats\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x12\n\nopen_calls\x18\x02 \x01(\x04\x12\x10\n\x08prepared\x18\x03 \x01(\x04\x12\x19\n\x11\x61waiting_approval\x18\x04 \x01(\x04\x12\x0f\n\x07started\x18\x05 \x01(\x04\x12\x0f\n\x07unknown\x18\x06 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x07 \x01(\x04\x12\x17\n\x0ftombstone_bytes\x18\x14 \x01(\x04\"Q\n\tStoreFill\x12\x12\n\nused_bytes\x18\x01 \x01(\x04\x12\x18\n\x10high_water_bytes\x18\x02 \x01(\x04\x12\x16\n\x0emap_size_bytes\x18\x03 \x01(\x04\"g\n\x0fNamespaceQuotas\x12\x12\n\nopen_calls\x18\x01 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x02 \x01(\x04\x12\x1b\n\x13requests_per_second\x18\x03 \x01(\x01\x12\r\n\x05\x62urst\x18\x04 \x01(\x04\"\xaf\x01\n\x10GetStatsResponse\x12.\n\nnamespaces\x18\x01 \x03(\x0b\x32\x1a.effectd.v1.NamespaceStats\x12+\n\x06quotas\x18\x02 \x01(\x0b\x32\x1b.effectd.v1.NamespaceQuotas\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12)\n\nstore_fill\x18\x14 \x01(\x0b\x32\x15.effectd.v1.StoreFill\"d\n\x1a\x45nterReconciliationRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08operator\x18\x04 \x01(\t\"\x9e\x02\n\x1b\x45nterReconciliationResponse\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x10\n\x08prepared\x18\x02 \x01(\x04\x12\x19\n\x11\x61waiting_approval\x18\x03 \x01(\x04\x12\x0f\n\x07started\x18\x04 \x01(\x04\x12\x0f\n\x07unknown\x18\x05 \x01(\x04\x12\x1b\n\x13\x61lready_side_effect\x18\x06 \x01(\x04\x12\x10\n\x08\x65xamined\x18\x07 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x08 \x01(\x04\x12\x1c\n\x14\x66irst_audit_sequence\x18\t \x01(\x04\x12\x1b\n\x13last_audit_sequence\x18\n \x01(\x04\x12\"\n\x1askipped_unknown_key_scheme\x18\x0b \x01(\x04*\xf4\x01\n\x0b\x41uditAction\x12\x1c\n\x18\x41UDIT_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41UDIT_ACTION_APPROVE\x10\x01\x12\x17\n\x13\x41UDIT_ACTION_REJECT\x10\x02\x12$\n AUDIT_ACTION_RECONCILE_COMMITTED\x10\x03\x12\'\n#AUDIT_ACTION_RECONCILE_NOT_EXECUTED\x10\x04\x12\x1e\n\x1a\x41UDIT_ACTION_POLICY_RELOAD\x10\x05\x12%\n!AUDIT_ACTION_ENTER_RECONCILIATION\x10(2\xe4\x03\n\x05\x41\x64min\x12N\n\x0bVerifyAudit\x12\x1e.effectd.v1.VerifyAuditRequest\x1a\x1f.effectd.v1.VerifyAuditResponse\x12H\n\tListAudit\x12\x1c.effectd.v1.ListAuditRequest\x1a\x1d.effectd.v1.ListAuditResponse\x12Q\n\x0cReloadPolicy\x12\x1f.effectd.v1.ReloadPolicyRequest\x1a .effectd.v1.ReloadPolicyResponse\x12?\n\x06\x42\x61\x63kup\x12\x19.effectd.v1.BackupRequest\x1a\x1a.effectd.v1.BackupResponse\x12\x45\n\x08GetStats\x12\x1b.effectd.v1.GetStatsRequest\x1a\x1c.effectd.v1.GetStatsResponse\x12\x66\n\x13\x45nterReconciliation\x12&.effectd.v1.EnterReconciliationRequest\x1a\'.effectd.v1.EnterReconciliationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AUDITENTRY_DETAILSENTRY']._loaded_options = None
   _globals['_AUDITENTRY_DETAILSENTRY']._serialized_options = b'8\001'
-  _globals['_AUDITACTION']._serialized_start=2470
-  _globals['_AUDITACTION']._serialized_end=2714
+  _globals['_AUDITACTION']._serialized_start=2521
+  _globals['_AUDITACTION']._serialized_end=2765
   _globals['_AUDITENTRY']._serialized_start=97
   _globals['_AUDITENTRY']._serialized_end=568
   _globals['_AUDITENTRY_DETAILSENTRY']._serialized_start=522
@@ -50,29 +50,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTAUDITRESPONSE']._serialized_start=797
   _globals['_LISTAUDITRESPONSE']._serialized_end=882
   _globals['_POLICYSUMMARY']._serialized_start=885
-  _globals['_POLICYSUMMARY']._serialized_end=1203
-  _globals['_RELOADPOLICYREQUEST']._serialized_start=1205
-  _globals['_RELOADPOLICYREQUEST']._serialized_end=1242
-  _globals['_RELOADPOLICYRESPONSE']._serialized_start=1245
-  _globals['_RELOADPOLICYRESPONSE']._serialized_end=1410
-  _globals['_BACKUPREQUEST']._serialized_start=1412
-  _globals['_BACKUPREQUEST']._serialized_end=1441
-  _globals['_BACKUPRESPONSE']._serialized_start=1443
-  _globals['_BACKUPRESPONSE']._serialized_end=1488
-  _globals['_GETSTATSREQUEST']._serialized_start=1490
-  _globals['_GETSTATSREQUEST']._serialized_end=1526
-  _globals['_NAMESPACESTATS']._serialized_start=1529
-  _globals['_NAMESPACESTATS']._serialized_end=1710
-  _globals['_STOREFILL']._serialized_start=1712
-  _globals['_STOREFILL']._serialized_end=1793
-  _globals['_NAMESPACEQUOTAS']._serialized_start=1795
-  _globals['_NAMESPACEQUOTAS']._serialized_end=1898
-  _globals['_GETSTATSRESPONSE']._serialized_start=1901
-  _globals['_GETSTATSRESPONSE']._serialized_end=2076
-  _globals['_ENTERRECONCILIATIONREQUEST']._serialized_start=2078
-  _globals['_ENTERRECONCILIATIONREQUEST']._serialized_end=2178
-  _globals['_ENTERRECONCILIATIONRESPONSE']._serialized_start=2181
-  _globals['_ENTERRECONCILIATIONRESPONSE']._serialized_end=2467
-  _globals['_ADMIN']._serialized_start=2717
-  _globals['_ADMIN']._serialized_end=3201
+  _globals['_POLICYSUMMARY']._serialized_end=1254
+  _globals['_RELOADPOLICYREQUEST']._serialized_start=1256
+  _globals['_RELOADPOLICYREQUEST']._serialized_end=1293
+  _globals['_RELOADPOLICYRESPONSE']._serialized_start=1296
+  _globals['_RELOADPOLICYRESPONSE']._serialized_end=1461
+  _globals['_BACKUPREQUEST']._serialized_start=1463
+  _globals['_BACKUPREQUEST']._serialized_end=1492
+  _globals['_BACKUPRESPONSE']._serialized_start=1494
+  _globals['_BACKUPRESPONSE']._serialized_end=1539
+  _globals['_GETSTATSREQUEST']._serialized_start=1541
+  _globals['_GETSTATSREQUEST']._serialized_end=1577
+  _globals['_NAMESPACESTATS']._serialized_start=1580
+  _globals['_NAMESPACESTATS']._serialized_end=1761
+  _globals['_STOREFILL']._serialized_start=1763
+  _globals['_STOREFILL']._serialized_end=1844
+  _globals['_NAMESPACEQUOTAS']._serialized_start=1846
+  _globals['_NAMESPACEQUOTAS']._serialized_end=1949
+  _globals['_GETSTATSRESPONSE']._serialized_start=1952
+  _globals['_GETSTATSRESPONSE']._serialized_end=2127
+  _globals['_ENTERRECONCILIATIONREQUEST']._serialized_start=2129
+  _globals['_ENTERRECONCILIATIONREQUEST']._serialized_end=2229
+  _globals['_ENTERRECONCILIATIONRESPONSE']._serialized_start=2232
+  _globals['_ENTERRECONCILIATIONRESPONSE']._serialized_end=2518
+  _globals['_ADMIN']._serialized_start=2768
+  _globals['_ADMIN']._serialized_end=3252
 # @@protoc_insertion_point(module_scope)

@@ -288,6 +288,8 @@ class PolicySummary(_message.Message):
     RECONCILE_QUARANTINE_LEASES_FIELD_NUMBER: _builtins.int
     REQUIRE_IDEMPOTENCY_PROOF_FIELD_NUMBER: _builtins.int
     PROVEN_IDEMPOTENT_TOOLS_FIELD_NUMBER: _builtins.int
+    KEEP_INPUTS_FIELD_NUMBER: _builtins.int
+    MAX_KEPT_INPUT_BYTES_FIELD_NUMBER: _builtins.int
     retry_safe: _builtins.bool
     """The kill switch of ADR-010 R2: false, nothing is retry-safe."""
     max_attempts: _builtins.int
@@ -310,6 +312,11 @@ class PolicySummary(_message.Message):
     """An IDEMPOTENT_WRITE counts as a SIDE_EFFECT unless its tool is listed
     in proven_idempotent_tools (evidence of downstream de-duplication).
     """
+    keep_inputs: _builtins.bool
+    """Every call keeps its exact input until it is committed, when the input is
+    at most `max_kept_input_bytes` (calls awaiting approval always keep it).
+    """
+    max_kept_input_bytes: _builtins.int
     @_builtins.property
     def forced_side_effect_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tools whose effect is forced to SIDE_EFFECT, sorted."""
@@ -331,10 +338,12 @@ class PolicySummary(_message.Message):
         reconcile_quarantine_leases: _builtins.int = ...,
         require_idempotency_proof: _builtins.bool = ...,
         proven_idempotent_tools: _abc.Iterable[_builtins.str] | None = ...,
+        keep_inputs: _builtins.bool = ...,
+        max_kept_input_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "max_attempts", b"max_attempts", "proven_idempotent_tools", b"proven_idempotent_tools", "reconcile_quarantine_leases", b"reconcile_quarantine_leases", "require_idempotency_proof", b"require_idempotency_proof", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe", "tombstone_seconds", b"tombstone_seconds", "unacknowledged_retention_seconds", b"unacknowledged_retention_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_lease_ms", b"default_lease_ms", "forced_side_effect_tools", b"forced_side_effect_tools", "keep_inputs", b"keep_inputs", "max_attempts", b"max_attempts", "max_kept_input_bytes", b"max_kept_input_bytes", "proven_idempotent_tools", b"proven_idempotent_tools", "reconcile_quarantine_leases", b"reconcile_quarantine_leases", "require_idempotency_proof", b"require_idempotency_proof", "retention_seconds", b"retention_seconds", "retry_safe", b"retry_safe", "tombstone_seconds", b"tombstone_seconds", "unacknowledged_retention_seconds", b"unacknowledged_retention_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

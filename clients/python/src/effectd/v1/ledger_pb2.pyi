@@ -379,6 +379,7 @@ class ToolCall(_message.Message):
     CHANNEL_FIELD_NUMBER: _builtins.int
     FORCED_EFFECT_FIELD_NUMBER: _builtins.int
     UNKNOWN_SINCE_FIELD_NUMBER: _builtins.int
+    KEPT_INPUT_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
     effect: Global___Effect.ValueType
     state: Global___CallState.ValueType
@@ -447,6 +448,17 @@ class ToolCall(_message.Message):
         here.
         """
 
+    @_builtins.property
+    def kept_input(self) -> Global___Payload:
+        """The exact input as sent, kept while the call awaits approval (and, when
+        the policy keeps inputs, for every call up to its size cap) until the
+        call is COMMITTED, so that an approver sees what they approve. Set
+        wherever the history is (GetToolCall and the answers to changes), not in
+        ListToolCalls or Recover items. It counts in the namespace's stored
+        bytes. An approval binds `input_fingerprint`, never this copy: check that
+        it hashes to the fingerprint before trusting it.
+        """
+
     def __init__(
         self,
         *,
@@ -471,10 +483,11 @@ class ToolCall(_message.Message):
         channel: Global___CallChannel.ValueType = ...,
         forced_effect: Global___Effect.ValueType = ...,
         unknown_since: _timestamp_pb2.Timestamp | None = ...,
+        kept_input: Global___Payload | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "kept_input", b"kept_input", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "channel", b"channel", "created_at", b"created_at", "effect", b"effect", "forced_effect", b"forced_effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "channel", b"channel", "created_at", b"created_at", "effect", b"effect", "forced_effect", b"forced_effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "kept_input", b"kept_input", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
