@@ -64,7 +64,9 @@ class ServeConfig:
     # "127.0.0.1:PORT" or "[::1]:PORT"; port 0 picks a free port.
     listen: str | None = None
     map_size: int = DEFAULT_MAP_SIZE
-    # fsync on every commit; off survives a process crash but not power loss.
+    # fsync on every commit; off survives a process crash but not a power
+    # loss, after which an answered start can be lost and a side effect run
+    # again (the daemon warns at start).
     sync: bool = True
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     reflection: bool = True

@@ -40,6 +40,7 @@ from sidecar.directories import refuse_unsafe_directory
 from sidecar.errors import ShuttingDown
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
+from sidecar.ledger.restore import Marker
 from sidecar.locking import ExclusiveLock
 from sidecar.observability import logs
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
@@ -66,6 +67,7 @@ from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import PassResult, RetentionService
 from sidecar.services.retry import RetryService
 from sidecar.services.settlement import SettlementService, SettlePass
+from sidecar.storage import restore
 from sidecar.storage.api import ReportsFill, Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 
@@ -145,6 +147,21 @@ def load_tracing(cfg: ServeConfig) -> Tracing | None:
     return otel.from_environment()
 
 
+def _restore_marker(store: Store) -> Marker | None:
+    """How the store was restored, said in the log at every start."""
+    restored = store.read(restore.load_marker)
+    if restored is not None:
+        log.warning(
+            "this store was restored from the backup %s by %s (restore %d, "
+            "audit entry %d): calls recorded after that backup are unknown to it",
+            restored.backup,
+            restored.actor,
+            restored.count,
+            restored.audit_sequence,
+        )
+    return restored
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoints:
     """Where a started daemon listens: gRPC targets for clients."""
@@ -203,6 +220,16 @@ class Daemon:
 
     def open_store(self) -> Store:
         refuse_unsafe_directory(self.config.data_dir, "data-dir", sticky_ok=False)
+        try:
+            restore.refuse_unfinished(self.config.data_dir)
+        except restore.UnfinishedRestore as exc:
+            raise ConfigError(f"data-dir: {exc}") from None
+        if not self.config.sync:
+            log.warning(
+                "sync is off (--no-sync): an answer can leave before its write "
+                "is on disk, so after a power loss a call answered STARTED can "
+                "be answered EXECUTE again and its side effect run twice"
+            )
         options = LmdbOptions(
             map_size=self.config.map_size,
             sync=self.config.sync,
@@ -245,6 +272,7 @@ class Daemon:
         cfg = self.config
         store = self._store = self.open_store()
         self._unwatch.append(self.metrics.watch_store(store))
+        restored = _restore_marker(store)
         ledger = self.make_ledger(store)
         settled = await ledger.settle_earlier_incarnations()
         if settled:
@@ -274,6 +302,7 @@ class Daemon:
                         quotas=cfg.quotas,
                         incarnation=store.incarnation,
                         fill=store.fill if isinstance(store, ReportsFill) else None,
+                        restored=restored,
                     ),
                 ),
                 generic_handler(

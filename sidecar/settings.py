@@ -172,7 +172,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "sync",
         Kind.BOOL,
-        "fsync every commit; --no-sync survives a process crash, not a power loss",
+        "fsync every commit; --no-sync survives a process crash, not a power "
+        "loss, after which a side effect can be executed again",
     ),
     Setting(
         "grace",

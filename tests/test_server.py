@@ -149,3 +149,22 @@ def test_full_storage_answers_storage_full_and_keeps_serving(short_tmp: Path) ->
         assert first is not None
         assert first.value == b"x"
         assert _health(d.target) == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "no-sync"])
+def test_no_sync_says_at_start_that_a_side_effect_can_run_twice(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture, sync: bool
+) -> None:
+    """With --no-sync the daemon warns at start what a power loss can then do;
+    with sync it says nothing of the kind (issue 10 item 18: fails before the
+    fix: it started silently)."""
+    config = ServeConfig(data_dir=short_tmp / "data", sync=sync)
+    with caplog.at_level("WARNING", logger="sidecar.server"), running_daemon(config):
+        pass
+    warned = [r.getMessage() for r in caplog.records if "power loss" in r.getMessage()]
+    if sync:
+        assert warned == []
+    else:
+        [message] = warned
+        assert "--no-sync" in message
+        assert "side effect run twice" in message

@@ -1,7 +1,8 @@
 """`effectd ctl`, the operator's console (DESIGN §10): list what needs a
 human, inspect, approve, reject, reconcile, put a tool's open calls into
 reconciliation, recover, verify and list the audit log, back up while
-serving, reload the policy.
+serving, reload the policy; and, offline, restore a backup
+(`sidecar.ctl.restore`).
 
 This module is the console's error boundary: it turns what can go wrong into
 the exit codes scripts rely on (0 ok, 1 refused by the daemon with its
@@ -24,6 +25,7 @@ from sidecar.ctl.credentials import UsageError, connection
 from sidecar.ctl.output import emit_json
 from sidecar.ctl.parser import add_parser as add_parser
 from sidecar.ctl.parser import default_target
+from sidecar.ctl.restore import run as offline_restore
 
 REFUSED = 1
 USAGE = 2
@@ -122,6 +124,9 @@ def _closed_in_handshake(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the parsed `effectd ctl` command; returns its exit code."""
+    if args.ctl_command == "restore":
+        # Offline: no daemon may run on the data directory.
+        return offline_restore(args)
     target = _target(args)
     try:
         console = Console(connection(target, args), args.namespace, args.timeout)

@@ -95,10 +95,10 @@ def _actor(con: Console, name: str | None) -> str:
         return name
     if con.authenticated:
         return ""
-    return _user()
+    return user()
 
 
-def _user() -> str:
+def user() -> str:
     try:
         return os.environ.get("USER") or getpass.getuser()
     except (OSError, KeyError):  # no passwd entry for the uid
@@ -469,9 +469,8 @@ def backup(con: Console, args: argparse.Namespace) -> int:
         # incarnation, STARTED calls settled): restore from a copy.
         print(
             f"backed up {done.bytes} bytes to {done.path}\n"
-            "restore: stop the daemon and start it on a copy, never on the "
-            f"backup itself:\n  cp -a {done.path} NEW_DATA_DIR && "
-            "effectd serve --data-dir NEW_DATA_DIR"
+            "restore (offline, the daemon stopped): "
+            f"effectd ctl restore {done.path} --data-dir DIR"
         )
     return OK
 
@@ -554,6 +553,14 @@ def stats(con: Console, args: argparse.Namespace) -> int:
         print(
             f"store: {fill.used_bytes} of {fill.map_size_bytes} bytes used "
             f"({share:.1%}); the data file reaches {fill.high_water_bytes}"
+        )
+    if done.HasField("restored"):
+        r = done.restored
+        print(
+            f"restored from {r.backup} at {when(r.restored_at)} by {r.actor} "
+            f"(restore {r.restores}, audit entry {r.audit_sequence}): "
+            f"{r.made_unknown} calls made UNKNOWN; calls recorded after that "
+            "backup are unknown to this store"
         )
     return OK
 

@@ -77,6 +77,36 @@ def _decision(sub: Subparsers, name: str, verb: str) -> None:
     )
 
 
+def _restore(cmds: Subparsers) -> None:
+    p = cmds.add_parser(
+        "restore",
+        help="restore a backup into a data directory, offline (audited)",
+        description="Copies BACKUP into --data-dir while no daemon runs there, "
+        "and marks the copy restored before it can answer anything: every call "
+        "that is not COMMITTED becomes UNKNOWN (a side effect then answers "
+        "RECONCILE until reconciled), and the restore is written to the audit "
+        "log. Refused while a daemon serves --data-dir, when --data-dir already "
+        "holds a store (move it aside), or when BACKUP is not a store. Calls "
+        "recorded after the backup was taken are not in it: nothing can tell "
+        "that they ran. Talks to no daemon. Exit 0 restored, 1 refused, 2 usage.",
+    )
+    p.add_argument("backup", type=Path, metavar="BACKUP", help="the backup directory")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the data directory to restore into: new, or without a store",
+    )
+    p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    p.add_argument(
+        "--operator",
+        default=None,
+        metavar="NAME",
+        help="who restores (default $USER)",
+    )
+
+
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Adds `ctl` and its subcommands to the `effectd` subparsers."""
     ctl = sub.add_parser(
@@ -267,11 +297,13 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         help="a consistent copy of the store, while serving",
         description="Has the daemon copy its store into PATH, a new or empty "
         "directory on the daemon's machine (its parent must exist), created "
-        "0700; a relative PATH is made absolute here. Restore: start a daemon "
-        "on a copy of PATH (`cp -a PATH DIR; effectd serve --data-dir DIR`), "
-        "never on PATH itself, which the daemon would change.",
+        "0700; a relative PATH is made absolute here. Restore it with "
+        "`effectd ctl restore PATH --data-dir DIR` (offline, the daemon "
+        "stopped), which only reads PATH.",
     )
     p.add_argument("path", type=Path, metavar="PATH", help="the directory to write")
+
+    _restore(cmds)
 
     cmds.add_parser(
         "stats",

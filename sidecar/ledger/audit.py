@@ -40,6 +40,8 @@ class Action(enum.Enum):
     # An operator put the open calls of a tool into reconciliation (ADR-010
     # R2): one entry per call made a SIDE_EFFECT for good.
     ENTER_RECONCILIATION = "enter_reconciliation"
+    # The store was restored from a backup (`ledger.restore`); no record.
+    RESTORE = "restore"
 
 
 def _no_details() -> Mapping[str, str]:

@@ -41,6 +41,11 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.AWAITING_APPROVAL, Event.FORCE_SIDE_EFFECT): State.AWAITING_APPROVAL,
     (State.STARTED, Event.FORCE_SIDE_EFFECT): State.STARTED,
     (State.UNKNOWN, Event.FORCE_SIDE_EFFECT): State.UNKNOWN,
+    # A restored store cannot know what became of an open call after the
+    # backup (`ledger.restore`).
+    (State.PREPARED, Event.RESTORE): State.UNKNOWN,
+    (State.AWAITING_APPROVAL, Event.RESTORE): State.UNKNOWN,
+    (State.STARTED, Event.RESTORE): State.UNKNOWN,
 }
 
 # Events that change nothing a reader of the history needs.
@@ -70,6 +75,14 @@ def target(state: State, event: Event, effect: Effect) -> State:
     return to
 
 
+def _unapproved(call: ToolCall) -> bool:
+    return (
+        call.state is not State.AWAITING_APPROVAL
+        and call.approval_required
+        and (call.approval is None or not call.approval.approved)
+    )
+
+
 def apply(
     call: ToolCall,
     event: Event,
@@ -82,6 +95,11 @@ def apply(
     """Returns `call` after `event`, with `changes` applied, revision + 1 and
     the transition in its history."""
     to = target(call.state, event, call.recorded_effect)
+    if to is State.PREPARED and _unapproved(call):
+        # Only an approval leaves AWAITING_APPROVAL: a call that was never
+        # approved (made UNKNOWN by a restore while it waited) and is found
+        # never executed waits for its approver again.
+        to = State.AWAITING_APPROVAL
     if to is not State.UNKNOWN:
         # Meaningful only while the outcome is unknown (ADR-010 D3).
         changes.setdefault("unknown_since_ns", 0)

@@ -72,6 +72,9 @@ class Event(enum.Enum):
     # The operator's policy or action made the call a SIDE_EFFECT for good
     # (ADR-010 R2).
     FORCE_SIDE_EFFECT = "force_side_effect"
+    # The store was restored from a backup: what happened to the call since
+    # is unknown (`ledger.restore`).
+    RESTORE = "restore"
 
 
 class Decision(enum.Enum):

@@ -17,6 +17,7 @@ from sidecar.ledger import policy_change
 from sidecar.ledger.audit import Action, Entry
 from sidecar.ledger.model import State
 from sidecar.ledger.policy import Policy
+from sidecar.ledger.restore import Marker
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert, gate
 from sidecar.services.operator import OperatorService
@@ -42,6 +43,21 @@ def policy_pb(policy: Policy) -> pb.PolicySummary:
         proven_idempotent_tools=sorted(policy.proven_idempotent_tools),
         keep_inputs=policy.keep_inputs,
         max_kept_input_bytes=policy.max_kept_input_bytes,
+    )
+
+
+def restored_pb(marker: Marker | None) -> pb.RestoreInfo | None:
+    if marker is None:
+        return None
+    return pb.RestoreInfo(
+        restored_at=convert.timestamp(marker.at_ns),
+        actor=marker.actor,
+        reason=marker.reason,
+        backup=marker.backup,
+        backup_incarnation=marker.backup_incarnation,
+        made_unknown=marker.made_unknown,
+        restores=marker.count,
+        audit_sequence=marker.audit_sequence,
     )
 
 
@@ -90,7 +106,9 @@ class Admin:
         quotas: Quotas | None = None,
         incarnation: int = 0,
         fill: Callable[[], StoreFill] | None = None,
+        restored: Marker | None = None,
     ) -> None:
+        self._restored = restored
         self._operator = operator
         self._fill = fill
         self._quotas = quotas or Quotas()
@@ -224,6 +242,7 @@ class Admin:
                 burst=q.burst,
             ),
             incarnation=self._incarnation,
+            restored=restored_pb(self._restored),
         )
 
     def _store_fill(self) -> pb.StoreFill | None:

@@ -367,6 +367,13 @@ def scan_checkpoints(
             yield stored, decode_checkpoint(stored, raw)
 
 
+def skip_checkpoint_revisions(view: WriteView, gap: int) -> None:
+    """Moves the checkpoint revision counter `gap` ahead (after a restore,
+    past every revision a lost later state may have issued)."""
+    revision = int(view.get(Table.META, _REVISION_KEY) or b"0") + gap
+    view.put(Table.META, _REVISION_KEY, str(revision).encode())
+
+
 def next_checkpoint_revision(view: WriteView) -> int:
     """The store-wide checkpoint revision counter: never reused, so no ABA."""
     revision = int(view.get(Table.META, _REVISION_KEY) or b"0") + 1

@@ -18,6 +18,7 @@ from sidecar.errors import EffectdError, InvalidTransition, ReconciliationRequir
 from sidecar.ledger import machine
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
+    Approval,
     Effect,
     Event,
     Lease,
@@ -72,6 +73,11 @@ LEGAL: dict[tuple[State, Event], State] = {
     (S.UNKNOWN, E.RECONCILE_COMMITTED): S.COMMITTED,  # DESIGN §4 reconcile; R3
     (S.UNKNOWN, E.RECONCILE_NOT_EXECUTED): S.PREPARED,  # DESIGN §4 reconcile
     (S.COMMITTED, E.ACKNOWLEDGE): S.COMMITTED,  # DESIGN §4 acknowledge
+    # A restored backup cannot know what became of an open call since it was
+    # taken (DESIGN §12 `effectd ctl restore`; ADR-010 D1, R3): UNKNOWN.
+    (S.PREPARED, E.RESTORE): S.UNKNOWN,
+    (S.AWAITING_APPROVAL, E.RESTORE): S.UNKNOWN,
+    (S.STARTED, E.RESTORE): S.UNKNOWN,
 }
 
 # Where a retry means something at all: an attempt of unknown outcome.
@@ -253,3 +259,21 @@ def test_reject_stores_the_approval_rejected_error() -> None:
     )
     assert after.state is S.COMMITTED
     assert after.rejected
+
+
+@pytest.mark.parametrize("approved", [None, False, True], ids=["none", "no", "yes"])
+def test_a_call_that_requires_approval_is_prepared_only_once_approved(
+    approved: bool | None,
+) -> None:
+    """DESIGN §4 "only approve executes": a call made UNKNOWN by a restore while
+    it awaited approval, then found never executed, waits for its approver
+    again; one approved before goes back to PREPARED."""
+    waiting = record(S.AWAITING_APPROVAL, Effect.SIDE_EFFECT)
+    if approved is not None:
+        decision = Approval(approved, "ada", "", WALL0, waiting.input_fingerprint, 1)
+        waiting = dataclasses.replace(waiting, approval=decision)
+    lost = machine.apply(waiting, E.RESTORE, at_ns=WALL0 + 1, actor="olga")
+    assert lost.state is S.UNKNOWN
+    back = machine.apply(lost, E.RECONCILE_NOT_EXECUTED, at_ns=WALL0 + 2, actor="o")
+    assert back.state is (S.PREPARED if approved else S.AWAITING_APPROVAL)
+    assert back.history[-1].to_state is back.state

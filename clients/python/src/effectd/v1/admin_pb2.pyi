@@ -46,6 +46,13 @@ class _AuditActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AuditActi
     """EnterReconciliation made this open call a SIDE_EFFECT for good (ADR-010
     R2); details: `tool`, `declaredEffect`.
     """
+    AUDIT_ACTION_RESTORE: _AuditAction.ValueType  # 60
+    """The store was restored from a backup (`effectd ctl restore`), offline.
+    The entry names no record; its details hold `backup` (the directory),
+    `backupIncarnation`, `madeUnknown` (calls turned UNKNOWN) and
+    `restores` (how many restores the store went through). Entries written
+    after the backup was taken are not in the log.
+    """
 
 class AuditAction(_AuditAction, metaclass=_AuditActionEnumTypeWrapper):
     """-- the audit log ------------------------------------------------------------
@@ -69,6 +76,13 @@ its details hold `old` and `new` (each policy as RFC 8785 JSON),
 AUDIT_ACTION_ENTER_RECONCILIATION: AuditAction.ValueType  # 40
 """EnterReconciliation made this open call a SIDE_EFFECT for good (ADR-010
 R2); details: `tool`, `declaredEffect`.
+"""
+AUDIT_ACTION_RESTORE: AuditAction.ValueType  # 60
+"""The store was restored from a backup (`effectd ctl restore`), offline.
+The entry names no record; its details hold `backup` (the directory),
+`backupIncarnation`, `madeUnknown` (calls turned UNKNOWN) and
+`restores` (how many restores the store went through). Entries written
+after the backup was taken are not in the log.
 """
 Global___AuditAction: _TypeAlias = AuditAction  # noqa: Y015
 
@@ -605,6 +619,7 @@ class GetStatsResponse(_message.Message):
     QUOTAS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     STORE_FILL_FIELD_NUMBER: _builtins.int
+    RESTORED_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.int
     """How many times a daemon opened this store, this one included."""
     @_builtins.property
@@ -619,6 +634,12 @@ class GetStatsResponse(_message.Message):
         others, and when the store cannot tell.
         """
 
+    @_builtins.property
+    def restored(self) -> Global___RestoreInfo:
+        """Set when the store was restored from a backup (`effectd ctl restore`):
+        the latest restore. Calls recorded after that backup are unknown to it.
+        """
+
     def __init__(
         self,
         *,
@@ -626,14 +647,64 @@ class GetStatsResponse(_message.Message):
         quotas: Global___NamespaceQuotas | None = ...,
         incarnation: _builtins.int = ...,
         store_fill: Global___StoreFill | None = ...,
+        restored: Global___RestoreInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas", "store_fill", b"store_fill"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas", "store_fill", b"store_fill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class RestoreInfo(_message.Message):
+    """How a store was restored from a backup, offline, by `effectd ctl restore`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESTORED_AT_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    BACKUP_FIELD_NUMBER: _builtins.int
+    BACKUP_INCARNATION_FIELD_NUMBER: _builtins.int
+    MADE_UNKNOWN_FIELD_NUMBER: _builtins.int
+    RESTORES_FIELD_NUMBER: _builtins.int
+    AUDIT_SEQUENCE_FIELD_NUMBER: _builtins.int
+    actor: _builtins.str
+    """The operator who restored it, and why."""
+    reason: _builtins.str
+    backup: _builtins.str
+    """The backup directory, as named to the restore."""
+    backup_incarnation: _builtins.int
+    """The daemon incarnation the backup was taken under."""
+    made_unknown: _builtins.int
+    """Calls not COMMITTED in the backup, turned UNKNOWN by the restore."""
+    restores: _builtins.int
+    """How many restores the store went through."""
+    audit_sequence: _builtins.int
+    """The restore's audit entry (AUDIT_ACTION_RESTORE)."""
+    @_builtins.property
+    def restored_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        restored_at: _timestamp_pb2.Timestamp | None = ...,
+        actor: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        backup: _builtins.str = ...,
+        backup_incarnation: _builtins.int = ...,
+        made_unknown: _builtins.int = ...,
+        restores: _builtins.int = ...,
+        audit_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["restored_at", b"restored_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "audit_sequence", b"audit_sequence", "backup", b"backup", "backup_incarnation", b"backup_incarnation", "made_unknown", b"made_unknown", "reason", b"reason", "restored_at", b"restored_at", "restores", b"restores"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreInfo: _TypeAlias = RestoreInfo  # noqa: Y015
 
 @_typing.final
 class EnterReconciliationRequest(_message.Message):

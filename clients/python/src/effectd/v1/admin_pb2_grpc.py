@@ -100,8 +100,9 @@ class AdminServicer:
         consistent, compacted snapshot (one read transaction). `path` must be an
         absolute path to a new or empty directory, refused otherwise with
         INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-        by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
-        never on the backup itself, which the daemon would change.
+        with `effectd ctl restore PATH --data-dir DIR` (offline; it only reads
+        the backup), which marks the restored store so that nothing done after
+        the backup is answered EXECUTE again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -54,8 +54,9 @@ class AdminStub:
     consistent, compacted snapshot (one read transaction). `path` must be an
     absolute path to a new or empty directory, refused otherwise with
     INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-    by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
-    never on the backup itself, which the daemon would change.
+    with `effectd ctl restore PATH --data-dir DIR` (offline; it only reads
+    the backup), which marks the restored store so that nothing done after
+    the backup is answered EXECUTE again.
     """
     GetStats: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.GetStatsResponse]
     """What the daemon holds per namespace: open calls by state (UNKNOWN and
@@ -98,8 +99,9 @@ class AdminAsyncStub(AdminStub):
     consistent, compacted snapshot (one read transaction). `path` must be an
     absolute path to a new or empty directory, refused otherwise with
     INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-    by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
-    never on the backup itself, which the daemon would change.
+    with `effectd ctl restore PATH --data-dir DIR` (offline; it only reads
+    the backup), which marks the restored store so that nothing done after
+    the backup is answered EXECUTE again.
     """
     GetStats: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatsRequest, _admin_pb2.GetStatsResponse]  # type: ignore[assignment]
     """What the daemon holds per namespace: open calls by state (UNKNOWN and
@@ -163,8 +165,9 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         consistent, compacted snapshot (one read transaction). `path` must be an
         absolute path to a new or empty directory, refused otherwise with
         INVALID_ARGUMENT. The copy is created 0700 (its files 0600); restore it
-        by starting a daemon on a copy of it (`effectd serve --data-dir COPY`),
-        never on the backup itself, which the daemon would change.
+        with `effectd ctl restore PATH --data-dir DIR` (offline; it only reads
+        the backup), which marks the restored store so that nothing done after
+        the backup is answered EXECUTE again.
         """
 
     @_abc_1.abstractmethod

@@ -325,7 +325,8 @@ class Transition(_message.Message):
     event: _builtins.str
     """One of: prepare, require_approval, approve, reject, start, retry,
     commit, expire, restart, report_unknown, reconcile_committed,
-    reconcile_not_executed, acknowledge. Heartbeats are not recorded.
+    reconcile_not_executed, acknowledge, force_side_effect, restore.
+    Heartbeats are not recorded.
     """
     actor: _builtins.str
     reason: _builtins.str

@@ -1,0 +1,59 @@
+"""`effectd ctl restore`: a backup into a data directory, offline.
+
+Unlike every other `ctl` command it talks to no daemon: it works on the
+files, under the daemon's own lock (`sidecar.storage.restore`). Exit 0
+restored, 1 refused (the message says why; the data directory holds no
+restored store then), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sidecar.clock import SystemClock
+from sidecar.ctl.commands import user
+from sidecar.ctl.output import emit_json, fields
+from sidecar.storage.restore import RestoreRefused, restore_backup
+
+OK = 0
+REFUSED = 1
+
+# What no restore can know, said where the operator reads the result.
+UNKNOWABLE = (
+    "Not in the restored store, and not knowable from it: calls recorded after the "
+    "backup was taken (an agent's repeated prepare records them anew and answers "
+    "EXECUTE), and the results, acknowledgements, approvals and audit entries written "
+    "after it. Find those in the target systems (by idempotency key RUN:CALL) before "
+    "agents resume; then reconcile the UNKNOWN calls (effectd ctl list --state "
+    "unknown)."
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        done = restore_backup(
+            args.backup,
+            args.data_dir,
+            actor=args.operator or user(),
+            reason=args.reason,
+            clock=SystemClock(),
+        )
+    except RestoreRefused as exc:
+        print(f"effectd ctl restore: refused: {exc}", file=sys.stderr)
+        return REFUSED
+    m = done.marker
+    if args.json:
+        emit_json({"data_dir": str(done.data_dir), "bytes": done.bytes, "marker": m})
+    else:
+        fields(
+            [
+                ("restored", f"{m.backup} into {done.data_dir} ({done.bytes} bytes)"),
+                ("made UNKNOWN", f"{m.made_unknown} calls that were not committed"),
+                ("backup taken", f"under incarnation {m.backup_incarnation}"),
+                ("audit entry", m.audit_sequence),
+                ("restores", f"{m.count} of this store"),
+            ]
+        )
+        print(f"\n{UNKNOWABLE}")
+    return OK
