@@ -465,8 +465,8 @@ def backup(con: Console, args: argparse.Namespace) -> int:
     if args.json:
         emit_json(done)
     else:
-        # A daemon started on the backup itself would change it (a new
-        # incarnation, STARTED calls settled): restore from a copy.
+        # `ctl restore` only reads the backup and marks its copy; a daemon
+        # started on the backup itself would change it and mark nothing.
         print(
             f"backed up {done.bytes} bytes to {done.path}\n"
             "restore (offline, the daemon stopped): "

@@ -176,11 +176,15 @@ def test_after_a_restore_calls_open_at_the_backup_answer_reconcile(
 ) -> None:
     """A call prepared before the backup and run after it answers RECONCILE,
     never EXECUTE, on the restored store, and so do the approved and the
-    STARTED one; the committed one replays its result (issue 10 item 18:
-    fails before the fix: a restored copy answered EXECUTE)."""
+    STARTED one; the committed one replays its result; the backup is left as
+    it was (issue 10 item 18: fails before the fix: a restored copy answered
+    EXECUTE)."""
     restored = short_tmp / "restored"
     capsys.readouterr()
+    kept = {p.name: p.read_bytes() for p in backup.iterdir()}
     assert _restore(backup, restored) == 0
+    # The restore only reads the backup.
+    assert {p.name: p.read_bytes() for p in backup.iterdir()} == kept
     out = capsys.readouterr().out
     assert "made UNKNOWN  3 calls" in out
     assert "calls recorded after the backup was taken" in out
