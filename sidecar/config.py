@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar.ledger.quota import Quotas
 from sidecar.ledger.validation import Limits
 
 # sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
@@ -18,19 +19,6 @@ DEFAULT_SETTLE_INTERVAL_SECONDS = 10.0
 
 class ConfigError(ValueError):
     """An invalid setting; the message names it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Quotas:
-    """Per-namespace limits; 0 means unlimited."""
-
-    # Calls not yet COMMITTED (PREPARED, AWAITING_APPROVAL, STARTED, UNKNOWN).
-    open_calls: int = 10_000
-    # Bytes of records (calls and checkpoints) the namespace keeps stored.
-    stored_bytes: int = 1 << 30
-    # Sustained requests per second, with `burst` requests of headroom.
-    requests_per_second: float = 0.0
-    burst: int = 0
 
 
 @dataclass(frozen=True, slots=True)

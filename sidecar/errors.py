@@ -292,3 +292,7 @@ class ShuttingDown(EffectdError):
 
 class NotImplementedYet(EffectdError):
     reason = "NOT_IMPLEMENTED"
+
+
+class BackupTargetError(ValueError):
+    """A backup was asked into a path that is not a new or empty directory."""

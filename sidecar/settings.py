@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import ConfigError, Quotas, ServeConfig, ServerLimits
+from sidecar.config import ConfigError, ServeConfig, ServerLimits
+from sidecar.ledger.quota import Quotas
 
 ENV_PREFIX = "EFFECTD_"
 CONFIG_ENV = "EFFECTD_CONFIG"

@@ -19,7 +19,8 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.config import Quotas, ServeConfig, ServerLimits
+from sidecar.config import ServeConfig, ServerLimits
+from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, PrepareSpec
 from sidecar.server import Daemon
 from sidecar.services.ledger import LedgerService

@@ -17,7 +17,8 @@ from effectd.v1 import ledger_pb2_grpc
 
 from effectd_client import Client, Decision, EffectdError, NotFound, QuotaExceeded
 from sidecar.clock import ManualClock
-from sidecar.config import Quotas, ServeConfig
+from sidecar.config import ServeConfig
+from sidecar.ledger.quota import Quotas
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import prepare_request
 

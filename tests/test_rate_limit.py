@@ -13,7 +13,8 @@ import pytest
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
-from sidecar.config import Quotas, ServeConfig
+from sidecar.config import ServeConfig
+from sidecar.ledger.quota import Quotas
 from sidecar.testing import running_daemon
 from tests.auth.support import (
     AGENT_A,

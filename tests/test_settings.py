@@ -21,7 +21,8 @@ import pytest
 
 from sidecar import settings
 from sidecar.cli import main, parser
-from sidecar.config import ConfigError, Quotas, ServeConfig, ServerLimits
+from sidecar.config import ConfigError, ServeConfig, ServerLimits
+from sidecar.ledger.quota import Quotas
 from sidecar.settings import BY_KEY, SETTINGS, ConfigFile, Layer
 
 FILE = "effectd.toml"

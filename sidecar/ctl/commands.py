@@ -21,8 +21,7 @@ from effectd.v1 import admin_pb2 as apb
 from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc
 from effectd.v1 import ledger_pb2 as pb
 
-from effectd_client import Client, EffectdError, State, ToolCall
-from effectd_client._channel import Connection
+from effectd_client import Client, Connection, EffectdError, State, ToolCall
 from sidecar.ctl.output import emit_json, enum_name, fields, printable, table, when
 from sidecar.ledger import fingerprint
 from sidecar.ledger.model import Payload, PayloadKind

@@ -16,7 +16,10 @@ from pathlib import Path
 
 # The console is the shipped client's sibling: it builds its channels the
 # same way (and with the same defaults) as `effectd_client.Client`.
-from effectd_client._channel import TOKEN_ENV, Connection
+from effectd_client import Connection
+
+# The variable the client library reads a bearer token from, too.
+TOKEN_ENV = "EFFECTD_TOKEN"  # noqa: S105 - the variable's name, not a token
 
 
 class UsageError(Exception):
@@ -41,7 +44,7 @@ def connection(target: str, args: argparse.Namespace) -> Connection:
             private_key=_pem(args.tls_key, "--tls-key"),
         )
     except ValueError as exc:
-        # The message never quotes the token (see effectd_client._channel).
+        # The message never quotes the token (see effectd_client.Connection).
         raise UsageError(str(exc)) from None
 
 

@@ -14,6 +14,16 @@ from sidecar.errors import RevisionConflict
 
 
 @dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A checkpoint as stored: its value and the revision a write must expect."""
+
+    key: str
+    value: bytes
+    revision: int
+    updated_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class Expect:
     """What a write expects of a key: this revision, or (revision None) absence."""
 

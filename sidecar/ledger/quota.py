@@ -19,7 +19,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.config import Quotas
 from sidecar.errors import QuotaExceeded, RateLimited
 
 # What a refused namespace is told to wait: a quota frees up when one of its
@@ -49,6 +48,32 @@ class Usage:
             self.stored_bytes + stored_bytes,
             self.tombstone_bytes + tombstone_bytes,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFill:
+    """How full a store is. A write that needs more than the map has left is
+    refused (STORAGE_FULL): alert on `used_bytes / map_size_bytes`."""
+
+    # Pages that hold data: every table's B-tree, and the meta pages.
+    used_bytes: int
+    # How far into the map the data file reaches; pages freed inside it are
+    # reused before the file grows.
+    high_water_bytes: int
+    map_size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """Per-namespace limits; 0 means unlimited."""
+
+    # Calls not yet COMMITTED (PREPARED, AWAITING_APPROVAL, STARTED, UNKNOWN).
+    open_calls: int = 10_000
+    # Bytes of records (calls and checkpoints) the namespace keeps stored.
+    stored_bytes: int = 1 << 30
+    # Sustained requests per second, with `burst` requests of headroom.
+    requests_per_second: float = 0.0
+    burst: int = 0
 
 
 def refuse_growth(

@@ -1,3 +1,3 @@
 """What operators see of a running daemon: Prometheus metrics
-(`metrics`), structured and redacted log lines (`logs`) and W3C trace
-context propagation (`trace`)."""
+(`metrics`), structured and redacted log lines (`logs`) and spans
+(`otel`); the W3C trace context they carry is `sidecar.tracecontext`."""

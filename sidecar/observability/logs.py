@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sidecar.observability import trace
+from sidecar import tracecontext as trace
 
 MASK = "***"
 # Shorter values would mask ordinary words; tokens have at least 16 chars.

@@ -44,8 +44,8 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from sidecar.observability import trace
-from sidecar.rpc.gate import CallState
+from sidecar import tracecontext as trace
+from sidecar.callstate import CallState
 
 log = logging.getLogger(__name__)
 

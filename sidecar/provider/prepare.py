@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import httpx
 
 from effectd_client import is_hop_by_hop
+from sidecar import tracecontext as trace
 from sidecar.clock import Clock
 from sidecar.ledger.validation import Limits, Violations
-from sidecar.observability import trace
 from sidecar.provider import policy
 from sidecar.provider.messages import Headers, Request
 from sidecar.provider.routes import Route, RouteEffect, locate

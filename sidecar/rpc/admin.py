@@ -11,18 +11,17 @@ import grpc
 from effectd.v1 import admin_pb2 as pb
 from effectd.v1 import ledger_pb2
 
-from sidecar.config import Quotas
-from sidecar.errors import NoPolicyFile, NotImplementedYet
+from sidecar.errors import BackupTargetError, NoPolicyFile, NotImplementedYet
 from sidecar.ledger import policy_change
 from sidecar.ledger.audit import Action, Entry
 from sidecar.ledger.model import State
 from sidecar.ledger.policy import Policy
+from sidecar.ledger.quota import Quotas, StoreFill
 from sidecar.ledger.restore import Marker
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import convert, gate
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
-from sidecar.storage.api import BackupTargetError, StoreFill
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

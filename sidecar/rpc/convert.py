@@ -14,7 +14,7 @@ from effectd.v1 import ledger_pb2 as pb
 from google.protobuf import timestamp_pb2
 
 from sidecar.ledger import fingerprint
-from sidecar.ledger.checkpoints import Expect, Op
+from sidecar.ledger.checkpoints import Expect, Op, StoredCheckpoint
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
     Approval,
@@ -36,7 +36,6 @@ from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
 from sidecar.ledger.rules import AGENT, Answer, PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.rpc import gate
-from sidecar.storage.records import StoredCheckpoint
 
 EFFECTS: dict[int, Effect] = {
     # ADR-010 D2: an undeclared effect is a side effect.

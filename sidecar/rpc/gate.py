@@ -23,13 +23,13 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from sidecar import tracecontext as trace
 from sidecar.auth.access import (
     OPEN_METHODS,
     Credentials,
@@ -37,10 +37,10 @@ from sidecar.auth.access import (
     authorize,
     bearer_token,
 )
+from sidecar.callstate import CURRENT, CallState
 from sidecar.errors import EffectdError, FieldViolation, InvalidArgument, NotFound
 from sidecar.ledger.quota import Caller
 from sidecar.ledger.validation import Violations
-from sidecar.observability import trace
 from sidecar.rpc.concurrency import Pool, Slots
 from sidecar.rpc.errors import to_status
 
@@ -88,25 +88,6 @@ class RpcTracer(Protocol):
         """Starts the call's span; the context its provider requests carry."""
 
     def rpc_finished(self, state: CallState, code: grpc.StatusCode) -> None: ...
-
-
-@dataclass(slots=True)
-class CallState:
-    """What the gate knows of the call being served."""
-
-    method: str
-    principal: Principal | None
-    # Event-loop time by which the call must be answered; None: no deadline.
-    deadline: float | None = None
-    # The ErrorInfo reason of the refusal answered, set by the error boundary.
-    reason: str = ""
-    namespace: str = field(default="")
-    trace: trace.TraceParent | None = None
-    # The tracer's span of this call, if it records one.
-    span: object = None
-
-
-CURRENT: ContextVar[CallState | None] = ContextVar("effectd_call", default=None)
 
 
 def namespace(v: Violations, field_path: str, requested: str) -> str:

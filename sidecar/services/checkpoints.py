@@ -14,14 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
-from sidecar.config import Quotas
 from sidecar.errors import InvalidArgument, NotFound
 from sidecar.ledger import paging, quota
-from sidecar.ledger.checkpoints import Expect, Op, check
+from sidecar.ledger.checkpoints import Expect, Op, StoredCheckpoint, check
+from sidecar.ledger.quota import Quotas
 from sidecar.services._common import committed
 from sidecar.storage import records, usage
 from sidecar.storage.api import ReadView, Store, WriteView
-from sidecar.storage.records import StoredCheckpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
-from sidecar.config import Quotas
 from sidecar.errors import (
     EffectdError,
     NotFound,
@@ -30,6 +29,7 @@ from sidecar.errors import (
 from sidecar.ledger import fingerprint, paging, quota, retention, rules
 from sidecar.ledger.model import FINGERPRINT_V2, CallRef, Result, State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
+from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import answered, committed, moment

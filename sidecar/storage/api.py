@@ -12,9 +12,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
+
+from sidecar.ledger.quota import StoreFill
 
 T = TypeVar("T")
 
@@ -38,23 +39,6 @@ class Table(enum.Enum):
     # Namespace -> (open calls, stored bytes); kept in step with CALLS,
     # CALL_STATES, CHECKPOINTS and TOMBSTONES by `sidecar.storage.usage`.
     USAGE = "usage"
-
-
-@dataclass(frozen=True, slots=True)
-class StoreFill:
-    """How full a store is. A write that needs more than the map has left is
-    refused (STORAGE_FULL): alert on `used_bytes / map_size_bytes`."""
-
-    # Pages that hold data: every table's B-tree, and the meta pages.
-    used_bytes: int
-    # How far into the map the data file reaches; pages freed inside it are
-    # reused before the file grows.
-    high_water_bytes: int
-    map_size_bytes: int
-
-
-class BackupTargetError(ValueError):
-    """A backup was asked into a path that is not a new or empty directory."""
 
 
 class ReadView(Protocol):

@@ -24,13 +24,17 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from sidecar.errors import ShuttingDown, StorageFull, StorageUnavailable
+from sidecar.errors import (
+    BackupTargetError,
+    ShuttingDown,
+    StorageFull,
+    StorageUnavailable,
+)
+from sidecar.ledger.quota import StoreFill
 from sidecar.locking import ExclusiveLock
 from sidecar.storage import migration, usage
 from sidecar.storage.api import (
-    BackupTargetError,
     ReadView,
-    StoreFill,
     Table,
     WriteView,
 )

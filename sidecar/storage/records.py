@@ -15,10 +15,10 @@ import base64
 import json
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sidecar.ledger import audit
+from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import (
     FINGERPRINT_V1,
     FINGERPRINT_V2,
@@ -287,14 +287,6 @@ _REVISION_KEY = b"checkpoint_revision"
 # and the key itself; then the value.
 _CHECKPOINT_HEAD = struct.Struct(">QQ")
 _KEY_LENGTH = struct.Struct(">H")
-
-
-@dataclass(frozen=True, slots=True)
-class StoredCheckpoint:
-    key: str
-    value: bytes
-    revision: int
-    updated_ns: int
 
 
 def checkpoint_key(namespace: str, key: str) -> bytes:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from sidecar.clock import ManualClock
-from sidecar.config import Quotas
 from sidecar.errors import QuotaExceeded, RateLimited
 from sidecar.ledger.quota import (
     QUOTA_RETRY_SECONDS,
     Caller,
+    Quotas,
     RateLimiter,
     Usage,
     refuse_growth,

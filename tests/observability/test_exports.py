@@ -7,7 +7,8 @@ from types import ModuleType
 
 import pytest
 
-from sidecar.observability import collectors, logs, metrics, process, trace
+from sidecar import tracecontext as trace
+from sidecar.observability import collectors, logs, metrics, process
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ from typing import IO
 import grpc
 import pytest
 
-from sidecar.observability import logs, trace
+from sidecar import tracecontext as trace
+from sidecar.observability import logs
 from sidecar.observability.logs import JsonFormatter, Secrets, TextFormatter
 from tests.support.certs import make_pki
 from tests.support.processes import ROOT

@@ -27,10 +27,11 @@ from opentelemetry.trace import SpanKind
 import sidecar.observability
 from effectd_client import Client
 from effectd_client import EffectdError as ClientError
+from sidecar import tracecontext as trace
 from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
-from sidecar.observability import otel, trace
+from sidecar.observability import otel
 from sidecar.server import Daemon
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.observability.support import API_KEY

@@ -10,7 +10,7 @@ import pytest
 from effectd.v1 import provider_pb2 as pb
 from effectd.v1 import provider_pb2_grpc
 
-from sidecar.observability import trace
+from sidecar import tracecontext as trace
 from sidecar.provider.client import ProviderClient
 from tests.observability.support import observed_daemon, scrape
 from tests.provider.support import FakeSleep, request, run

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.observability import trace
-from sidecar.observability.trace import TraceParent, from_metadata, parse_traceparent
+from sidecar import tracecontext as trace
+from sidecar.tracecontext import TraceParent, from_metadata, parse_traceparent
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

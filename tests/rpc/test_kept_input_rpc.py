@@ -19,10 +19,11 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
 from sidecar.clock import ManualClock
-from sidecar.config import Quotas, ServeConfig
+from sidecar.config import ServeConfig
 from sidecar.ledger import fingerprint, operator_rules
 from sidecar.ledger.model import CallRef, Payload, PayloadKind, ToolCall
 from sidecar.ledger.operator_rules import ApprovalDecision
+from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Now, Step
 from sidecar.storage import records
 from sidecar.storage.api import WriteView

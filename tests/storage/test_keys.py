@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from sidecar.clock import ManualClock
-from sidecar.config import Quotas
 from sidecar.errors import QuotaExceeded
 from sidecar.ledger.checkpoints import Expect
 from sidecar.ledger.fingerprint import fingerprint
@@ -27,6 +26,7 @@ from sidecar.ledger.model import (
     State,
 )
 from sidecar.ledger.policy import FixedPolicy
+from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.services.checkpoints import CheckpointService

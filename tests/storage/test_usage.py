@@ -24,10 +24,9 @@ import pytest
 from hypothesis import strategies as st
 
 from sidecar.clock import ManualClock
-from sidecar.config import Quotas
 from sidecar.errors import EffectdError, NotFound, QuotaExceeded
 from sidecar.ledger import retention
-from sidecar.ledger.checkpoints import Expect
+from sidecar.ledger.checkpoints import Expect, StoredCheckpoint
 from sidecar.ledger.fingerprint import fingerprint, result_digest
 from sidecar.ledger.model import (
     CallRef,
@@ -40,7 +39,7 @@ from sidecar.ledger.model import (
     ToolCall,
 )
 from sidecar.ledger.policy import FixedPolicy, Policy
-from sidecar.ledger.quota import Usage
+from sidecar.ledger.quota import Quotas, Usage
 from sidecar.ledger.rules import PrepareSpec
 from sidecar.ledger.validation import Limits
 from sidecar.services.checkpoints import CheckpointService
@@ -152,7 +151,7 @@ def test_checkpoints_count_their_bytes_until_deleted(store: LmdbStore) -> None:
     deleting it takes the namespace back to nothing, and its row goes."""
 
     def put(value: bytes) -> Callable[[WriteView], None]:
-        cp = records.StoredCheckpoint("k", value, 1, 0)
+        cp = StoredCheckpoint("k", value, 1, 0)
         return lambda v: records.save_checkpoint(v, "default", cp)
 
     write(store, put(b"x" * 10))
@@ -206,7 +205,7 @@ def test_a_store_without_counters_is_counted_when_opened(tmp_path: Path) -> None
     refs = [CallRef("a", "r", "1"), CallRef("b", "r", "2")]
     for call, ref in zip(calls, refs, strict=True):
         write(first, functools.partial(_save_new, dataclasses.replace(call, ref=ref)))
-    cp = records.StoredCheckpoint("k", b"v" * 100, 1, 0)
+    cp = StoredCheckpoint("k", b"v" * 100, 1, 0)
     write(first, lambda v: records.save_checkpoint(v, "a", cp))
     first.close()
 

@@ -28,8 +28,6 @@ daemon's). `Run` and `AsyncRun` use their client's.
 from effectd_client._aio import AsyncClient as AsyncClient
 from effectd_client._channel import Connection as Connection
 from effectd_client._client import Client as Client
-from effectd_client._errors import EffectdError as EffectdError
-from effectd_client._errors import FieldViolation as FieldViolation
 from effectd_client._exceptions import AlreadyCommitted as AlreadyCommitted
 from effectd_client._exceptions import ApprovalPending as ApprovalPending
 from effectd_client._exceptions import AttemptsExhausted as AttemptsExhausted
@@ -37,6 +35,8 @@ from effectd_client._exceptions import CallInProgress as CallInProgress
 from effectd_client._exceptions import CallRejected as CallRejected
 from effectd_client._exceptions import ConcurrencyLimited as ConcurrencyLimited
 from effectd_client._exceptions import DeadlineExceeded as DeadlineExceeded
+from effectd_client._exceptions import EffectdError as EffectdError
+from effectd_client._exceptions import FieldViolation as FieldViolation
 from effectd_client._exceptions import InputMismatch as InputMismatch
 from effectd_client._exceptions import InvalidRequest as InvalidRequest
 from effectd_client._exceptions import InvalidTransition as InvalidTransition

@@ -17,8 +17,7 @@ from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 
 from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
-from effectd_client._errors import EffectdError
-from effectd_client._exceptions import NotFound
+from effectd_client._exceptions import EffectdError, NotFound
 from effectd_client._recording import RecordingRetry
 from effectd_client._types import (
     Channel,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import grpc
 from effectd.v1 import provider_pb2 as pb
 
-from effectd_client._errors import EffectdError
+from effectd_client._exceptions import EffectdError
 
 # The one list, the daemon's too (through `is_hop_by_hop`).
 _HOP_BY_HOP = frozenset(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from effectd_client._errors import EffectdError
+from effectd_client._exceptions import EffectdError
 
 
 def transient(error: EffectdError) -> bool:

@@ -47,9 +47,9 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from effectd_client._client import Client
-from effectd_client._errors import EffectdError
 from effectd_client._exceptions import (
     CallRejected,
+    EffectdError,
     InvalidTransition,
     ResultNotRecorded,
     RetryRequired,

@@ -16,9 +16,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppres
 from typing import Any, Generic
 
 from effectd_client._aio import AsyncClient
-from effectd_client._errors import EffectdError
 from effectd_client._exceptions import (
     CallRejected,
+    EffectdError,
     InvalidTransition,
     ResultNotRecorded,
     RetryRequired,

@@ -38,8 +38,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from effectd_client._errors import EffectdError
-from effectd_client._exceptions import OutcomeUnknown
+from effectd_client._exceptions import EffectdError, OutcomeUnknown
 
 # A declaration: an exception class (with its subclasses) or a predicate.
 Matcher = type[BaseException] | Callable[[BaseException], bool]

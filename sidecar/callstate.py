@@ -1,0 +1,30 @@
+"""The state of the RPC being served: what the gRPC gate (`sidecar.rpc.gate`)
+knows of the call, kept in a context variable. It lives below both the gate
+and the observability modules, which read it to record the call's span."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from sidecar import tracecontext as trace
+from sidecar.auth.access import Principal
+
+
+@dataclass(slots=True)
+class CallState:
+    """What the gate knows of the call being served."""
+
+    method: str
+    principal: Principal | None
+    # Event-loop time by which the call must be answered; None: no deadline.
+    deadline: float | None = None
+    # The ErrorInfo reason of the refusal answered, set by the error boundary.
+    reason: str = ""
+    namespace: str = field(default="")
+    trace: trace.TraceParent | None = None
+    # The tracer's span of this call, if it records one.
+    span: object = None
+
+
+CURRENT: ContextVar[CallState | None] = ContextVar("effectd_call", default=None)
