@@ -20,7 +20,8 @@ import sys
 import grpc
 
 from effectd_client import EffectdError
-from sidecar.ctl.commands import Console, command_of
+from sidecar.ctl.commands import command_of
+from sidecar.ctl.console import Console
 from sidecar.ctl.credentials import UsageError, connection
 from sidecar.ctl.output import emit_json
 from sidecar.ctl.parser import add_parser as add_parser

@@ -16,6 +16,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from effectd.v1 import ledger_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -99,3 +100,10 @@ def when(ts: Timestamp) -> str:
 def enum_name(text: str, prefix: str) -> str:
     """`CALL_STATE_UNKNOWN` -> `UNKNOWN` for a generated enum value name."""
     return text.removeprefix(prefix)
+
+
+def state_name(value: pb.CallState.ValueType) -> str:
+    """A call state as the console prints it, "-" for none."""
+    if value == pb.CALL_STATE_UNSPECIFIED:
+        return "-"
+    return enum_name(pb.CallState.Name(value), "CALL_STATE_")

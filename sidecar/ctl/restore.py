@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from sidecar.clock import SystemClock
-from sidecar.ctl.commands import user
+from sidecar.ctl.console import user
 from sidecar.ctl.output import emit_json, fields
 from sidecar.storage.restore import RestoreRefused, restore_backup
 
