@@ -8,7 +8,7 @@ from types import ModuleType
 import pytest
 
 from sidecar import tracecontext as trace
-from sidecar.observability import collectors, logs, metrics, process
+from sidecar.observability import collectors, logs, metrics, native, process
 
 
 @pytest.mark.parametrize(
@@ -30,6 +30,7 @@ from sidecar.observability import collectors, logs, metrics, process
             "TextFormatter add_secret_digests add_secrets configure escape fields "
             "native_record rfc3339",
         ),
+        (native, "NativeStderr native_record"),
         (process, "STATUS ResidentMemoryCollector resident_memory"),
         (
             trace,
