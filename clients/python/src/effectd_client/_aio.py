@@ -7,7 +7,6 @@ same code the synchronous client uses; only the transport differs.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -109,12 +108,9 @@ class AsyncClient:
                 )
             except grpc.RpcError as exc:
                 error = EffectdError.from_rpc_error(exc)
-            wait = policy.wait(tries, error, time.monotonic() - start, random.random())  # noqa: S311 - jitter
-            if wait is None:
-                raise error from None
-            if policy.on_retry is not None:
-                policy.on_retry(error, wait)
-            await asyncio.sleep(wait)
+            await asyncio.sleep(
+                policy.next_wait(tries, error, time.monotonic() - start)
+            )
 
     # -- tool calls ----------------------------------------------------------
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -121,12 +120,7 @@ class Client:
                 )
             except grpc.RpcError as exc:
                 error = EffectdError.from_rpc_error(exc)
-            wait = policy.wait(tries, error, time.monotonic() - start, random.random())  # noqa: S311 - jitter
-            if wait is None:
-                raise error from None
-            if policy.on_retry is not None:
-                policy.on_retry(error, wait)
-            time.sleep(wait)
+            time.sleep(policy.next_wait(tries, error, time.monotonic() - start))
 
     # -- tool calls ----------------------------------------------------------
 

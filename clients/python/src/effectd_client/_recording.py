@@ -12,6 +12,7 @@ within a bounded number of tries and a deadline, with backoff.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,6 +74,16 @@ class RecordingRetry:
         if elapsed + delay >= self.deadline:
             return None
         return delay
+
+    def next_wait(self, tries: int, error: EffectdError, elapsed: float) -> float:
+        """The seconds to wait before the next try, `on_retry` told of them;
+        raises `error` when the tries end here (see `wait`)."""
+        wait = self.wait(tries, error, elapsed, random.random())  # noqa: S311 - jitter
+        if wait is None:
+            raise error from None
+        if self.on_retry is not None:
+            self.on_retry(error, wait)
+        return wait
 
     def try_timeout(self, per_call: float, elapsed: float) -> float:
         """The deadline of one try: the client's, cut to what is left."""

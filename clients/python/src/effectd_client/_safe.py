@@ -36,42 +36,40 @@ acknowledged (AcknowledgeRecovery), which starts its retention window.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_for
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic
 
 from effectd_client._client import Client
 from effectd_client._exceptions import (
     CallRejected,
     EffectdError,
     InvalidTransition,
-    ResultNotRecorded,
     RetryRequired,
     ToolFailed,
-    ToolTimedOut,
 )
-from effectd_client._recording import ONCE, RecordingRetry
+from effectd_client._recording import ONCE
 from effectd_client._safe_base import (
     _CURRENT,
     KEY_PARAMETER,
     RETRY_REQUIRED,
     CallOptions,
     Next,
+    P,
+    R,
     RunBase,
     SafeCall,
     admit,
     asks_for_retry,
     check_started,
     check_tool,
-    decoded,
     error_of,
+    failure_not_recorded,
     input_of,
+    result_not_recorded,
+    unknown_not_recorded,
+    unrecorded_reason,
 )
 from effectd_client._safe_outcomes import (
     Matcher,
@@ -79,67 +77,8 @@ from effectd_client._safe_outcomes import (
     encode_result,
     is_unknown,
 )
+from effectd_client._safe_threads import Watch, within_deadline
 from effectd_client._types import Effect, Prepared, RecoveryPlan, ToolCall
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class _Watch:
-    """While a tool runs: renews its lease, and sets `cancelled` at the
-    deadline. A lost heartbeat is not fatal (the commit is fenced by the
-    attempt); a refused one (the lease is gone) ends the renewals."""
-
-    def __init__(
-        self,
-        client: Client,
-        scope: SafeCall,
-        interval: float,
-        lease_ms: int,
-        *,
-        signal_deadline: bool,
-    ) -> None:
-        self._client, self._scope = client, scope
-        self._interval, self._lease_ms = interval, lease_ms
-        self._deadline = scope.deadline if signal_deadline else None
-        self._stop = threading.Event()
-        self._retry = RecordingRetry(deadline=max(1.0, interval))
-        self._thread: threading.Thread | None = None
-        if interval > 0 or self._deadline is not None:
-            self._thread = threading.Thread(
-                target=self._run, name=f"effectd-watch-{scope.call_id}", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        s = self._scope
-        beat = time.monotonic() + self._interval if self._interval > 0 else None
-        deadline = self._deadline
-        while beat is not None or deadline is not None:
-            wake = min(t for t in (beat, deadline) if t is not None)
-            if self._stop.wait(max(0.0, wake - time.monotonic())):
-                return
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                s.cancelled.set()
-                deadline = None
-            if beat is not None and now >= beat:
-                beat = now + self._interval if self._beat() else None
-
-    def _beat(self) -> bool:
-        s = self._scope
-        try:
-            self._client.heartbeat(
-                s.run_id, s.call_id, s.attempt, self._lease_ms, retry=self._retry
-            )
-        except EffectdError as refusal:
-            return bool(refusal.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
-        except Exception:  # a closed client ends the renewals
-            return False
-        return True
 
 
 class Run(RunBase):
@@ -275,16 +214,7 @@ class Run(RunBase):
             self._acknowledge(p.call)  # the error result reaches the agent
             raise
         if step is Next.REPLAY:
-            assert p.call.result is not None
-            yield SafeCall(
-                self.run_id,
-                call_id,
-                p.call.attempt,
-                p.idempotency_key,
-                False,
-                decoded(p.call.result, o.raw),
-                delivered=p.call.acknowledged,
-            )
+            yield self._replay(p, call_id, o)
             # Once the block used it: an agent that dies inside gets
             # REPLAY_RESULT again, not ALREADY_DELIVERED.
             self._acknowledge(p.call)
@@ -299,7 +229,7 @@ class Run(RunBase):
             check_started(p)
         scope = self._scope(p, call_id, o)
         token = _CURRENT.set(scope)
-        watch = _Watch(
+        watch = Watch(
             c, scope, self._interval(p), self.lease_ms, signal_deadline=not enforced
         )
         try:
@@ -323,8 +253,7 @@ class Run(RunBase):
                     self.run_id, scope.call_id, scope.attempt, bounded_text(repr(exc))
                 )
             except EffectdError as refusal:
-                # The lease runs out all the same: the call ends UNKNOWN.
-                exc.add_note(f"effectd did not record the unknown outcome: {refusal}")
+                exc.add_note(unknown_not_recorded(refusal))
             return
         code, message = error_of(exc)
         try:
@@ -337,11 +266,7 @@ class Run(RunBase):
             )
         except EffectdError as refusal:
             self._unrecorded(scope, refusal)
-            raise ResultNotRecorded(
-                f"the tool failed ({code}) and the ledger did not record it",
-                p.call,
-                error=exc,
-            ) from refusal
+            raise failure_not_recorded(p, code, exc) from refusal
         self._acknowledge(p.call)
 
     def _succeeded(self, p: Prepared, scope: SafeCall, o: CallOptions) -> None:
@@ -350,16 +275,12 @@ class Run(RunBase):
             self.client.commit_tool(self.run_id, scope.call_id, scope.attempt, value)
         except Exception as exc:
             self._unrecorded(scope, exc)
-            raise ResultNotRecorded(
-                "the tool returned and the ledger did not record its result",
-                p.call,
-                result=scope.result,
-            ) from exc
+            raise result_not_recorded(p, scope.result) from exc
         self._acknowledge(p.call)
 
     def _unrecorded(self, scope: SafeCall, cause: Exception) -> None:
         """One last try to leave the reason in the ledger, as UNKNOWN."""
-        reason = bounded_text(f"the outcome could not be recorded: {cause!r}")
+        reason = unrecorded_reason(cause)
         with suppress(EffectdError):
             self.client.report_unknown(
                 self.run_id, scope.call_id, scope.attempt, reason, retry=ONCE
@@ -412,29 +333,6 @@ class Run(RunBase):
         return wrap
 
 
-def _within_deadline(
-    fn: Callable[P, R], step: SafeCall, name: str, *args: P.args, **kwargs: P.kwargs
-) -> R:
-    """Runs `fn` until it returns or the step's deadline passes."""
-    if step.deadline is None:
-        return fn(*args, **kwargs)
-    done: Future[R] = Future()
-    context = contextvars.copy_context()
-
-    def work() -> None:
-        try:
-            done.set_result(context.run(fn, *args, **kwargs))
-        except BaseException as exc:  # handed to the caller
-            done.set_exception(exc)
-
-    threading.Thread(target=work, name=f"effectd-tool-{name}", daemon=True).start()
-    wait_for([done], timeout=max(0.0, step.deadline - time.monotonic()))
-    if not done.done():
-        step.cancelled.set()
-        raise ToolTimedOut(f"{name} did not finish within its timeout")
-    return done.result()
-
-
 class SafeTool(Generic[P, R]):
     """A tool function run through `Run.call`; see `Run.tool`."""
 
@@ -468,7 +366,7 @@ class SafeTool(Generic[P, R]):
                     return step.result  # type: ignore[no-any-return]
                 if o.effect is Effect.IDEMPOTENT_WRITE:
                     kwargs[KEY_PARAMETER] = step.idempotency_key
-                value = _within_deadline(self.fn, step, self.name, *args, **kwargs)
+                value = within_deadline(self.fn, step, self.name, *args, **kwargs)
                 step.set_result(value)
                 return value
 

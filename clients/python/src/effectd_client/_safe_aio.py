@@ -20,28 +20,32 @@ from effectd_client._exceptions import (
     CallRejected,
     EffectdError,
     InvalidTransition,
-    ResultNotRecorded,
     RetryRequired,
     ToolFailed,
     ToolTimedOut,
 )
 from effectd_client._recording import ONCE, RecordingRetry
-from effectd_client._safe import P, R
 from effectd_client._safe_base import (
     _CURRENT,
     KEY_PARAMETER,
     RETRY_REQUIRED,
     CallOptions,
     Next,
+    P,
+    R,
     RunBase,
     SafeCall,
     admit,
     asks_for_retry,
     check_started,
     check_tool,
-    decoded,
     error_of,
+    failure_not_recorded,
     input_of,
+    renews_after,
+    result_not_recorded,
+    unknown_not_recorded,
+    unrecorded_reason,
 )
 from effectd_client._safe_outcomes import (
     Matcher,
@@ -128,16 +132,7 @@ class AsyncRun(RunBase):
             await self._acknowledge(p.call)
             raise
         if step is Next.REPLAY:
-            assert p.call.result is not None
-            yield SafeCall(
-                self.run_id,
-                call_id,
-                p.call.attempt,
-                p.idempotency_key,
-                False,
-                decoded(p.call.result, o.raw),
-                delivered=p.call.acknowledged,
-            )
+            yield self._replay(p, call_id, o)
             # See `Run._step`: acknowledged once the block used it.
             await self._acknowledge(p.call)
             return
@@ -176,7 +171,7 @@ class AsyncRun(RunBase):
         await self._succeeded(p, scope, o)
 
     async def _beat(self, scope: SafeCall, interval: float) -> None:
-        """Renews the lease until cancelled or refused (see `_safe._Watch`)."""
+        """Renews the lease until cancelled or refused (see `_safe_threads.Watch`)."""
         retry = RecordingRetry(deadline=max(1.0, interval))
         while True:
             await asyncio.sleep(interval)
@@ -189,7 +184,7 @@ class AsyncRun(RunBase):
                     retry=retry,
                 )
             except EffectdError as refusal:
-                if refusal.code.name not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                if not renews_after(refusal):
                     return
             except Exception:  # a closed client ends the renewals
                 return
@@ -204,7 +199,7 @@ class AsyncRun(RunBase):
                     self.run_id, scope.call_id, scope.attempt, bounded_text(repr(exc))
                 )
             except EffectdError as refusal:
-                exc.add_note(f"effectd did not record the unknown outcome: {refusal}")
+                exc.add_note(unknown_not_recorded(refusal))
             return
         code, message = error_of(exc)
         try:
@@ -217,11 +212,7 @@ class AsyncRun(RunBase):
             )
         except EffectdError as refusal:
             await self._unrecorded(scope, refusal)
-            raise ResultNotRecorded(
-                f"the tool failed ({code}) and the ledger did not record it",
-                p.call,
-                error=exc,
-            ) from refusal
+            raise failure_not_recorded(p, code, exc) from refusal
         await self._acknowledge(p.call)
 
     async def _succeeded(self, p: Prepared, scope: SafeCall, o: CallOptions) -> None:
@@ -232,15 +223,11 @@ class AsyncRun(RunBase):
             )
         except Exception as exc:
             await self._unrecorded(scope, exc)
-            raise ResultNotRecorded(
-                "the tool returned and the ledger did not record its result",
-                p.call,
-                result=scope.result,
-            ) from exc
+            raise result_not_recorded(p, scope.result) from exc
         await self._acknowledge(p.call)
 
     async def _unrecorded(self, scope: SafeCall, cause: Exception) -> None:
-        reason = bounded_text(f"the outcome could not be recorded: {cause!r}")
+        reason = unrecorded_reason(cause)
         with suppress(EffectdError):
             await self.client.report_unknown(
                 self.run_id, scope.call_id, scope.attempt, reason, retry=ONCE

@@ -1,4 +1,5 @@
-"""What `Run` and `AsyncRun` share: the decisions, the options, the call scope.
+"""What `Run` and `AsyncRun` share: the decisions, the options, the call scope,
+and what the safe call says when the ledger does not record an outcome.
 
 Everything here is free of I/O; `effectd_client._safe` and `_safe_aio` add
 the client calls, the heartbeat and the deadline.
@@ -13,14 +14,16 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from effectd_client._exceptions import (
     ApprovalPending,
     CallInProgress,
     CallRejected,
+    EffectdError,
     InvalidTransition,
     ReconciliationNeeded,
+    ResultNotRecorded,
     RetryRequired,
     ToolFailed,
 )
@@ -33,6 +36,9 @@ from effectd_client._types import (
     RecoveryPlan,
     ToolResult,
 )
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 KEY_PARAMETER = "idempotency_key"
 # The daemon's default lease, when neither the answer nor the run says one.
@@ -103,6 +109,44 @@ def decoded(result: ToolResult, raw: bool) -> Any:
             result.raw if result.raw is not None else (result.json_text or "").encode()
         )
     return result.raw if result.raw is not None else result.value
+
+
+def renews_after(refusal: EffectdError) -> bool:
+    """Whether the lease renewals go on after a failed heartbeat: a lost one
+    (the daemon not reached) is not fatal, since the commit is fenced by the
+    attempt; a refused one (the lease is gone) ends them."""
+    return refusal.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+def unknown_not_recorded(refusal: EffectdError) -> str:
+    """The note added to the tool's exception when its unknown outcome was not
+    recorded: the lease runs out all the same, and the call ends UNKNOWN."""
+    return f"effectd did not record the unknown outcome: {refusal}"
+
+
+def unrecorded_reason(cause: Exception) -> str:
+    """The reason of the last report, as UNKNOWN, of an outcome not recorded."""
+    return bounded_text(f"the outcome could not be recorded: {cause!r}")
+
+
+def failure_not_recorded(
+    p: Prepared, code: str, error: BaseException
+) -> ResultNotRecorded:
+    """The tool failed, and the ledger did not record its error result."""
+    return ResultNotRecorded(
+        f"the tool failed ({code}) and the ledger did not record it",
+        p.call,
+        error=error,
+    )
+
+
+def result_not_recorded(p: Prepared, result: Any) -> ResultNotRecorded:
+    """The tool returned, and the ledger did not record its result."""
+    return ResultNotRecorded(
+        "the tool returned and the ledger did not record its result",
+        p.call,
+        result=result,
+    )
 
 
 def error_of(exc: BaseException) -> tuple[str, str]:
@@ -258,6 +302,19 @@ class RunBase:
             if item.action is RecoveryAction.WAIT_FOR_APPROVAL:
                 raise ApprovalPending("the run waits for an approval", item.call)
         return plan
+
+    def _replay(self, p: Prepared, call_id: str, options: CallOptions) -> SafeCall:
+        """The block of a committed call: its stored result, not to run."""
+        assert p.call.result is not None
+        return SafeCall(
+            self.run_id,
+            call_id,
+            p.call.attempt,
+            p.idempotency_key,
+            False,
+            decoded(p.call.result, options.raw),
+            delivered=p.call.acknowledged,
+        )
 
     def _scope(self, p: Prepared, call_id: str, options: CallOptions) -> SafeCall:
         key = p.idempotency_key or p.call.idempotency_key
