@@ -10,13 +10,12 @@ caller's thread and never wait for the writer (MVCC).
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from sidecar.storage.api import (
     WriteView,
 )
 from sidecar.storage.keys import MAX_KEY_BYTES
+from sidecar.storage.views import BufferedView, TxnView
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -85,100 +85,6 @@ class WriterStats:
     transactions: int = 0
     writes: int = 0
     largest_batch: int = 0
-
-
-class KeyTooLong(ValueError):
-    """A write function wrote a key LMDB cannot store. Keys are built to fit
-    (`sidecar.storage.keys`); raised inside the function, it refuses that
-    request alone, never its batch."""
-
-
-def _check_key(key: bytes) -> None:
-    if len(key) > MAX_KEY_BYTES:
-        raise KeyTooLong(
-            f"a store key has {len(key)} bytes, LMDB stores {MAX_KEY_BYTES}"
-        )
-
-
-class _TxnView:
-    """A `ReadView` over one LMDB transaction."""
-
-    def __init__(self, txn: lmdb.Transaction, dbs: dict[Table, Any]) -> None:
-        self._txn = txn
-        self._dbs = dbs
-
-    def get(self, table: Table, key: bytes) -> bytes | None:
-        value = self._txn.get(key, db=self._dbs[table])
-        return None if value is None else bytes(value)
-
-    def scan(
-        self, table: Table, prefix: bytes, *, after: bytes | None = None
-    ) -> Iterator[tuple[bytes, bytes]]:
-        with self._txn.cursor(db=self._dbs[table]) as cursor:
-            start = prefix if after is None or after < prefix else after
-            if not cursor.set_range(start):
-                return
-            for raw_key, value in cursor:
-                key = bytes(raw_key)
-                if not key.startswith(prefix):
-                    return
-                if after is not None and key <= after:
-                    continue
-                yield key, bytes(value)
-
-
-class _BufferedView:
-    """A `WriteView` whose writes stay in memory until `flush`, so a write
-    function that raises leaves nothing behind."""
-
-    def __init__(
-        self, base: _TxnView, txn: lmdb.Transaction, dbs: dict[Table, Any]
-    ) -> None:
-        self._base = base
-        self._txn = txn
-        self._dbs = dbs
-        self._pending: dict[tuple[Table, bytes], bytes | None] = {}
-
-    def get(self, table: Table, key: bytes) -> bytes | None:
-        if (table, key) in self._pending:
-            return self._pending[(table, key)]
-        return self._base.get(table, key)
-
-    def scan(
-        self, table: Table, prefix: bytes, *, after: bytes | None = None
-    ) -> Iterator[tuple[bytes, bytes]]:
-        mine = sorted(
-            (k, v)
-            for (t, k), v in self._pending.items()
-            if t is table and k.startswith(prefix) and (after is None or k > after)
-        )
-        shadowed = {k for k, _ in mine}
-        stored: Iterator[tuple[bytes, bytes | None]] = (
-            (k, v)
-            for k, v in self._base.scan(table, prefix, after=after)
-            if k not in shadowed
-        )
-        for key, value in heapq.merge(mine, stored, key=lambda kv: kv[0]):
-            if value is not None:
-                yield key, value
-
-    def put(self, table: Table, key: bytes, value: bytes) -> None:
-        _check_key(key)
-        self._pending[(table, key)] = value
-
-    def delete(self, table: Table, key: bytes) -> None:
-        _check_key(key)
-        self._pending[(table, key)] = None
-
-    def flush(self) -> int:
-        """Writes the buffered changes into the transaction. An `lmdb.Error`
-        here may leave the transaction unusable (the writer then aborts it)."""
-        for (table, key), value in self._pending.items():
-            if value is None:
-                self._txn.delete(key, db=self._dbs[table])
-            else:
-                self._txn.put(key, value, db=self._dbs[table])
-        return len(self._pending)
 
 
 _Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
@@ -257,7 +163,7 @@ class LmdbStore:
         if self._closed:
             raise ShuttingDown("the store is closed")
         with self._env.begin(write=False) as txn:
-            return fn(_TxnView(txn, self._dbs))
+            return fn(TxnView(txn, self._dbs))
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
         future: Future[T] = Future()
@@ -430,9 +336,9 @@ class LmdbStore:
         """
         outcomes: list[_Outcome] = []
         writes = 0
-        base = _TxnView(txn, self._dbs)
+        base = TxnView(txn, self._dbs)
         for index, (fn, future) in enumerate(batch):
-            view = _BufferedView(base, txn, self._dbs)
+            view = BufferedView(base, txn, self._dbs)
             try:
                 value = fn(view)
             except (lmdb.MapFullError, lmdb.TxnFullError):

@@ -19,13 +19,11 @@ from sidecar.errors import NotFound, ShuttingDown, StorageFull, StorageUnavailab
 from sidecar.locking import AlreadyLocked
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb_store import (
-    KeyTooLong,
     LmdbOptions,
     LmdbStore,
     StoreFormatError,
-    _BufferedView,
-    _TxnView,
 )
+from sidecar.storage.views import BufferedView, KeyTooLong, TxnView
 
 
 @pytest.fixture
@@ -304,7 +302,7 @@ class _FailsTheBatch(LmdbStore):
             with self._env.begin(write=True) as txn:
                 outcomes = []
                 for fn, future in batch:
-                    view = _BufferedView(_TxnView(txn, self._dbs), txn, self._dbs)
+                    view = BufferedView(TxnView(txn, self._dbs), txn, self._dbs)
                     outcomes.append((future, fn(view)))
                     view.flush()
         except lmdb.Error as exc:
