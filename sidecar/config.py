@@ -40,6 +40,11 @@ class Source:
     label: str
 
 
+# A setting only the environment holds is named by its variable, also before
+# the layers label an error (the settings table marks it `env_only`).
+ENV_ONLY = {"tokens": "EFFECTD_TOKENS"}
+
+
 class ConfigError(ValueError):
     """An invalid setting, named by fields, never by parsing the message.
 
@@ -52,7 +57,9 @@ class ConfigError(ValueError):
             file's path); "" if nothing.
         sources: where each setting's value came from, once the settings
             layers have labelled the error (`sidecar.settings.label`); ()
-            until then, and the settings are named by their keys, dashed.
+            until then, and the settings are named by their keys, dashed
+            (`tls-cert`), or by their variable if only the environment holds
+            them (`EFFECTD_TOKENS`).
     """
 
     def __init__(
@@ -86,7 +93,7 @@ class ConfigError(ValueError):
 
     def __str__(self) -> str:
         names = [s.label for s in self.sources] or [
-            key.replace("_", "-") for key in self.settings
+            ENV_ONLY.get(key, key.replace("_", "-")) for key in self.settings
         ]
         head = " and ".join(names) + (f" {self.detail}" if self.detail else "")
         return f"{head}: {self.why}" if head else self.why

@@ -11,7 +11,7 @@ into its own error at its one entry point.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,7 +124,7 @@ def known(
             why = (
                 unknown(key)
                 if unknown is not None
-                else f"unknown {what} (known: {_listed(fields)})"
+                else f"unknown {what} (known: {', '.join(fields)})"
             )
             raise FieldError(join(where, key), why)
     for key, field in fields.items():
@@ -144,10 +144,6 @@ def read(
     """`known`, then `check` of every value: the table, every value typed."""
     found = known(where, table, fields, what=what, unknown=unknown)
     return {k: check(join(where, k), v, fields[k]) for k, v in found.items()}
-
-
-def _listed(keys: Iterable[str]) -> str:
-    return ", ".join(keys)
 
 
 def _num(bound: float) -> str:

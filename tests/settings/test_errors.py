@@ -13,7 +13,7 @@ import pytest
 
 from sidecar import settings
 from sidecar.cli import main
-from sidecar.config import ConfigError
+from sidecar.config import ENV_ONLY, ConfigError
 from sidecar.settings import SETTINGS, Layer, Source
 from tests.settings.support import FILE, error_of, layered
 
@@ -254,6 +254,18 @@ def test_the_command_prints_its_configuration_and_refuses_a_bad_one(
     assert refused.returncode == 2
     assert refused.stderr.startswith(
         "effectd: --quota-open-calls: must not be negative"
+    )
+
+
+def test_an_unlabelled_error_names_an_environment_only_setting_by_its_variable() -> (
+    None
+):
+    """Before the layers label it (a daemon started in-process), an error
+    names a setting by its key, dashed, or, for a setting only the
+    environment holds, by its variable; `ENV_ONLY` agrees with the table."""
+    assert {s.key: s.env for s in SETTINGS if s.env_only} == ENV_ONLY
+    assert str(ConfigError(("tokens_file", "tokens"), "set one, not both")) == (
+        "tokens-file and EFFECTD_TOKENS: set one, not both"
     )
 
 
