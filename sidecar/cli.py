@@ -147,9 +147,7 @@ def _run(resolved: settings.Resolved, daemon_class: type[Daemon]) -> int:
     except ConfigError as exc:
         # Raised while starting (a tokens file, a certificate): named as the
         # user wrote the setting that points at it.
-        print(
-            f"effectd: {settings.relabel(str(exc), resolved.sources)}", file=sys.stderr
-        )
+        print(f"effectd: {settings.label(exc, resolved.sources)}", file=sys.stderr)
         return 2
     except (PolicyError, ProvidersError, AlreadyLocked, StoreFormatError) as exc:
         print(f"effectd: {exc}", file=sys.stderr)

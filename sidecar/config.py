@@ -1,7 +1,11 @@
-"""The daemon's configuration: one frozen value, built by the CLI."""
+"""The daemon's configuration: one frozen value, built by the CLI (see
+`sidecar.settings`), and `ConfigError`, which names the setting at fault by
+its key and, once the settings layers know it, by where its value came from.
+"""
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +21,82 @@ DEFAULT_RETENTION_INTERVAL_SECONDS = 600.0
 DEFAULT_SETTLE_INTERVAL_SECONDS = 10.0
 
 
+class Layer(enum.Enum):
+    """Where a setting's value came from."""
+
+    FLAG = "flag"
+    ENV = "env"
+    FILE = "file"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Which layer gave a setting its value, and how that layer spells it."""
+
+    layer: Layer
+    # "--listen", "EFFECTD_LISTEN", "listen in effectd.toml", or, for a
+    # default, the flag (or variable) that would change it.
+    label: str
+
+
+# A setting only the environment holds is named by its variable, also before
+# the layers label an error (the settings table marks it `env_only`).
+ENV_ONLY = {"tokens": "EFFECTD_TOKENS"}
+
+
 class ConfigError(ValueError):
-    """An invalid setting; the message names it."""
+    """An invalid setting, named by fields, never by parsing the message.
+
+    Attributes:
+        settings: the keys of the settings at fault, as the settings table
+            and the TOML file spell them (`tls_cert`); a flag's spelling
+            (`tls-cert`) names the same key.
+        why: what is wrong.
+        detail: what the setting points at, said after its name (the tokens
+            file's path); "" if nothing.
+        sources: where each setting's value came from, once the settings
+            layers have labelled the error (`sidecar.settings.label`); ()
+            until then, and the settings are named by their keys, dashed
+            (`tls-cert`), or by their variable if only the environment holds
+            them (`EFFECTD_TOKENS`).
+    """
+
+    def __init__(
+        self,
+        settings: str | tuple[str, ...],
+        why: str,
+        *,
+        detail: str = "",
+        sources: tuple[Source, ...] = (),
+    ) -> None:
+        keys = (settings,) if isinstance(settings, str) else settings
+        self.settings = tuple(key.replace("-", "_") for key in keys)
+        self.why = why
+        self.detail = detail
+        self.sources = sources
+        super().__init__(str(self))
+
+    @property
+    def setting(self) -> str:
+        """The (first) setting at fault; "" for none."""
+        return self.settings[0] if self.settings else ""
+
+    @property
+    def source(self) -> Source | None:
+        """Where the (first) setting's value came from, once labelled."""
+        return self.sources[0] if self.sources else None
+
+    def labelled(self, sources: tuple[Source, ...]) -> ConfigError:
+        """The same error, each setting named by its source."""
+        return ConfigError(self.settings, self.why, detail=self.detail, sources=sources)
+
+    def __str__(self) -> str:
+        names = [s.label for s in self.sources] or [
+            ENV_ONLY.get(key, key.replace("_", "-")) for key in self.settings
+        ]
+        head = " and ".join(names) + (f" {self.detail}" if self.detail else "")
+        return f"{head}: {self.why}" if head else self.why
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,38 +193,39 @@ class ServeConfig:
         path = str(self.socket_path)
         if len(path.encode()) > MAX_SOCKET_PATH:
             raise ConfigError(
-                f"socket: the path {path!r} is longer than {MAX_SOCKET_PATH} bytes; "
-                "choose a shorter --socket or --data-dir"
+                "socket",
+                f"the path {path!r} is longer than {MAX_SOCKET_PATH} bytes; "
+                "choose a shorter --socket or --data-dir",
             )
         self._validate_listeners()
         if self.map_size < 1 << 20:
-            raise ConfigError("map-size: must be at least 1 MiB")
+            raise ConfigError("map_size", "must be at least 1 MiB")
         if self.grace_seconds < 0:
-            raise ConfigError("grace: must not be negative")
+            raise ConfigError("grace", "must not be negative")
         if not self.retention_interval_seconds > 0:
             raise ConfigError(
-                "retention-interval: must be a positive number of seconds"
+                "retention_interval", "must be a positive number of seconds"
             )
         if not self.settle_interval_seconds > 0:
-            raise ConfigError("settle-interval: must be a positive number of seconds")
+            raise ConfigError("settle_interval", "must be a positive number of seconds")
         if self.log_format not in ("json", "text"):
-            raise ConfigError("log-format: must be json or text")
+            raise ConfigError("log_format", "must be json or text")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ConfigError("log-level: must be debug, info, warning or error")
-        _positive(self.server_limits, "max_message_bytes", 1 << 10)
-        _positive(self.server_limits, "max_concurrent_rpcs", 1)
-        _positive(self.server_limits, "max_concurrent_rpcs_per_caller", 1)
-        _positive(self.server_limits, "max_concurrent_streams", 1)
-        for name in (
-            "handshake_timeout_seconds",
-            "default_deadline_seconds",
-            "min_ping_interval_seconds",
-            "max_connection_idle_seconds",
-        ):
-            _positive(self.server_limits, name, 0.001)
+            raise ConfigError("log_level", "must be debug, info, warning or error")
+        limits = self.server_limits
+        _at_least("max_message_size", limits.max_message_bytes, 1 << 10)
+        _at_least("max_concurrent_rpcs", limits.max_concurrent_rpcs, 1)
+        _at_least(
+            "max_concurrent_rpcs_per_caller", limits.max_concurrent_rpcs_per_caller, 1
+        )
+        _at_least("max_concurrent_streams", limits.max_concurrent_streams, 1)
+        _at_least("handshake_timeout", limits.handshake_timeout_seconds, 0.001)
+        _at_least("default_deadline", limits.default_deadline_seconds, 0.001)
+        _at_least("min_ping_interval", limits.min_ping_interval_seconds, 0.001)
+        _at_least("max_connection_idle", limits.max_connection_idle_seconds, 0.001)
         for name in ("open_calls", "stored_bytes", "requests_per_second", "burst"):
             if getattr(self.quotas, name) < 0:
-                raise ConfigError(f"quota-{_flag(name)}: must not be negative")
+                raise ConfigError(f"quota_{name}", "must not be negative")
 
     def _validate_listeners(self) -> None:
         if self.listen is not None:
@@ -155,34 +234,33 @@ class ServeConfig:
             host, _ = split_host_port("listen", self.listen)
             if not is_loopback(host) and not self.authenticated:
                 raise ConfigError(
-                    f"listen: {host!r} is not loopback: other machines may reach "
-                    "it, so it needs tokens (tokens-file or EFFECTD_TOKENS)"
+                    "listen",
+                    f"{host!r} is not loopback: other machines may reach it, so "
+                    "it needs tokens (tokens-file or EFFECTD_TOKENS)",
                 )
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError("tls-cert and tls-key: set both or neither")
+            raise ConfigError(("tls_cert", "tls_key"), "set both or neither")
         if self.tls_client_ca is not None and not self.tls:
-            raise ConfigError("tls-client-ca: needs tls-cert and tls-key")
+            raise ConfigError("tls_client_ca", "needs tls-cert and tls-key")
         if self.tls and self.listen is None:
-            raise ConfigError("tls-cert: TLS serves the TCP listener; set listen")
+            raise ConfigError("tls_cert", "TLS serves the TCP listener; set listen")
         if self.health_listen is not None:
-            split_host_port("health-listen", self.health_listen)
+            split_host_port("health_listen", self.health_listen)
         if self.metrics_listen is not None:
-            loopback_host(self.metrics_listen, setting="metrics-listen")
+            loopback_host(self.metrics_listen, setting="metrics_listen")
 
 
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _positive(limits: ServerLimits, name: str, least: float) -> None:
-    if getattr(limits, name) < least:
-        raise ConfigError(f"{_flag(name)}: must be at least {least}")
+def _at_least(setting: str, value: float, least: float) -> None:
+    if value < least:
+        raise ConfigError(setting, f"must be at least {least}")
 
 
 def split_host_port(setting: str, listen: str) -> tuple[str, int]:
+    """HOST and PORT of `listen`; ConfigError naming `setting` if it is not
+    HOST:PORT."""
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"{setting}: {listen!r} is not HOST:PORT")
+        raise ConfigError(setting, f"{listen!r} is not HOST:PORT")
     return host, int(port)
 
 
@@ -200,11 +278,12 @@ def loopback_host(listen: str, setting: str = "listen") -> tuple[str, int]:
     host, port = split_host_port(setting, listen)
     if not is_loopback(host):
         raise ConfigError(
-            f"{setting}: {host!r} is not a loopback address (127.0.0.1 or [::1]);"
+            setting,
+            f"{host!r} is not a loopback address (127.0.0.1 or [::1]);"
             + (
                 " other addresses need tls-cert and tls-key"
                 if setting == "listen"
                 else ""
-            )
+            ),
         )
     return host, port

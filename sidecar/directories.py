@@ -30,7 +30,7 @@ def refuse_unsafe_directory(path: Path, setting: str, *, sticky_ok: bool) -> Non
 
     Args:
         path: the directory.
-        setting: the setting that chose it (`data-dir`, `socket`).
+        setting: the key of the setting that chose it (`data_dir`, `socket`).
         sticky_ok: accept a sticky directory owned by root or by the daemon's
             user although others may write it (like /tmp).
     """
@@ -42,9 +42,10 @@ def refuse_unsafe_directory(path: Path, setting: str, *, sticky_ok: bool) -> Non
     me = os.geteuid()
     if st.st_uid not in (me, ROOT):
         raise ConfigError(
-            f"{setting}: {path} is owned by another user (uid {st.st_uid}, the "
-            f"daemon runs as uid {me}), who could change what the daemon keeps "
-            "there; use a directory of the daemon's user"
+            setting,
+            f"{path} is owned by another user (uid {st.st_uid}, the daemon runs "
+            f"as uid {me}), who could change what the daemon keeps there; use a "
+            "directory of the daemon's user",
         )
     if not mode & 0o022:
         return
@@ -57,7 +58,7 @@ def refuse_unsafe_directory(path: Path, setting: str, *, sticky_ok: bool) -> Non
         else ""
     )
     raise ConfigError(
-        f"{setting}: {path} is group- or world-writable (mode {mode:04o}): another "
-        f"user could rename or replace what the daemon keeps there; chmod 700 it"
-        f"{sticky}"
+        setting,
+        f"{path} is group- or world-writable (mode {mode:04o}): another user "
+        f"could rename or replace what the daemon keeps there; chmod 700 it{sticky}",
     )

@@ -39,75 +39,80 @@ from __future__ import annotations
 
 import threading
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from sidecar.ledger.model import Effect
 from sidecar.ledger.policy import Policy
+from sidecar.tomlfields import Field, FieldError, check, join, read
 
 
 class PolicyError(ValueError):
-    """The policy file is unreadable or invalid; the message names the setting."""
+    """The policy file is unreadable or invalid.
+
+    Attributes:
+        where: the setting (`retry.max_attempts`), or the file for an error
+            about the whole file.
+        why: what is wrong.
+    """
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}")
+        self.where = where
+        self.why = why
 
 
-_SECTIONS: dict[str, dict[str, type]] = {
+_SECTIONS: Mapping[str, Mapping[str, Field]] = {
     "retry": {
-        "retry_safe": bool,
-        "max_attempts": int,
-        "require_idempotency_proof": bool,
+        "retry_safe": Field(bool),
+        "max_attempts": Field(int, bounds=(1, 100)),
+        "require_idempotency_proof": Field(bool),
     },
-    "leases": {"default_ms": int},
-    "retention": {"days": int, "unacknowledged_days": int, "tombstone_days": int},
-    "reconcile": {"quarantine_leases": int},
-    "inputs": {"keep_all": bool, "max_bytes": int},
+    "leases": {"default_ms": Field(int, bounds=(1, 3_600_000))},
+    "retention": {
+        "days": Field(int, bounds=(1, 3650)),
+        "unacknowledged_days": Field(int, bounds=(1, 3650)),
+        "tombstone_days": Field(int, bounds=(1, 3650)),
+    },
+    "reconcile": {"quarantine_leases": Field(int, bounds=(1, 1000))},
+    "inputs": {
+        "keep_all": Field(bool),
+        "max_bytes": Field(int, bounds=(1, 1 << 20)),
+    },
 }
-_RANGES: dict[tuple[str, str], tuple[int, int]] = {
-    ("retry", "max_attempts"): (1, 100),
-    ("leases", "default_ms"): (1, 3_600_000),
-    ("retention", "days"): (1, 3650),
-    ("retention", "unacknowledged_days"): (1, 3650),
-    ("retention", "tombstone_days"): (1, 3650),
-    ("reconcile", "quarantine_leases"): (1, 1000),
-    ("inputs", "max_bytes"): (1, 1 << 20),
+_DOCUMENT: Mapping[str, Field] = {
+    **{section: Field(dict) for section in _SECTIONS},
+    "tools": Field(dict),
 }
-
-
-def _check(section: str, key: str, value: Any, kind: type) -> Any:
-    # bool is an int in Python: check it first, both ways.
-    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-        raise PolicyError(f"{section}.{key}: must be a {kind.__name__}, got {value!r}")
-    bounds = _RANGES.get((section, key))
-    number: Any = value
-    if bounds is not None and not bounds[0] <= number <= bounds[1]:
-        raise PolicyError(
-            f"{section}.{key}: must be between {bounds[0]} and {bounds[1]}"
-        )
-    return value
+_TOOL = {"effect": Field(str), "idempotency_proven": Field(bool)}
 
 
 def parse_policy(text: str, source: str = "policy") -> Policy:
-    """The policy a TOML text describes; omitted settings keep their defaults."""
+    """The policy a TOML text describes; omitted settings keep their defaults.
+
+    Raises:
+        PolicyError: naming the setting (or `source`, for text that is not
+            TOML).
+    """
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{source}: not valid TOML: {exc}") from None
-    values: dict[str, Any] = {}
-    for section, table in doc.items():
-        if section == "tools":
-            continue
-        if section not in _SECTIONS or not isinstance(table, dict):
-            raise PolicyError(
-                f"{section}: unknown section "
-                "(known: retry, leases, retention, reconcile, inputs, tools)"
-            )
-        for key, value in table.items():
-            if key not in _SECTIONS[section]:
-                raise PolicyError(f"{section}.{key}: unknown setting")
-            values[f"{section}.{key}"] = _check(
-                section, key, value, _SECTIONS[section][key]
-            )
+        raise PolicyError(source, f"not valid TOML: {exc}") from None
+    try:
+        return _policy(doc)
+    except FieldError as exc:
+        raise PolicyError(exc.where, exc.why) from None
+
+
+def _policy(doc: dict[str, Any]) -> Policy:
+    read("", doc, _DOCUMENT, what="section")
+    values: dict[str, Any] = {
+        join(section, key): value
+        for section, fields in _SECTIONS.items()
+        for key, value in read(section, doc.get(section, {}), fields).items()
+    }
     overrides, proven = _tools(doc.get("tools", {}))
     default = Policy()
     days = values.get("retention.days", default.retention_seconds // 86400)
@@ -116,9 +121,10 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
         max(days, default.unacknowledged_retention_seconds // 86400),
     )
     if unacknowledged_days < days:
-        raise PolicyError(
-            "retention.unacknowledged_days: must be at least retention.days: a "
-            "result never delivered is kept no shorter than a delivered one"
+        raise FieldError(
+            "retention.unacknowledged_days",
+            "must be at least retention.days: a result never delivered is kept "
+            "no shorter than a delivered one",
         )
     return Policy(
         retry_safe_enabled=values.get("retry.retry_safe", default.retry_safe_enabled),
@@ -145,36 +151,32 @@ def parse_policy(text: str, source: str = "policy") -> Policy:
     )
 
 
-_TOOL_KEYS = frozenset({"effect", "idempotency_proven"})
-
-
-def _tools(tools: Any) -> tuple[dict[str, Effect], set[str]]:
+def _tools(tools: dict[str, Any]) -> tuple[dict[str, Effect], set[str]]:
     """The [tools.NAME] sections: forced effects, and tools proven idempotent."""
-    if not isinstance(tools, dict):
-        raise PolicyError("tools: must be a table of [tools.NAME] sections")
     overrides: dict[str, Effect] = {}
     proven: set[str] = set()
     for name, table in tools.items():
-        if not isinstance(table, dict) or not table or not set(table) <= _TOOL_KEYS:
-            raise PolicyError(
-                f"tools.{name}: must set `effect` or `idempotency_proven`, nothing else"
+        where = join("tools", name)
+        if not isinstance(table, dict) or not table or not set(table) <= set(_TOOL):
+            raise FieldError(
+                where, "must set `effect` or `idempotency_proven`, nothing else"
             )
         if "effect" in table:
             if table["effect"] != Effect.SIDE_EFFECT.value:
-                raise PolicyError(
-                    f'tools.{name}.effect: only "side-effect" can be forced; a policy '
-                    "never makes a tool less conservative than its callers declare"
+                raise FieldError(
+                    join(where, "effect"),
+                    'only "side-effect" can be forced; a policy never makes a '
+                    "tool less conservative than its callers declare",
                 )
             overrides[name] = Effect.SIDE_EFFECT
         if "idempotency_proven" in table:
-            if _check(
-                "tools", f"{name}.idempotency_proven", table["idempotency_proven"], bool
-            ):
+            key = join(where, "idempotency_proven")
+            if check(key, table["idempotency_proven"], _TOOL["idempotency_proven"]):
                 proven.add(name)
             if name in overrides and name in proven:
-                raise PolicyError(
-                    f"tools.{name}: forced to side-effect and proven idempotent at "
-                    "once; remove one"
+                raise FieldError(
+                    where,
+                    "forced to side-effect and proven idempotent at once; remove one",
                 )
     return overrides, proven
 
@@ -192,7 +194,7 @@ class PolicyFile:
         try:
             text = self.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"{self.path}: cannot be read: {exc}") from None
+            raise PolicyError(str(self.path), f"cannot be read: {exc}") from None
         return parse_policy(text, str(self.path))
 
     def current(self) -> Policy:

@@ -123,7 +123,7 @@ def server_options(cfg: ServeConfig) -> list[tuple[str, int]]:
 
 def load_credentials(cfg: ServeConfig) -> Credentials | None:
     if cfg.tokens_file is not None and cfg.tokens_text is not None:
-        raise ConfigError("tokens-file and EFFECTD_TOKENS: set one, not both")
+        raise ConfigError(("tokens_file", "tokens"), "set one, not both")
     if cfg.tokens_file is not None:
         return tokens.load_file(cfg.tokens_file)
     if cfg.tokens_text is not None:
@@ -142,7 +142,7 @@ def load_tracing(cfg: ServeConfig) -> Tracing | None:
         if not (exc.name or "").startswith("opentelemetry"):
             raise
         raise ConfigError(
-            "otel: needs the otel extra (pip install effectd[otel])"
+            "otel", "needs the otel extra (pip install effectd[otel])"
         ) from None
     return otel.from_environment()
 
@@ -223,7 +223,7 @@ class Daemon:
         try:
             restore.refuse_unfinished(self.config.data_dir)
         except restore.UnfinishedRestore as exc:
-            raise ConfigError(f"data-dir: {exc}") from None
+            raise ConfigError("data_dir", str(exc)) from None
         if not self.config.sync:
             log.warning(
                 "sync is off (--no-sync): an answer can leave before its write "

@@ -453,7 +453,7 @@ def test_the_example_tokens_and_policy_are_valid() -> None:
     ):
         digest = hashlib.sha256(f"example-token-{n}".encode()).hexdigest()
         text = text.replace(placeholder, digest)
-    assert len(tokens.parse(text, "tokens.example.toml")) == 2
+    assert len(tokens.parse(text, path="tokens.example.toml")) == 2
     parse_policy((KUBE / "policy.toml").read_text(), "policy.toml")
 
 

@@ -25,7 +25,9 @@ CLIENT_PUBLIC = "effectd_client"
 CLIENT_PRIVATE = "effectd_client._*"
 
 # Stdlib-only leaves every layer may use.
-BASE = frozenset({"sidecar", "errors", "clock", "locking", "tracecontext"})
+BASE = frozenset(
+    {"sidecar", "errors", "clock", "locking", "tracecontext", "tomlfields"}
+)
 
 # unit -> the units it may import (besides itself and anything outside effectd).
 ALLOWED: Mapping[str, frozenset[str]] = {
@@ -34,6 +36,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "clock": frozenset(),
     "locking": frozenset(),
     "tracecontext": frozenset(),
+    # The typed fields of a TOML table, for every file the daemon reads.
+    "tomlfields": frozenset(),
     "probe": frozenset(),
     # Pure rules: records, transitions, quotas, policy.
     "ledger": BASE,

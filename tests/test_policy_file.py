@@ -64,9 +64,18 @@ def test_an_empty_file_is_the_default_policy() -> None:
         ("[retry\n", "not valid TOML"),
         ("[retries]\nmax_attempts = 1", "retries: unknown section"),
         ("[retry]\nmax_attemps = 1", "retry.max_attemps: unknown setting"),
-        ("[retry]\nmax_attempts = '3'", "retry.max_attempts: must be a int"),
-        ("[retry]\nmax_attempts = true", "retry.max_attempts: must be a int"),
-        ("[retry]\nretry_safe = 1", "retry.retry_safe: must be a bool"),
+        (
+            "[retry]\nmax_attempts = '3'",
+            "retry.max_attempts: must be an integer, not a",
+        ),
+        (
+            "[retry]\nmax_attempts = true",
+            "retry.max_attempts: must be an integer, not a",
+        ),
+        (
+            "[retry]\nretry_safe = 1",
+            "retry.retry_safe: must be a boolean, not an integer",
+        ),
         ("[retry]\nmax_attempts = 0", "retry.max_attempts: must be between"),
         ("[leases]\ndefault_ms = 0", "leases.default_ms: must be between"),
         ("[retention]\ndays = 0", "retention.days: must be between"),
@@ -75,14 +84,17 @@ def test_an_empty_file_is_the_default_policy() -> None:
             "reconcile.quarantine_leases: must be between",
         ),
         ("[inputs]\nmax_bytes = 0", "inputs.max_bytes: must be between"),
-        ("[inputs]\nkeep_all = 'yes'", "inputs.keep_all: must be a bool"),
-        ("retry = 3", "retry: unknown section"),
+        (
+            "[inputs]\nkeep_all = 'yes'",
+            "inputs.keep_all: must be a boolean, not a string",
+        ),
+        ("retry = 3", "retry: must be a table, not an integer"),
         ("[tools.search]\neffect = 'read'", 'only "side-effect" can be forced'),
         ("[tools.search]\neffect = 'side-effect'\nx = 1", "nothing else"),
         ("[tools.search]\n", "must set `effect` or `idempotency_proven`"),
         (
             "[tools.search]\nidempotency_proven = 'yes'",
-            "tools.search.idempotency_proven: must be a bool",
+            "tools.search.idempotency_proven: must be a boolean",
         ),
         (
             "[tools.search]\neffect = 'side-effect'\nidempotency_proven = true",
@@ -90,7 +102,7 @@ def test_an_empty_file_is_the_default_policy() -> None:
         ),
         (
             "[retry]\nrequire_idempotency_proof = 1",
-            "retry.require_idempotency_proof: must be a bool",
+            "retry.require_idempotency_proof: must be a boolean",
         ),
         ("tools = 1", "tools: must be a table"),
     ],

@@ -25,52 +25,73 @@ from typing import Any
 from sidecar.auth.access import ALL_NAMESPACES, Credential, Credentials, Principal, Role
 from sidecar.config import ConfigError
 from sidecar.ledger.validation import Violations
+from sidecar.tomlfields import Field, FieldError, check, join, known, read
 
 MIN_SECRET_CHARS = 16
-_KEYS = {"name", "secret", "sha256", "roles", "namespaces"}
+_DOCUMENT = {"token": Field(list)}
+_TOKEN = {
+    "name": Field(str, required=True),
+    "secret": Field(str),
+    "sha256": Field(str),
+    "roles": Field(list),
+    "namespaces": Field(list),
+}
 
 
 def load_file(path: Path) -> Credentials:
     """Reads a tokens file, refusing one others may read or write."""
-    setting = f"tokens-file {path}"
+    named = str(path)
     try:
         mode = path.stat().st_mode
     except OSError as exc:
-        raise ConfigError(f"{setting}: {exc.strerror}") from None
+        raise ConfigError("tokens_file", str(exc.strerror), detail=named) from None
     if not stat.S_ISREG(mode):
-        raise ConfigError(f"{setting}: is not a regular file")
+        raise ConfigError("tokens_file", "is not a regular file", detail=named)
     if mode & 0o077:
         raise ConfigError(
-            f"{setting}: mode {stat.S_IMODE(mode):04o} lets others read it; "
-            "chmod 600 it"
+            "tokens_file",
+            f"mode {stat.S_IMODE(mode):04o} lets others read it; chmod 600 it",
+            detail=named,
         )
     if path.stat().st_uid != os.geteuid():
-        raise ConfigError(f"{setting}: is not owned by the daemon's user")
-    return parse(path.read_text(encoding="utf-8"), setting)
+        raise ConfigError(
+            "tokens_file", "is not owned by the daemon's user", detail=named
+        )
+    return parse(path.read_text(encoding="utf-8"), "tokens_file", named)
 
 
-def parse(text: str, setting: str = "EFFECTD_TOKENS") -> Credentials:
+def parse(text: str, setting: str = "tokens", path: str = "") -> Credentials:
+    """The credentials of a tokens file's text.
+
+    Args:
+        text: the TOML text.
+        setting: the setting that holds it: `tokens` (EFFECTD_TOKENS) or
+            `tokens_file`, which errors name.
+        path: the file's path, said after the setting's name.
+    """
+    try:
+        return _parse(text)
+    except FieldError as exc:
+        raise ConfigError(setting, str(exc), detail=path) from None
+
+
+def _parse(text: str) -> Credentials:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # The message quotes no input: it may be a token.
-        raise ConfigError(f"{setting}: not valid TOML ({_where(exc)})") from None
-    unknown = set(doc) - {"token"}
-    if unknown:
-        raise ConfigError(f"{setting}: unknown key {sorted(unknown)[0]!r}")
-    tables = doc.get("token", [])
-    if not isinstance(tables, list) or not tables:
-        raise ConfigError(f"{setting}: needs at least one [[token]] table")
-    credentials = [
-        _credential(t, f"{setting}: token[{i}]") for i, t in enumerate(tables)
-    ]
+        raise FieldError("", f"not valid TOML ({_where(exc)})") from None
+    tables = read("", doc, _DOCUMENT, what="key").get("token", [])
+    if not tables:
+        raise FieldError("", "needs at least one [[token]] table")
+    credentials = [_credential(t, f"token[{i}]") for i, t in enumerate(tables)]
     names = [c.principal.name for c in credentials]
     for name in names:
         if names.count(name) > 1:
-            raise ConfigError(f"{setting}: the name {name!r} is used twice")
+            raise FieldError("", f"the name {name!r} is used twice")
     digests = [c.digest for c in credentials]
     if len(set(digests)) != len(digests):
-        raise ConfigError(f"{setting}: two tokens have the same secret")
+        raise FieldError("", "two tokens have the same secret")
     return Credentials(credentials)
 
 
@@ -82,55 +103,56 @@ def _where(exc: tomllib.TOMLDecodeError) -> str:
 
 
 def _credential(table: Any, where: str) -> Credential:
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: must be a table")
-    unknown = set(table) - _KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-    name = table.get("name")
-    if not isinstance(name, str) or not name or len(name) > 128:
-        raise ConfigError(f"{where}.name: is required, 1..128 characters")
+    known(where, table, _TOKEN, what="key")
+    name = check(join(where, "name"), table["name"], _TOKEN["name"])
+    if not name or len(name) > 128:
+        raise FieldError(join(where, "name"), "is required, 1..128 characters")
     where = f"{where} ({name})"
+    table = read(where, table, _TOKEN, what="key")
     return Credential(_digest(table, where), _principal(table, name, where))
 
 
 def _digest(table: Mapping[str, Any], where: str) -> bytes:
     secret, hashed = table.get("secret"), table.get("sha256")
     if (secret is None) == (hashed is None):
-        raise ConfigError(f"{where}: set exactly one of secret and sha256")
+        raise FieldError(where, "set exactly one of secret and sha256")
     if secret is not None:
-        if not isinstance(secret, str) or len(secret) < MIN_SECRET_CHARS:
-            raise ConfigError(
-                f"{where}.secret: must be at least {MIN_SECRET_CHARS} characters "
-                "(e.g. `openssl rand -base64 32`)"
+        if len(secret) < MIN_SECRET_CHARS:
+            raise FieldError(
+                join(where, "secret"),
+                f"must be at least {MIN_SECRET_CHARS} characters "
+                "(e.g. `openssl rand -base64 32`)",
             )
         if any(c.isspace() or not c.isprintable() for c in secret):
-            raise ConfigError(f"{where}.secret: must not hold spaces or controls")
+            raise FieldError(join(where, "secret"), "must not hold spaces or controls")
         return sha256(secret.encode()).digest()
+    assert isinstance(hashed, str)  # checked by its field
     try:
-        digest = bytes.fromhex(hashed) if isinstance(hashed, str) else b""
+        digest = bytes.fromhex(hashed)
     except ValueError:
         digest = b""
     if len(digest) != 32:
-        raise ConfigError(f"{where}.sha256: must be 64 hex digits")
+        raise FieldError(join(where, "sha256"), "must be 64 hex digits")
     return digest
 
 
 def _principal(table: Mapping[str, Any], name: str, where: str) -> Principal:
     roles = table.get("roles")
-    if not isinstance(roles, list) or not roles:
-        raise ConfigError(f"{where}.roles: is required: agent, approver, operator")
-    known = {r.value: r for r in Role}
+    if not roles:
+        raise FieldError(join(where, "roles"), "is required: agent, approver, operator")
+    known_roles = {r.value: r for r in Role}
     for role in roles:
-        if role not in known:
-            raise ConfigError(f"{where}.roles: unknown role {role!r}")
+        if not isinstance(role, str) or role not in known_roles:
+            raise FieldError(join(where, "roles"), f"unknown role {role!r}")
     namespaces = table.get("namespaces")
-    if not isinstance(namespaces, list) or not namespaces:
-        raise ConfigError(f'{where}.namespaces: is required (["*"] for every one)')
+    if not namespaces:
+        raise FieldError(join(where, "namespaces"), 'is required (["*"] for every one)')
     for ns in namespaces:
         v = Violations()
         if isinstance(ns, str) and ns not in ("", ALL_NAMESPACES):
             v.namespace("", ns)
         if not isinstance(ns, str) or not ns or v.items:
-            raise ConfigError(f"{where}.namespaces: {ns!r} is not a namespace")
-    return Principal(name, frozenset(known[r] for r in roles), frozenset(namespaces))
+            raise FieldError(join(where, "namespaces"), f"{ns!r} is not a namespace")
+    return Principal(
+        name, frozenset(known_roles[r] for r in roles), frozenset(namespaces)
+    )

@@ -37,24 +37,37 @@ import httpx
 
 from sidecar.errors import RouteNotAllowed
 from sidecar.provider.policy import DEFAULT_MAX_RETRIES, MAX_ATTEMPTS_CEILING
+from sidecar.tomlfields import Field, FieldError, join, read
 
 
 class ProvidersError(ValueError):
-    """The providers file is unreadable or invalid; the message names the setting."""
+    """The providers file is unreadable or invalid.
+
+    Attributes:
+        where: the setting (`routes.openai.base_url`), or the file for an
+            error about the whole file.
+        why: what is wrong; never a credential.
+    """
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}")
+        self.where = where
+        self.why = why
 
 
-_KEYS: dict[str, type | tuple[type, ...]] = {
-    "base_url": str,
-    "credential_env": str,
-    "credential_file": str,
-    "credential_header": str,
-    "credential_prefix": str,
-    "idempotency_key": bool,
-    "effect": str,
-    "max_retries": int,
-    "paths": list,
-    "read_timeout_seconds": (int, float),
-    "headers": dict,
+_DOCUMENT = {"routes": Field(dict)}
+_ROUTE = {
+    "base_url": Field(str, required=True),
+    "credential_env": Field(str),
+    "credential_file": Field(str),
+    "credential_header": Field(str),
+    "credential_prefix": Field(str),
+    "idempotency_key": Field(bool),
+    "effect": Field(str),
+    "max_retries": Field(int, bounds=(0, MAX_ATTEMPTS_CEILING - 1)),
+    "paths": Field(list),
+    "read_timeout_seconds": Field((int, float)),
+    "headers": Field(dict),
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
@@ -113,48 +126,38 @@ class Route:
         return frozenset(names)
 
 
-def _typed(where: str, value: Any, kind: type | tuple[type, ...]) -> Any:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise ProvidersError(f"{where}: must be a {names}")
-    return value
-
-
 def _base_url(where: str, raw: str) -> str:
     parts = urllib.parse.urlsplit(raw)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ProvidersError(f"{where}: must be an http(s) URL with a host")
+        raise FieldError(where, "must be an http(s) URL with a host")
     if parts.username or parts.password or parts.query or parts.fragment:
-        raise ProvidersError(
-            f"{where}: must not carry credentials, a query or a fragment"
-        )
+        raise FieldError(where, "must not carry credentials, a query or a fragment")
     return raw.rstrip("/")
 
 
 def _credential(where: str, table: dict[str, Any], environ: Mapping[str, str]) -> str:
     env, file = table.get("credential_env"), table.get("credential_file")
     if env is not None and file is not None:
-        raise ProvidersError(
-            f"{where}: set credential_env or credential_file, not both"
-        )
+        raise FieldError(where, "set credential_env or credential_file, not both")
     if env is not None:
         if env not in environ or not environ[env]:
-            raise ProvidersError(
-                f"{where}.credential_env: the environment variable {env} is not set"
+            raise FieldError(
+                join(where, "credential_env"),
+                f"the environment variable {env} is not set",
             )
         secret = environ[env]
     elif file is not None:
         try:
             secret = Path(file).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ProvidersError(
-                f"{where}.credential_file: cannot be read ({type(exc).__name__})"
+            raise FieldError(
+                join(where, "credential_file"),
+                f"cannot be read ({type(exc).__name__})",
             ) from None
     else:
         return ""
     if not secret or any(c in secret for c in "\r\n\0"):
-        raise ProvidersError(f"{where}: the credential is empty or not one line")
+        raise FieldError(where, "the credential is empty or not one line")
     return secret
 
 
@@ -163,45 +166,36 @@ def _effect(where: str, table: dict[str, Any]) -> RouteEffect:
     for effect in RouteEffect:
         if effect.value == value:
             return effect
-    raise ProvidersError(f'{where}.effect: must be "inference" or "side-effect"')
+    raise FieldError(join(where, "effect"), 'must be "inference" or "side-effect"')
 
 
 def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
-    where = f"routes.{name}"
+    where = join("routes", name)
     if not _NAME.match(name):
-        raise ProvidersError(f"{where}: a route name is 1-64 of A-Z a-z 0-9 . _ -")
-    if not isinstance(table, dict):
-        raise ProvidersError(f"{where}: must be a table")
-    for key, value in table.items():
-        if key not in _KEYS:
-            raise ProvidersError(f"{where}.{key}: unknown setting")
-        _typed(f"{where}.{key}", value, _KEYS[key])
-    if "base_url" not in table:
-        raise ProvidersError(f"{where}.base_url: is required")
-    base = _base_url(f"{where}.base_url", table["base_url"])
+        raise FieldError(where, "a route name is 1-64 of A-Z a-z 0-9 . _ -")
+    table = read(where, table, _ROUTE)
+    base = _base_url(join(where, "base_url"), table["base_url"])
     credential = _credential(where, table, environ)
     header = table.get("credential_header", "Authorization" if credential else "")
     if header and not _HEADER_NAME.match(header):
-        raise ProvidersError(f"{where}.credential_header: not a header name")
+        raise FieldError(join(where, "credential_header"), "not a header name")
     default_prefix = "Bearer " if header.lower() == "authorization" else ""
     prefix = table.get("credential_prefix", default_prefix)
-    max_retries = table.get("max_retries", DEFAULT_MAX_RETRIES)
-    if not 0 <= max_retries <= MAX_ATTEMPTS_CEILING - 1:
-        raise ProvidersError(
-            f"{where}.max_retries: must be between 0 and {MAX_ATTEMPTS_CEILING - 1}"
-        )
     paths = tuple(table.get("paths", ["/"]))
     if not paths or not all(isinstance(p, str) and _PATH.match(p) for p in paths):
-        raise ProvidersError(f"{where}.paths: must be a list of paths starting with /")
+        raise FieldError(
+            join(where, "paths"), "must be a list of paths starting with /"
+        )
     timeout = float(table.get("read_timeout_seconds", 600.0))
     if not 0 < timeout <= 3600:
-        raise ProvidersError(f"{where}.read_timeout_seconds: must be in (0, 3600]")
+        raise FieldError(join(where, "read_timeout_seconds"), "must be in (0, 3600]")
     headers: dict[str, str] = {}
     for key, value in table.get("headers", {}).items():
+        at = join(join(where, "headers"), key)
         if not _HEADER_NAME.match(key) or not isinstance(value, str):
-            raise ProvidersError(f"{where}.headers.{key}: must be a header = string")
+            raise FieldError(at, "must be a header = string")
         if any(c in value for c in "\r\n\0"):
-            raise ProvidersError(f"{where}.headers.{key}: must be one line")
+            raise FieldError(at, "must be one line")
         headers[key] = value
     return Route(
         name=name,
@@ -210,7 +204,7 @@ def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
         credential=f"{prefix}{credential}" if credential else "",
         honours_idempotency_key=table.get("idempotency_key", False),
         effect=_effect(where, table),
-        max_retries=max_retries,
+        max_retries=table.get("max_retries", DEFAULT_MAX_RETRIES),
         paths=paths,
         read_timeout=timeout,
         headers=MappingProxyType(headers),
@@ -220,19 +214,22 @@ def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
 def parse_providers(
     text: str, source: str = "providers", environ: Mapping[str, str] | None = None
 ) -> dict[str, Route]:
-    """The routes a TOML text describes."""
+    """The routes a TOML text describes.
+
+    Raises:
+        ProvidersError: naming the setting (or `source`, for text that is not
+            TOML).
+    """
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ProvidersError(f"{source}: not valid TOML: {exc}") from None
-    for section in doc:
-        if section != "routes":
-            raise ProvidersError(f"{section}: unknown section (known: routes)")
-    routes = doc.get("routes", {})
-    if not isinstance(routes, dict):
-        raise ProvidersError("routes: must be [routes.NAME] tables")
+        raise ProvidersError(source, f"not valid TOML: {exc}") from None
     env = os.environ if environ is None else environ
-    return {name: _route(name, table, env) for name, table in routes.items()}
+    try:
+        routes = read("", doc, _DOCUMENT, what="section").get("routes", {})
+        return {name: _route(name, table, env) for name, table in routes.items()}
+    except FieldError as exc:
+        raise ProvidersError(exc.where, exc.why) from None
 
 
 def load_providers(path: Path) -> dict[str, Route]:
@@ -240,7 +237,7 @@ def load_providers(path: Path) -> dict[str, Route]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ProvidersError(f"{path}: cannot be read: {exc}") from None
+        raise ProvidersError(str(path), f"cannot be read: {exc}") from None
     return parse_providers(text, str(path))
 
 

@@ -141,16 +141,16 @@ def server_credentials(
     cfg: ServeConfig, clock: Clock | None = None
 ) -> grpc.ServerCredentials:
     if cfg.tls_cert is None or cfg.tls_key is None:
-        raise ConfigError("tls-cert: TLS needs tls-cert and tls-key")
+        raise ConfigError("tls_cert", "TLS needs tls-cert and tls-key")
     files = TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     try:
         reloader = CertificateReloader(files, clock)
     except OSError as exc:
         raise ConfigError(
-            f"tls-cert: cannot read {exc.filename}: {exc.strerror}"
+            "tls_cert", f"cannot read {exc.filename}: {exc.strerror}"
         ) from None
     except MismatchedFiles as exc:
-        raise ConfigError(f"tls-cert and tls-key: {exc}") from None
+        raise ConfigError(("tls_cert", "tls_key"), str(exc)) from None
     return grpc.dynamic_ssl_server_credentials(
         reloader.initial,
         reloader,
