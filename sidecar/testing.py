@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 from sidecar.clock import Clock
 from sidecar.config import ServeConfig
+from sidecar.seams import Seams
 from sidecar.server import Daemon, Endpoints
 
 
@@ -29,10 +30,26 @@ class RunningDaemon:
 
 @contextmanager
 def running_daemon(
-    config: ServeConfig, clock: Clock | None = None, daemon: Daemon | None = None
+    config: ServeConfig,
+    clock: Clock | None = None,
+    daemon: Daemon | None = None,
+    *,
+    seams: Seams | None = None,
 ) -> Iterator[RunningDaemon]:
-    """Starts a daemon, yields it, and stops it gracefully at exit."""
-    daemon = daemon or Daemon(config, clock)
+    """Starts a daemon, yields it, and stops it gracefully at exit.
+
+    Args:
+        config: the daemon's configuration.
+        clock: the daemon's clock (short for `seams=Seams(clock=clock)`).
+        daemon: a daemon to run instead of a new one of `config`.
+        seams: the new daemon's seams.
+    """
+    if seams is not None and clock is not None and seams.clock is not clock:
+        raise ValueError("clock: give it in seams, not beside them")
+    if daemon is not None and (seams is not None or clock is not None):
+        raise ValueError("seams: the daemon given has its own")
+    if daemon is None:
+        daemon = Daemon(config, seams or (Seams(clock=clock) if clock else None))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(
         target=loop.run_forever, name="effectd-test-loop", daemon=True
