@@ -12,7 +12,6 @@ the lifecycle of `sidecar.server.Daemon`, which calls these at start.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ from effectd.v1 import (
 
 from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
+from sidecar.clock import monotonic_seconds
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.directories import refuse_unsafe_directory
 from sidecar.ledger.policy import FixedPolicy, PolicySource
@@ -284,8 +284,9 @@ def _gate(
     slots: Slots,
 ) -> Gate:
     quotas = cfg.quotas
+    # On the injected clock, as the leases are.
     admission = (
-        RateLimiter.of(quotas, time.monotonic)
+        RateLimiter.of(quotas, monotonic_seconds(seams.clock))
         if quotas.requests_per_second > 0
         else None
     )

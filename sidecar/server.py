@@ -23,6 +23,7 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sidecar.clock import every
 from sidecar.composition import (
     SERVICES,
     Services,
@@ -177,21 +178,19 @@ class Daemon:
         return self.endpoints
 
     def _start_periodic_passes(self) -> None:
+        # On the injected clock, as the leases and the retention window are.
+        clock = self.seams.clock
+        cfg = self.config
         self._passes = [
-            asyncio.create_task(self._retention_loop(), name="effectd-retention"),
-            asyncio.create_task(self._settlement_loop(), name="effectd-settlement"),
+            asyncio.create_task(
+                every(clock, cfg.retention_interval_seconds, self.compact_expired),
+                name="effectd-retention",
+            ),
+            asyncio.create_task(
+                every(clock, cfg.settle_interval_seconds, self.settle_expired),
+                name="effectd-settlement",
+            ),
         ]
-
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.retention_interval_seconds)
-            await self.compact_expired()
-
-    async def _settlement_loop(self) -> None:
-        # On the injected clock, as the leases are.
-        while True:
-            await self.seams.clock.sleep(self.config.settle_interval_seconds)
-            await self.settle_expired()
 
     async def _start_health_port(self) -> str | None:
         """A plaintext port serving only grpc.health.v1, for probes that can

@@ -7,10 +7,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sidecar.clock import Clock
+from sidecar.clock import Clock, ManualClock
 from sidecar.config import ServeConfig
 from sidecar.seams import Seams
 from sidecar.server import Daemon, Endpoints
+
+# The tasks a serving daemon keeps asleep on its clock: the compaction pass
+# and the settlement pass.
+PERIODIC_TASKS = 2
 
 
 class RunningDaemon:
@@ -26,6 +30,17 @@ class RunningDaemon:
     @property
     def target(self) -> str:
         return self.endpoints.unix
+
+    def wait_for_periodic_tasks(self, timeout: float = 10.0) -> None:
+        """Blocks until every periodic task sleeps on the daemon's manual
+        clock: after `advance`, until the passes it woke have run.
+
+        Raises:
+            TimeoutError: they did not within `timeout` seconds of real time.
+        """
+        clock = self.daemon.seams.clock
+        assert isinstance(clock, ManualClock), "the daemon's clock is not manual"
+        clock.wait_for_sleepers(PERIODIC_TASKS, timeout)
 
 
 @contextmanager
