@@ -1,11 +1,12 @@
 """Time as a seam: wall time for records people read, monotonic time for leases,
-and waiting on that same time for the daemon's periodic work."""
+and waiting on that same time for the daemon's periodic work (`every`)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 
@@ -21,6 +22,25 @@ class Clock(Protocol):
     async def sleep(self, seconds: float) -> None:
         """Returns once `seconds` of this clock's monotonic time have passed."""
         ...
+
+
+def monotonic_seconds(clock: Clock) -> Callable[[], float]:
+    """`clock`'s monotonic time in seconds, as `time.monotonic` gives it."""
+    return lambda: clock.monotonic_ns() / 1e9
+
+
+async def every(
+    clock: Clock, seconds: float, run: Callable[[], Awaitable[object]]
+) -> None:
+    """Runs `run` each time `seconds` of `clock` have passed, until cancelled.
+
+    The wait starts after the previous run ends, so runs never overlap; a
+    clock that jumps past several intervals at once wakes one run, not a
+    burst of them.
+    """
+    while True:
+        await clock.sleep(seconds)
+        await run()
 
 
 class SystemClock:

@@ -1,9 +1,11 @@
-"""Wiring and lifecycle of the daemon.
+"""The daemon's lifecycle.
 
 Start: lock the socket, open the store (which locks the data directory),
-settle calls left STARTED by an earlier incarnation, bind, then report
-SERVING. Stop: health NOT_SERVING, stop accepting, let in-flight calls finish
-within the grace period, then close the store and remove the socket.
+wire the services (`sidecar.composition`), settle calls left STARTED by an
+earlier incarnation, compact, bind, then report SERVING and start the
+periodic passes on the injected clock. Stop: health NOT_SERVING, stop
+accepting, let in-flight calls finish within the grace period, then close
+what start opened. Constructing a `Daemon` does no I/O.
 """
 
 from __future__ import annotations
@@ -12,154 +14,40 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
-import httpx
-from effectd.v1 import (
-    admin_pb2,
-    checkpoints_pb2,
-    ledger_pb2,
-    provider_pb2,
-    recovery_pb2,
-    retry_pb2,
-)
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sidecar.auth import tokens
-from sidecar.auth.access import Credentials
-from sidecar.clock import Clock, SystemClock
-from sidecar.config import ConfigError, ServeConfig, split_host_port
+from sidecar.clock import every
+from sidecar.composition import (
+    SERVICES,
+    Services,
+    compose,
+    handlers,
+    open_store,
+    server_options,
+)
+from sidecar.config import ServeConfig, split_host_port
 from sidecar.directories import refuse_unsafe_directory
 from sidecar.errors import ShuttingDown
-from sidecar.ledger.policy import FixedPolicy, PolicySource
-from sidecar.ledger.quota import RateLimiter
-from sidecar.ledger.restore import Marker
 from sidecar.locking import ExclusiveLock
-from sidecar.observability import logs
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
-from sidecar.observability.provider import ProviderMonitor
-from sidecar.policy_file import PolicyFile
-from sidecar.provider.budget import RetryBudget
-from sidecar.provider.client import ProviderClient, Sleep
-from sidecar.provider.routes import Route, load_providers
 from sidecar.rpc import tls
-from sidecar.rpc.admin import Admin
-from sidecar.rpc.checkpoints import Checkpoints
-from sidecar.rpc.concurrency import Slots
-from sidecar.rpc.gate import Gate
-from sidecar.rpc.handlers import generic_handler
-from sidecar.rpc.ledger import ToolLedger
-from sidecar.rpc.provider import Provider
-from sidecar.rpc.recovery import Recovery
-from sidecar.rpc.retry import RetryPolicy
-from sidecar.services.checkpoints import CheckpointService
-from sidecar.services.ledger import LedgerService
-from sidecar.services.operator import OperatorService
-from sidecar.services.policy import PolicyService, Reload
-from sidecar.services.recovery import RecoveryService
-from sidecar.services.retention import PassResult, RetentionService
-from sidecar.services.retry import RetryService
-from sidecar.services.settlement import SettlementService, SettlePass
-from sidecar.storage import restore
-from sidecar.storage.api import ReportsFill, Store
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.seams import Seams
+from sidecar.services.policy import Reload
+from sidecar.services.retention import PassResult
+from sidecar.services.settlement import SettlePass
+from sidecar.storage.api import Store
 
 if TYPE_CHECKING:
-    from sidecar.observability.otel import Tracing
+    from sidecar.seams import Tracer
 
 log = logging.getLogger(__name__)
-
-SERVICES = (
-    ledger_pb2.DESCRIPTOR.services_by_name["ToolLedger"],
-    checkpoints_pb2.DESCRIPTOR.services_by_name["Checkpoints"],
-    recovery_pb2.DESCRIPTOR.services_by_name["Recovery"],
-    retry_pb2.DESCRIPTOR.services_by_name["RetryPolicy"],
-    admin_pb2.DESCRIPTOR.services_by_name["Admin"],
-    provider_pb2.DESCRIPTOR.services_by_name["Provider"],
-)
-
-
-def server_options(cfg: ServeConfig) -> list[tuple[str, int]]:
-    """The gRPC server's channel arguments (reliability-anchors §7)."""
-    limits = cfg.server_limits
-
-    def ms(seconds: float) -> int:
-        return max(1, int(seconds * 1000))
-
-    return [
-        # A second daemon must fail to bind, not share the port.
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", limits.max_message_bytes),
-        ("grpc.max_send_message_length", limits.max_message_bytes),
-        ("grpc.max_metadata_size", 16 << 10),
-        ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
-        ("grpc.server_handshake_timeout_ms", ms(limits.handshake_timeout_seconds)),
-        ("grpc.max_connection_idle_ms", ms(limits.max_connection_idle_seconds)),
-        # Keepalive enforcement: pings more frequent than this (with or
-        # without calls in flight) earn strikes, then GOAWAY.
-        (
-            "grpc.http2.min_ping_interval_without_data_ms",
-            ms(limits.min_ping_interval_seconds),
-        ),
-        (
-            "grpc.http2.min_recv_ping_interval_without_data_ms",
-            ms(limits.min_ping_interval_seconds),
-        ),
-        ("grpc.http2.max_ping_strikes", 2),
-        ("grpc.keepalive_permit_without_calls", 1),
-        # The server pings idle connections to find peers that died without
-        # closing (a crashed agent, a dropped network).
-        ("grpc.keepalive_time_ms", 60_000),
-        ("grpc.keepalive_timeout_ms", 20_000),
-    ]
-
-
-def load_credentials(cfg: ServeConfig) -> Credentials | None:
-    if cfg.tokens_file is not None and cfg.tokens_text is not None:
-        raise ConfigError(("tokens_file", "tokens"), "set one, not both")
-    if cfg.tokens_file is not None:
-        return tokens.load_file(cfg.tokens_file)
-    if cfg.tokens_text is not None:
-        return tokens.parse(cfg.tokens_text)
-    return None
-
-
-def load_tracing(cfg: ServeConfig) -> Tracing | None:
-    """OpenTelemetry spans with `otel` on; imported only then, so a daemon
-    without it loads none of the SDK."""
-    if not cfg.otel:
-        return None
-    try:
-        from sidecar.observability import otel  # noqa: PLC0415
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("opentelemetry"):
-            raise
-        raise ConfigError(
-            "otel", "needs the otel extra (pip install effectd[otel])"
-        ) from None
-    return otel.from_environment()
-
-
-def _restore_marker(store: Store) -> Marker | None:
-    """How the store was restored, said in the log at every start."""
-    restored = store.read(restore.load_marker)
-    if restored is not None:
-        log.warning(
-            "this store was restored from the backup %s by %s (restore %d, "
-            "audit entry %d): calls recorded after that backup are unknown to it",
-            restored.backup,
-            restored.actor,
-            restored.count,
-            restored.audit_sequence,
-        )
-    return restored
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,85 +59,46 @@ class Endpoints:
 
 
 class Daemon:
-    def __init__(self, config: ServeConfig, clock: Clock | None = None) -> None:
+    """One daemon: `start` opens, wires and serves; `stop` undoes it.
+
+    Args:
+        config: what to serve and how (validated here).
+        seams: the clock, random source, provider transport and tracer
+            (default: production's).
+    """
+
+    def __init__(self, config: ServeConfig, seams: Seams | None = None) -> None:
         config.validate()
         self.config = config
-        self._clock = clock or SystemClock()
-        self._server: grpc.aio.Server | None = None
-        self._health_server: grpc.aio.Server | None = None
-        self.health_address: str | None = None
-        self.credentials: Credentials | None = load_credentials(config)
+        self.seams = seams or Seams()
         self.metrics = Metrics()
+        # Set by `start`, cleared by `stop`.
+        self.services: Services | None = None
+        self.endpoints: Endpoints | None = None
+        self.health_address: str | None = None
         self.metrics_server: MetricsServer | None = None
         # HOST:PORT of /metrics once started (port 0 resolved), or None.
         self.metrics_address: str | None = None
-        self._unwatch: list[Callable[[], None]] = []
-        if self.credentials is not None:
-            logs.add_secret_digests(self.credentials.digests())
+        self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._store: Store | None = None
         self._socket_lock: ExclusiveLock | None = None
-        self.endpoints: Endpoints | None = None
-        self._retention: RetentionService | None = None
-        self._retention_task: asyncio.Task[None] | None = None
-        self._settlement: SettlementService | None = None
-        self._settlement_task: asyncio.Task[None] | None = None
-        self._policies: PolicyService | None = None
-        # The jitter source of retry backoffs (spreading, not secrecy); a seam
-        # for deterministic tests.
-        self.retry_random: Callable[[], float] = random.Random().random  # noqa: S311
-        self.policy: PolicySource = (
-            FixedPolicy()
-            if config.policy_file is None
-            else PolicyFile(config.policy_file)
-        )
-        providers = config.providers_file
-        self.routes: dict[str, Route] = (
-            {} if providers is None else load_providers(providers)
-        )
-        logs.add_secrets(r.credential for r in self.routes.values() if r.credential)
-        # Seams of the provider proxy: the HTTP transport (None: httpx's own
-        # pooled one) and the sleep between retries.
-        self.provider_transport: httpx.AsyncBaseTransport | None = None
-        self.provider_sleep: Sleep = asyncio.sleep
-        self._http: httpx.AsyncClient | None = None
-        self.provider: ProviderClient | None = None
-        # Last: its exporters may start threads. A seam: tests put a provider
-        # with an in-memory exporter here.
-        self.tracing: Tracing | None = load_tracing(config)
+        self._unwatch: list[Callable[[], None]] = []
+        self._passes: list[asyncio.Task[None]] = []
+
+    @property
+    def tracing(self) -> Tracer | None:
+        """The RPC tracer of the running daemon, if it has one."""
+        return None if self.services is None else self.services.tracer
 
     def open_store(self) -> Store:
-        refuse_unsafe_directory(self.config.data_dir, "data-dir", sticky_ok=False)
-        try:
-            restore.refuse_unfinished(self.config.data_dir)
-        except restore.UnfinishedRestore as exc:
-            raise ConfigError("data_dir", str(exc)) from None
-        if not self.config.sync:
-            log.warning(
-                "sync is off (--no-sync): an answer can leave before its write "
-                "is on disk, so after a power loss a call answered STARTED can "
-                "be answered EXECUTE again and its side effect run twice"
-            )
-        options = LmdbOptions(
-            map_size=self.config.map_size,
-            sync=self.config.sync,
-            on_commit=self.metrics.commit_observed,
-        )
-        return LmdbStore(self.config.data_dir, options)
+        """The store to serve; the socket lock is held."""
+        return open_store(self.config, self.metrics)
 
-    def make_ledger(self, store: Store) -> LedgerService:
-        return LedgerService(
-            store,
-            self._clock,
-            self.config.limits,
-            self.policy,
-            quotas=self.config.quotas,
-        )
-
-    def make_operator(self, store: Store) -> OperatorService:
-        return OperatorService(
-            store, self._clock, self.config.limits, policy=self.policy
-        )
+    def compose(self, store: Store) -> Services:
+        """The services over `store` (a test's subclass may replace one)."""
+        return compose(self.config, self.seams, store, self.metrics)
 
     async def start(self) -> Endpoints:
         cfg = self.config
@@ -272,94 +121,20 @@ class Daemon:
         cfg = self.config
         store = self._store = self.open_store()
         self._unwatch.append(self.metrics.watch_store(store))
-        restored = _restore_marker(store)
-        ledger = self.make_ledger(store)
-        settled = await ledger.settle_earlier_incarnations()
+        services = self.services = self.compose(store)
+        self._unwatch.append(self.metrics.watch_provider(services.monitor))
+        settled = await services.ledger.settle_earlier_incarnations()
         if settled:
             log.warning("%d calls started before the restart are now UNKNOWN", settled)
-        self._retention = RetentionService(store, self._clock, self.policy)
         # DESIGN §4: a compaction pass at start, then one per interval.
         await self.compact_expired()
-        self._policies = PolicyService(store, self._clock, self.policy)
 
-        limits = cfg.server_limits
-        slots = Slots(limits.max_concurrent_rpcs, limits.max_concurrent_rpcs_per_caller)
         server = self._server = grpc.aio.server(
-            interceptors=[self._gate(slots)],
+            interceptors=[services.gate],
             options=server_options(cfg),
-            maximum_concurrent_rpcs=slots.backstop,
+            maximum_concurrent_rpcs=services.slots.backstop,
         )
-        operator = self.make_operator(store)
-        server.add_generic_rpc_handlers(
-            (
-                generic_handler(SERVICES[0], ToolLedger(ledger, operator)),
-                generic_handler(
-                    admin_pb2.DESCRIPTOR.services_by_name["Admin"],
-                    Admin(
-                        operator,
-                        self._policies,
-                        backup=store.backup,
-                        quotas=cfg.quotas,
-                        incarnation=store.incarnation,
-                        fill=store.fill if isinstance(store, ReportsFill) else None,
-                        restored=restored,
-                    ),
-                ),
-                generic_handler(
-                    SERVICES[1],
-                    Checkpoints(
-                        CheckpointService(store, self._clock, quotas=cfg.quotas),
-                        cfg.limits,
-                    ),
-                ),
-                generic_handler(
-                    recovery_pb2.DESCRIPTOR.services_by_name["Recovery"],
-                    Recovery(
-                        RecoveryService(store, self._clock, cfg.limits, self.policy)
-                    ),
-                ),
-                generic_handler(
-                    retry_pb2.DESCRIPTOR.services_by_name["RetryPolicy"],
-                    RetryPolicy(
-                        RetryService(
-                            store, self._clock, self.policy, random=self.retry_random
-                        ),
-                        cfg.limits,
-                    ),
-                ),
-            )
-        )
-        # One pooled client per daemon; redirects are never followed (a 3xx
-        # is an answer) and the environment's proxies and .netrc are ignored.
-        # HTTP/2 is used where a TLS upstream offers it (ALPN).
-        self._http = httpx.AsyncClient(
-            http2=True,
-            transport=self.provider_transport,
-            follow_redirects=False,
-            trust_env=False,
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
-        )
-        budget = RetryBudget(self._clock)
-        monitor = ProviderMonitor(self.routes, budget)
-        self.provider = ProviderClient(
-            self.routes,
-            self._http,
-            self._clock,
-            budget=budget,
-            rng=self.retry_random,
-            sleep=self.provider_sleep,
-            observer=monitor,
-            limits=cfg.limits,
-        )
-        self._unwatch.append(self.metrics.watch_provider(monitor))
-        server.add_generic_rpc_handlers(
-            (
-                generic_handler(
-                    provider_pb2.DESCRIPTOR.services_by_name["Provider"],
-                    Provider(self.provider),
-                ),
-            )
-        )
+        server.add_generic_rpc_handlers(handlers(services, cfg))
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [s.full_name for s in SERVICES]
@@ -378,7 +153,7 @@ class Daemon:
             host, _ = split_host_port("listen", cfg.listen)
             if cfg.tls:
                 port = server.add_secure_port(
-                    cfg.listen, tls.server_credentials(cfg, self._clock)
+                    cfg.listen, tls.server_credentials(cfg, self.seams.clock)
                 )
             else:
                 port = server.add_insecure_port(cfg.listen)
@@ -403,39 +178,19 @@ class Daemon:
         return self.endpoints
 
     def _start_periodic_passes(self) -> None:
-        if self._store is not None:
-            self._settlement = SettlementService(self._store, self._clock)
-        self._retention_task = asyncio.create_task(
-            self._retention_loop(), name="effectd-retention"
-        )
-        self._settlement_task = asyncio.create_task(
-            self._settlement_loop(), name="effectd-settlement"
-        )
-
-    def _gate(self, slots: Slots) -> Gate:
+        # On the injected clock, as the leases and the retention window are.
+        clock = self.seams.clock
         cfg = self.config
-        quotas = cfg.quotas
-        admission = (
-            RateLimiter(quotas.requests_per_second, quotas.burst, time.monotonic)
-            if quotas.requests_per_second > 0
-            else None
-        )
-        if self.credentials is None:
-            log.warning(
-                "authentication is off (no tokens-file, no EFFECTD_TOKENS): "
-                "serving only the Unix socket%s",
-                f" and loopback {cfg.listen}" if cfg.listen else "",
-            )
-        else:
-            log.info("authentication is on: %d tokens", len(self.credentials))
-        return Gate(
-            self.credentials,
-            admission=admission,
-            observer=self.metrics,
-            tracer=self.tracing,
-            default_deadline=cfg.server_limits.default_deadline_seconds,
-            slots=slots,
-        )
+        self._passes = [
+            asyncio.create_task(
+                every(clock, cfg.retention_interval_seconds, self.compact_expired),
+                name="effectd-retention",
+            ),
+            asyncio.create_task(
+                every(clock, cfg.settle_interval_seconds, self.settle_expired),
+                name="effectd-settlement",
+            ),
+        ]
 
     async def _start_health_port(self) -> str | None:
         """A plaintext port serving only grpc.health.v1, for probes that can
@@ -454,10 +209,10 @@ class Daemon:
     async def compact_expired(self) -> PassResult | None:
         """One compaction pass of the retention window (DESIGN §4); a failure
         is logged and leaves every record in place."""
-        if self._retention is None:
+        if self.services is None:
             return None
         try:
-            done = await self._retention.compact()
+            done = await self.services.retention.compact()
         except Exception:
             log.exception("the compaction pass failed; no record was compacted")
             return None
@@ -473,18 +228,13 @@ class Daemon:
             )
         return done
 
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.retention_interval_seconds)
-            await self.compact_expired()
-
     async def settle_expired(self) -> SettlePass | None:
         """One settlement pass: STARTED calls whose lease ran out become
         UNKNOWN; a failure is logged, and the next pass tries again."""
-        if self._settlement is None:
+        if self.services is None:
             return None
         try:
-            done = await self._settlement.settle()
+            done = await self.services.settlement.settle()
         except Exception:
             log.exception("the settlement pass failed; no call was settled")
             return None
@@ -494,18 +244,12 @@ class Daemon:
             )
         return done
 
-    async def _settlement_loop(self) -> None:
-        # On the injected clock, as the leases are.
-        while True:
-            await self._clock.sleep(self.config.settle_interval_seconds)
-            await self.settle_expired()
-
     async def reload_policy(self, actor: str, reason: str = "") -> Reload:
         """Reloads the policy file with its audit entry (ADR-010 R2); see
         `PolicyService.reload` for the refusals."""
-        if self._policies is None:
+        if self.services is None:
             raise ShuttingDown("the daemon is not serving")
-        return await self._policies.reload(actor=actor, reason=reason)
+        return await self.services.policies.reload(actor=actor, reason=reason)
 
     async def wait(self) -> None:
         if self._server is not None:
@@ -514,16 +258,13 @@ class Daemon:
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop; safe to call more than once."""
         grace = self.config.grace_seconds if grace is None else grace
-        if self._retention_task is not None:
-            self._retention_task.cancel()
+        for task in self._passes:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._retention_task
-            self._retention_task = None
-        if self._settlement_task is not None:
-            self._settlement_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._settlement_task
-            self._settlement_task = None
+                await task
+        self._passes = []
+        # No pass or reload starts from here on; calls in flight finish.
+        services, self.services = self.services, None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
@@ -534,15 +275,14 @@ class Daemon:
         if self._health_server is not None:
             await self._health_server.stop(0)
             self._health_server = None
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+        if services is not None:
+            await services.http.aclose()
         if self.metrics_server is not None:
             await asyncio.to_thread(self.metrics_server.close)
             self.metrics_server = None
-        if self.tracing is not None:
+        if services is not None and services.tracer is not None:
             # Exports the spans still queued (bounded by the SDK's timeout).
-            await asyncio.to_thread(self.tracing.close)
+            await asyncio.to_thread(services.tracer.close)
         # Waits for a scrape reading the store; no later one reads it.
         for unwatch in self._unwatch:
             unwatch()

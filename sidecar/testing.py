@@ -7,9 +7,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sidecar.clock import Clock
+from sidecar.clock import Clock, ManualClock
 from sidecar.config import ServeConfig
+from sidecar.seams import Seams
 from sidecar.server import Daemon, Endpoints
+
+# The tasks a serving daemon keeps asleep on its clock: the compaction pass
+# and the settlement pass.
+PERIODIC_TASKS = 2
 
 
 class RunningDaemon:
@@ -26,13 +31,40 @@ class RunningDaemon:
     def target(self) -> str:
         return self.endpoints.unix
 
+    def wait_for_periodic_tasks(self, timeout: float = 10.0) -> None:
+        """Blocks until every periodic task sleeps on the daemon's manual
+        clock: after `advance`, until the passes it woke have run.
+
+        Raises:
+            TimeoutError: they did not within `timeout` seconds of real time.
+        """
+        clock = self.daemon.seams.clock
+        assert isinstance(clock, ManualClock), "the daemon's clock is not manual"
+        clock.wait_for_sleepers(PERIODIC_TASKS, timeout)
+
 
 @contextmanager
 def running_daemon(
-    config: ServeConfig, clock: Clock | None = None, daemon: Daemon | None = None
+    config: ServeConfig,
+    clock: Clock | None = None,
+    daemon: Daemon | None = None,
+    *,
+    seams: Seams | None = None,
 ) -> Iterator[RunningDaemon]:
-    """Starts a daemon, yields it, and stops it gracefully at exit."""
-    daemon = daemon or Daemon(config, clock)
+    """Starts a daemon, yields it, and stops it gracefully at exit.
+
+    Args:
+        config: the daemon's configuration.
+        clock: the daemon's clock (short for `seams=Seams(clock=clock)`).
+        daemon: a daemon to run instead of a new one of `config`.
+        seams: the new daemon's seams.
+    """
+    if seams is not None and clock is not None and seams.clock is not clock:
+        raise ValueError("clock: give it in seams, not beside them")
+    if daemon is not None and (seams is not None or clock is not None):
+        raise ValueError("seams: the daemon given has its own")
+    if daemon is None:
+        daemon = Daemon(config, seams or (Seams(clock=clock) if clock else None))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(
         target=loop.run_forever, name="effectd-test-loop", daemon=True

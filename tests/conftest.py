@@ -29,15 +29,18 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-# The settlement loop sleeps on the manual clock: a test that moves the clock
-# would otherwise race the daemon's own pass. Tests of the loop set a short one.
-NO_SETTLEMENT_SECONDS = 1e9
+# The periodic passes (settlement, compaction) sleep on the manual clock: a
+# test that moves the clock would otherwise race the daemon's own pass. Tests
+# of a loop set a short interval.
+NO_SETTLEMENT_SECONDS = NO_COMPACTION_SECONDS = 1e9
 
 
 @pytest.fixture
 def config(short_tmp: Path) -> ServeConfig:
     return ServeConfig(
-        data_dir=short_tmp / "data", settle_interval_seconds=NO_SETTLEMENT_SECONDS
+        data_dir=short_tmp / "data",
+        settle_interval_seconds=NO_SETTLEMENT_SECONDS,
+        retention_interval_seconds=NO_COMPACTION_SECONDS,
     )
 
 

@@ -22,7 +22,7 @@ from sidecar.config import ServerLimits
 from sidecar.errors import ConcurrencyLimited
 from sidecar.ledger.quota import Caller
 from sidecar.rpc.concurrency import HEADROOM, Pool, Slots
-from sidecar.server import Daemon
+from sidecar.seams import Seams
 from sidecar.testing import running_daemon
 from tests.auth.support import AGENT_A, AGENT_B, Stubs, auth_config, stubs
 from tests.rpc.support import decode, prepare_request, ref
@@ -119,10 +119,9 @@ def channel(short_tmp: Path) -> Iterator[grpc.Channel]:
     config = auth_config(
         short_tmp / "data", providers_file=providers, server_limits=limits
     )
-    daemon = Daemon(config)
-    daemon.provider_transport = httpx.MockTransport(stalled_upstream)
+    seams = Seams(transport=httpx.MockTransport(stalled_upstream))
     with (
-        running_daemon(config, daemon=daemon) as running,
+        running_daemon(config, seams=seams) as running,
         grpc.insecure_channel(running.target) as ch,
     ):
         yield ch

@@ -63,7 +63,11 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "provider",
         "services",
     },
-    "server": BASE
+    # The seams a daemon is constructed with; the tracer's type is the gate's.
+    "seams": BASE | {"rpc"},
+    # The composition root: every service wired from the configuration and
+    # the seams.
+    "composition": BASE
     | {
         "ledger",
         "config",
@@ -76,6 +80,19 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "callstate",
         "observability",
         "rpc",
+        "seams",
+    },
+    # The lifecycle: start and stop.
+    "server": BASE
+    | {
+        "config",
+        "directories",
+        "storage",
+        "services",
+        "observability",
+        "rpc",
+        "seams",
+        "composition",
     },
     # The operator's tool: a client of the daemon through the public client,
     # and the offline restore, which opens the store itself.
@@ -93,7 +110,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "ctl",
     },
     "__main__": frozenset({"cli"}),
-    "testing": BASE | {"config", "server"},
+    "testing": BASE | {"config", "seams", "server"},
 }
 
 

@@ -19,6 +19,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.composition import Services
 from sidecar.config import ServeConfig, ServerLimits
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, PrepareSpec
@@ -52,10 +53,13 @@ class HeldLedger(LedgerService):
 class HeldDaemon(Daemon):
     ledger: HeldLedger
 
-    def make_ledger(self, store: Store) -> LedgerService:
-        self.ledger = HeldLedger(store, self._clock, self.config.limits, self.policy)
+    def compose(self, store: Store) -> Services:
+        services = super().compose(store)
+        self.ledger = HeldLedger(
+            store, self.seams.clock, self.config.limits, services.policy
+        )
         self.ledger.release = asyncio.Event()
-        return self.ledger
+        return replace(services, ledger=self.ledger)
 
 
 def test_an_oversized_message_is_resource_exhausted(short_tmp: Path) -> None:

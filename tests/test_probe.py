@@ -23,7 +23,7 @@ from effectd.v1 import provider_pb2, provider_pb2_grpc
 
 from sidecar import probe
 from sidecar.config import ServeConfig
-from sidecar.server import Daemon
+from sidecar.seams import Seams
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.support.processes import ROOT
 
@@ -106,9 +106,9 @@ def test_stopping_daemon_exits_non_zero(short_tmp: Path) -> None:
         grace_seconds=60,
         health_listen="127.0.0.1:0",
     )
-    daemon = Daemon(config)
-    upstream = daemon.provider_transport = HeldUpstream()
-    with running_daemon(config, daemon=daemon) as running:
+    upstream = HeldUpstream()
+    with running_daemon(config, seams=Seams(transport=upstream)) as running:
+        daemon = running.daemon
         health = daemon.health_address
         assert health is not None
         for target in (running.target, health):

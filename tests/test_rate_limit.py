@@ -13,6 +13,7 @@ import pytest
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
+from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.ledger.quota import Quotas
 from sidecar.testing import running_daemon
@@ -27,8 +28,8 @@ from tests.auth.support import (
 )
 from tests.rpc.support import decode, prepare_request, ref, refused
 
-# One token per 100 s after the burst: whatever the machine's speed, the
-# bucket does not refill during a test.
+# One token per 100 s after the burst: on the manual clock the bucket refills
+# only when a test moves it, and on a real one not during a test.
 SLOW = Quotas(requests_per_second=0.01, burst=3)
 
 
@@ -48,11 +49,10 @@ def get(s: Stubs, namespace: str, call_id: str = "missing") -> Callable[[], obje
 
 
 @pytest.fixture
-def plain(short_tmp: Path) -> Iterator[Stubs]:
-    """A daemon without authentication, at the slow rate."""
-    config = ServeConfig(data_dir=short_tmp / "data", quotas=SLOW)
+def plain(config: ServeConfig, clock: ManualClock) -> Iterator[Stubs]:
+    """A daemon without authentication, at the slow rate, on the manual clock."""
     with (
-        running_daemon(config) as running,
+        running_daemon(dataclasses.replace(config, quotas=SLOW), clock) as running,
         grpc.insecure_channel(running.target) as channel,
     ):
         yield stubs(channel, None)
@@ -92,6 +92,24 @@ def test_work_already_done_is_recorded_with_the_bucket_empty(plain: Stubs) -> No
     )
     # The limit is still in force for anything else.
     assert outcome(lambda: ledger.PrepareTool(fourth, timeout=10)) == "RATE_LIMITED"
+
+
+def test_the_bucket_refills_on_the_daemons_clock(
+    plain: Stubs, clock: ManualClock
+) -> None:
+    """The limiter reads the injected clock: with the bucket empty, moving the
+    clock by less than one token's time (100 s) admits nothing (the control),
+    the rest of it admits exactly one request (fails before the fix: the
+    limiter read time.monotonic, so moving the clock refilled nothing)."""
+    answers = [outcome(get(plain, "a")) for _ in range(4)]
+    assert answers == ["NOT_FOUND"] * 3 + ["RATE_LIMITED"]
+    clock.advance(99)
+    assert outcome(get(plain, "a")) == "RATE_LIMITED"
+    clock.advance(1)
+    assert [outcome(get(plain, "a")) for _ in range(2)] == [
+        "NOT_FOUND",
+        "RATE_LIMITED",
+    ]
 
 
 def test_requests_naming_another_namespace_are_charged_to_the_caller(

@@ -17,6 +17,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from effectd_client import Client, Decision, EffectdError
 from sidecar.config import ConfigError, ServeConfig
+from sidecar.policy_file import PolicyError
+from sidecar.provider.routes import ProvidersError
 from sidecar.server import Daemon
 from sidecar.storage.api import Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
@@ -54,6 +56,29 @@ def test_socket_is_private(daemon: RunningDaemon, config: ServeConfig) -> None:
     """The Unix socket is 0600 in a 0700 directory."""
     assert stat.S_IMODE(config.socket_path.stat().st_mode) == 0o600
     assert stat.S_IMODE(config.data_dir.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize(
+    ("setting", "refusal"),
+    [
+        ("tokens_file", ConfigError),
+        ("policy_file", PolicyError),
+        ("providers_file", ProvidersError),
+    ],
+)
+def test_constructing_a_daemon_reads_no_file(
+    short_tmp: Path, setting: str, refusal: type[Exception]
+) -> None:
+    """Construction does no I/O: a tokens, policy or routes file that does not
+    exist is found by `start`, which leaves nothing held behind (issue 11
+    item 6: fails before the fix: the constructor read each file)."""
+    missing = short_tmp / "missing"
+    config = ServeConfig(data_dir=short_tmp / "data", **{setting: missing})  # type: ignore[arg-type]
+    daemon = Daemon(config)
+    with pytest.raises(refusal, match="missing"):
+        asyncio.run(daemon.start())
+    with running_daemon(ServeConfig(data_dir=config.data_dir)):
+        pass
 
 
 def test_tcp_listener_on_loopback(short_tmp: Path) -> None:

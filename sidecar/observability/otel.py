@@ -17,7 +17,7 @@ entry points its package registers (`otlp` needs opentelemetry-exporter-otlp,
 which the extra does not bring); one that no installed package provides is
 named in a warning at start, and spans are then recorded and dropped.
 
-Importing this module imports the SDK; `sidecar.server` imports it only when
+Importing this module imports the SDK; `sidecar.composition` imports it only when
 `otel` is on.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sidecar.auth import access, tokens
+from sidecar.composition import Services, load_credentials
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.ledger.rules import Answer, PrepareSpec
-from sidecar.server import Daemon, load_credentials
+from sidecar.server import Daemon
 from sidecar.services.ledger import LedgerService
 from sidecar.storage.api import Store
 from sidecar.testing import running_daemon
@@ -46,8 +48,12 @@ class CountingLedger(LedgerService):
 
 
 class CountingDaemon(Daemon):
-    def make_ledger(self, store: Store) -> LedgerService:
-        return CountingLedger(store, self._clock, self.config.limits, self.policy)
+    def compose(self, store: Store) -> Services:
+        services = super().compose(store)
+        ledger = CountingLedger(
+            store, self.seams.clock, self.config.limits, services.policy
+        )
+        return replace(services, ledger=ledger)
 
 
 def prepare(call_id: str = "c", namespace: str = "") -> pb.PrepareToolRequest:

@@ -16,9 +16,9 @@ from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.auth import access
+from sidecar.composition import SERVICES
 from sidecar.ledger import paging
 from sidecar.rpc import gate
-from sidecar.server import SERVICES
 from tests.auth.support import (
     AGENT_A,
     AGENT_AB,

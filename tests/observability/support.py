@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
-from sidecar.server import Daemon
+from sidecar.seams import Seams
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.provider.support import FakeSleep
 from tests.provider.upstream import Reply, Upstream, serving
@@ -68,7 +68,6 @@ def observed_daemon(
             tokens_text=tokens_text,
         )
         clock = ManualClock()
-        daemon = Daemon(config, clock)
-        daemon.provider_sleep = FakeSleep(clock)
-        with running_daemon(config, clock, daemon) as running:
+        seams = Seams(clock=clock, backoff_sleep=FakeSleep(clock))
+        with running_daemon(config, seams=seams) as running:
             yield running, up

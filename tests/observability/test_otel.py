@@ -5,6 +5,7 @@ imported unless asked for, and asking without it fails at start."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.observability import otel
+from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.observability.support import API_KEY
@@ -76,10 +78,10 @@ def traced_daemon(
             data_dir=tmp / "data", providers_file=providers, tokens_text=tokens_text
         )
         clock = ManualClock()
-        daemon = Daemon(config, clock)
-        daemon.provider_sleep = FakeSleep(clock)
-        daemon.tracing = otel.Tracing(provider)
-        with running_daemon(config, clock, daemon) as running:
+        seams = Seams(
+            clock=clock, backoff_sleep=FakeSleep(clock), tracer=otel.Tracing(provider)
+        )
+        with running_daemon(config, seams=seams) as running:
             yield running, up, exporter
 
 
@@ -387,9 +389,12 @@ def test_the_environment_configures_the_provider(
 def test_the_setting_turns_tracing_on(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`otel = true` gives the daemon a Tracing; off, it has none."""
+    """`otel = true` gives the serving daemon a Tracing; off, it has none; a
+    daemon only constructed has loaded none yet."""
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
-    on = Daemon(ServeConfig(data_dir=short_tmp / "d", otel=True))
-    assert isinstance(on.tracing, otel.Tracing)
-    on.tracing.close()
-    assert Daemon(ServeConfig(data_dir=short_tmp / "d")).tracing is None
+    config = ServeConfig(data_dir=short_tmp / "d", otel=True)
+    assert Daemon(config).tracing is None
+    with running_daemon(config) as running:
+        assert isinstance(running.daemon.tracing, otel.Tracing)
+    with running_daemon(dataclasses.replace(config, otel=False)) as running:
+        assert running.daemon.tracing is None

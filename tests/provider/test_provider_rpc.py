@@ -20,7 +20,7 @@ from sidecar.clock import Clock, ManualClock, SystemClock
 from sidecar.config import ServeConfig
 from sidecar.errors import RetryBudgetExhausted, UpstreamUnavailable
 from sidecar.rpc.errors import to_status
-from sidecar.server import Daemon
+from sidecar.seams import Seams
 from sidecar.testing import running_daemon
 from tests.provider.support import FakeSleep
 from tests.provider.upstream import Reply, Upstream, serving, wait_until
@@ -50,12 +50,14 @@ def proxied(
         (tmp / "key").write_text(SECRET)
         config = ServeConfig(data_dir=tmp / "data", providers_file=providers)
         clock = clock or ManualClock()
-        daemon = Daemon(config, clock)
+        seams = Seams(clock=clock)
         if fake_sleep:
             assert isinstance(clock, ManualClock)
-            daemon.provider_sleep = FakeSleep(clock, advance=not frozen)
+            seams = Seams(
+                clock=clock, backoff_sleep=FakeSleep(clock, advance=not frozen)
+            )
         with (
-            running_daemon(config, clock, daemon) as running,
+            running_daemon(config, seams=seams) as running,
             grpc.insecure_channel(running.target) as channel,
         ):
             yield provider_pb2_grpc.ProviderStub(channel), up

@@ -41,6 +41,7 @@ from grpc_health.v1 import health_pb2
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig, ServerLimits
 from sidecar.rpc import convert
+from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store, Table
 from sidecar.testing import RunningDaemon, running_daemon
@@ -224,7 +225,7 @@ def seeded() -> Iterator[Seeded]:
     """One daemon for every RPC: it must survive all of them in turn."""
     with tempfile.TemporaryDirectory(prefix="effectd-", dir="/tmp") as tmp:
         config = ServeConfig(data_dir=Path(tmp) / "data")
-        daemon = SeededDaemon(config, ManualClock())
+        daemon = SeededDaemon(config, Seams(clock=ManualClock()))
         with (
             running_daemon(config, daemon=daemon) as running,
             grpc.insecure_channel(

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar.config import ServeConfig, ServerLimits
 from sidecar.observability.metrics import OTHER, Metrics
 from sidecar.rpc.gate import Gate
-from sidecar.server import Daemon
+from sidecar.seams import Seams
 from sidecar.testing import running_daemon
 
 STREAMS = 200
@@ -231,12 +231,11 @@ def test_provider_streams_cut_at_their_deadline_are_all_recorded(
         providers_file=providers,
         server_limits=ROOMY,
     )
-    daemon = Daemon(config)
     # No socket is opened: the transport answers in process.
-    daemon.provider_transport = httpx.MockTransport(stalled_upstream)
+    seams = Seams(transport=httpx.MockTransport(stalled_upstream))
     request = ppb.ProviderRequest(route="up", path="/v1/chat", body=b"{}")
     with (
-        running_daemon(config, daemon=daemon) as running,
+        running_daemon(config, seams=seams) as running,
         grpc.insecure_channel(running.target) as channel,
     ):
         stub = provider_pb2_grpc.ProviderStub(channel)

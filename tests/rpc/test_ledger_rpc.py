@@ -17,8 +17,6 @@ from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 from effectd_client import Client, Decision, Effect, State
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
-from sidecar.ledger.policy import FixedPolicy, Policy
-from sidecar.server import Daemon
 from sidecar.testing import running_daemon
 from tests.rpc.support import DOMAIN, expect_refusal, prepare_request, ref, refused
 
@@ -911,11 +909,11 @@ def test_a_batch_retry_past_the_budget_writes_nothing(
     READ is refused ATTEMPTS_EXHAUSTED; in a PrepareTools batch the refusal
     names its index and the batch writes nothing (issue 10 item 9: fails
     before the fix: EXECUTE came back, ignoring the budget)."""
-    config = ServeConfig(data_dir=short_tmp / "budget")
-    daemon = Daemon(config, clock)
-    daemon.policy = FixedPolicy(Policy(max_attempts=1))
+    policy = short_tmp / "policy.toml"
+    policy.write_text("[retry]\nmax_attempts = 1\n")
+    config = ServeConfig(data_dir=short_tmp / "budget", policy_file=policy)
     with (
-        running_daemon(config, clock, daemon=daemon) as running,
+        running_daemon(config, clock) as running,
         grpc.insecure_channel(running.target) as channel,
     ):
         stub = ToolLedgerStub(channel)

@@ -12,6 +12,7 @@ import asyncio
 import multiprocessing
 import multiprocessing.synchronize
 import queue
+from dataclasses import replace
 from multiprocessing.queues import Queue
 from typing import Any
 
@@ -22,12 +23,14 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
 from sidecar.clock import ManualClock
+from sidecar.composition import Services
 from sidecar.config import ServeConfig
 from sidecar.errors import EffectdError
 from sidecar.ledger import operator_rules
 from sidecar.ledger.model import CallRef
 from sidecar.ledger.operator_rules import ReconcileOrder
 from sidecar.ledger.rules import Answer
+from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.services.operator import OperatorService
 from sidecar.storage import records
@@ -397,8 +400,10 @@ class RacyOperatorService(OperatorService):
 
 
 class RacyDaemon(Daemon):
-    def make_operator(self, store: Store) -> OperatorService:
-        return RacyOperatorService(store, self._clock, self.config.limits)
+    def compose(self, store: Store) -> Services:
+        services = super().compose(store)
+        operator = RacyOperatorService(store, self.seams.clock, self.config.limits)
+        return replace(services, operator=operator)
 
 
 def _setup(target: str) -> list[int]:
@@ -448,6 +453,8 @@ def test_concurrent_operators_resolve_once(
 def test_the_race_check_catches_a_racy_service(config: ServeConfig) -> None:
     """Negative control: an operator service that reads outside the write
     transaction lets several operators win one round, and the check sees it."""
-    with running_daemon(config, daemon=RacyDaemon(config, ManualClock())) as racy:
+    with running_daemon(
+        config, daemon=RacyDaemon(config, Seams(clock=ManualClock()))
+    ) as racy:
         outcomes = _race(racy.target, _setup(racy.target))
     assert _double_wins(outcomes) != {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -193,12 +192,16 @@ def test_an_unacknowledged_call_waits_and_an_unresolved_one_stays(
     assert lost.decision == pb.DECISION_RECONCILE
 
 
-def test_the_daemon_compacts_periodically(
+def test_the_daemon_compacts_periodically_on_its_clock(
     config: ServeConfig, clock: ManualClock
 ) -> None:
-    """With a short interval the daemon's own task compacts a call once the
-    manual clock passes the window, without any request asking for it."""
-    fast = dataclasses.replace(config, retention_interval_seconds=0.02)
+    """The daemon's own task compacts a call once the injected clock has
+    passed the window and an interval, without any request asking for it;
+    past the window but not yet the interval, the call is still there (fails
+    before the fix: the task slept on real time, so moving the clock never
+    woke it)."""
+    interval = PAST_THE_WINDOW + DAY
+    fast = dataclasses.replace(config, retention_interval_seconds=interval)
     with (
         running_daemon(fast, clock) as running,
         grpc.insecure_channel(running.target) as channel,
@@ -206,13 +209,13 @@ def test_the_daemon_compacts_periodically(
         ledger = Ledger(channel)
         _committed(ledger)
         _acknowledge(channel)
-        time.sleep(0.1)
+        running.wait_for_periodic_tasks()
+        clock.advance(PAST_THE_WINDOW)  # past the window, not yet the interval
+        running.wait_for_periodic_tasks()
         assert _get(ledger).state == pb.CALL_STATE_COMMITTED
-        clock.advance(PAST_THE_WINDOW)
-        deadline = time.monotonic() + 10
-        while _present(ledger):
-            assert time.monotonic() < deadline, "the periodic pass did not compact"
-            time.sleep(0.02)
+        clock.advance(DAY)
+        # The task woke, ran its pass (committed), and sleeps again.
+        running.wait_for_periodic_tasks()
         got = expect_refusal(
             lambda: _get(ledger), grpc.StatusCode.NOT_FOUND, "NOT_FOUND"
         )

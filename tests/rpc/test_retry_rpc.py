@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from types import MappingProxyType
 
 import grpc
 import pytest
@@ -15,10 +14,8 @@ from google.protobuf import timestamp_pb2
 
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
-from sidecar.ledger.model import Effect
-from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.ledger.retry import Reason, RetryContext
-from sidecar.server import Daemon
+from sidecar.seams import Seams
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import expect_refusal, prepare_request, ref, refused
 
@@ -30,9 +27,8 @@ OK = "ERROR_REASON_UNSPECIFIED"
 @pytest.fixture
 def daemon(config: ServeConfig, clock: ManualClock) -> Iterator[RunningDaemon]:
     """A daemon whose jitter source always draws 0: waits are exact."""
-    d = Daemon(config, clock)
-    d.retry_random = lambda: 0.0
-    with running_daemon(config, clock, daemon=d) as running:
+    seams = Seams(clock=clock, random=lambda: 0.0)
+    with running_daemon(config, seams=seams) as running:
         yield running
 
 
@@ -288,31 +284,31 @@ def test_decide_retry_refuses_bad_input_by_field(
     [
         # ADR-010 R2 "change the effect to side-effect": the override wins.
         (
-            Policy(effect_overrides=MappingProxyType({"pay": Effect.SIDE_EFFECT})),
+            '[tools.pay]\neffect = "side-effect"\n',
             ("SIDE_EFFECT_NOT_RETRY_SAFE", pb.EFFECT_SIDE_EFFECT),
         ),
         # ADR-010 R2 "immediately disable the related retry-safe policy".
-        (Policy(retry_safe_enabled=False), ("RETRY_DISABLED", pb.EFFECT_READ)),
+        ("[retry]\nretry_safe = false\n", ("RETRY_DISABLED", pb.EFFECT_READ)),
     ],
 )
 def test_the_operators_policy_applies_to_inline_facts(
     short_tmp: Path,
     clock: ManualClock,
-    policy: Policy,
+    policy: str,
     want: tuple[str, int],
 ) -> None:
     """A READ the operator forced to SIDE_EFFECT, or any retry while the kill
     switch is off, is denied, and the answer names the effect assumed."""
-    config = ServeConfig(data_dir=short_tmp / "strict")
-    d = Daemon(config, clock)
-    d.policy = FixedPolicy(policy)
+    policy_file = short_tmp / "policy.toml"
+    policy_file.write_text(policy)
+    config = ServeConfig(data_dir=short_tmp / "strict", policy_file=policy_file)
     request = inline(
         ypb.RetryFacts(
             effect=pb.EFFECT_READ, state=pb.CALL_STATE_UNKNOWN, tool_name="pay"
         )
     )
     with (
-        running_daemon(config, clock, daemon=d) as running,
+        running_daemon(config, clock) as running,
         grpc.insecure_channel(running.target) as ch,
     ):
         got = retry_pb2_grpc.RetryPolicyStub(ch).DecideRetry(request, timeout=5)

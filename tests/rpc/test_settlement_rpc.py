@@ -76,12 +76,12 @@ def test_the_daemon_settles_expired_calls_on_its_clock(
         ledger = Ledger(channel)
         _started(ledger, "stuck", lease_ms=1000)
         _started(ledger, "live", lease_ms=600_000)
-        clock.wait_for_sleepers()
+        running.wait_for_periodic_tasks()
         clock.advance(INTERVAL / 2)  # past the lease, not yet the interval
         assert _listed(ledger, pb.CALL_STATE_STARTED) == ["live", "stuck"]
         clock.advance(INTERVAL / 2)
         # The task woke, ran its pass (committed), and sleeps again.
-        clock.wait_for_sleepers()
+        running.wait_for_periodic_tasks()
         stuck = _state(ledger, "stuck")
         assert stuck.state == pb.CALL_STATE_UNKNOWN
         assert stuck.history[-1].event == "expire"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing.synchronize
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.queues import Queue
 from typing import Any
 
@@ -14,6 +14,7 @@ import grpc
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 
+from sidecar.composition import Services
 from sidecar.errors import EffectdError
 from sidecar.ledger import rules
 from sidecar.ledger.model import CallRef
@@ -130,8 +131,12 @@ class RacyLedger(LedgerService):
 
 
 class RacyDaemon(Daemon):
-    def make_ledger(self, store: Store) -> LedgerService:
-        return RacyLedger(store, self._clock, self.config.limits, self.policy)
+    def compose(self, store: Store) -> Services:
+        services = super().compose(store)
+        ledger = RacyLedger(
+            store, self.seams.clock, self.config.limits, services.policy
+        )
+        return replace(services, ledger=ledger)
 
 
 def counts(outcomes: Sequence[Outcome]) -> Mapping[str, int]:
