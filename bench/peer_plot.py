@@ -96,7 +96,9 @@ def main(argv: list[str]) -> int:
         f"{meta['runs']} interleaved runs",
         fontsize=11,
     )
-    fig.text(0.5, 0.005, meta["machine"], ha="center", fontsize=7, color="#555")
+    low, high = meta["load"]
+    about = f"{meta['machine']}; 1-min load average {low:.1f} to {high:.1f}"
+    fig.text(0.5, 0.005, about, ha="center", fontsize=7, color="#555")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=110)

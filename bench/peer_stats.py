@@ -204,7 +204,7 @@ class Profile:
     own_code: list[tuple[str, float]]  # total time of the daemon's functions
 
 
-def top_frames(collapsed: Iterable[str], n: int = 12, own: str = "sidecar/") -> Profile:
+def top_frames(collapsed: Iterable[str], n: int = 15, own: str = "sidecar/") -> Profile:
     """Sums up py-spy's collapsed stacks ("thread;a;b;c count" per line, the
     thread first with --threads): each thread's share, the n frames with the
     most self time, and the n functions of the daemon (`own` in the frame)

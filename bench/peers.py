@@ -343,11 +343,34 @@ def machine() -> str:
         ),
         platform.processor(),
     )
-    load = Path("/proc/loadavg").read_text().split()[:3]
     return (
         f"{os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
-        f"Python {platform.python_version()}, load average before {' '.join(load)}"
+        f"Python {platform.python_version()}"
     )
+
+
+def load_average() -> float:
+    """The 1-minute load average: the work of others on a shared machine."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def fdatasync_ms(directory: Path, n: int = 200) -> tuple[float, float]:
+    """p50 and p99 of a 128 B append + fdatasync there: what a durable write
+    costs on this disk, for AOF and LMDB alike."""
+    path = directory / "fsync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    took = []
+    try:
+        for _ in range(n):
+            start = time.perf_counter()
+            os.write(fd, b"x" * 128)
+            os.fdatasync(fd)
+            took.append((time.perf_counter() - start) * 1e3)
+    finally:
+        os.close(fd)
+        path.unlink()
+    took.sort()
+    return peer_stats.percentile(took, 0.5), peer_stats.percentile(took, 0.99)
 
 
 def measure(
@@ -370,12 +393,18 @@ def measure(
                 ops = args.ops_1 if callers == 1 else args.ops_32
                 for name in order:
                     tag = f"r{run}-c{callers}-{time.time_ns()}"
+                    load = load_average()
                     with PeakRss(pid) as peak:
                         result = harness(peers[name], callers, ops, tag=tag)
                     if name == "effectd" and callers > 1:
                         loaded = max(loaded, peak.peak)
                     for phase, numbers in result.items():
-                        at = {"run": run, "peer": name, "callers": callers}
+                        at = {
+                            "run": run,
+                            "peer": name,
+                            "callers": callers,
+                            "load": load,
+                        }
                         records.append({**at, "phase": phase, **numbers})
                         log(progress(records[-1]))
         profile = None
@@ -411,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     about = machine()
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="effectd-peers-") as tmp:
+        fsync_p50, fsync_p99 = fdatasync_ms(Path(tmp))
         records, idle, loaded, profile = measure(args, bench_py, Path(tmp))
         if profile is not None and profile.exists():
             shutil.copy(profile, last / "profile.txt")
@@ -419,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"machine": about, "versions": versions(bench_py), "runs": args.runs}
     meta |= {"ops_1": args.ops_1, "ops_32": args.ops_32, "rss_idle_mb": idle}
     meta |= {"rss_loaded_mb": loaded, "seconds": round(elapsed)}
+    meta |= {"fdatasync_ms": [round(fsync_p50, 3), round(fsync_p99, 3)]}
+    loads = [r["load"] for r in records if "load" in r]
+    meta |= {"load": [min(loads, default=0.0), max(loads, default=0.0)]}
     results.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
     report(meta, records, last / "profile.txt", markdown=args.markdown)
     plot = subprocess.run(
@@ -442,6 +475,12 @@ def report(
         f"\neffectd vs Powertools + Redis (AOF, appendfsync always); {meta['machine']}"
     )
     print(meta["versions"])
+    print(
+        "fdatasync of a 128 B append in the temporary directory: p50 "
+        f"{meta['fdatasync_ms'][0]:.3f} ms, p99 {meta['fdatasync_ms'][1]:.3f} ms; "
+        f"1-minute load average before each configuration: {meta['load'][0]:.1f}"
+        f" to {meta['load'][1]:.1f} (others' work on this machine)"
+    )
     print(
         f"median of {meta['runs']} interleaved runs, [min-max] for calls/s and the "
         f"same-run ratio; p50/p99 per call in ms; keys per phase: {meta['ops_1']} "

@@ -1,10 +1,12 @@
 """The arithmetic of the peer comparison (`bench/peer_stats.py`): the
-percentile, the same-run ratio and its table, the targets, the profile."""
+percentile, the same-run ratio and its table, the targets, the profile; and
+the harness's check of each phase (`bench/peer_harness.py`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import peer_harness
 import peer_stats
 import pytest
 
@@ -103,3 +105,36 @@ def test_a_profile_is_summed_per_thread_leaf_and_own_function() -> None:
         "main (sidecar/cli.py)",
         "LmdbStore._run (sidecar/storage/lmdb_store.py)",
     ]
+
+
+def phase(runs: list[int]) -> dict[str, Any]:
+    return {"t0": 1.0, "t1": 2.0, "ms": [1.0] * len(runs), "runs": runs}
+
+
+@pytest.mark.parametrize(
+    ("first", "dup", "valid"),
+    [
+        ([1, 1], [0, 0], (True, True)),
+        ([1, 2], [0, 0], (False, True)),  # a key's body ran twice
+        ([1, 0], [0, 0], (False, True)),  # a key's body never ran
+        ([1, 1], [0, 1], (True, False)),  # a duplicate ran the body
+    ],
+)
+def test_a_phase_is_valid_only_if_each_key_ran_as_it_must(
+    first: list[int], dup: list[int], valid: tuple[bool, bool]
+) -> None:
+    """The harness's check, with its negative controls: in `first` the body
+    ran exactly once per key, in `dup` never."""
+    report = {"worker": 0, "first": phase(first), "dup": phase(dup)}
+    result = peer_harness.summarize([report], callers=1, ops=2)
+    assert (result["first"]["valid"], result["dup"]["valid"]) == valid
+    assert result["first"]["calls_s"] == 2.0
+
+
+def test_a_caller_that_failed_or_did_not_report_invalidates_both_phases() -> None:
+    ok = {"worker": 0, "first": phase([1]), "dup": phase([0])}
+    failed = {"worker": 1, "error": "Traceback: AssertionError: key 0 returned {}"}
+    for reports in ([ok, failed], [ok]):
+        result = peer_harness.summarize(reports, callers=2, ops=1)
+        assert not result["first"]["valid"]
+        assert not result["dup"]["valid"]
