@@ -18,7 +18,9 @@ It prints the table, the issue 12 targets (reported, never asserted), the
 daemon's RSS idle and under the 32-process load, writes a PNG plot, and with
 --profile records the daemon with py-spy during one more 32-process first
 phase. Everything it started is stopped by PID. It exits 1 if a phase did
-not validate. Every option has an environment twin (PEERS_RUNS, ...).
+not validate. Each option has an environment twin: PEERS_RUNS (--runs),
+PEERS_OPS_1, PEERS_OPS_32, PEERS_STATE, PEERS_VENV, PEERS_PLOT, PEERS_PROFILE
+and PEERS_MARKDOWN=1.
 """
 
 from __future__ import annotations
@@ -297,10 +299,19 @@ class Profiler:
             self.proc = subprocess.Popen(
                 [*argv, str(self.output)], stdout=subprocess.DEVNULL
             )
-        elif mark == "first end" and self.proc is not None:
-            self.proc.send_signal(signal.SIGINT)  # py-spy writes its file and exits
-            self.proc.wait(60)
-            self.proc = None
+        elif mark == "first end":
+            self.stop()
+
+    def stop(self) -> None:
+        """Ends the recording (py-spy writes its file on SIGINT), if on."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
 
 
 VERSIONS = """
@@ -413,9 +424,16 @@ def measure(
             profiler = Profiler(bench_py.parent / "py-spy", pid, profile)
             log(f"profiling the daemon (pid {pid}), 32 procs, first phase")
             tag = f"profile-{time.time_ns()}"
-            harness(
-                peers["effectd"], 32, args.profile, tag=tag, on_mark=profiler.on_mark
-            )
+            try:
+                harness(
+                    peers["effectd"],
+                    32,
+                    args.profile,
+                    tag=tag,
+                    on_mark=profiler.on_mark,
+                )
+            finally:
+                profiler.stop()
     return records, idle, loaded, profile
 
 
