@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: run test check node-test protos bench image-test clean
+.PHONY: run test check node-test protos bench bench-peers image-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ protos: $(DEV_INSTALLED)
 bench: $(DEV_INSTALLED)
 	$(PY) bench/lifecycle.py
 	$(PY) bench/serving_model.py
+
+## bench-peers: effectd against Powertools idempotency on durable Redis, ratios in
+## one run (installs redis-server and a bench venv outside the repo; PEERS_* knobs)
+bench-peers: $(INSTALLED)
+	$(PY) bench/peers.py
 
 ## image-test: build the container image with podman and probe it (opt-in; root,
 ## installs podman, buildah, debootstrap and runc with apt-get if missing)
