@@ -1,6 +1,8 @@
-"""The state of the RPC being served: what the gRPC gate (`sidecar.rpc.gate`)
-knows of the call, kept in a context variable. It lives below both the gate
-and the observability modules, which read it to record the call's span."""
+"""The state of the RPC being served: what the request boundary
+(`sidecar.rpc.boundary`) records of the call, kept in a context variable for
+the call's task. It lives below both the boundary and the observability
+modules, which read it to record the call's span. Who the caller is, and
+what it may touch, is a frozen value of its own (`sidecar.rpc.caller`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from sidecar.auth.access import Principal
 
 @dataclass(slots=True)
 class CallState:
-    """What the gate knows of the call being served."""
+    """What the boundary records of the call being served."""
 
     method: str
     principal: Principal | None

@@ -73,7 +73,7 @@ _PACKAGE_OF = {
 
 
 class Tracing:
-    """The gate's tracer (`sidecar.rpc.gate.RpcTracer`) over one daemon's own
+    """The gate's tracer (`sidecar.rpc.recording.RpcTracer`) over one daemon's own
     TracerProvider: several daemons in a process keep theirs apart, and the
     global provider is left to the application."""
 

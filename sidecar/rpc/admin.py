@@ -19,7 +19,7 @@ from sidecar.ledger.policy import Policy
 from sidecar.ledger.quota import Quotas, StoreFill
 from sidecar.ledger.restore import Marker
 from sidecar.ledger.validation import Violations
-from sidecar.rpc import convert, gate
+from sidecar.rpc import caller, convert
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
 
@@ -86,12 +86,12 @@ def entry_pb(entry: Entry) -> pb.AuditEntry:
     )
 
 
-def _scope(v: Violations, requested: str) -> str | None:
+def _scope(v: Violations, who: caller.Caller, requested: str) -> str | None:
     """The namespace an operator read covers: None (every one) when none is
     named and the caller may see them all; otherwise the named one or the
-    credential's (`gate.namespace`)."""
-    if requested or not gate.whole_daemon():
-        return convert.namespace(v, requested)
+    credential's (`Caller.place`)."""
+    if requested or not who.whole_daemon:
+        return convert.namespace(v, who, requested)
     return None
 
 
@@ -131,7 +131,7 @@ class Admin:
         self, req: pb.ListAuditRequest, _: Context
     ) -> pb.ListAuditResponse:
         v = Violations()
-        namespace = _scope(v, req.namespace)
+        namespace = _scope(v, caller.current(), req.namespace)
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
         page = self._operator.list_audit(
@@ -154,7 +154,7 @@ class Admin:
         if self._policy is None:
             raise NoPolicyFile("this daemon serves no policy reloads")
         # Without authentication an RPC reload is the operator's.
-        actor = gate.actor(v, "", "") or policy_change.OPERATOR
+        actor = caller.current().actor(policy_change.OPERATOR)
         done = await self._policy.reload(actor=actor, reason=req.reason)
         return pb.ReloadPolicyResponse(
             policy=policy_pb(done.policy),
@@ -188,9 +188,12 @@ class Admin:
         self, req: pb.EnterReconciliationRequest, _: Context
     ) -> pb.EnterReconciliationResponse:
         v = Violations()
+        who = caller.current()
         v.text_id("tool_name", req.tool_name, self._limits.max_id_bytes)
-        namespace = _scope(v, req.namespace)
-        operator = convert.operator_action(v, self._limits, req.operator, req.reason)
+        namespace = _scope(v, who, req.namespace)
+        operator = convert.operator_action(
+            v, who, self._limits, req.operator, req.reason
+        )
         v.require()
         done = await self._operator.enter_reconciliation(
             tool_name=req.tool_name,
@@ -216,7 +219,7 @@ class Admin:
         self, req: pb.GetStatsRequest, _: Context
     ) -> pb.GetStatsResponse:
         v = Violations()
-        namespace = _scope(v, req.namespace)
+        namespace = _scope(v, caller.current(), req.namespace)
         v.require()
         q = self._quotas
         return pb.GetStatsResponse(
@@ -246,7 +249,7 @@ class Admin:
 
     def _store_fill(self) -> pb.StoreFill | None:
         # The whole store's: not for a caller limited to some namespaces.
-        if self._fill is None or not gate.whole_daemon():
+        if self._fill is None or not caller.current().whole_daemon:
             return None
         fill = self._fill()
         return pb.StoreFill(

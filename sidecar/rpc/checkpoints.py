@@ -9,7 +9,7 @@ from effectd.v1 import checkpoints_pb2 as pb
 
 from sidecar.ledger.checkpoints import Expect
 from sidecar.ledger.validation import Limits, Violations
-from sidecar.rpc import convert
+from sidecar.rpc import caller, convert
 from sidecar.services.checkpoints import CheckpointService
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -24,7 +24,7 @@ class Checkpoints:
         self, req: pb.GetCheckpointRequest, _: Context
     ) -> pb.GetCheckpointResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        ns = convert.namespace(v, caller.current(), req.namespace)
         key = convert.checkpoint_key(v, req.key, self._limits)
         v.require()
         return pb.GetCheckpointResponse(
@@ -35,7 +35,7 @@ class Checkpoints:
         self, req: pb.PutCheckpointRequest, _: Context
     ) -> pb.PutCheckpointResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        ns = convert.namespace(v, caller.current(), req.namespace)
         key = convert.checkpoint_key(v, req.key, self._limits)
         v.size("value", req.value, self._limits.max_payload_bytes)
         which = req.WhichOneof("precondition")
@@ -60,7 +60,7 @@ class Checkpoints:
         self, req: pb.DeleteCheckpointRequest, _: Context
     ) -> pb.DeleteCheckpointResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        ns = convert.namespace(v, caller.current(), req.namespace)
         key = convert.checkpoint_key(v, req.key, self._limits)
         if req.expected_revision == 0:
             v.add("expected_revision", "is required")
@@ -72,7 +72,7 @@ class Checkpoints:
         self, req: pb.CheckpointTxnRequest, _: Context
     ) -> pb.CheckpointTxnResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        ns = convert.namespace(v, caller.current(), req.namespace)
         limit = self._limits.max_txn_ops
         if len(req.compares) > limit:
             v.add("compares", f"must hold at most {limit} compares")
@@ -112,7 +112,7 @@ class Checkpoints:
         self, req: pb.ListCheckpointsRequest, _: Context
     ) -> pb.ListCheckpointsResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        ns = convert.namespace(v, caller.current(), req.namespace)
         prefix = convert.checkpoint_prefix(v, req.prefix, self._limits)
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()

@@ -4,7 +4,7 @@ Three pools, so that no caller can take what the others, the health probes,
 or the recording of work already done need:
 
 - ordinary calls: at most `total` in flight, at most `per_caller` of one
-  caller (the same caller the rate limit charges, `sidecar.rpc.gate.charged`);
+  caller (the same caller the rate limit charges, `sidecar.rpc.caller.charged`);
 - calls that record work already done (`RECORDS_WORK_DONE`): room of their
   own, `total` more, again at most `per_caller` of one caller, so a tool that
   ran can record its result while ordinary calls fill theirs;

@@ -2,7 +2,9 @@
 
 Requests are validated while they are translated: every problem becomes a
 field violation named by its path in the request, and all of them are
-raised together as INVALID_ARGUMENT.
+raised together as INVALID_ARGUMENT. Each namespace a request names is read
+against the call's `Caller`, which the boundary resolved and the servicer
+hands in; nothing here looks at the credential or the call's context.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from sidecar.ledger.model import (
 from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
 from sidecar.ledger.rules import AGENT, Answer, PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
-from sidecar.rpc import gate
+from sidecar.rpc.caller import Caller
 
 EFFECTS: dict[int, Effect] = {
     # ADR-010 D2: an undeclared effect is a side effect.
@@ -69,14 +71,18 @@ def _join(prefix: str, name: str) -> str:
 # -- requests --------------------------------------------------------------
 
 
-def namespace(v: Violations, value: str, field: str = "namespace") -> str:
+def namespace(
+    v: Violations, caller: Caller, value: str, field: str = "namespace"
+) -> str:
     """The namespace the request acts in: with authentication on, the
-    caller's credential decides (see `gate.namespace`)."""
-    return gate.namespace(v, field, value)
+    caller's credential decides (`Caller.place`)."""
+    return caller.place(v, field, value)
 
 
-def ref(v: Violations, msg: pb.CallRef, limits: Limits, field: str = "ref") -> CallRef:
-    ns = gate.namespace(v, _join(field, "namespace"), msg.namespace)
+def ref(
+    v: Violations, caller: Caller, msg: pb.CallRef, limits: Limits, field: str = "ref"
+) -> CallRef:
+    ns = caller.place(v, _join(field, "namespace"), msg.namespace)
     v.text_id(_join(field, "run_id"), msg.run_id, limits.max_id_bytes, no_colon=True)
     v.text_id(_join(field, "call_id"), msg.call_id, limits.max_id_bytes)
     return CallRef(ns, msg.run_id, msg.call_id)
@@ -132,9 +138,13 @@ def _enum(
 
 
 def prepare_spec(
-    v: Violations, req: pb.PrepareToolRequest, limits: Limits, field: str = ""
+    v: Violations,
+    caller: Caller,
+    req: pb.PrepareToolRequest,
+    limits: Limits,
+    field: str = "",
 ) -> PrepareSpec:
-    call_ref = ref(v, req.ref, limits, _join(field, "ref"))
+    call_ref = ref(v, caller, req.ref, limits, _join(field, "ref"))
     v.text_id(_join(field, "tool_name"), req.tool_name, limits.max_id_bytes)
     _enum(v, _join(field, "effect"), req.effect, EFFECTS)
     _enum(v, _join(field, "channel"), req.channel, CHANNELS)
@@ -151,7 +161,7 @@ def prepare_spec(
         require_approval=req.require_approval,
         start=req.start,
         lease_ms=lease,
-        actor=gate.caller(AGENT),
+        actor=caller.actor(AGENT),
         retry=req.retry,
         channel=CHANNELS[req.channel],
     )
@@ -400,11 +410,15 @@ def _reconciliation_pb(r: Reconciliation) -> pb.Reconciliation:
 
 
 def _operator_text(
-    v: Violations, limits: Limits, actor: tuple[str, str], reason: str
+    v: Violations,
+    caller: Caller,
+    limits: Limits,
+    actor: tuple[str, str],
+    reason: str,
 ) -> str:
     """Validates the actor and reason of an operator action; returns the
     actor to record: with authentication on, the credential's name."""
-    name = gate.actor(v, actor[0], actor[1])
+    name = caller.operator(v, actor[0], actor[1])
     if name == actor[1]:
         v.text_id(actor[0], actor[1], limits.max_id_bytes)
     if not reason:
@@ -414,9 +428,9 @@ def _operator_text(
 
 
 def approval_decision(
-    v: Violations, req: pb.DecideApprovalRequest, limits: Limits
+    v: Violations, caller: Caller, req: pb.DecideApprovalRequest, limits: Limits
 ) -> ApprovalDecision:
-    approver = _operator_text(v, limits, ("approver", req.approver), req.reason)
+    approver = _operator_text(v, caller, limits, ("approver", req.approver), req.reason)
     if req.expected_revision == 0:
         v.add("expected_revision", "is required: the revision the approver saw")
     if not _FINGERPRINT.fullmatch(req.input_fingerprint):
@@ -430,16 +444,18 @@ def approval_decision(
     )
 
 
-def operator_action(v: Violations, limits: Limits, operator: str, reason: str) -> str:
+def operator_action(
+    v: Violations, caller: Caller, limits: Limits, operator: str, reason: str
+) -> str:
     """The actor of an operator action (with authentication on, the
     credential's name), its reason validated."""
-    return _operator_text(v, limits, ("operator", operator), reason)
+    return _operator_text(v, caller, limits, ("operator", operator), reason)
 
 
 def reconcile_order(
-    v: Violations, req: pb.ReconcileRequest, limits: Limits
+    v: Violations, caller: Caller, req: pb.ReconcileRequest, limits: Limits
 ) -> ReconcileOrder:
-    operator = _operator_text(v, limits, ("operator", req.operator), req.reason)
+    operator = _operator_text(v, caller, limits, ("operator", req.operator), req.reason)
     if req.expected_revision == 0:
         v.add("expected_revision", "is required: the revision the operator saw")
     if not req.evidence:

@@ -9,7 +9,7 @@ from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.ledger.rules import AGENT
 from sidecar.ledger.validation import Violations
-from sidecar.rpc import convert, gate
+from sidecar.rpc import caller, convert
 from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
 
@@ -25,14 +25,16 @@ class ToolLedger:
     async def PrepareTool(
         self, req: pb.PrepareToolRequest, _: Context
     ) -> pb.PrepareToolResponse:
+        who = caller.current()
         v = Violations()
-        spec = convert.prepare_spec(v, req, self._limits)
+        spec = convert.prepare_spec(v, who, req, self._limits)
         v.require()
         return convert.prepare_response(await self._ledger.prepare(spec))
 
     async def PrepareTools(
         self, req: pb.PrepareToolsRequest, _: Context
     ) -> pb.PrepareToolsResponse:
+        who = caller.current()
         v = Violations()
         if not 1 <= len(req.calls) <= self._limits.max_batch:
             v.add(
@@ -41,7 +43,7 @@ class ToolLedger:
             )
             v.require()  # before reading each of too many
         specs = [
-            convert.prepare_spec(v, c, self._limits, f"calls[{i}]")
+            convert.prepare_spec(v, who, c, self._limits, f"calls[{i}]")
             for i, c in enumerate(req.calls)
         ]
         seen: dict[object, int] = {}
@@ -58,8 +60,9 @@ class ToolLedger:
     async def StartTool(
         self, req: pb.StartToolRequest, _: Context
     ) -> pb.StartToolResponse:
+        who = caller.current()
         v = Violations()
-        ref = convert.ref(v, req.ref, self._limits)
+        ref = convert.ref(v, who, req.ref, self._limits)
         lease = convert.lease_ms(v, req.lease_ms, self._limits)
         v.require()
         answer = await self._ledger.start(
@@ -67,7 +70,7 @@ class ToolLedger:
             lease_ms=lease,
             retry=req.retry,
             expected_revision=convert.optional_revision(req),
-            actor=gate.caller(AGENT),
+            actor=who.actor(AGENT),
         )
         return pb.StartToolResponse(
             decision=convert.DECISION_TO_PB[answer.decision],
@@ -78,8 +81,9 @@ class ToolLedger:
     async def CommitTool(
         self, req: pb.CommitToolRequest, _: Context
     ) -> pb.CommitToolResponse:
+        who = caller.current()
         v = Violations()
-        ref = convert.ref(v, req.ref, self._limits)
+        ref = convert.ref(v, who, req.ref, self._limits)
         if req.attempt == 0:
             v.add("attempt", "is required: the attempt number StartTool gave")
         if not req.HasField("result"):
@@ -91,44 +95,47 @@ class ToolLedger:
             attempt=req.attempt,
             result=result,
             expected_revision=convert.optional_revision(req),
-            actor=gate.caller(AGENT),
+            actor=who.actor(AGENT),
         )
         return pb.CommitToolResponse(call=convert.call_pb(answer.call))
 
     async def ReportUnknown(
         self, req: pb.ReportUnknownRequest, _: Context
     ) -> pb.ReportUnknownResponse:
+        who = caller.current()
         v = Violations()
-        ref = convert.ref(v, req.ref, self._limits)
+        ref = convert.ref(v, who, req.ref, self._limits)
         if req.attempt == 0:
             v.add("attempt", "is required")
         v.text("reason", req.reason, self._limits.max_text_bytes)
         v.require()
         answer = await self._ledger.report_unknown(
-            ref, attempt=req.attempt, reason=req.reason, actor=gate.caller(AGENT)
+            ref, attempt=req.attempt, reason=req.reason, actor=who.actor(AGENT)
         )
         return pb.ReportUnknownResponse(call=convert.call_pb(answer.call))
 
     async def Heartbeat(
         self, req: pb.HeartbeatRequest, _: Context
     ) -> pb.HeartbeatResponse:
+        who = caller.current()
         v = Violations()
-        ref = convert.ref(v, req.ref, self._limits)
+        ref = convert.ref(v, who, req.ref, self._limits)
         if req.attempt == 0:
             v.add("attempt", "is required")
         lease = convert.lease_ms(v, req.lease_ms, self._limits)
         v.require()
         answer = await self._ledger.heartbeat(
-            ref, attempt=req.attempt, lease_ms=lease, actor=gate.caller(AGENT)
+            ref, attempt=req.attempt, lease_ms=lease, actor=who.actor(AGENT)
         )
         return pb.HeartbeatResponse(call=convert.call_pb(answer.call))
 
     async def DecideApproval(
         self, req: pb.DecideApprovalRequest, _: Context
     ) -> pb.DecideApprovalResponse:
+        who = caller.current()
         v = Violations()
-        ref = convert.ref(v, req.ref, self._limits)
-        decision = convert.approval_decision(v, req, self._limits)
+        ref = convert.ref(v, who, req.ref, self._limits)
+        decision = convert.approval_decision(v, who, req, self._limits)
         v.require()
         answer = await self._operator.decide_approval(ref, decision)
         return pb.DecideApprovalResponse(call=convert.call_pb(answer.call))
@@ -136,9 +143,10 @@ class ToolLedger:
     async def Reconcile(
         self, req: pb.ReconcileRequest, _: Context
     ) -> pb.ReconcileResponse:
+        who = caller.current()
         v = Violations()
-        ref = convert.ref(v, req.ref, self._limits)
-        order = convert.reconcile_order(v, req, self._limits)
+        ref = convert.ref(v, who, req.ref, self._limits)
+        order = convert.reconcile_order(v, who, req, self._limits)
         v.require()
         answer = await self._operator.reconcile(ref, order)
         return pb.ReconcileResponse(call=convert.call_pb(answer.call))
@@ -146,22 +154,24 @@ class ToolLedger:
     async def GetToolCall(
         self, req: pb.GetToolCallRequest, _: Context
     ) -> pb.GetToolCallResponse:
+        who = caller.current()
         v = Violations()
-        ref = convert.ref(v, req.ref, self._limits)
+        ref = convert.ref(v, who, req.ref, self._limits)
         v.require()
         return pb.GetToolCallResponse(call=convert.call_pb(self._ledger.get(ref)))
 
     async def ListToolCalls(
         self, req: pb.ListToolCallsRequest, _: Context
     ) -> pb.ListToolCallsResponse:
+        who = caller.current()
         v = Violations()
         scope: frozenset[str] | None
         if req.all_namespaces:
             if req.namespace:
                 v.add("namespace", "must be empty with all_namespaces")
-            scope = gate.visible_namespaces()
+            scope = who.visible
         else:
-            scope = frozenset({convert.namespace(v, req.namespace)})
+            scope = frozenset({convert.namespace(v, who, req.namespace)})
         convert.run_id(v, req.run_id, self._limits)
         states = convert.states(v, list(req.states))
         size = convert.page_size(v, req.page_size, self._limits)

@@ -26,7 +26,7 @@ from sidecar.provider.messages import (
     StreamHead,
 )
 from sidecar.provider.policy import Cause, Stop
-from sidecar.rpc import gate
+from sidecar.rpc.boundary import time_remaining
 from sidecar.rpc.errors import NO_PUSHBACK
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -129,7 +129,7 @@ class Provider:
     async def ProviderCall(
         self, req: pb.ProviderRequest, context: Context
     ) -> pb.ProviderResponse:
-        answer = await self.client.call(request_of(req), gate.time_remaining(context))
+        answer = await self.client.call(request_of(req), time_remaining(context))
         context.set_trailing_metadata(_trailers(answer.attempts))
         return answer_message(answer)
 
@@ -137,7 +137,7 @@ class Provider:
         self, req: pb.ProviderRequest, context: Context
     ) -> AsyncIterator[pb.ProviderStreamMessage]:
         head: StreamHead | None = None
-        stream = self.client.stream(request_of(req), gate.time_remaining(context))
+        stream = self.client.stream(request_of(req), time_remaining(context))
         async with contextlib.aclosing(stream) as items:
             async for item in items:
                 if isinstance(item, StreamHead):

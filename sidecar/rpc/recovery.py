@@ -10,7 +10,7 @@ from effectd.v1 import recovery_pb2 as pb
 from sidecar.ledger.model import Effect
 from sidecar.ledger.recovery import PlanItem, RecoveryAction
 from sidecar.ledger.validation import Violations
-from sidecar.rpc import convert
+from sidecar.rpc import caller, convert
 from sidecar.services.recovery import RecoveryService
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -43,7 +43,7 @@ class Recovery:
 
     async def Recover(self, req: pb.RecoverRequest, _: Context) -> pb.RecoverResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        ns = convert.namespace(v, caller.current(), req.namespace)
         v.text_id("run_id", req.run_id, self._limits.max_id_bytes, no_colon=True)
         v.require()
         recovered = await self._recovery.recover(ns, req.run_id)
@@ -57,7 +57,7 @@ class Recovery:
         self, req: pb.AcknowledgeRecoveryRequest, _: Context
     ) -> pb.AcknowledgeRecoveryResponse:
         v = Violations()
-        ns = convert.namespace(v, req.namespace)
+        ns = convert.namespace(v, caller.current(), req.namespace)
         v.text_id("run_id", req.run_id, self._limits.max_id_bytes, no_colon=True)
         count, most = len(req.call_ids), self._limits.max_batch
         if not 1 <= count <= most:

@@ -11,7 +11,7 @@ from effectd.v1 import retry_pb2 as pb
 from sidecar.ledger import retry
 from sidecar.ledger.model import Effect, State
 from sidecar.ledger.validation import Limits, Violations
-from sidecar.rpc import convert
+from sidecar.rpc import caller, convert
 from sidecar.services.retry import RetryService
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -108,7 +108,7 @@ class RetryPolicy:
         asked = question(v, req, self._limits)
         ref = None
         if req.WhichOneof("subject") == "call":
-            ref = convert.ref(v, req.call, self._limits, "call")
+            ref = convert.ref(v, caller.current(), req.call, self._limits, "call")
         v.require()
         if ref is not None:
             asked = self._retries.facts_of(ref, asked)

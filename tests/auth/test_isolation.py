@@ -18,7 +18,7 @@ from effectd.v1 import ledger_pb2 as pb
 from sidecar.auth import access
 from sidecar.composition import SERVICES
 from sidecar.ledger import paging
-from sidecar.rpc import gate
+from sidecar.rpc.caller import Caller
 from tests.auth.support import (
     AGENT_A,
     AGENT_AB,
@@ -601,7 +601,7 @@ def test_a_listing_that_ignores_the_grants_is_caught(
     token, or a page token followed into a namespace outside the grants, is
     found by `listing_leaks`."""
     if broken == "scope":
-        monkeypatch.setattr(gate, "visible_namespaces", lambda: None)
+        monkeypatch.setattr(Caller, "visible", property(lambda _: None))
         expected = "listed a call of B"
     else:
         honest = paging.decode_across

@@ -1,0 +1,101 @@
+"""The record of each call, however it ended: its metrics, its span (with
+OpenTelemetry on) and one access log line. The gate records a call refused
+before it was parsed (authentication, authorization); the boundary records
+every other call once, when it has ended."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+import grpc
+
+from sidecar import tracecontext as trace
+from sidecar.callstate import CallState
+
+access_log = logging.getLogger("effectd.access")
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class RpcObserver(Protocol):
+    def rpc_finished(
+        self, method: str, code: grpc.StatusCode, seconds: float
+    ) -> None: ...
+
+    def refused(self, reason: str) -> None: ...
+
+
+class RpcTracer(Protocol):
+    """Records a span per RPC (sidecar.observability.otel)."""
+
+    def rpc_started(self, state: CallState) -> trace.TraceParent | None:
+        """Starts the call's span; the context its provider requests carry."""
+
+    def rpc_finished(self, state: CallState, code: grpc.StatusCode) -> None: ...
+
+
+class Recorder:
+    """Records calls to the metrics, the tracer and the access log."""
+
+    def __init__(self, observer: RpcObserver | None, tracer: RpcTracer | None) -> None:
+        self._observer = observer
+        self._tracer = tracer
+
+    def started(self, state: CallState) -> None:
+        """Starts the call's span, whose context the call carries on."""
+        if self._tracer is not None:
+            state.trace = self._tracer.rpc_started(state)
+
+    def record(self, state: CallState, code: grpc.StatusCode, seconds: float) -> None:
+        if self._tracer is not None:
+            self._tracer.rpc_finished(state, code)
+        if self._observer is not None:
+            self._observer.rpc_finished(state.method, code, seconds)
+            if state.reason:
+                self._observer.refused(state.reason)
+        # Refusals and failures at INFO (security-relevant: a wrong token, a
+        # denied role), answered calls at DEBUG: a line per call costs as
+        # much as the call's own work (bench/lifecycle.py), and the metrics
+        # count every call anyway.
+        level = logging.DEBUG if code is grpc.StatusCode.OK else logging.INFO
+        if not access_log.isEnabledFor(level):
+            return
+        # Never the request, its payloads or the token: names and outcomes.
+        access_log.log(
+            level,
+            "rpc",
+            extra={
+                "method": state.method,
+                "code": code.name,
+                "reason": state.reason or None,
+                "namespace": state.namespace or None,
+                "principal": state.principal.name if state.principal else None,
+                "duration_ms": round(seconds * 1000, 3),
+                "trace_id": state.trace.trace_id if state.trace else None,
+            },
+        )
+
+
+def code_of(context: Context, ended: BaseException | None) -> grpc.StatusCode:
+    """The status the call ended with: the one it was aborted with or set;
+    else what ended it, as gRPC answers it (cut off after its deadline:
+    DEADLINE_EXCEEDED, before it: CANCELLED, any other exception: UNKNOWN);
+    else OK."""
+    code: object = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    if isinstance(code, int):
+        for candidate in grpc.StatusCode:
+            if candidate.value[0] == code:
+                return candidate
+    if ended is None or isinstance(ended, grpc.aio.AbortError):
+        return grpc.StatusCode.OK
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    # A failed write (grpc.aio.InternalError): the client had gone.
+    if isinstance(ended, asyncio.CancelledError | grpc.aio.InternalError):
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN
