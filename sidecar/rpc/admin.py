@@ -19,7 +19,7 @@ from sidecar.ledger.policy import Policy
 from sidecar.ledger.quota import Quotas, StoreFill
 from sidecar.ledger.restore import Marker
 from sidecar.ledger.validation import Violations
-from sidecar.rpc import caller, convert
+from sidecar.rpc import caller, convert, operator_orders
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
 
@@ -191,7 +191,7 @@ class Admin:
         who = caller.current()
         v.text_id("tool_name", req.tool_name, self._limits.max_id_bytes)
         namespace = _scope(v, who, req.namespace)
-        operator = convert.operator_action(
+        operator = operator_orders.operator_action(
             v, who, self._limits, req.operator, req.reason
         )
         v.require()

@@ -1,4 +1,5 @@
-"""The `effectd.v1.Checkpoints` service: translation only."""
+"""The `effectd.v1.Checkpoints` service: translation only (its messages are
+translated here; the namespace through `sidecar.rpc.convert`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,66 @@ from typing import Any
 import grpc
 from effectd.v1 import checkpoints_pb2 as pb
 
-from sidecar.ledger.checkpoints import Expect
+from sidecar.ledger.checkpoints import Expect, Op, StoredCheckpoint
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.rpc import caller, convert
 from sidecar.services.checkpoints import CheckpointService
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def checkpoint_key(
+    v: Violations, value: str, limits: Limits, field: str = "key"
+) -> str:
+    v.text_id(field, value, limits.max_key_bytes)
+    return value
+
+
+def checkpoint_prefix(
+    v: Violations, value: str, limits: Limits, field: str = "prefix"
+) -> str:
+    if value:
+        v.text_id(field, value, limits.max_key_bytes)
+    return value
+
+
+def compare(v: Violations, msg: pb.Compare, limits: Limits, field: str) -> Expect:
+    key = checkpoint_key(v, msg.key, limits, _join(field, "key"))
+    which = msg.WhichOneof("expect")
+    if which is None:
+        v.add(field, "must set revision or absent")
+    elif which == "absent" and not msg.absent:
+        v.add(_join(field, "absent"), "must be true when set")
+    elif which == "revision" and msg.revision == 0:
+        v.add(_join(field, "revision"), "must be at least 1 (use absent for a new key)")
+    return Expect(key, msg.revision if which == "revision" else None)
+
+
+def txn_op(v: Violations, msg: pb.TxnOp, limits: Limits, field: str) -> Op:
+    which = msg.WhichOneof("op")
+    if which == "put":
+        key = checkpoint_key(v, msg.put.key, limits, _join(field, "put.key"))
+        v.size(_join(field, "put.value"), msg.put.value, limits.max_payload_bytes)
+        return Op(key, msg.put.value)
+    if which == "delete":
+        return Op(
+            checkpoint_key(v, msg.delete.key, limits, _join(field, "delete.key")), None
+        )
+    v.add(field, "must set put or delete")
+    return Op("", None)
+
+
+def checkpoint_pb(cp: StoredCheckpoint, *, value: bool = True) -> pb.Checkpoint:
+    return pb.Checkpoint(
+        key=cp.key,
+        value=cp.value if value else b"",
+        revision=cp.revision,
+        updated_at=convert.timestamp(cp.updated_ns),
+    )
 
 
 class Checkpoints:
@@ -25,10 +80,10 @@ class Checkpoints:
     ) -> pb.GetCheckpointResponse:
         v = Violations()
         ns = convert.namespace(v, caller.current(), req.namespace)
-        key = convert.checkpoint_key(v, req.key, self._limits)
+        key = checkpoint_key(v, req.key, self._limits)
         v.require()
         return pb.GetCheckpointResponse(
-            checkpoint=convert.checkpoint_pb(self._checkpoints.get(ns, key))
+            checkpoint=checkpoint_pb(self._checkpoints.get(ns, key))
         )
 
     async def Put(
@@ -36,7 +91,7 @@ class Checkpoints:
     ) -> pb.PutCheckpointResponse:
         v = Violations()
         ns = convert.namespace(v, caller.current(), req.namespace)
-        key = convert.checkpoint_key(v, req.key, self._limits)
+        key = checkpoint_key(v, req.key, self._limits)
         v.size("value", req.value, self._limits.max_payload_bytes)
         which = req.WhichOneof("precondition")
         if which is None:
@@ -61,7 +116,7 @@ class Checkpoints:
     ) -> pb.DeleteCheckpointResponse:
         v = Violations()
         ns = convert.namespace(v, caller.current(), req.namespace)
-        key = convert.checkpoint_key(v, req.key, self._limits)
+        key = checkpoint_key(v, req.key, self._limits)
         if req.expected_revision == 0:
             v.add("expected_revision", "is required")
         v.require()
@@ -81,13 +136,10 @@ class Checkpoints:
         if len(req.compares) > limit or len(req.ops) > limit:
             v.require()  # before reading each of too many
         compares = [
-            convert.compare(v, c, self._limits, f"compares[{i}]")
+            compare(v, c, self._limits, f"compares[{i}]")
             for i, c in enumerate(req.compares)
         ]
-        ops = [
-            convert.txn_op(v, o, self._limits, f"ops[{i}]")
-            for i, o in enumerate(req.ops)
-        ]
+        ops = [txn_op(v, o, self._limits, f"ops[{i}]") for i, o in enumerate(req.ops)]
         compared: set[str] = set()
         for i, c in enumerate(compares):
             if c.key in compared:
@@ -113,7 +165,7 @@ class Checkpoints:
     ) -> pb.ListCheckpointsResponse:
         v = Violations()
         ns = convert.namespace(v, caller.current(), req.namespace)
-        prefix = convert.checkpoint_prefix(v, req.prefix, self._limits)
+        prefix = checkpoint_prefix(v, req.prefix, self._limits)
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
         page = self._checkpoints.list(
@@ -121,8 +173,7 @@ class Checkpoints:
         )
         return pb.ListCheckpointsResponse(
             checkpoints=[
-                convert.checkpoint_pb(c, value=not req.keys_only)
-                for c in page.checkpoints
+                checkpoint_pb(c, value=not req.keys_only) for c in page.checkpoints
             ],
             next_page_token=page.next_page_token,
         )

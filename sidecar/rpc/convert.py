@@ -1,4 +1,7 @@
-"""Translation between `effectd.v1` messages and domain values.
+"""Translation between the `effectd.v1` messages several services share
+(call refs, payloads, tool calls and their history) and domain values; a
+service's own messages are translated in its servicer's module, the
+operator's orders in `sidecar.rpc.operator_orders`.
 
 Requests are validated while they are translated: every problem becomes a
 field violation named by its path in the request, and all of them are
@@ -9,14 +12,10 @@ hands in; nothing here looks at the credential or the call's context.
 
 from __future__ import annotations
 
-import re
-
-from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
 from google.protobuf import timestamp_pb2
 
 from sidecar.ledger import fingerprint
-from sidecar.ledger.checkpoints import Expect, Op, StoredCheckpoint
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
     Approval,
@@ -34,7 +33,6 @@ from sidecar.ledger.model import (
     ToolCall,
     Transition,
 )
-from sidecar.ledger.operator_rules import ApprovalDecision, ReconcileOrder
 from sidecar.ledger.rules import AGENT, Answer, PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.rpc.caller import Caller
@@ -216,47 +214,6 @@ def states(v: Violations, values: list[int], field: str = "states") -> frozenset
     return frozenset(STATES[x] for x in values if x in STATES)
 
 
-def checkpoint_key(
-    v: Violations, value: str, limits: Limits, field: str = "key"
-) -> str:
-    v.text_id(field, value, limits.max_key_bytes)
-    return value
-
-
-def checkpoint_prefix(
-    v: Violations, value: str, limits: Limits, field: str = "prefix"
-) -> str:
-    if value:
-        v.text_id(field, value, limits.max_key_bytes)
-    return value
-
-
-def compare(v: Violations, msg: cpb.Compare, limits: Limits, field: str) -> Expect:
-    key = checkpoint_key(v, msg.key, limits, _join(field, "key"))
-    which = msg.WhichOneof("expect")
-    if which is None:
-        v.add(field, "must set revision or absent")
-    elif which == "absent" and not msg.absent:
-        v.add(_join(field, "absent"), "must be true when set")
-    elif which == "revision" and msg.revision == 0:
-        v.add(_join(field, "revision"), "must be at least 1 (use absent for a new key)")
-    return Expect(key, msg.revision if which == "revision" else None)
-
-
-def txn_op(v: Violations, msg: cpb.TxnOp, limits: Limits, field: str) -> Op:
-    which = msg.WhichOneof("op")
-    if which == "put":
-        key = checkpoint_key(v, msg.put.key, limits, _join(field, "put.key"))
-        v.size(_join(field, "put.value"), msg.put.value, limits.max_payload_bytes)
-        return Op(key, msg.put.value)
-    if which == "delete":
-        return Op(
-            checkpoint_key(v, msg.delete.key, limits, _join(field, "delete.key")), None
-        )
-    v.add(field, "must set put or delete")
-    return Op("", None)
-
-
 # A google.protobuf.Timestamp's range: 0001-01-01T00:00:00Z to
 # 9999-12-31T23:59:59.999999999Z, nanos 0..999 999 999 (timestamp.proto).
 TIMESTAMP_SECONDS = (-62_135_596_800, 253_402_300_799)
@@ -370,19 +327,9 @@ def prepare_response(answer: Answer) -> pb.PrepareToolResponse:
     )
 
 
-def checkpoint_pb(cp: StoredCheckpoint, *, value: bool = True) -> cpb.Checkpoint:
-    return cpb.Checkpoint(
-        key=cp.key,
-        value=cp.value if value else b"",
-        revision=cp.revision,
-        updated_at=timestamp(cp.updated_ns),
-    )
-
-
 # -- approvals and reconciliations ---------------------------------------------
 
 RESOLUTION_TO_PB = {r: pb.Resolution.Value(f"RESOLUTION_{r.name}") for r in Resolution}
-_FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _approval_pb(a: Approval) -> pb.Approval:
@@ -406,74 +353,4 @@ def _reconciliation_pb(r: Reconciliation) -> pb.Reconciliation:
         from_state=STATE_TO_PB[r.from_state],
         revision=r.revision,
         attempt=r.attempt,
-    )
-
-
-def _operator_text(
-    v: Violations,
-    caller: Caller,
-    limits: Limits,
-    actor: tuple[str, str],
-    reason: str,
-) -> str:
-    """Validates the actor and reason of an operator action; returns the
-    actor to record: with authentication on, the credential's name."""
-    name = caller.operator(v, actor[0], actor[1])
-    if name == actor[1]:
-        v.text_id(actor[0], actor[1], limits.max_id_bytes)
-    if not reason:
-        v.add("reason", "is required")
-    v.text("reason", reason, limits.max_text_bytes)
-    return name
-
-
-def approval_decision(
-    v: Violations, caller: Caller, req: pb.DecideApprovalRequest, limits: Limits
-) -> ApprovalDecision:
-    approver = _operator_text(v, caller, limits, ("approver", req.approver), req.reason)
-    if req.expected_revision == 0:
-        v.add("expected_revision", "is required: the revision the approver saw")
-    if not _FINGERPRINT.fullmatch(req.input_fingerprint):
-        v.add("input_fingerprint", "must be the call's sha256:<64 hex> fingerprint")
-    return ApprovalDecision(
-        approve=req.approve,
-        approver=approver,
-        reason=req.reason,
-        expected_revision=req.expected_revision,
-        input_fingerprint=req.input_fingerprint,
-    )
-
-
-def operator_action(
-    v: Violations, caller: Caller, limits: Limits, operator: str, reason: str
-) -> str:
-    """The actor of an operator action (with authentication on, the
-    credential's name), its reason validated."""
-    return _operator_text(v, caller, limits, ("operator", operator), reason)
-
-
-def reconcile_order(
-    v: Violations, caller: Caller, req: pb.ReconcileRequest, limits: Limits
-) -> ReconcileOrder:
-    operator = _operator_text(v, caller, limits, ("operator", req.operator), req.reason)
-    if req.expected_revision == 0:
-        v.add("expected_revision", "is required: the revision the operator saw")
-    if not req.evidence:
-        v.add("evidence", "is required: what was found in the target system")
-    v.text("evidence", req.evidence, limits.max_text_bytes)
-    which = req.WhichOneof("resolution")
-    found: Result | None = None
-    if which is None:
-        v.add("resolution", "is required: set result or not_executed")
-    elif which == "not_executed" and not req.not_executed:
-        v.add("not_executed", "must be true when set")
-    elif which == "result":
-        found = result(v, req.result, limits)
-    return ReconcileOrder(
-        expected_revision=req.expected_revision,
-        result=found,
-        operator=operator,
-        reason=req.reason,
-        evidence=req.evidence,
-        confirmed_dead_attempt=req.confirmed_dead_attempt,
     )

@@ -9,7 +9,7 @@ from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.ledger.rules import AGENT
 from sidecar.ledger.validation import Violations
-from sidecar.rpc import caller, convert
+from sidecar.rpc import caller, convert, operator_orders
 from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
 
@@ -135,7 +135,7 @@ class ToolLedger:
         who = caller.current()
         v = Violations()
         ref = convert.ref(v, who, req.ref, self._limits)
-        decision = convert.approval_decision(v, who, req, self._limits)
+        decision = operator_orders.approval_decision(v, who, req, self._limits)
         v.require()
         answer = await self._operator.decide_approval(ref, decision)
         return pb.DecideApprovalResponse(call=convert.call_pb(answer.call))
@@ -146,7 +146,7 @@ class ToolLedger:
         who = caller.current()
         v = Violations()
         ref = convert.ref(v, who, req.ref, self._limits)
-        order = convert.reconcile_order(v, who, req, self._limits)
+        order = operator_orders.reconcile_order(v, who, req, self._limits)
         v.require()
         answer = await self._operator.reconcile(ref, order)
         return pb.ReconcileResponse(call=convert.call_pb(answer.call))
