@@ -33,6 +33,9 @@ from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.errors import to_status
 from sidecar.rpc.recording import Recorder, RpcObserver, RpcTracer
 
+# RpcTracer: the composition root's seams name the tracer the gate takes.
+__all__ = ["Gate", "RpcTracer"]
+
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
