@@ -70,6 +70,7 @@ from sidecar.services.settlement import SettlementService, SettlePass
 from sidecar.storage import restore
 from sidecar.storage.api import ReportsFill, Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.scans import Scans
 
 if TYPE_CHECKING:
     from sidecar.observability.otel import Tracing
@@ -188,6 +189,8 @@ class Daemon:
             logs.add_secret_digests(self.credentials.digests())
         self._health: health_aio.HealthServicer | None = None
         self._store: Store | None = None
+        # The long reads of the store, on worker threads; shared by the services.
+        self._scans: Scans | None = None
         self._socket_lock: ExclusiveLock | None = None
         self.endpoints: Endpoints | None = None
         self._retention: RetentionService | None = None
@@ -237,6 +240,12 @@ class Daemon:
         )
         return LmdbStore(self.config.data_dir, options)
 
+    def _scans_of(self, store: Store) -> Scans:
+        """The long reads of `store`, one bound for every service."""
+        if self._scans is None:
+            self._scans = Scans(store)
+        return self._scans
+
     def make_ledger(self, store: Store) -> LedgerService:
         return LedgerService(
             store,
@@ -244,11 +253,16 @@ class Daemon:
             self.config.limits,
             self.policy,
             quotas=self.config.quotas,
+            scans=self._scans_of(store),
         )
 
     def make_operator(self, store: Store) -> OperatorService:
         return OperatorService(
-            store, self._clock, self.config.limits, policy=self.policy
+            store,
+            self._clock,
+            self.config.limits,
+            policy=self.policy,
+            scans=self._scans_of(store),
         )
 
     async def start(self) -> Endpoints:
@@ -277,7 +291,9 @@ class Daemon:
         settled = await ledger.settle_earlier_incarnations()
         if settled:
             log.warning("%d calls started before the restart are now UNKNOWN", settled)
-        self._retention = RetentionService(store, self._clock, self.policy)
+        self._retention = RetentionService(
+            store, self._clock, self.policy, scans=self._scans_of(store)
+        )
         # DESIGN §4: a compaction pass at start, then one per interval.
         await self.compact_expired()
         self._policies = PolicyService(store, self._clock, self.policy)
@@ -308,7 +324,12 @@ class Daemon:
                 generic_handler(
                     SERVICES[1],
                     Checkpoints(
-                        CheckpointService(store, self._clock, quotas=cfg.quotas),
+                        CheckpointService(
+                            store,
+                            self._clock,
+                            quotas=cfg.quotas,
+                            scans=self._scans_of(store),
+                        ),
                         cfg.limits,
                     ),
                 ),
@@ -547,6 +568,10 @@ class Daemon:
         for unwatch in self._unwatch:
             unwatch()
         self._unwatch.clear()
+        if self._scans is not None:
+            # No scan's thread may read the store as it closes.
+            await self._scans.close()
+            self._scans = None
         if self._store is not None:
             self._store.close()
             self._store = None
