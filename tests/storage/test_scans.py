@@ -185,3 +185,25 @@ def test_close_stops_the_running_scans_waits_for_them_and_refuses_new_ones(
 def test_a_limit_below_one_is_refused(store: LmdbStore) -> None:
     with pytest.raises(ValueError, match="limit"):
         Scans(store, limit=0)
+
+
+def test_a_scan_cancelled_while_queued_never_runs(store: LmdbStore) -> None:
+    """A caller whose deadline passes while it waits for a slot leaves no
+    work behind: its read function is never called."""
+
+    async def scenario() -> None:
+        scans = Scans(store, limit=1)
+        held, queued = Held(), Held()
+        one = asyncio.create_task(scans.read(held))
+        await _reached(held)
+        two = asyncio.create_task(scans.read(queued))
+        await asyncio.sleep(0)
+        two.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await two
+        held.go.set()
+        assert await one == ROWS
+        await _until_idle(scans)
+        assert queued.thread == 0  # never called
+
+    asyncio.run(scenario())
