@@ -19,6 +19,7 @@ their threads, so the store can then be closed under no reader.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -101,8 +102,11 @@ class Scans:
             def run(view: ReadView) -> T:
                 return fn(_StoppableView(view, stop))
 
+            # In the caller's context, as `asyncio.to_thread` does: what the
+            # scan logs names the request it serves.
+            context = contextvars.copy_context()
             work = asyncio.get_running_loop().run_in_executor(
-                None, self._store.read, run
+                None, context.run, self._store.read, run
             )
         except BaseException:
             self._slots.release()

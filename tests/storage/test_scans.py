@@ -7,6 +7,7 @@ when is decided by the test, never by timing."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,5 +206,18 @@ def test_a_scan_cancelled_while_queued_never_runs(store: LmdbStore) -> None:
         assert await one == ROWS
         await _until_idle(scans)
         assert queued.thread == 0  # never called
+
+    asyncio.run(scenario())
+
+
+REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="")
+
+
+def test_a_scan_runs_in_its_callers_context(store: LmdbStore) -> None:
+    """What a scan logs names the request it serves (its trace context)."""
+
+    async def scenario() -> None:
+        REQUEST.set("req-7")
+        assert await Scans(store).read(lambda _: REQUEST.get()) == "req-7"
 
     asyncio.run(scenario())
