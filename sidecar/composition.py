@@ -62,6 +62,7 @@ from sidecar.services.settlement import SettlementService
 from sidecar.storage import restore
 from sidecar.storage.api import ReportsFill, Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.scans import Scans
 
 if TYPE_CHECKING:
     from sidecar.seams import Tracer
@@ -183,6 +184,8 @@ class Services:
     """
 
     store: Store
+    # The long reads of the store, on worker threads; closed before the store.
+    scans: Scans
     restored: Marker | None
     credentials: Credentials | None
     policy: PolicySource
@@ -236,18 +239,22 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
     monitor = ProviderMonitor(routes, budget)
     limits = cfg.server_limits
     slots = Slots(limits.max_concurrent_rpcs, limits.max_concurrent_rpcs_per_caller)
+    scans = Scans(store)
     return Services(
         store=store,
+        scans=scans,
         restored=restored,
         credentials=credentials,
         policy=policy,
-        ledger=LedgerService(store, clock, cfg.limits, policy, quotas=cfg.quotas),
-        operator=OperatorService(store, clock, cfg.limits, policy=policy),
-        checkpoints=CheckpointService(store, clock, quotas=cfg.quotas),
+        ledger=LedgerService(
+            store, clock, cfg.limits, policy, quotas=cfg.quotas, scans=scans
+        ),
+        operator=OperatorService(store, clock, cfg.limits, policy=policy, scans=scans),
+        checkpoints=CheckpointService(store, clock, quotas=cfg.quotas, scans=scans),
         recovery=RecoveryService(store, clock, cfg.limits, policy),
         retry=RetryService(store, clock, policy, random=seams.random),
         policies=PolicyService(store, clock, policy),
-        retention=RetentionService(store, clock, policy),
+        retention=RetentionService(store, clock, policy, scans=scans),
         settlement=SettlementService(store, clock),
         monitor=monitor,
         provider=ProviderClient(

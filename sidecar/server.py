@@ -287,6 +287,9 @@ class Daemon:
         for unwatch in self._unwatch:
             unwatch()
         self._unwatch.clear()
+        if services is not None:
+            # No scan's thread may read the store as it closes.
+            await services.scans.close()
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -119,7 +119,7 @@ class Admin:
     async def VerifyAudit(
         self, req: pb.VerifyAuditRequest, _: Context
     ) -> pb.VerifyAuditResponse:
-        verdict = self._operator.verify_audit()
+        verdict = await self._operator.verify_audit()
         return pb.VerifyAuditResponse(
             ok=verdict.ok,
             entries_checked=verdict.checked,
@@ -134,7 +134,7 @@ class Admin:
         namespace = _scope(v, caller.current(), req.namespace)
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
-        page = self._operator.list_audit(
+        page = await self._operator.list_audit(
             namespace=namespace or "",
             newest_first=req.newest_first,
             page_size=size,
@@ -234,7 +234,7 @@ class Admin:
                     stored_bytes=n.usage.stored_bytes,
                     tombstone_bytes=n.usage.tombstone_bytes,
                 )
-                for n in self._operator.stats(namespace)
+                for n in await self._operator.stats(namespace)
             ],
             store_fill=self._store_fill(),
             quotas=pb.NamespaceQuotas(

@@ -168,7 +168,7 @@ class Checkpoints:
         prefix = checkpoint_prefix(v, req.prefix, self._limits)
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
-        page = self._checkpoints.list(
+        page = await self._checkpoints.list(
             ns, prefix=prefix, page_size=size, page_token=req.page_token
         )
         return pb.ListCheckpointsResponse(

@@ -176,7 +176,7 @@ class ToolLedger:
         states = convert.states(v, list(req.states))
         size = convert.page_size(v, req.page_size, self._limits)
         v.require()
-        page = self._ledger.list(
+        page = await self._ledger.list(
             scope,
             run_id=req.run_id,
             states=states,

@@ -21,6 +21,7 @@ from sidecar.ledger.quota import Quotas
 from sidecar.services._common import committed
 from sidecar.storage import records, usage
 from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.scans import Scans
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +32,18 @@ class CheckpointPage:
 
 class CheckpointService:
     def __init__(
-        self, store: Store, clock: Clock, *, quotas: Quotas | None = None
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        quotas: Quotas | None = None,
+        scans: Scans | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._quotas = quotas or Quotas()
+        # Listings read many rows: off the event loop.
+        self._scans = scans or Scans(store)
 
     def get(self, namespace: str, key: str) -> StoredCheckpoint:
         found = self._store.read(
@@ -81,7 +89,7 @@ class CheckpointService:
     async def delete(self, namespace: str, key: str, revision: int) -> None:
         await self.txn(namespace, [Expect(key, revision)], [Op(key, None)])
 
-    def list(
+    async def list(
         self, namespace: str, *, prefix: str, page_size: int, page_token: str
     ) -> CheckpointPage:
         """Checkpoints whose key starts with `prefix`, in stored-key order (key
@@ -105,7 +113,7 @@ class CheckpointService:
                     found.append(cp)
             return CheckpointPage(found, "")
 
-        return self._store.read(scan)
+        return await self._scans.read(scan)
 
 
 def _resume(token: str, namespace: str, prefix: str) -> bytes | None:

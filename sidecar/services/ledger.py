@@ -35,6 +35,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services._common import answered, committed, moment
 from sidecar.storage import records, tombstones, usage
 from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.scans import Scans
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +55,15 @@ class LedgerService:
         policy: PolicySource,
         *,
         quotas: Quotas | None = None,
+        scans: Scans | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self.limits = limits
         self._policy = policy
         self._quotas = quotas or Quotas()
+        # Listings read many rows: off the event loop.
+        self._scans = scans or Scans(store)
 
     def now(self) -> Now:
         return moment(self._clock, self._store)
@@ -205,7 +209,7 @@ class LedgerService:
 
         return self._store.read(load)
 
-    def list(
+    async def list(
         self,
         namespaces: frozenset[str] | None,
         *,
@@ -255,7 +259,7 @@ class LedgerService:
                         calls.append(call)
             return Page(calls, "", searched)
 
-        return self._store.read(scan)
+        return await self._scans.read(scan)
 
     async def settle_earlier_incarnations(self) -> int:
         """At start: every STARTED record of an earlier incarnation becomes

@@ -28,6 +28,7 @@ from sidecar.services import enter_reconciliation as tool_reconciliation
 from sidecar.services._common import answered, moment
 from sidecar.storage import records, usage
 from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,16 @@ class OperatorService:
         clock: Clock,
         limits: Limits,
         policy: PolicySource | None = None,
+        *,
+        scans: Scans | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self.limits = limits
         self._policy = policy or FixedPolicy()
+        # The audit walk, the statistics and the listings read many rows:
+        # off the event loop.
+        self._scans = scans or Scans(store)
 
     def now(self) -> Now:
         return moment(self._clock, self._store)
@@ -160,7 +166,7 @@ class OperatorService:
 
     # -- the audit log ---------------------------------------------------------
 
-    def stats(self, namespace: str | None) -> list[NamespaceStats]:
+    async def stats(self, namespace: str | None) -> list[NamespaceStats]:
         """The usage counters and open calls by state of one namespace, or of
         every one (None), from one snapshot. Counting by state reads the
         index entries of open calls only: bounded by the open-call quotas."""
@@ -182,17 +188,18 @@ class OperatorService:
                 for ns in sorted(counters)
             ]
 
-        return self._store.read(count)
+        return await self._scans.read(count)
 
-    def verify_audit(self) -> audit.Verdict:
-        """Walks the whole chain on one snapshot."""
+    async def verify_audit(self) -> audit.Verdict:
+        """Walks the whole chain on one snapshot, on a worker thread: it
+        reads and hashes every entry."""
 
         def walk(view: ReadView) -> audit.Verdict:
             return audit.verify(records.scan_audit(view), records.load_audit_head(view))
 
-        return self._store.read(walk)
+        return await self._scans.read(walk)
 
-    def list_audit(
+    async def list_audit(
         self,
         *,
         namespace: str,
@@ -228,7 +235,7 @@ class OperatorService:
                     entries.append(entry)
             return AuditPage(entries, "")
 
-        return self._store.read(scan)
+        return await self._scans.read(scan)
 
 
 def _seq(sequence: int) -> bytes:

@@ -1,14 +1,15 @@
 """The compaction pass: applies `ledger.retention` to the stored calls.
 
 A pass walks the by-state index of COMMITTED records in key order on read
-snapshots (which never hold up the writer), a bounded chunk per snapshot,
-and collects the records that are due; then it replaces them by their
-tombstones in write transactions of a bounded batch, each judging every
-record again as it is then (one acknowledged or changed meanwhile is judged
-as it is now). Last, it deletes the tombstones past their lifetime, oldest
-first, in bounded batches too. A record this daemon cannot read (a key
-scheme it does not know) is left as it is. The daemon runs a pass at start
-and then periodically (`sidecar.server`).
+snapshots (which never hold up the writer), a bounded chunk per snapshot read
+on a worker thread (`storage.scans`, never on the event loop), and collects
+the records that are due; then it replaces them by their tombstones in write
+transactions of a bounded batch, each judging every record again as it is
+then (one acknowledged or changed meanwhile is judged as it is now). Last,
+it deletes the tombstones past their lifetime, oldest first, in bounded
+batches too. A record this daemon cannot read (a key scheme it does not
+know) is left as it is. The daemon runs a pass at start and then
+periodically (`sidecar.server`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.services._common import committed
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.scans import Scans
 
 DEFAULT_BATCH = 256
 # Index entries read per snapshot: bounds how long one read transaction
@@ -67,6 +69,7 @@ class RetentionService:
         policy: PolicySource,
         *,
         batch: int = DEFAULT_BATCH,
+        scans: Scans | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch: must be at least 1")
@@ -74,6 +77,7 @@ class RetentionService:
         self._clock = clock
         self._policy = policy
         self._batch = batch
+        self._scans = scans or Scans(store)
 
     def _find_due(
         self, view: ReadView, *, policy: Policy, after: bytes | None
@@ -115,7 +119,7 @@ class RetentionService:
         after: bytes | None = None
         examined = compacted = transactions = expired = 0
         while True:
-            chunk = self._store.read(
+            chunk = await self._scans.read(
                 functools.partial(self._find_due, policy=policy, after=after)
             )
             examined += chunk.examined

@@ -83,12 +83,14 @@ def refusals(store: LmdbStore) -> list[str]:
             ledger.start(call.ref, lease_ms=0, retry=False, expected_revision=None)
         ),
         "get": lambda: ledger.get(call.ref),
-        "list": lambda: ledger.list(
-            frozenset({call.ref.namespace}),
-            run_id="",
-            states=frozenset(),
-            page_size=10,
-            page_token="",
+        "list": lambda: asyncio.run(
+            ledger.list(
+                frozenset({call.ref.namespace}),
+                run_id="",
+                states=frozenset(),
+                page_size=10,
+                page_token="",
+            )
         ),
         "recover": lambda: asyncio.run(
             recovery.recover(call.ref.namespace, call.ref.run_id)

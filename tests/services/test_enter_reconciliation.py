@@ -127,15 +127,16 @@ def test_every_open_call_of_the_tool_becomes_a_side_effect_for_good(
         assert answer.decision is Decision.RECONCILE
         with pytest.raises(ReconciliationRequired):
             await w.ledger.start(ref, lease_ms=0, retry=True, expected_revision=None)
-        entries = w.operator.list_audit(
+        page = await w.operator.list_audit(
             namespace="default", newest_first=False, page_size=100, page_token=""
-        ).entries
+        )
+        entries = page.entries
         assert [e.sequence for e in entries] == list(
             range(done.first_audit_sequence, done.last_audit_sequence + 1)
         )
         assert {e.fact.action for e in entries} == {audit.Action.ENTER_RECONCILIATION}
         assert all(e.fact.actor == "olga" and e.fact.reason == "dup" for e in entries)
-        assert w.operator.verify_audit().ok
+        assert (await w.operator.verify_audit()).ok
         again = await w.operator.enter_reconciliation(
             tool_name=TOOL, namespace="default", operator="olga", reason="dup"
         )

@@ -209,23 +209,27 @@ def test_every_accepted_identity_round_trips(store: LmdbStore) -> None:
     for ref in refs:
         assert ledger.get(ref).ref == ref
     for run_id in ids:
-        page = ledger.list(
-            frozenset({NS64}),
-            run_id=run_id,
-            states=frozenset(),
-            page_size=1000,
-            page_token="",
+        page = asyncio.run(
+            ledger.list(
+                frozenset({NS64}),
+                run_id=run_id,
+                states=frozenset(),
+                page_size=1000,
+                page_token="",
+            )
         )
         assert {c.ref for c in page.calls} == {r for r in refs if r.run_id == run_id}
     listed = []
     token = ""
     while True:
-        page = ledger.list(
-            frozenset({NS64}),
-            run_id="",
-            states=frozenset(),
-            page_size=5,
-            page_token=token,
+        page = asyncio.run(
+            ledger.list(
+                frozenset({NS64}),
+                run_id="",
+                states=frozenset(),
+                page_size=5,
+                page_token=token,
+            )
         )
         listed += [c.ref for c in page.calls]
         token = page.next_page_token
@@ -286,8 +290,10 @@ def test_every_accepted_checkpoint_key_round_trips(store: LmdbStore) -> None:
         keys_found: list[str] = []
         token = ""
         while True:
-            page = checkpoints.list(
-                NS64, prefix=prefix, page_size=page_size, page_token=token
+            page = asyncio.run(
+                checkpoints.list(
+                    NS64, prefix=prefix, page_size=page_size, page_token=token
+                )
             )
             keys_found += [cp.key for cp in page.checkpoints]
             token = page.next_page_token

@@ -149,7 +149,7 @@ def problems(store: LmdbStore) -> list[str]:
                 found.append(f"checkpoint {key[:10]} has another value")
         except EffectdError as exc:
             found.append(f"checkpoint {key[:10]}: {exc.reason}")
-    page = checkpoints.list(NS, prefix="", page_size=10, page_token="")
+    page = asyncio.run(checkpoints.list(NS, prefix="", page_size=10, page_token=""))
     listed = [cp.key for cp in page.checkpoints]
     if sorted(listed) != sorted(["a/1", "a/2", LONG_KEY]):
         found.append(f"checkpoints listed: {[k[:10] for k in listed]}")

@@ -1,0 +1,223 @@
+"""`Scans`: long reads run on worker threads, a bounded number at a time, and
+stop at their next row once their caller has gone or the store is closing.
+
+A scan is held at a row by a `threading.Event` the test sets, so what runs
+when is decided by the test, never by timing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.errors import ShuttingDown
+from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.scans import Scans
+
+ROWS = 50
+# A bound on every wait; reached only when the code under test is broken.
+WAIT = 30.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LmdbStore]:
+    s = LmdbStore(tmp_path / "data", LmdbOptions(sync=False))
+
+    def fill(view: WriteView) -> None:
+        for i in range(ROWS):
+            view.put(Table.CHECKPOINTS, b"row-%03d" % i, b"x")
+
+    s.submit(fill).result()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+class Held:
+    """A read function that scans every row and waits at row `at` until the
+    test lets it go; it records the rows it read and how it ended."""
+
+    def __init__(self, at: int = 10) -> None:
+        self.at = at
+        self.reached = threading.Event()
+        self.go = threading.Event()
+        self.rows = 0
+        self.thread = 0
+        self.error: BaseException | None = None
+
+    def __call__(self, view: ReadView) -> int:
+        self.thread = threading.get_ident()
+        try:
+            for _ in view.scan(Table.CHECKPOINTS, b"row-"):
+                self.rows += 1
+                if self.rows == self.at:
+                    self.reached.set()
+                    assert self.go.wait(WAIT)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        return self.rows
+
+
+async def _reached(held: Held) -> None:
+    assert await asyncio.to_thread(held.reached.wait, WAIT)
+
+
+async def _until_idle(scans: Scans) -> None:
+    for _ in range(int(WAIT / 0.01)):
+        if scans.running == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the scan's thread never ended")
+
+
+def test_a_scan_runs_on_a_worker_thread_while_the_loop_and_writer_go_on(
+    store: LmdbStore,
+) -> None:
+    """While a scan is held on its row, the loop runs other tasks and the
+    writer commits; the scan then reads its own snapshot to the end."""
+
+    async def scenario() -> None:
+        scans = Scans(store)
+        held = Held()
+        task = asyncio.create_task(scans.read(held))
+        await _reached(held)
+        assert held.thread != threading.get_ident()
+
+        def more(view: WriteView) -> None:
+            view.put(Table.CHECKPOINTS, b"row-999", b"x")
+
+        await asyncio.wrap_future(store.submit(more))
+        assert not task.done()
+        held.go.set()
+        assert await task == ROWS  # its snapshot predates the write
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("limit", "together"), [(1, False), (2, True)])
+def test_at_most_limit_scans_run_at_once(
+    store: LmdbStore, limit: int, together: bool
+) -> None:
+    """With a limit of one, a second scan starts only once the first has
+    ended; with two (the control), it starts while the first is held."""
+
+    async def scenario() -> None:
+        scans = Scans(store, limit=limit)
+        first, second = Held(), Held()
+        one = asyncio.create_task(scans.read(first))
+        await _reached(first)
+        two = asyncio.create_task(scans.read(second))
+        # Either the second scan reaches its row while the first is held, or
+        # it is queued on the loop, never submitted to a thread.
+        for _ in range(20):
+            await asyncio.sleep(0)
+        if together:
+            await _reached(second)
+        else:
+            assert scans.running == 1
+            assert not second.reached.is_set()
+        first.go.set()
+        second.go.set()
+        assert await one == ROWS
+        assert await two == ROWS
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_scan_stops_at_its_next_row_and_keeps_its_slot_till_then(
+    store: LmdbStore,
+) -> None:
+    """A deadline or a cancelled RPC cancels the caller: its thread reads no
+    further than its next row, and no other scan starts before it has ended."""
+
+    async def scenario() -> None:
+        scans = Scans(store, limit=1)
+        held, after = Held(), Held(at=ROWS)
+        task = asyncio.create_task(scans.read(held))
+        await _reached(held)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        queued = asyncio.create_task(scans.read(after))
+        await asyncio.sleep(0)
+        assert scans.running == 1  # the held thread still owns the slot
+        held.go.set()
+        after.go.set()
+        assert await queued == ROWS
+        await _until_idle(scans)
+        assert held.rows == held.at
+        assert isinstance(held.error, ShuttingDown)
+
+    asyncio.run(scenario())
+
+
+def test_close_stops_the_running_scans_waits_for_them_and_refuses_new_ones(
+    store: LmdbStore,
+) -> None:
+    """The store may be closed once `close` returns: no thread reads it."""
+
+    async def scenario() -> None:
+        scans = Scans(store)
+        held = Held()
+        task = asyncio.create_task(scans.read(held))
+        await _reached(held)
+        closing = asyncio.create_task(scans.close())
+        await asyncio.sleep(0)
+        assert not closing.done()  # waits for the held thread
+        held.go.set()
+        await closing
+        assert scans.running == 0
+        with pytest.raises(ShuttingDown):
+            await task
+        assert held.rows == held.at
+        with pytest.raises(ShuttingDown):
+            await scans.read(Held())
+
+    asyncio.run(scenario())
+
+
+def test_a_limit_below_one_is_refused(store: LmdbStore) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        Scans(store, limit=0)
+
+
+def test_a_scan_cancelled_while_queued_never_runs(store: LmdbStore) -> None:
+    """A caller whose deadline passes while it waits for a slot leaves no
+    work behind: its read function is never called."""
+
+    async def scenario() -> None:
+        scans = Scans(store, limit=1)
+        held, queued = Held(), Held()
+        one = asyncio.create_task(scans.read(held))
+        await _reached(held)
+        two = asyncio.create_task(scans.read(queued))
+        await asyncio.sleep(0)
+        two.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await two
+        held.go.set()
+        assert await one == ROWS
+        await _until_idle(scans)
+        assert queued.thread == 0  # never called
+
+    asyncio.run(scenario())
+
+
+REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="")
+
+
+def test_a_scan_runs_in_its_callers_context(store: LmdbStore) -> None:
+    """What a scan logs names the request it serves (its trace context)."""
+
+    async def scenario() -> None:
+        REQUEST.set("req-7")
+        assert await Scans(store).read(lambda _: REQUEST.get()) == "req-7"
+
+    asyncio.run(scenario())
