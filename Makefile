@@ -1,4 +1,5 @@
-# effectd: `make run` starts the daemon, `make test` checks and tests everything.
+# effectd: `make run` starts the daemon, `make test` checks and tests everything,
+# `make test-fast` runs the quick tests; `make help` lists the targets.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: run test check node-test protos bench bench-peers image-test clean
+.PHONY: help run test test-fast check node-test protos bench bench-peers image-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,10 @@ test: check
 	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
 	$(MAKE) node-test
 
+## test-fast: the inner loop: every test not marked slow; no checks, no coverage
+test-fast: $(DEV_INSTALLED)
+	$(PY) -m pytest -m "not slow" -q $(PYTEST_ARGS)
+
 ## node-test: the Node client's tests against a real daemon (needs node and npm)
 node-test: $(INSTALLED)
 	cd clients/node && npm ci --no-audit --no-fund && EFFECTD_PYTHON=$(abspath $(PY)) npm test
@@ -62,5 +67,10 @@ bench-peers: $(INSTALLED)
 image-test: $(INSTALLED)
 	PY=$(abspath $(PY)) scripts/image_test.sh
 
+## help: list these targets
+help:
+	@sed -n 's/^## //p' $(MAKEFILE_LIST)
+
+## clean: remove the virtualenv and the tools' caches
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .coverage

@@ -33,6 +33,7 @@ from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import prepare_request, refused
 from tests.support.certs import Pki, make_pki
 from tests.support.processes import ROOT
+from tests.support.tokens import ONCALL, TEAM, TEAM_AGENT, tokens_text
 
 RUN = "run-1"
 Ctl = Callable[..., tuple[int, str, str]]
@@ -649,21 +650,8 @@ def test_json_of_client_values_is_plain() -> None:
 
 # -- credentials: token file, EFFECTD_TOKEN, TLS ------------------------------
 
-AGENT = "agent-token-0123456789abcdef"
-OPERATOR = "operator-token-0123456789abcdef"
-TOKENS = f"""
-[[token]]
-name = "agent-a"
-secret = "{AGENT}"
-roles = ["agent"]
-namespaces = ["team-a"]
-
-[[token]]
-name = "oncall"
-secret = "{OPERATOR}"
-roles = ["agent", "approver", "operator"]
-namespaces = ["*"]
-"""
+AGENT, OPERATOR = TEAM_AGENT.secret, ONCALL.secret
+TOKENS = tokens_text(*TEAM)
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -37,11 +36,9 @@ def proc(short_tmp: Path, policy_path: Path) -> Iterator[DaemonProcess]:
         yield d
 
 
-def _eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+def _reloaded(proc: DaemonProcess) -> None:
+    """Waits for the daemon's log line of a reload done."""
+    assert proc.wait_for_line(lambda line: "policy reloaded" in line), proc.log()
 
 
 def _unknown_read(ledger: ledger_pb2_grpc.ToolLedgerStub, call_id: str) -> None:
@@ -79,10 +76,8 @@ def test_sighup_reloads_the_policy(proc: DaemonProcess, policy_path: Path) -> No
 
         policy_path.write_text(FORCED)
         os.kill(proc.proc.pid, signal.SIGHUP)
-        _eventually(
-            lambda: _decision(ledger, "call") == pb.DECISION_RECONCILE,
-            "the reloaded policy did not decide the call",
-        )
+        _reloaded(proc)
+        assert _decision(ledger, "call") == pb.DECISION_RECONCILE
         [entry] = _audit(channel)
         assert entry.action == apb.AUDIT_ACTION_POLICY_RELOAD
         assert entry.actor == "sighup"
@@ -99,13 +94,12 @@ def test_sighup_with_a_malformed_file_keeps_the_old_policy(
         ledger = ledger_pb2_grpc.ToolLedgerStub(channel)
         policy_path.write_text(FORCED)
         os.kill(proc.proc.pid, signal.SIGHUP)
-        _eventually(lambda: len(_audit(channel)) == 1, "the first reload")
+        _reloaded(proc)
+        assert len(_audit(channel)) == 1
 
         policy_path.write_text("[retry]\nmax_attempts = 0\n")
         os.kill(proc.proc.pid, signal.SIGHUP)
-        _eventually(
-            lambda: "policy reload refused" in proc.log(), "the refusal is logged"
-        )
+        assert proc.wait_for_line(lambda line: "policy reload refused" in line)
         assert "retry.max_attempts" in proc.log()
         _unknown_read(ledger, "call")
         assert _decision(ledger, "call") == pb.DECISION_RECONCILE
@@ -117,7 +111,7 @@ def test_sighup_without_a_policy_file_keeps_serving(short_tmp: Path) -> None:
     """SIGHUP to a daemon without --policy is logged as refused, never fatal."""
     with daemon_process(short_tmp / "data") as proc:
         os.kill(proc.proc.pid, signal.SIGHUP)
-        _eventually(lambda: "NO_POLICY_FILE" in proc.log(), "the refusal is logged")
+        assert proc.wait_for_line(lambda line: "NO_POLICY_FILE" in line), proc.log()
         with grpc.insecure_channel(proc.target) as channel:
             assert_serving(channel)
         assert proc.terminate() == 0

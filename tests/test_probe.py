@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -20,12 +19,17 @@ import grpc
 import httpx
 import pytest
 from effectd.v1 import provider_pb2, provider_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from sidecar import probe
 from sidecar.config import ServeConfig
 from sidecar.seams import Seams
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.support.events import health_changes
 from tests.support.processes import ROOT
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class HeldUpstream(httpx.AsyncBaseTransport):
@@ -119,17 +123,16 @@ def test_stopping_daemon_exits_non_zero(short_tmp: Path) -> None:
                 timeout=60,
             )
             assert upstream.entered.wait(timeout=30)
-            stopping: Future[None] = asyncio.run_coroutine_threadsafe(
-                daemon.stop(), running.loop
-            )
             try:
-                # The stop begins on the daemon's loop: wait (bounded) until
-                # it has, then probe as an orchestrator would.
-                for _ in range(600):
-                    on_health_port = probe.main([health, "--timeout", "10"])
-                    if on_health_port != probe.SERVING:
-                        break
-                    time.sleep(0.05)
+                with health_changes(health) as change:
+                    assert change() == SERVING
+                    stopping: Future[None] = asyncio.run_coroutine_threadsafe(
+                        daemon.stop(), running.loop
+                    )
+                    # The stop has begun on the daemon's loop when the health
+                    # port says so; then probe as an orchestrator would.
+                    assert change() == NOT_SERVING
+                on_health_port = probe.main([health, "--timeout", "10"])
                 on_socket = probe.main([running.target, "--timeout", "10"])
                 # The stop is still waiting for the held call: it was stopping
                 # when probed, not yet stopped.

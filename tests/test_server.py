@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import stat
 import threading
-import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from sidecar.server import Daemon
 from sidecar.storage.api import Store
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.support.events import health_changes
 
 
 def _health(target: str, service: str = "") -> int:
@@ -123,30 +123,48 @@ def test_socket_path_length_is_checked(short_tmp: Path) -> None:
         ServeConfig(data_dir=short_tmp / ("d" * 120)).validate()
 
 
-class _SlowStore(LmdbStore):
+class _HeldStore(LmdbStore):
+    """Once armed, holds each commit until the test releases it."""
+
+    def __init__(self, path: Path, options: LmdbOptions) -> None:
+        self.armed = False
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        super().__init__(path, options)  # starts the writer
+
     def _commit(self, batch: list[_Item]) -> None:
-        time.sleep(0.5)
+        if self.armed:
+            self.holding.set()
+            self.release.wait(30)
         super()._commit(batch)
 
 
-class _SlowDaemon(Daemon):
+class _HeldDaemon(Daemon):
+    held: _HeldStore
+
     def open_store(self) -> Store:
-        return _SlowStore(self.config.data_dir, LmdbOptions())
+        self.held = _HeldStore(self.config.data_dir, LmdbOptions())
+        return self.held
 
 
 def test_graceful_stop_finishes_in_flight_calls(short_tmp: Path) -> None:
     """On stop, health turns NOT_SERVING and a call in flight still completes."""
     cfg = ServeConfig(data_dir=short_tmp / "data", grace_seconds=10)
-    daemon = _SlowDaemon(cfg)
+    daemon = _HeldDaemon(cfg)
     with running_daemon(cfg, daemon=daemon) as d, Client(d.target) as c:
         answer: Future[Decision] = Future()
 
         def call() -> None:
             answer.set_result(c.prepare_tool("r", "in-flight", "t", {}).decision)
 
+        daemon.held.armed = True
         threading.Thread(target=call).start()
-        time.sleep(0.2)  # the prepare is now waiting on the slow commit
-        stopping = asyncio.run_coroutine_threadsafe(daemon.stop(), d.loop)
+        assert daemon.held.holding.wait(10)  # the prepare waits on its commit
+        with health_changes(d.target) as health:
+            assert health() == health_pb2.HealthCheckResponse.SERVING
+            stopping = asyncio.run_coroutine_threadsafe(daemon.stop(), d.loop)
+            assert health() == health_pb2.HealthCheckResponse.NOT_SERVING
+        daemon.held.release.set()
         assert answer.result(10) is Decision.EXECUTE
         stopping.result(10)
         with pytest.raises(EffectdError) as refused:

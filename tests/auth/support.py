@@ -19,52 +19,13 @@ from effectd.v1 import (
 
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.support.tokens import GATE, tokens_text
 
-# Secrets of at least 16 characters; each names its holder.
-AGENT_A = "agent-a-secret-0123456789"
-AGENT_B = "agent-b-secret-0123456789"
-APPROVER_A = "approver-a-secret-0123456789"
-OPERATOR_A = "operator-a-secret-0123456789"
-OPERATOR_ALL = "operator-all-secret-0123456789"
-AGENT_AB = "agent-ab-secret-0123456789"
-
-TOKENS = f"""
-[[token]]
-name = "agent-a"
-secret = "{AGENT_A}"
-roles = ["agent"]
-namespaces = ["a"]
-
-[[token]]
-name = "agent-b"
-secret = "{AGENT_B}"
-roles = ["agent"]
-namespaces = ["b"]
-
-[[token]]
-name = "approver-a"
-secret = "{APPROVER_A}"
-roles = ["approver"]
-namespaces = ["a"]
-
-[[token]]
-name = "operator-a"
-secret = "{OPERATOR_A}"
-roles = ["operator"]
-namespaces = ["a"]
-
-[[token]]
-name = "operator-all"
-secret = "{OPERATOR_ALL}"
-roles = ["operator", "approver"]
-namespaces = ["*"]
-
-[[token]]
-name = "agent-ab"
-secret = "{AGENT_AB}"
-roles = ["agent"]
-namespaces = ["a", "b"]
-"""
+# The secrets of the gate's role table (tests.support.tokens.GATE).
+AGENT_A, AGENT_B, APPROVER_A, OPERATOR_A, OPERATOR_ALL, AGENT_AB = (
+    token.secret for token in GATE
+)
+TOKENS = tokens_text(*GATE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from tests.auth.support import (
     stubs,
 )
 from tests.rpc.support import decode, refused
+from tests.support.tokens import GATE, write_tokens
 
 
 class CountingLedger(LedgerService):
@@ -277,9 +278,7 @@ def test_a_non_loopback_listener_needs_tls_and_tokens(short_tmp: Path) -> None:
 
 
 def test_a_tokens_file_others_may_read_is_refused(short_tmp: Path) -> None:
-    path = short_tmp / "tokens.toml"
-    path.write_text(TOKENS)
-    os.chmod(path, 0o640)
+    path = write_tokens(short_tmp / "tokens.toml", *GATE, mode=0o640)
     with pytest.raises(ConfigError, match="chmod 600"):
         tokens.load_file(path)
     os.chmod(path, 0o600)
@@ -398,18 +397,14 @@ def test_the_history_names_the_token_that_acted(short_tmp: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
 def test_a_tokens_file_of_another_user_is_refused(short_tmp: Path) -> None:
-    path = short_tmp / "tokens.toml"
-    path.write_text(TOKENS)
-    os.chmod(path, 0o600)
+    path = write_tokens(short_tmp / "tokens.toml", *GATE)
     os.chown(path, 65534, -1)
     with pytest.raises(ConfigError, match="not owned by the daemon's user"):
         tokens.load_file(path)
 
 
 def test_tokens_come_from_one_place(short_tmp: Path) -> None:
-    path = short_tmp / "tokens.toml"
-    path.write_text(TOKENS)
-    os.chmod(path, 0o600)
+    path = write_tokens(short_tmp / "tokens.toml", *GATE)
     config = ServeConfig(data_dir=short_tmp, tokens_file=path, tokens_text=TOKENS)
     with pytest.raises(ConfigError, match="set one, not both"):
         load_credentials(config)

@@ -186,7 +186,7 @@ def test_async_idempotent_write_keeps_its_key(daemon: RunningDaemon) -> None:
     async def charge(cents: int, *, idempotency_key: str = "") -> int:
         keys.append(idempotency_key)
         if len(keys) == 1:
-            await asyncio.wait_for(asyncio.sleep(1), timeout=0.001)
+            raise TimeoutError  # what `asyncio.wait_for` raises when time is up
         return cents
 
     def attempt(retry: bool) -> Callable[[AsyncClient], Awaitable[int]]:
@@ -212,16 +212,17 @@ def test_async_cancelled_side_effect_needs_reconciliation(
 ) -> None:
     """A cancelled async SIDE_EFFECT is reported UNKNOWN and never runs again."""
     calls: list[str] = []
+    running = asyncio.Event()
 
     async def send(to: str) -> None:
         calls.append(to)
-        await asyncio.sleep(60)
+        running.set()
+        await asyncio.Event().wait()  # until cancelled
 
     async def cancel_mid_call(c: AsyncClient) -> None:
         tool = AsyncRun(c, "run-g").tool("send")(send)
         task = asyncio.ensure_future(tool.at("mail")("x"))
-        while not calls:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(running.wait(), 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -35,24 +35,12 @@ from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES
 from sidecar.config import ServeConfig, ServerLimits
 from sidecar.testing import running_daemon
 from tests.support.certs import Pki, make_pki
+from tests.support.tokens import ONCALL, TEAM, TEAM_AGENT, tokens_text
 
 pytestmark = pytest.mark.timeout(60)
 
-AGENT = "agent-token-0123456789abcdef"
-OPERATOR = "operator-token-0123456789abcdef"
-TOKENS = f"""
-[[token]]
-name = "agent-a"
-secret = "{AGENT}"
-roles = ["agent"]
-namespaces = ["team-a"]
-
-[[token]]
-name = "oncall"
-secret = "{OPERATOR}"
-roles = ["agent", "approver", "operator"]
-namespaces = ["*"]
-"""
+AGENT, OPERATOR = TEAM_AGENT.secret, ONCALL.secret
+TOKENS = tokens_text(*TEAM)
 KIB = 1 << 10
 
 

@@ -31,7 +31,7 @@ from tests.clients.fake_provider import (
     proxied,
     rate_limited,
 )
-from tests.provider.upstream import Reply, Seen, wait_until
+from tests.provider.upstream import Reply, Seen
 
 pytestmark = pytest.mark.timeout(30)
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [
@@ -270,7 +270,7 @@ def test_events_stream_through_as_they_arrive(short_tmp: Path) -> None:
             assert "x-effectd-attempts" not in response.headers
             first = next(response.iter_raw())
             assert first.startswith(b"data: {")
-        assert wait_until(lambda: up.disconnects == 1)
+        assert up.wait_until(lambda: up.disconnects == 1)
 
 
 def test_refusals_raise_an_httpx_error(short_tmp: Path) -> None:

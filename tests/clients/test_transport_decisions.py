@@ -34,7 +34,7 @@ from sidecar.errors import (
 )
 from sidecar.rpc.errors import to_status
 from tests.clients.fake_provider import anthropic_events, openai_chunks, proxied
-from tests.provider.upstream import Reply, wait_until
+from tests.provider.upstream import Reply
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,7 +120,7 @@ def test_the_sdks_timeout_is_the_calls_deadline(
     # ADR-010 D4 "obeying ... the deadline"; provider-retries §10.1
     with proxied(short_tmp, Reply(hang=True), default_deadline=4.0) as (target, up):
         error = _ask(sdk, target, stream=stream, timeout=1.0)
-        assert wait_until(lambda: up.disconnects == 1)
+        assert up.wait_until(lambda: up.disconnects == 1)
         assert len(up.seen) == 1
     assert error.status_code == 504
     assert error.response.headers["x-should-retry"] == "false"
@@ -148,7 +148,7 @@ def test_a_committed_stream_ends_at_the_sdks_deadline(
         pytest.raises((openai.APIConnectionError, httpx2.RemoteProtocolError)),
     ):
         _read_stream(sdk, target, timeout=1.0)
-    assert wait_until(lambda: up.disconnects == 1)
+    assert up.wait_until(lambda: up.disconnects == 1)
     assert len(up.seen) == 1
 
 
@@ -192,7 +192,7 @@ def test_the_async_transport_takes_the_deadline_too(short_tmp: Path) -> None:
 
     with proxied(short_tmp, Reply(hang=True), default_deadline=4.0) as (target, up):
         error = asyncio.run(main(target))
-        assert wait_until(lambda: up.disconnects == 1)
+        assert up.wait_until(lambda: up.disconnects == 1)
         assert len(up.seen) == 1
     assert error.status_code == 504
 

@@ -20,12 +20,14 @@ from typing import IO
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar import tracecontext as trace
 from sidecar.observability import logs
 from sidecar.observability.logs import JsonFormatter, Secrets, TextFormatter
 from tests.support.certs import make_pki
 from tests.support.processes import ROOT
+from tests.support.tokens import ONCALL, write_tokens
 
 # Inputs a client controls that try to end the line and start a forged one.
 FORGERIES = [
@@ -375,12 +377,7 @@ def test_grpc_core_lines_of_a_daemon_process_are_json(
     `grpc.core` with their source (issue 10 item 32: fails before the fix:
     they were absl's own text lines)."""
     pki = make_pki(tmp_path_factory.mktemp("pki"))
-    tokens = short_tmp / "tokens.toml"
-    tokens.write_text(
-        '[[token]]\nname = "x"\nsecret = "0123456789abcdef0123"\n'
-        'roles = ["operator"]\nnamespaces = ["*"]\n'
-    )
-    tokens.chmod(0o600)
+    tokens = write_tokens(short_tmp / "tokens.toml", ONCALL)
     command = [
         *(sys.executable, "-m", "sidecar", "serve"),
         *("--data-dir", str(short_tmp / "data"), "--listen", "127.0.0.1:0"),
@@ -396,8 +393,11 @@ def test_grpc_core_lines_of_a_daemon_process_are_json(
         try:
             tcp = lines.until(lambda x: "ready on" in x).split(" and ")[-1].strip()
             with grpc.insecure_channel(tcp) as plaintext:
-                with pytest.raises(grpc.FutureTimeoutError):
-                    grpc.channel_ready_future(plaintext).result(timeout=2)
+                # Refused at the handshake: the call fails, never answered.
+                with pytest.raises(grpc.RpcError):
+                    health_pb2_grpc.HealthStub(plaintext).Check(
+                        health_pb2.HealthCheckRequest(), timeout=30
+                    )
                 assert lines.until(lambda x: "Handshake failed" in x)
         finally:
             daemon.send_signal(signal.SIGTERM)

@@ -39,20 +39,19 @@ from sidecar.testing import RunningDaemon, running_daemon
 from tests.observability.support import API_KEY
 from tests.provider.support import FakeSleep
 from tests.provider.upstream import Reply, Upstream, serving
+from tests.support.tokens import (
+    OBSERVED,
+    OBSERVED_AGENT,
+    UNKNOWN_SECRET,
+    tokens_text,
+)
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE}-{PARENT}-01"
-TOKEN = "tok-agent-a-5d41402abc4b2a76b9719d91"
-WRONG = "tok-nobody-7c6a180b36896a0a8c02787e"
+TOKEN, WRONG = OBSERVED_AGENT.secret, UNKNOWN_SECRET
 MARKER = "PAYLOAD-MARKER-e3b0c442"
-TOKENS = f"""
-[[token]]
-name = "agent-a"
-secret = "{TOKEN}"
-roles = ["agent"]
-namespaces = ["ns-a"]
-"""
+TOKENS = tokens_text(*OBSERVED)
 SECRETS = (TOKEN, WRONG, API_KEY, MARKER)
 PREPARE = "effectd.v1.ToolLedger/PrepareTool"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -21,17 +20,17 @@ from sidecar.observability.logs import Secrets, fields
 from tests.observability.support import API_KEY, observed_daemon
 from tests.provider.upstream import Reply, serving
 from tests.support.processes import daemon_process
+from tests.support.tokens import (
+    OBSERVED,
+    OBSERVED_AGENT,
+    UNKNOWN_SECRET,
+    tokens_text,
+    write_tokens,
+)
 
-TOKEN = "tok-agent-a-5d41402abc4b2a76b9719d91"
-WRONG = "tok-nobody-7c6a180b36896a0a8c02787e"
+TOKEN, WRONG = OBSERVED_AGENT.secret, UNKNOWN_SECRET
 MARKER = "PAYLOAD-MARKER-e3b0c442"
-TOKENS = f"""
-[[token]]
-name = "agent-a"
-secret = "{TOKEN}"
-roles = ["agent"]
-namespaces = ["ns-a"]
-"""
+TOKENS = tokens_text(*OBSERVED)
 SECRETS = (TOKEN, WRONG, API_KEY, MARKER)
 
 
@@ -114,9 +113,7 @@ def test_negative_control_a_leaky_log_call_is_caught(
 def test_daemon_process_stderr_holds_no_secret(short_tmp: Path) -> None:
     """The daemon as its own process, JSON logs at debug level: its whole
     output is free of secrets, and each log line is one JSON object."""
-    tokens = short_tmp / "tokens.toml"
-    tokens.write_text(TOKENS)
-    os.chmod(tokens, 0o600)
+    tokens = write_tokens(short_tmp / "tokens.toml", *OBSERVED)
     (short_tmp / "key").write_text(API_KEY)
     with serving(Reply(200, body=MARKER.encode())) as up:
         providers = short_tmp / "providers.toml"

@@ -28,7 +28,7 @@ from sidecar.provider.messages import (
 from sidecar.provider.policy import Cause, Stop
 from sidecar.provider.routes import RouteEffect
 from tests.provider.support import FakeSleep, monitor, request, route, run
-from tests.provider.upstream import Reply, serving, wait_until
+from tests.provider.upstream import Reply, serving
 
 
 async def _call(client: ProviderClient, _: FakeSleep) -> Answer:
@@ -279,16 +279,13 @@ def test_case_10_cancel_mid_attempt_closes_the_upstream_request() -> None:
 
         async def body(client: ProviderClient, _: FakeSleep) -> None:
             task = asyncio.create_task(client.call(request()))
-            for _tick in range(500):
-                if up.seen:
-                    break
-                await asyncio.sleep(0.01)
+            assert await asyncio.to_thread(up.wait_until, lambda: bool(up.seen))
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
         run(body, up.base_url)
-        assert wait_until(lambda: up.disconnects == 1)
+        assert up.wait_until(lambda: up.disconnects == 1)
         assert len(up.seen) == 1
 
 
@@ -426,6 +423,7 @@ def test_case_13_a_silent_upstream_ends_within_the_deadline() -> None:
     """A 2 s deadline with an upstream that never answers ends within the
     deadline plus a small margin (wall clock, real sleeps)."""
     # provider-retries §10.10 case 13
+    # A real deadline on a real socket: the wall clock is what is tested.
     with serving(Reply(hang=True)) as up:
 
         async def main() -> float:
@@ -439,7 +437,7 @@ def test_case_13_a_silent_upstream_ends_within_the_deadline() -> None:
                 return time.monotonic() - start
 
         took = asyncio.run(asyncio.wait_for(main(), 30))
-        assert wait_until(lambda: up.disconnects >= 1)
+        assert up.wait_until(lambda: up.disconnects >= 1)
     assert took <= 2.0 + 0.3
 
 
@@ -677,6 +675,7 @@ def test_a_committed_stream_that_stalls_ends_at_the_deadline() -> None:
     """A stream that stalls after its first event ends at the deadline with a
     committed StreamEnd (real clock): the deadline covers the stream too."""
     # provider-retries §10.1 overall deadline, §10.5 S3
+    # A real deadline on a real socket: the wall clock is what is tested.
     with serving(Reply(events=[b"data: one\n\n"], stall=True)) as up:
 
         async def main() -> tuple[float, list[StreamItem]]:
@@ -689,7 +688,7 @@ def test_a_committed_stream_that_stalls_ends_at_the_deadline() -> None:
                 return time.monotonic() - start, items
 
         took, items = asyncio.run(asyncio.wait_for(main(), 30))
-        assert wait_until(lambda: up.disconnects == 1)
+        assert up.wait_until(lambda: up.disconnects == 1)
     end = _end(items)
     assert (end.stop, end.committed, end.events_delivered, end.error) == (
         Stop.COMMITTED,

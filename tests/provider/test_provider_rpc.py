@@ -23,7 +23,8 @@ from sidecar.rpc.errors import to_status
 from sidecar.seams import Seams
 from sidecar.testing import running_daemon
 from tests.provider.support import FakeSleep
-from tests.provider.upstream import Reply, Upstream, serving, wait_until
+from tests.provider.upstream import Reply, Upstream, serving
+from tests.support.events import rpc_ended, watching
 
 SECRET = "sk-grpc-secret-4242"
 
@@ -298,6 +299,7 @@ def test_the_deadline_covers_every_attempt_on_the_wall_clock(short_tmp: Path) ->
     """A 2 s gRPC deadline with an upstream that never answers ends within
     the deadline plus a small margin, and the upstream request is closed."""
     # provider-retries §10.10 case 13 (real clock, real sleep)
+    # A real deadline on a real socket: the wall clock is what is tested.
     with proxied(
         short_tmp, Reply(hang=True), clock=SystemClock(), fake_sleep=False
     ) as (stub, up):
@@ -305,7 +307,7 @@ def test_the_deadline_covers_every_attempt_on_the_wall_clock(short_tmp: Path) ->
         with pytest.raises(grpc.RpcError) as caught:
             stub.ProviderCall(_request(), timeout=2.0)
         took = time.monotonic() - start
-        assert wait_until(lambda: up.disconnects >= 1)
+        assert up.wait_until(lambda: up.disconnects >= 1)
         assert len(up.seen) == 1
     assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert took <= 2.5
@@ -315,12 +317,17 @@ def test_cancelling_the_rpc_closes_the_upstream_request(short_tmp: Path) -> None
     """When the agent cancels, the upstream request is closed at once and no
     retry is sent."""
     # provider-retries §10.10 case 10, §10.2 row 1
-    with proxied(short_tmp, Reply(hang=True)) as (stub, up):
+    with (
+        watching("effectd.access") as access,
+        proxied(short_tmp, Reply(hang=True)) as (stub, up),
+    ):
         future: Any = stub.ProviderCall.future(_request(), timeout=30)
-        assert wait_until(lambda: len(up.seen) == 1)
+        assert up.wait_until(lambda: len(up.seen) == 1)
         future.cancel()
-        assert wait_until(lambda: up.disconnects == 1, timeout=5)
-        time.sleep(0.2)
+        assert up.wait_until(lambda: up.disconnects == 1)
+        # Once the call's handler has ended, no attempt can follow: the
+        # recorded attempts are final.
+        assert access.wait_for(rpc_ended("/effectd.v1.Provider/ProviderCall"))
         assert len(up.seen) == 1
 
 

@@ -4,7 +4,8 @@ Each request takes the next `Reply` of the script (the last one repeats):
 a status with headers and body, a delay, an answer that never comes, a
 reset after the request was read, or a server-sent-events body that ends,
 or breaks off after its chunks. Every request and every client disconnect
-is recorded, so tests can count what reached the upstream.
+is recorded, so tests can count what reached the upstream, and wait (on a
+condition, never by polling) until it has.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import asyncio
 import socket
 import struct
 import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -53,6 +53,18 @@ class Upstream:
     disconnects: int = 0
     base_url: str = ""
     _next: int = 0
+    # Notified after each request and each disconnect is recorded.
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_until(self, check: Callable[[], bool], timeout: float = 10.0) -> bool:
+        """Waits until `check()` holds after a request or a disconnect was
+        recorded; False if `timeout` seconds pass first."""
+        with self._changed:
+            return self._changed.wait_for(check, timeout)
+
+    def _recorded(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     def reply(self) -> Reply:
         reply = self.script[min(self._next, len(self.script) - 1)]
@@ -75,10 +87,12 @@ class Upstream:
                 size = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(size) if size else b""
                 self.seen.append(Seen(method, path, headers, body))
+                self._recorded()
                 if not await self._answer(self.reply(), reader, writer):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
             self.disconnects += 1
+            self._recorded()
         finally:
             writer.close()
 
@@ -90,6 +104,7 @@ class Upstream:
         if reply.hang:
             await reader.read(1)  # returns when the client disconnects
             self.disconnects += 1
+            self._recorded()
             return False
         if reply.reset:
             sock = writer.get_extra_info("socket")
@@ -114,6 +129,7 @@ class Upstream:
         if reply.stall:
             await reader.read(1)
             self.disconnects += 1
+            self._recorded()
             return False
         if reply.break_off:
             return False
@@ -154,14 +170,3 @@ def serving(*script: Reply) -> Iterator[Upstream]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
-
-
-def wait_until(check: object, timeout: float = 5.0) -> bool:
-    """Polls `check()` (a callable) until true or `timeout` seconds pass."""
-    assert callable(check)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.01)
-    return bool(check())

@@ -386,6 +386,7 @@ class RacyOperatorService(OperatorService):
     async def reconcile(self, ref: CallRef, order: ReconcileOrder) -> Answer:
         old = self._store.read(lambda view: records.load_call(view, ref))
         assert old is not None
+        # A real pause between the read and the write: the window the race needs.
         await asyncio.sleep(0.01)
         step = operator_rules.reconcile(old, self.now(), order)
 

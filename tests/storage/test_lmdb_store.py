@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import stat
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -66,14 +65,15 @@ def test_data_directory_is_private(tmp_path: Path) -> None:
 
 def test_queued_writes_commit_together(store: LmdbStore) -> None:
     """Requests queued while the writer is busy share one transaction."""
-    release = threading.Event()
+    busy, release = threading.Event(), threading.Event()
 
     def blocker(view: WriteView) -> None:
+        busy.set()
         release.wait(10)
 
     before = store.stats.transactions
     first = store.submit(blocker)
-    time.sleep(0.05)
+    assert busy.wait(10)
     queued = [store.submit(_put(b"k%d" % i, b"v")) for i in range(100)]
     release.set()
     first.result(10)
@@ -85,14 +85,18 @@ def test_queued_writes_commit_together(store: LmdbStore) -> None:
 
 def test_a_refused_write_leaves_nothing_and_spares_its_batch(store: LmdbStore) -> None:
     """A write function that raises has no effect; the others in its batch commit."""
-    release = threading.Event()
+    busy, release = threading.Event(), threading.Event()
 
     def refused(view: WriteView) -> None:
         view.put(Table.CHECKPOINTS, b"bad", b"x")
         raise NotFound("refused")
 
-    gate = store.submit(lambda view: release.wait(10))
-    time.sleep(0.05)
+    def holding(view: WriteView) -> None:
+        busy.set()
+        release.wait(10)
+
+    gate = store.submit(holding)
+    assert busy.wait(10)
     ok1 = store.submit(_put(b"a", b"1"))
     bad = store.submit(refused)
     ok2 = store.submit(_put(b"b", b"2"))

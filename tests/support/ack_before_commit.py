@@ -19,6 +19,7 @@ class AckBeforeCommitStore(LmdbStore):
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
             _resolve(outcomes)  # the reply leaves before the commit
+            # A real window between the reply and the commit, for kill -9 to land in.
             time.sleep(3.0)
 
 

@@ -92,6 +92,7 @@ class RacyLedger(LedgerService):
 
     async def prepare(self, spec: PrepareSpec) -> Answer:
         old = self._store.read(lambda view: records.load_call(view, spec.ref))
+        # A real pause between the read and the write: the window the race needs.
         await asyncio.sleep(0.001)
         step = rules.prepare(old, spec, self.now())
 
@@ -111,6 +112,7 @@ class RacyLedger(LedgerService):
         actor: str = rules.AGENT,
     ) -> Answer:
         old = self.get(ref)
+        # A real pause between the read and the write: the window the race needs.
         await asyncio.sleep(0.001)
         policy = self._policy.current()
         step = rules.start(
