@@ -20,6 +20,7 @@ DOCUMENTS = ("README.md", "docs/operations.md", "clients/node/README.md")
 AT_LEAST = {"README.md": 9, "docs/operations.md": 6, "clients/node/README.md": 0}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("document", DOCUMENTS)
 def test_the_documents_blocks_run_as_written(short_tmp: Path, document: str) -> None:

@@ -380,6 +380,7 @@ def unsafe_allowances(decide: Decide) -> list[RetryQuestion]:
     return found
 
 
+@pytest.mark.slow
 def test_retryable_never_changes_an_answer() -> None:
     """For every context, effect, state, failure, key, budget and deadline, the
     answer with `retryable: true` is the answer with `retryable: false`."""
@@ -387,6 +388,7 @@ def test_retryable_never_changes_an_answer() -> None:
     assert retryable_violations(retry.decide) == []
 
 
+@pytest.mark.slow
 def test_no_forbidden_retry_is_ever_allowed() -> None:
     """No question that a rule forbids is answered allow, under any policy."""
     assert unsafe_allowances(retry.decide) == []
@@ -422,12 +424,14 @@ def _ignores_the_budget(
     return retry.decide(roomy, policy, backoff, now_wall_ns=now_wall_ns, jitter=jitter)
 
 
+@pytest.mark.slow
 def test_negative_control_a_rule_that_honours_retryable_is_caught() -> None:
     """The two guards above catch a rule that lets `retryable` authorize."""
     assert retryable_violations(_honours_retryable) != []
     assert unsafe_allowances(_honours_retryable) != []
 
 
+@pytest.mark.slow
 def test_negative_control_a_rule_without_budget_is_caught() -> None:
     """The forbidden-retry guard catches a rule that skips the attempt budget."""
     assert unsafe_allowances(_ignores_the_budget) != []

@@ -424,6 +424,7 @@ def _double_wins(outcomes: list[tuple[int, int, str]]) -> dict[int, list[int]]:
     return {r: w for r, w in winners.items() if len(w) != 1}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_concurrent_operators_resolve_once(
     ledger_stub: ToolLedgerStub, channel: grpc.Channel, daemon: Any

@@ -411,6 +411,7 @@ PROPERTY = hypothesis.settings(
 )
 
 
+@pytest.mark.slow
 def test_counters_equal_a_full_recount_after_any_sequence(store: LmdbStore) -> None:
     """After every step of any sequence of prepares (single and batched, some
     refused by a quota), starts, commits, UNKNOWN reports, acknowledgements,
