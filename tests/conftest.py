@@ -51,9 +51,16 @@ def daemon(config: ServeConfig, clock: ManualClock) -> Iterator[RunningDaemon]:
         yield running
 
 
+@pytest.fixture(params=[True, False], ids=["session", "unary"])
+def session(request: pytest.FixtureRequest) -> bool:
+    """How the client sends its ledger requests: over the session stream (the
+    default) or as unary calls; a test that takes it runs both ways."""
+    return bool(request.param)
+
+
 @pytest.fixture
-def client(daemon: RunningDaemon) -> Iterator[Client]:
-    with Client(daemon.target) as c:
+def client(daemon: RunningDaemon, session: bool) -> Iterator[Client]:
+    with Client(daemon.target, session=session) as c:
         yield c
 
 

@@ -41,9 +41,10 @@ def proxy(daemon: RunningDaemon) -> Iterator[FlakyProxy]:
 
 
 @pytest.fixture
-def via(proxy: FlakyProxy) -> Iterator[Client]:
-    """A client whose requests go through the flaky proxy."""
-    with Client(proxy.target, recording_retry=FAST) as c:
+def via(proxy: FlakyProxy, session: bool) -> Iterator[Client]:
+    """A client whose requests go through the flaky proxy (over its session
+    stream, where a lost answer is a stream broken, or unary calls)."""
+    with Client(proxy.target, recording_retry=FAST, session=session) as c:
         yield c
 
 
@@ -139,13 +140,13 @@ def test_a_result_that_cannot_be_recorded_is_unknown_never_a_failure(
 
 
 def test_negative_control_without_retries_a_lost_answer_loses_the_result(
-    proxy: FlakyProxy, client: Client
+    proxy: FlakyProxy, session: bool
 ) -> None:
     """The lost-answer check above fails for a client that tries once."""
     proxy.fail("CommitTool", LOST)
     once = RecordingRetry(attempts=1)
     with (
-        Client(proxy.target, recording_retry=once) as single,
+        Client(proxy.target, recording_retry=once, session=session) as single,
         pytest.raises(ResultNotRecorded),
     ):
         send(single, [])
@@ -204,13 +205,15 @@ def test_heartbeat_and_acknowledge_are_retried(
 
 
 def test_the_async_client_retries_a_lost_commit(
-    proxy: FlakyProxy, client: Client
+    proxy: FlakyProxy, client: Client, session: bool
 ) -> None:
     """AsyncRun gets the same retries (issue 10 item B6: fails before the fix)."""
     proxy.fail("CommitTool", LOST)
 
     async def main() -> object:
-        async with AsyncClient(proxy.target, recording_retry=FAST) as c:
+        async with AsyncClient(
+            proxy.target, recording_retry=FAST, session=session
+        ) as c:
 
             @AsyncRun(c, "run-aio").tool("send")
             async def send(to: str) -> str:
@@ -224,7 +227,7 @@ def test_the_async_client_retries_a_lost_commit(
 
 
 def test_a_daemon_restart_between_the_tool_and_its_commit_loses_nothing(
-    config: ServeConfig, clock: ManualClock
+    config: ServeConfig, clock: ManualClock, session: bool
 ) -> None:
     """The daemon stops after the tool ran and before its commit; the commit
     fails, the daemon starts again on the same store, and the retried commit
@@ -241,7 +244,7 @@ def test_a_daemon_restart_between_the_tool_and_its_commit_loses_nothing(
                 daemons.enter_context(running_daemon(config, clock))
 
         policy = RecordingRetry(attempts=20, deadline=60.0, on_retry=restart)
-        with Client(daemon.target, recording_retry=policy) as client:
+        with Client(daemon.target, recording_retry=policy, session=session) as client:
 
             @Run(client, "run-restart").tool("send_email")
             def send_email(to: str) -> str:

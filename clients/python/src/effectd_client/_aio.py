@@ -18,6 +18,8 @@ from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
 from effectd_client._recording import RecordingRetry
+from effectd_client._session_aio import AsyncSession
+from effectd_client._session_wire import LedgerCalls
 from effectd_client._types import (
     Channel,
     Checkpoint,
@@ -35,7 +37,9 @@ class AsyncClient:
     """An asyncio connection to effectd (`unix:PATH` or `HOST:PORT`).
 
     Create and use it inside a running event loop; `async with` closes it.
-    The options, a `Connection` among them, are those of `Client`.
+    The options, a `Connection` and `session` among them, are those of
+    `Client`: by default the ledger requests of every task travel over one
+    session stream, read by one task of the loop.
     """
 
     def __init__(
@@ -51,6 +55,7 @@ class AsyncClient:
         private_key: bytes | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         recording_retry: RecordingRetry | None = None,
+        session: bool = True,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -69,6 +74,10 @@ class AsyncClient:
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
+        self._session = AsyncSession(self._channel, self._metadata) if session else None
+        self._tool = LedgerCalls(
+            self._ledger, self._session.method if self._session else None
+        )
 
     def __repr__(self) -> str:
         return self._connection.describe("AsyncClient", self.namespace)
@@ -80,6 +89,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
         await self._channel.close(None)
 
     async def _call(self, method: Callable[..., Awaitable[T]], request: object) -> T:
@@ -151,7 +162,7 @@ class AsyncClient:
             retry=retry,
             channel=channel,
         )
-        return req.prepared(await self._call(self._ledger.PrepareTool, request))
+        return req.prepared(await self._call(self._tool.PrepareTool, request))
 
     async def start_tool(
         self,
@@ -171,7 +182,7 @@ class AsyncClient:
             lease_ms=lease_ms,
             expected_revision=expected_revision,
         )
-        return req.started(await self._call(self._ledger.StartTool, request))
+        return req.started(await self._call(self._tool.StartTool, request))
 
     async def commit_tool(
         self,
@@ -194,7 +205,7 @@ class AsyncClient:
             error_code=error_code,
             error_message=error_message,
         )
-        r = await self._record(self._ledger.CommitTool, request, retry)
+        r = await self._record(self._tool.CommitTool, request, retry)
         return ToolCall.from_pb(r.call)
 
     async def report_unknown(
@@ -208,7 +219,7 @@ class AsyncClient:
     ) -> ToolCall:
         """See `Client.report_unknown`."""
         request = req.report_unknown(self.namespace, run_id, call_id, attempt, reason)
-        r = await self._record(self._ledger.ReportUnknown, request, retry)
+        r = await self._record(self._tool.ReportUnknown, request, retry)
         return ToolCall.from_pb(r.call)
 
     async def heartbeat(
@@ -222,12 +233,12 @@ class AsyncClient:
     ) -> ToolCall:
         """See `Client.heartbeat`."""
         request = req.heartbeat(self.namespace, run_id, call_id, attempt, lease_ms)
-        r = await self._record(self._ledger.Heartbeat, request, retry)
+        r = await self._record(self._tool.Heartbeat, request, retry)
         return ToolCall.from_pb(r.call)
 
     async def get_tool_call(self, run_id: str, call_id: str) -> ToolCall:
         request = req.get_tool_call(self.namespace, run_id, call_id)
-        r = await self._call(self._ledger.GetToolCall, request)
+        r = await self._call(self._tool.GetToolCall, request)
         return ToolCall.from_pb(r.call)
 
     async def list_tool_calls(

@@ -13,6 +13,8 @@ from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
 from effectd_client._recording import RecordingRetry
+from effectd_client._session import Session
+from effectd_client._session_wire import LedgerCalls
 from effectd_client._types import (
     Channel,
     Checkpoint,
@@ -51,6 +53,17 @@ class Client:
             AcknowledgeRecovery are sent again after a transient failure
             (they are idempotent on the daemon); by default 8 tries within
             30 s.
+        session: carry PrepareTool, StartTool, CommitTool, ReportUnknown,
+            Heartbeat and GetToolCall as messages of one long-lived
+            `ToolLedger.Session` stream, shared by every thread using the
+            client (the default: fewer round-trip costs than a call each);
+            False: a unary call each. A daemon that does not serve the
+            stream is asked by the unary RPCs for the client's life. When
+            the stream breaks, a request it had taken fails UNAVAILABLE with
+            `metadata["mayHaveBeenApplied"] == "true"` (an unknown outcome,
+            as a unary call whose answer was lost), one it had not is sent
+            again on a new stream, and the next call opens a new stream.
+            The other RPCs are always unary.
     """
 
     def __init__(
@@ -66,6 +79,7 @@ class Client:
         private_key: bytes | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         recording_retry: RecordingRetry | None = None,
+        session: bool = True,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -84,6 +98,10 @@ class Client:
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
+        self._session = Session(self._channel, self._metadata) if session else None
+        self._tool = LedgerCalls(
+            self._ledger, self._session.method if self._session else None
+        )
 
     def __repr__(self) -> str:
         return self._connection.describe("Client", self.namespace)
@@ -95,6 +113,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
         self._channel.close()
 
     def _call(self, method: Callable[..., T], request: object) -> T:
@@ -161,7 +181,7 @@ class Client:
             retry=retry,
             channel=channel,
         )
-        return req.prepared(self._call(self._ledger.PrepareTool, request))
+        return req.prepared(self._call(self._tool.PrepareTool, request))
 
     def start_tool(
         self,
@@ -181,7 +201,7 @@ class Client:
             lease_ms=lease_ms,
             expected_revision=expected_revision,
         )
-        return req.started(self._call(self._ledger.StartTool, request))
+        return req.started(self._call(self._tool.StartTool, request))
 
     def commit_tool(
         self,
@@ -208,7 +228,7 @@ class Client:
             error_code=error_code,
             error_message=error_message,
         )
-        r = self._record(self._ledger.CommitTool, request, retry)
+        r = self._record(self._tool.CommitTool, request, retry)
         return ToolCall.from_pb(r.call)
 
     def report_unknown(
@@ -222,7 +242,7 @@ class Client:
     ) -> ToolCall:
         """The attempt cannot know whether the tool ran; retried like a commit."""
         request = req.report_unknown(self.namespace, run_id, call_id, attempt, reason)
-        r = self._record(self._ledger.ReportUnknown, request, retry)
+        r = self._record(self._tool.ReportUnknown, request, retry)
         return ToolCall.from_pb(r.call)
 
     def heartbeat(
@@ -236,12 +256,12 @@ class Client:
     ) -> ToolCall:
         """Extends the attempt's lease; retried like a commit."""
         request = req.heartbeat(self.namespace, run_id, call_id, attempt, lease_ms)
-        r = self._record(self._ledger.Heartbeat, request, retry)
+        r = self._record(self._tool.Heartbeat, request, retry)
         return ToolCall.from_pb(r.call)
 
     def get_tool_call(self, run_id: str, call_id: str) -> ToolCall:
         request = req.get_tool_call(self.namespace, run_id, call_id)
-        return ToolCall.from_pb(self._call(self._ledger.GetToolCall, request).call)
+        return ToolCall.from_pb(self._call(self._tool.GetToolCall, request).call)
 
     def list_tool_calls(
         self,

@@ -1,0 +1,322 @@
+"""What the sync and async ledger sessions share, free of I/O: the messages,
+the table of messages in flight, and the errors a session raises.
+
+A session carries the requests of PrepareTool, PrepareTools, StartTool,
+CommitTool, ReportUnknown, Heartbeat and GetToolCall over one
+`ToolLedger.Session` stream. Its errors are `SessionRpcError`s, a
+`grpc.RpcError` with the code, details and `grpc-status-details-bin`
+trailer of the unary call, so `EffectdError.from_rpc_error` reads a refusal
+the same whichever way it came:
+
+  the daemon's answer `error` (google.rpc.Status) -> that status, as sent
+  the caller's wait passed                         -> DEADLINE_EXCEEDED (a
+                                                      `cancel` is sent)
+  the stream broke after the message was sent      -> UNAVAILABLE,
+                                                      mayHaveBeenApplied=true
+  the stream broke before it, twice                -> UNAVAILABLE,
+                                                      mayHaveBeenApplied=false
+  the client was closed                            -> CANCELLED
+
+A message the stream broke before sending is sent again once on a new
+stream: it cannot have been applied. A daemon that answers the stream
+UNIMPLEMENTED (one older than the session) is asked by the unary RPCs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import grpc
+from effectd.v1 import ledger_pb2 as pb
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2
+
+#: The unary RPC of each message kind, and the field of its request and
+#: answer in SessionRequest / SessionResponse.
+FIELDS: dict[str, str] = {
+    "PrepareTool": "prepare_tool",
+    "PrepareTools": "prepare_tools",
+    "StartTool": "start_tool",
+    "CommitTool": "commit_tool",
+    "ReportUnknown": "report_unknown",
+    "Heartbeat": "heartbeat",
+    "GetToolCall": "get_tool_call",
+}
+
+METHOD = "/effectd.v1.ToolLedger/Session"
+# The key and value of the ErrorInfo metadata of a message whose stream broke.
+MAY_HAVE_BEEN_APPLIED = "mayHaveBeenApplied"
+_DETAILS_KEY = "grpc-status-details-bin"
+_DOMAIN = "effectd"
+_MAX_TIMEOUT_MS = 2**32 - 1
+# Sends of one message on a new stream after its stream broke before it.
+RESENDS = 1
+
+W = TypeVar("W")
+
+
+class SessionRpcError(grpc.RpcError):
+    """A message's failure, read as a unary call's (`code()`, `details()`,
+    `trailing_metadata()` with the status details)."""
+
+    def __init__(self, status: status_pb2.Status) -> None:
+        super().__init__(status.message)
+        self._status = status
+
+    def code(self) -> grpc.StatusCode:
+        return _CODES.get(self._status.code, grpc.StatusCode.UNKNOWN)
+
+    def details(self) -> str:
+        return str(self._status.message)
+
+    def trailing_metadata(self) -> Any:
+        """The status details as the unary call's trailer carries them."""
+        if not self._status.details:
+            return ()
+        return ((_DETAILS_KEY, self._status.SerializeToString()),)
+
+    def __str__(self) -> str:
+        return f"{self.code().name}: {self.details()}"
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def failure(
+    code: grpc.StatusCode, message: str, metadata: dict[str, str] | None = None
+) -> SessionRpcError:
+    """A failure made by the client, with ErrorInfo `metadata` when given."""
+    status = status_pb2.Status(code=code.value[0], message=message)
+    if metadata:
+        info = error_details_pb2.ErrorInfo(domain=_DOMAIN, metadata=metadata)
+        status.details.add().Pack(info)
+    return SessionRpcError(status)
+
+
+def broken(applied: bool, why: str) -> SessionRpcError:
+    """The stream broke with the message in flight: UNAVAILABLE, and whether
+    the daemon may have applied it (then the outcome is unknown)."""
+    said = "may have been applied" if applied else "was not sent"
+    return failure(
+        grpc.StatusCode.UNAVAILABLE,
+        f"the session stream broke ({why}); the request {said}",
+        {MAY_HAVE_BEEN_APPLIED: "true" if applied else "false"},
+    )
+
+
+def deadline_exceeded() -> SessionRpcError:
+    return failure(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+def closed() -> SessionRpcError:
+    return failure(grpc.StatusCode.CANCELLED, "the client was closed")
+
+
+def _code(error: BaseException | None) -> grpc.StatusCode | None:
+    """The status of a failed call (sync or aio), None for anything else."""
+    if not isinstance(error, grpc.RpcError):
+        return None
+    code = getattr(error, "code", None)
+    return code() if callable(code) else None
+
+
+def why(error: BaseException | None) -> str:
+    """A broken stream's cause, for the message of its messages' failures."""
+    code = _code(error)
+    if code is not None:
+        return f"{code.name}: {getattr(error, 'details', lambda: '')()}"
+    return "it ended" if error is None else repr(error)
+
+
+def refused(error: BaseException | None) -> bool:
+    """The daemon turned the stream down as a whole, before serving any of
+    its messages: it does not serve the stream, or not to this credential."""
+    return _code(error) in _REFUSALS
+
+
+# UNIMPLEMENTED: a daemon older than the stream. PERMISSION_DENIED: a
+# credential that may call none of its RPCs, or a daemon whose authorization
+# predates the stream. UNAUTHENTICATED: the token, refused as on any RPC.
+_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
+
+
+def timeout_ms(timeout: float | None) -> int:
+    """The message's deadline: the call's timeout, rounded up (0: none)."""
+    if timeout is None:
+        return 0
+    return max(1, min(_MAX_TIMEOUT_MS, math.ceil(timeout * 1000)))
+
+
+def request(name: str, message_id: int, body: Message, timeout: float | None) -> Any:
+    """The SessionRequest carrying `body`, the request of RPC `name`."""
+    msg = pb.SessionRequest(id=message_id, timeout_ms=timeout_ms(timeout))
+    getattr(msg, FIELDS[name]).CopyFrom(body)
+    return msg
+
+
+def cancel(message_id: int) -> Any:
+    return pb.SessionRequest(id=message_id, cancel=pb.SessionCancel())
+
+
+def outcome(name: str, answer: Any) -> Any:
+    """The unary answer carried by `answer`, or its error (raised)."""
+    kind = answer.WhichOneof("response")
+    if kind == "error":
+        raise SessionRpcError(answer.error)
+    if kind != FIELDS[name]:
+        raise failure(
+            grpc.StatusCode.INTERNAL,
+            f"the daemon answered {name} with {kind or 'nothing'}",
+        )
+    return getattr(answer, kind)
+
+
+@dataclass(slots=True, eq=False)
+class Entry(Generic[W]):
+    """A message in flight: the RPC it stands for, who waits for its answer,
+    the stream it is queued on and whether that stream took it."""
+
+    name: str
+    message: Any
+    waiter: W
+    stream: object = None
+    sent: bool = False
+    resends: int = 0
+
+
+class InFlight(Generic[W]):
+    """The messages sent or queued and not answered, by id.
+
+    Not thread-safe: the sync session holds its lock around every use.
+    """
+
+    def __init__(self) -> None:
+        self._ids: Iterator[int] = itertools.count(1)
+        self._entries: dict[int, Entry[W]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(
+        self, name: str, body: Message, timeout: float | None, waiter: W
+    ) -> Entry[W]:
+        message_id = next(self._ids)
+        entry = Entry(name, request(name, message_id, body, timeout), waiter)
+        self._entries[message_id] = entry
+        return entry
+
+    def pending(self, entry: Entry[W]) -> bool:
+        return self._entries.get(entry.message.id) is entry
+
+    def drop(self, entry: Entry[W]) -> bool:
+        """Forgets `entry` (its caller stopped waiting); whether it was there."""
+        return self._entries.pop(entry.message.id, None) is entry
+
+    def answer(self, message_id: int) -> Entry[W] | None:
+        """The entry `message_id` answers, forgotten; None for an unknown id
+        (one whose caller stopped waiting)."""
+        return self._entries.pop(message_id, None)
+
+    def broken(self, stream: object) -> tuple[list[Entry[W]], list[Entry[W]]]:
+        """The stream broke: the messages that fail (forgotten: those it
+        took, and those sent again `RESENDS` times already) and those to send
+        again on a new stream (kept)."""
+        failed, again = [], []
+        for entry in self.take(stream):
+            if entry.sent or entry.resends >= RESENDS:
+                failed.append(entry)
+            else:
+                entry.resends += 1
+                entry.stream = None
+                self._entries[entry.message.id] = entry
+                again.append(entry)
+        return failed, again
+
+    def take(self, stream: object) -> list[Entry[W]]:
+        """The messages queued on or taken by `stream`, forgotten."""
+        taken = [e for e in self._entries.values() if e.stream is stream]
+        for entry in taken:
+            del self._entries[entry.message.id]
+        return taken
+
+    def clear(self) -> list[Entry[W]]:
+        entries = list(self._entries.values())
+        self._entries.clear()
+        return entries
+
+
+@dataclass(slots=True)
+class Ending(Generic[W]):
+    """What the end of a stream means for the messages it carried."""
+
+    #: The daemon does not serve the stream: ask the unary RPCs from now on.
+    unary: bool
+    #: Messages that fail, each with its error.
+    failed: list[tuple[Entry[W], Exception]]
+    #: Messages to ask by their unary RPC (none of them was served).
+    fallback: list[Entry[W]]
+    #: Messages the stream did not take: to send on a new stream.
+    again: list[Entry[W]]
+
+
+def ended(
+    table: InFlight[W], stream: object, error: BaseException | None, closing: bool
+) -> Ending[W]:
+    """The end of `stream` (`error`: why; `closing`: the client is closing).
+
+    A stream refused as a whole served none of its messages: those of a
+    stream the daemon does not serve (to this credential) are asked by their
+    unary RPCs, for the client's life, which answer each as the daemon would
+    (PERMISSION_DENIED, if so); an unknown token fails them as it would any
+    call (UNAUTHENTICATED), and the next call opens a new stream.
+    """
+    if closing:
+        return Ending(
+            False,
+            [
+                (e, broken(True, why(error)) if e.sent else closed())
+                for e in table.take(stream)
+            ],
+            [],
+            [],
+        )
+    if refused(error):
+        assert isinstance(error, Exception)
+        if _code(error) is grpc.StatusCode.UNAUTHENTICATED:
+            return Ending(False, [(e, error) for e in table.take(stream)], [], [])
+        return Ending(True, [], table.take(stream), [])
+    failed, again = table.broken(stream)
+    return Ending(False, [(e, broken(e.sent, why(error))) for e in failed], [], again)
+
+
+class LedgerCalls:
+    """The ledger RPCs a session carries, each a callable like a stub's
+    method (`(request, timeout=, metadata=)`): the session's, or the unary
+    stub's when there is no session."""
+
+    PrepareTool: Callable[..., Any]
+    PrepareTools: Callable[..., Any]
+    StartTool: Callable[..., Any]
+    CommitTool: Callable[..., Any]
+    ReportUnknown: Callable[..., Any]
+    Heartbeat: Callable[..., Any]
+    GetToolCall: Callable[..., Any]
+
+    def __init__(
+        self,
+        stub: object,
+        method: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None,
+    ) -> None:
+        for name in FIELDS:
+            unary = getattr(stub, name)
+            setattr(self, name, unary if method is None else method(name, unary))
