@@ -61,8 +61,10 @@ class Fault:
     retry_delay: float | None = None
     # The daemon applied the request; only its answer is lost.
     lost: bool = False
-    # The request is never answered (session messages only).
+    # Session messages only: never answered; or the stream breaks before
+    # the request is forwarded.
     stall: bool = False
+    broken: bool = False
 
     def status(self) -> grpc.Status:
         return rpc_status.to_status(self.proto())
@@ -86,7 +88,9 @@ class Fault:
 
 
 class FlakyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, session: bool = True) -> None:
+        # False: the proxy is a daemon older than the stream (UNIMPLEMENTED).
+        self._serves_session = session
         self._upstream = grpc.insecure_channel(upstream)
         self._faults: dict[str, list[Fault]] = {}
         self._lock = threading.Lock()
@@ -132,6 +136,8 @@ class FlakyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         path: str = handler_call_details.method
         if path == SESSION:
             self.sessions += 1
+            if not self._serves_session:
+                return None  # type: ignore[return-value]
             return grpc.stream_stream_rpc_method_handler(
                 self._session,
                 request_deserializer=pb.SessionRequest.FromString,
@@ -201,6 +207,9 @@ class FlakyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         fault = self._fault(name)
         if fault is not None and fault.stall:
             return
+        if fault is not None and fault.broken:
+            answers.put(_BREAK)
+            return
         if fault is not None and not fault.lost:
             answers.put(pb.SessionResponse(id=message.id, error=fault.proto()))
             return
@@ -226,8 +235,8 @@ class FlakyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
 
 
 @contextmanager
-def flaky_proxy(upstream: str) -> Iterator[FlakyProxy]:
-    proxy = FlakyProxy(upstream)
+def flaky_proxy(upstream: str, *, session: bool = True) -> Iterator[FlakyProxy]:
+    proxy = FlakyProxy(upstream, session=session)
     try:
         yield proxy
     finally:

@@ -121,9 +121,7 @@ class Session:
         if not waiter.wait(timeout):
             with self._lock:
                 if self._table.drop(entry):
-                    stream = entry.stream
-                    if entry.sent and isinstance(stream, _Stream) and not stream.dead:
-                        stream.queue.put(wire.cancel(entry.message.id))
+                    self._cancel(entry)
                     raise wire.deadline_exceeded() from None
             waiter.wait(None)  # answered while the time ran out
         if waiter.error is not None:
@@ -131,6 +129,13 @@ class Session:
         if waiter.answer is _UNARY:
             return _UNARY
         return wire.outcome(name, waiter.answer)
+
+    def _cancel(self, entry: wire.Entry[_Waiter]) -> None:
+        # Holds the lock. A message not sent yet is skipped when its turn
+        # comes; one sent is cancelled on the daemon too.
+        stream = entry.stream
+        if entry.sent and isinstance(stream, _Stream) and not stream.dead:
+            stream.queue.put(wire.cancel(entry.message.id))
 
     def _enqueue(self, entry: wire.Entry[_Waiter]) -> None:
         # Holds the lock.
