@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import grpc
 import pytest
@@ -31,7 +32,9 @@ from effectd_client import (
 from effectd_client import _requests as req
 from effectd_client import _session_wire as wire
 from effectd_client._session import Session
-from sidecar.testing import RunningDaemon
+from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
+from sidecar.testing import RunningDaemon, running_daemon
 from tests.clients.flaky_proxy import Fault, FlakyProxy, flaky_proxy
 
 FAST = RecordingRetry(attempts=3, deadline=20.0, initial_backoff=0.01)
@@ -378,3 +381,58 @@ def ask(session: Session) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         session.call("GetToolCall", request, 10.0)
     assert raised.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+# -- a daemon restart ----------------------------------------------------------
+
+
+def ask_until_answered(client: Client, tries: int) -> bool:
+    """GetToolCall until one is answered (the channel reconnects with
+    backoff after a restart); whether one was, within `tries`. Every failure
+    on the way says the daemon was not reached, or the time ran out."""
+    codes = set()
+    answered = False
+    for _ in range(tries):
+        try:
+            client.get_tool_call("run-s", "c")
+        except EffectdError as exc:
+            codes.add(exc.code)
+            time.sleep(0.1)
+        else:
+            answered = True
+            break
+    assert codes <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+    return answered
+
+
+def restart_under(client: Client, config: ServeConfig, clock: ManualClock) -> bool:
+    """Prepares a call, restarts the daemon, and asks for the call again:
+    whether it was answered over a stream (not by a unary call)."""
+    with ExitStack() as first:
+        first.enter_context(running_daemon(config, clock))
+        client.prepare_tool("run-s", "c", "t", {})
+    with running_daemon(config, clock):
+        answered = ask_until_answered(client, tries=30)
+        session = client._session
+        assert session is not None
+        return answered and not session.unary and session._stream is not None
+
+
+def test_the_first_call_after_a_daemon_restart_opens_a_new_stream(
+    config: ServeConfig, clock: ManualClock
+) -> None:
+    """The stream dies with the daemon; the next call after its restart is
+    answered over a new stream, not by unary calls."""
+    with Client(f"unix:{config.socket_path}", timeout=1.0) as client:
+        assert restart_under(client, config, clock)
+
+
+@pytest.mark.slow  # every try waits out its timeout
+def test_negative_control_a_session_that_keeps_its_dead_stream_never_recovers(
+    config: ServeConfig, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a session that goes on queueing on the stream
+    that broke."""
+    monkeypatch.setattr(Session, "_ended", lambda self, stream, error: None)
+    with Client(f"unix:{config.socket_path}", timeout=0.1) as client:
+        assert not restart_under(client, config, clock)

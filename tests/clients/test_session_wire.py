@@ -1,0 +1,184 @@
+"""The session's pure parts: every message kind is mapped, a message's
+error reads as the unary call's, and the end of a stream settles each of its
+messages by the rule of `effectd_client._session_wire.ended`."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from effectd.v1 import ledger_pb2 as pb
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from effectd_client import EffectdError, InvalidRequest, RateLimited
+from effectd_client import _requests as req
+from effectd_client import _session_wire as wire
+
+
+class Stopped(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """A stream's end as grpc raises it (only code and details are read)."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return "stopped"
+
+
+def test_every_message_kind_is_mapped() -> None:
+    """The session's table names every request and answer of the protos
+    (but `cancel` and `error`), each field the same in both."""
+    requests = {
+        f.name for f in pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"].fields
+    }
+    answers = {
+        f.name for f in pb.SessionResponse.DESCRIPTOR.oneofs_by_name["response"].fields
+    }
+    assert set(wire.FIELDS.values()) == requests - {"cancel"} == answers - {"error"}
+
+
+def status_with_details() -> status_pb2.Status:
+    status = status_pb2.Status(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    status.message = "slow down"
+    status.details.add().Pack(
+        error_details_pb2.ErrorInfo(
+            reason="RATE_LIMITED", domain="effectd", metadata={"quota": "rate"}
+        )
+    )
+    status.details.add().Pack(
+        error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(nanos=50_000_000))
+    )
+    return status
+
+
+def test_an_answered_error_reads_as_the_unary_calls() -> None:
+    """The answer's google.rpc.Status becomes the client's exception of its
+    reason, with the message, the metadata and the retry delay."""
+    answer = pb.SessionResponse(id=7, error=status_with_details())
+    with pytest.raises(grpc.RpcError) as raised:
+        wire.outcome("PrepareTool", answer)
+    error = EffectdError.from_rpc_error(raised.value)
+    assert isinstance(error, RateLimited)
+    assert error.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (error.message, error.metadata) == ("slow down", {"quota": "rate"})
+    assert error.retry_delay == 0.05
+
+
+def test_bad_request_field_violations_survive() -> None:
+    status = status_pb2.Status(
+        code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message="bad"
+    )
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason="INVALID_REQUEST"))
+    status.details.add().Pack(
+        error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field="ref.run_id", description="empty"
+                )
+            ]
+        )
+    )
+    with pytest.raises(grpc.RpcError) as raised:
+        wire.outcome("GetToolCall", pb.SessionResponse(id=1, error=status))
+    error = EffectdError.from_rpc_error(raised.value)
+    assert isinstance(error, InvalidRequest)
+    assert [v.field for v in error.violations] == ["ref.run_id"]
+
+
+def test_an_answer_of_the_right_kind_is_returned_and_another_refused() -> None:
+    call = pb.ToolCall(tool_name="t")
+    ok = pb.SessionResponse(id=1, get_tool_call=pb.GetToolCallResponse(call=call))
+    assert wire.outcome("GetToolCall", ok).call.tool_name == "t"
+    with pytest.raises(grpc.RpcError) as raised:
+        wire.outcome("PrepareTool", ok)
+    assert EffectdError.from_rpc_error(raised.value).code is grpc.StatusCode.INTERNAL
+
+
+@pytest.mark.parametrize(
+    ("applied", "said"), [(True, "true"), (False, "false")], ids=["sent", "unsent"]
+)
+def test_a_broken_stream_is_unavailable_and_says_if_applied(
+    applied: bool, said: str
+) -> None:
+    error = EffectdError.from_rpc_error(wire.broken(applied, "gone"))
+    assert error.code is grpc.StatusCode.UNAVAILABLE
+    assert error.metadata == {wire.MAY_HAVE_BEEN_APPLIED: said}
+
+
+@pytest.mark.parametrize(
+    ("timeout", "ms"),
+    [(None, 0), (10.0, 10_000), (0.0001, 1), (0.0015, 2), (1e9, 2**32 - 1)],
+)
+def test_the_timeout_is_the_messages_deadline_rounded_up(
+    timeout: float | None, ms: int
+) -> None:
+    assert wire.timeout_ms(timeout) == ms
+
+
+def table_of_three() -> tuple[wire.InFlight[str], list[wire.Entry[str]]]:
+    """Three messages on stream "s": one taken, one not, one not sent twice."""
+    table: wire.InFlight[str] = wire.InFlight()
+    body = req.get_tool_call("", "r", "c")
+    entries = [table.add("GetToolCall", body, 1.0, w) for w in ("a", "b", "c")]
+    for e in entries:
+        e.stream = "s"
+    entries[0].sent = True
+    entries[2].resends = wire.RESENDS
+    return table, entries
+
+
+@pytest.mark.parametrize(
+    ("error", "closing", "expected"),
+    [
+        # Taken: unknown outcome. Not taken: sent again once, then failed.
+        (Stopped(grpc.StatusCode.UNAVAILABLE), False, (False, "ac", "", "b")),
+        (None, False, (False, "ac", "", "b")),
+        # Refused as a whole: nothing served; asked by unary calls...
+        (Stopped(grpc.StatusCode.UNIMPLEMENTED), False, (True, "", "abc", "")),
+        (Stopped(grpc.StatusCode.PERMISSION_DENIED), False, (True, "", "abc", "")),
+        # ...but an unknown token is refused as any call would be.
+        (Stopped(grpc.StatusCode.UNAUTHENTICATED), False, (False, "abc", "", "")),
+        # Closing: all fail, whatever the end.
+        (Stopped(grpc.StatusCode.CANCELLED), True, (False, "abc", "", "")),
+        (Stopped(grpc.StatusCode.UNIMPLEMENTED), True, (False, "abc", "", "")),
+    ],
+)
+def test_the_end_of_a_stream_settles_each_message(
+    error: Exception | None, closing: bool, expected: tuple[bool, str, str, str]
+) -> None:
+    """Which messages fail, are asked by unary calls, or are sent again."""
+    unary, failed, fallback, again = expected
+    table, _ = table_of_three()
+    end = wire.ended(table, "s", error, closing)
+    assert end.unary is unary
+    assert "".join(e.waiter for e, _ in end.failed) == failed
+    assert "".join(e.waiter for e in end.fallback) == fallback
+    assert "".join(e.waiter for e in end.again) == again
+    assert len(table) == len(again)  # only those sent again stay in flight
+
+
+def test_the_failures_of_a_broken_stream_say_what_was_sent() -> None:
+    table, _ = table_of_three()
+    end = wire.ended(table, "s", Stopped(grpc.StatusCode.UNAVAILABLE), False)
+    said = {
+        e.waiter: EffectdError.from_rpc_error(f).metadata[wire.MAY_HAVE_BEEN_APPLIED]  # type: ignore[arg-type]
+        for e, f in end.failed
+    }
+    assert said == {"a": "true", "c": "false"}
+
+
+def test_closing_fails_the_unsent_as_cancelled() -> None:
+    table, _ = table_of_three()
+    end = wire.ended(table, "s", Stopped(grpc.StatusCode.CANCELLED), True)
+    codes = {
+        e.waiter: EffectdError.from_rpc_error(f).code  # type: ignore[arg-type]
+        for e, f in end.failed
+    }
+    assert codes == {
+        "a": grpc.StatusCode.UNAVAILABLE,
+        "b": grpc.StatusCode.CANCELLED,
+        "c": grpc.StatusCode.CANCELLED,
+    }
