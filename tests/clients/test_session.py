@@ -10,6 +10,7 @@ forwarding each message as its unary RPC, and fails on cue (see
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -436,3 +437,40 @@ def test_negative_control_a_session_that_keeps_its_dead_stream_never_recovers(
     monkeypatch.setattr(Session, "_ended", lambda self, stream, error: None)
     with Client(f"unix:{config.socket_path}", timeout=0.1) as client:
         assert not restart_under(client, config, clock)
+
+
+# -- fork ----------------------------------------------------------------------
+
+
+def child_state_after_fork(client: Client) -> int:
+    """Forks with the client's stream open; the child exits 0 when its copy
+    of the session has no stream, no message in flight and a free lock."""
+    session = client._session
+    assert session is not None
+    pid = os.fork()
+    if pid == 0:  # the child: look, never touch grpc, leave at once
+        fresh = (
+            session._stream is None
+            and len(session._table) == 0
+            and session._lock.acquire(blocking=False)
+        )
+        os._exit(0 if fresh else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_child_starts_with_an_empty_session(via: Client) -> None:
+    """The child of a fork does not inherit the parent's stream, reader or
+    waiters (they are the parent's), nor a lock a parent thread held."""
+    via.prepare_tool("run-f", "c", "t", {})
+    assert child_state_after_fork(via) == 0
+    via.get_tool_call("run-f", "c")  # the parent's stream is untouched
+
+
+def test_negative_control_without_the_fork_handler_the_child_inherits(
+    via: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a session that keeps its state across a fork."""
+    monkeypatch.setattr(Session, "_after_fork", lambda self: None)
+    via.prepare_tool("run-f", "c", "t", {})
+    assert child_state_after_fork(via) == 1

@@ -8,7 +8,9 @@ The safe tool call (see `effectd_client._safe` for every outcome):
 
 `Client` (and `AsyncClient`) have one typed method per RPC of ToolLedger,
 Checkpoints and Recovery; every refusal raises a subclass of `EffectdError`
-named after its `ErrorReason`.
+named after its `ErrorReason`. They send the ledger's hot requests as
+messages of one session stream (`session=False`: unary calls; see
+`effectd_client._session_wire`).
 
 `EffectdTransport` (and its async and httpx2 siblings) send an SDK's HTTP
 requests through the daemon's Provider service: see `effectd_client._transport`.

@@ -53,17 +53,12 @@ class Client:
             AcknowledgeRecovery are sent again after a transient failure
             (they are idempotent on the daemon); by default 8 tries within
             30 s.
-        session: carry PrepareTool, StartTool, CommitTool, ReportUnknown,
-            Heartbeat and GetToolCall as messages of one long-lived
-            `ToolLedger.Session` stream, shared by every thread using the
-            client (the default: fewer round-trip costs than a call each);
-            False: a unary call each. A daemon that does not serve the
-            stream is asked by the unary RPCs for the client's life. When
-            the stream breaks, a request it had taken fails UNAVAILABLE with
-            `metadata["mayHaveBeenApplied"] == "true"` (an unknown outcome,
-            as a unary call whose answer was lost), one it had not is sent
-            again on a new stream, and the next call opens a new stream.
-            The other RPCs are always unary.
+        session: send PrepareTool, StartTool, CommitTool, ReportUnknown,
+            Heartbeat and GetToolCall, from every thread, as messages of one
+            `ToolLedger.Session` stream (the default); False: a unary call
+            each. A daemon that does not serve the stream gets unary calls.
+            A request a broken stream had taken fails UNAVAILABLE with
+            `metadata["mayHaveBeenApplied"] == "true"` (unknown outcome).
     """
 
     def __init__(
