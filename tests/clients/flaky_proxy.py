@@ -32,17 +32,11 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from effectd_client._session_wire import FIELDS
+
 SESSION = "/effectd.v1.ToolLedger/Session"
 # The unary RPC of each kind of session message.
-_NAMES = {
-    "prepare_tool": "PrepareTool",
-    "prepare_tools": "PrepareTools",
-    "start_tool": "StartTool",
-    "commit_tool": "CommitTool",
-    "report_unknown": "ReportUnknown",
-    "heartbeat": "Heartbeat",
-    "get_tool_call": "GetToolCall",
-}
+_NAMES = {field: name for name, field in FIELDS.items()}
 _END, _BREAK = object(), object()
 
 
