@@ -10,6 +10,7 @@ forwarding each message as its unary RPC, and fails on cue (see
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -474,3 +475,44 @@ def test_negative_control_without_the_fork_handler_the_child_inherits(
     monkeypatch.setattr(Session, "_after_fork", lambda self: None)
     via.prepare_tool("run-f", "c", "t", {})
     assert child_state_after_fork(via) == 1
+
+
+# -- a daemon without room for another stream ----------------------------------
+
+
+def second_client_answers(config: ServeConfig, clock: ManualClock) -> bool:
+    """With room for one stream per caller, a second client's prepare while
+    the first holds the stream: answered, by a unary call."""
+    one = dataclasses.replace(
+        config,
+        server_limits=dataclasses.replace(
+            config.server_limits, max_concurrent_rpcs_per_caller=1
+        ),
+    )
+    with running_daemon(one, clock) as d, Client(d.target) as first:
+        first.prepare_tool("run-p", "a", "t", {})
+        with Client(d.target) as second:
+            try:
+                second.prepare_tool("run-p", "b", "t", {})
+            except EffectdError:
+                return False
+            assert second._session is not None
+            assert not second._session.unary  # a stream again after the pause
+            return True
+
+
+def test_a_daemon_without_room_for_a_stream_gets_unary_calls(
+    config: ServeConfig, clock: ManualClock
+) -> None:
+    """A stream refused CONCURRENCY_LIMITED served nothing: its messages are
+    asked by unary calls (which hold a slot only while served)."""
+    assert second_client_answers(config, clock)
+
+
+def test_negative_control_a_full_daemons_refusal_as_a_broken_stream(
+    config: ServeConfig, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a session that takes the refusal for a break."""
+    refusals = wire._REFUSALS - {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    monkeypatch.setattr(wire, "_REFUSALS", refusals)
+    assert not second_client_answers(config, clock)

@@ -15,7 +15,7 @@ from effectd_client import _requests as req
 from effectd_client import _session_wire as wire
 
 
-class Stopped(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+class Stopped(grpc.RpcError, grpc.Call):
     """A stream's end as grpc raises it (only code and details are read)."""
 
     def __init__(self, code: grpc.StatusCode) -> None:
@@ -26,6 +26,9 @@ class Stopped(grpc.RpcError, grpc.Call):  # type: ignore[misc]
 
     def details(self) -> str:
         return "stopped"
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
 
 
 def test_every_message_kind_is_mapped() -> None:
@@ -139,6 +142,8 @@ def table_of_three() -> tuple[wire.InFlight[str], list[wire.Entry[str]]]:
         # Refused as a whole: nothing served; asked by unary calls...
         (Stopped(grpc.StatusCode.UNIMPLEMENTED), False, (True, "", "abc", "")),
         (Stopped(grpc.StatusCode.PERMISSION_DENIED), False, (True, "", "abc", "")),
+        # ...for a while, when the daemon has no room for the stream.
+        (Stopped(grpc.StatusCode.RESOURCE_EXHAUSTED), False, (False, "", "abc", "")),
         # ...but an unknown token is refused as any call would be.
         (Stopped(grpc.StatusCode.UNAUTHENTICATED), False, (False, "abc", "", "")),
         # Closing: all fail, whatever the end.
@@ -158,6 +163,8 @@ def test_the_end_of_a_stream_settles_each_message(
     assert "".join(e.waiter for e in end.fallback) == fallback
     assert "".join(e.waiter for e in end.again) == again
     assert len(table) == len(again)  # only those sent again stay in flight
+    full = error is not None and wire.refused(error) and not unary and not failed
+    assert end.pause == (wire.FULL_PAUSE if full else 0.0)
 
 
 def test_the_failures_of_a_broken_stream_say_what_was_sent() -> None:

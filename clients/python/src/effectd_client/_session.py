@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -80,6 +81,8 @@ class Session:
         self._metadata = metadata
         self._reset()
         self._unary = False
+        # Until then (time.monotonic()), unary calls: no room for a stream.
+        self._unary_until = 0.0
         self._closed = False
         _SESSIONS.add(self)
 
@@ -114,7 +117,7 @@ class Session:
         with self._lock:
             if self._closed:
                 raise wire.closed()
-            if self._unary:
+            if self._unary or time.monotonic() < self._unary_until:
                 return _UNARY
             entry = self._table.add(name, body, timeout, waiter)
             self._enqueue(entry)
@@ -193,6 +196,8 @@ class Session:
                 self._stream = None
             end = wire.ended(self._table, stream, error, self._closed)
             self._unary = self._unary or end.unary
+            if end.pause:
+                self._unary_until = time.monotonic() + end.pause
             for entry in end.again:
                 self._enqueue(entry)
         for entry in end.fallback:

@@ -12,6 +12,7 @@ the table.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -59,6 +60,8 @@ class AsyncSession:
         self._table: wire.InFlight[Waiter] = wire.InFlight()
         self._stream: _Stream | None = None
         self._unary = False
+        # Until then (time.monotonic()), unary calls: no room for a stream.
+        self._unary_until = 0.0
         self._closed = False
         # Cancels on their way, and readers, kept until done.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -88,7 +91,7 @@ class AsyncSession:
         raises `SessionRpcError`."""
         if self._closed:
             raise wire.closed()
-        if self._unary:
+        if self._unary or time.monotonic() < self._unary_until:
             return _UNARY
         waiter: Waiter = asyncio.get_running_loop().create_future()
         entry = self._table.add(name, body, timeout, waiter)
@@ -197,6 +200,8 @@ class AsyncSession:
             self._stream = None
         end = wire.ended(self._table, stream, error, self._closed)
         self._unary = self._unary or end.unary
+        if end.pause:
+            self._unary_until = time.monotonic() + end.pause
         for entry in end.fallback:
             if not entry.waiter.done():
                 entry.waiter.set_result(_UNARY)

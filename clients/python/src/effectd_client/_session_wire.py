@@ -16,6 +16,7 @@ the same whichever way it came:
   the stream broke before it, twice                -> UNAVAILABLE,
                                                       mayHaveBeenApplied=false
   the client was closed                            -> CANCELLED
+  the stream was refused as a whole                -> see `ended`
 
 A message the stream broke before sending is sent again once on a new
 stream: it cannot have been applied. A daemon that answers the stream
@@ -34,6 +35,8 @@ import grpc
 from effectd.v1 import ledger_pb2 as pb
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
+
+from effectd_client._exceptions import EffectdError
 
 #: The unary RPC of each message kind, and the field of its request and
 #: answer in SessionRequest / SessionResponse.
@@ -141,13 +144,18 @@ def refused(error: BaseException | None) -> bool:
 # UNIMPLEMENTED: a daemon older than the stream. PERMISSION_DENIED: a
 # credential that may call none of its RPCs, or a daemon whose authorization
 # predates the stream. UNAUTHENTICATED: the token, refused as on any RPC.
+# RESOURCE_EXHAUSTED: the daemon's pool of streams is full (for this caller).
 _REFUSALS = frozenset(
     {
         grpc.StatusCode.UNIMPLEMENTED,
         grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
+#: Seconds of unary calls after the daemon had no room for a stream, when
+#: its refusal does not say (RetryInfo).
+FULL_PAUSE = 1.0
 
 
 def timeout_ms(timeout: float | None) -> int:
@@ -267,6 +275,8 @@ class Ending(Generic[W]):
     fallback: list[Entry[W]]
     #: Messages the stream did not take: to send on a new stream.
     again: list[Entry[W]]
+    #: Seconds to ask by unary calls before a new stream is tried (0: none).
+    pause: float = 0.0
 
 
 def ended(
@@ -278,7 +288,10 @@ def ended(
     stream the daemon does not serve (to this credential) are asked by their
     unary RPCs, for the client's life, which answer each as the daemon would
     (PERMISSION_DENIED, if so); an unknown token fails them as it would any
-    call (UNAUTHENTICATED), and the next call opens a new stream.
+    call (UNAUTHENTICATED), and the next call opens a new stream; a daemon
+    without room for another stream (CONCURRENCY_LIMITED) has them asked by
+    unary calls, as every call for a pause (its RetryInfo, else
+    `FULL_PAUSE`), since a unary call holds a slot only while it is served.
     """
     if closing:
         return Ending(
@@ -292,8 +305,13 @@ def ended(
         )
     if refused(error):
         assert isinstance(error, Exception)
-        if _code(error) is grpc.StatusCode.UNAUTHENTICATED:
+        code = _code(error)
+        if code is grpc.StatusCode.UNAUTHENTICATED:
             return Ending(False, [(e, error) for e in table.take(stream)], [], [])
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            delay = EffectdError.from_rpc_error(error).retry_delay  # type: ignore[arg-type]
+            pause = FULL_PAUSE if delay is None else delay
+            return Ending(False, [], table.take(stream), [], pause=pause)
         return Ending(True, [], table.take(stream), [])
     failed, again = table.broken(stream)
     return Ending(False, [(e, broken(e.sent, why(error))) for e in failed], [], again)
