@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import os
 import threading
 import time
@@ -365,6 +366,33 @@ def test_close_does_not_hang_when_the_daemon_is_gone(daemon: RunningDaemon) -> N
     proxy.close()
     client.close()
     assert session_threads() == before
+
+
+def threads_after_dropping(target: str, kept: list[Client] | None) -> list[str]:
+    """Session threads left once a client with its stream open is dropped
+    and collected (unless it is put in `kept`)."""
+    before = session_threads()
+    client = Client(target)
+    client.prepare_tool("run-d", "c", "t", {})
+    if kept is not None:
+        kept.append(client)
+    del client
+    gc.collect()
+    return [t.name for t in session_threads() if t not in before]
+
+
+def test_a_client_dropped_without_close_leaves_no_thread(proxy: FlakyProxy) -> None:
+    """A client nobody closes ends its stream and reader when collected."""
+    assert threads_after_dropping(proxy.target, None) == []
+
+
+def test_negative_control_a_client_still_referenced_keeps_its_thread(
+    proxy: FlakyProxy,
+) -> None:
+    """The check above sees a client that was not dropped."""
+    kept: list[Client] = []
+    assert threads_after_dropping(proxy.target, kept) == ["effectd-session"]
+    kept[0].close()
 
 
 def test_an_async_close_awaits_its_reader(proxy: FlakyProxy) -> None:

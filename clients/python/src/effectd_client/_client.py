@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -13,7 +14,7 @@ from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
 from effectd_client._recording import RecordingRetry
-from effectd_client._session import Session
+from effectd_client._session import Session, release
 from effectd_client._session_wire import LedgerCalls
 from effectd_client._types import (
     Channel,
@@ -53,12 +54,9 @@ class Client:
             AcknowledgeRecovery are sent again after a transient failure
             (they are idempotent on the daemon); by default 8 tries within
             30 s.
-        session: send PrepareTool, StartTool, CommitTool, ReportUnknown,
-            Heartbeat and GetToolCall, from every thread, as messages of one
-            `ToolLedger.Session` stream (the default); False: a unary call
-            each. A daemon that does not serve the stream gets unary calls.
-            A request a broken stream had taken fails UNAVAILABLE with
-            `metadata["mayHaveBeenApplied"] == "true"` (unknown outcome).
+        session: the ledger's hot requests of every thread as messages of
+            one session stream (the default), or False: a unary call each;
+            docs/client-session.md says what a broken stream means.
     """
 
     def __init__(
@@ -97,6 +95,8 @@ class Client:
         self._tool = LedgerCalls(
             self._ledger, self._session.method if self._session else None
         )
+        # Dropped without close(), it ends its stream and reader thread too.
+        self._release = weakref.finalize(self, release, self._session, self._channel)
 
     def __repr__(self) -> str:
         return self._connection.describe("Client", self.namespace)
@@ -108,9 +108,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-        self._channel.close()
+        self._release()
 
     def _call(self, method: Callable[..., T], request: object) -> T:
         try:

@@ -94,7 +94,8 @@ class Session:
 
     @property
     def unary(self) -> bool:
-        """Whether the daemon turned the stream down (UNIMPLEMENTED)."""
+        """Whether the daemon turned the stream down for good (see
+        `_session_wire.ended`): every call is then a unary one."""
         return self._unary
 
     def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
@@ -223,6 +224,13 @@ class Session:
     def _after_fork(self) -> None:
         # The parent's stream, reader and waiters are not this process's.
         self._reset()
+
+
+def release(session: Session | None, channel: grpc.Channel) -> None:
+    """What closing a client does: its session, then its channel."""
+    if session is not None:
+        session.close()
+    channel.close()
 
 
 # Every live session, for the fork handler (weakly: a client closed or

@@ -68,7 +68,8 @@ class AsyncSession:
 
     @property
     def unary(self) -> bool:
-        """Whether the daemon turned the stream down (UNIMPLEMENTED)."""
+        """Whether the daemon turned the stream down for good (see
+        `_session_wire.ended`): every call is then a unary one."""
         return self._unary
 
     def method(
