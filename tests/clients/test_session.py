@@ -435,12 +435,16 @@ def ask_until_answered(client: Client, tries: int) -> bool:
     return answered
 
 
-def restart_under(client: Client, config: ServeConfig, clock: ManualClock) -> bool:
-    """Prepares a call, restarts the daemon, and asks for the call again:
-    whether it was answered over a stream (not by a unary call)."""
+def restart_under(
+    client: Client, config: ServeConfig, clock: ManualClock, timeout: float
+) -> bool:
+    """Prepares a call, restarts the daemon, and asks for the call again
+    (each try within `timeout`): whether it was answered over a stream (not
+    by a unary call)."""
     with ExitStack() as first:
         first.enter_context(running_daemon(config, clock))
         client.prepare_tool("run-s", "c", "t", {})
+    client.timeout = timeout
     with running_daemon(config, clock):
         answered = ask_until_answered(client, tries=30)
         session = client._session
@@ -453,8 +457,8 @@ def test_the_first_call_after_a_daemon_restart_opens_a_new_stream(
 ) -> None:
     """The stream dies with the daemon; the next call after its restart is
     answered over a new stream, not by unary calls."""
-    with Client(f"unix:{config.socket_path}", timeout=1.0) as client:
-        assert restart_under(client, config, clock)
+    with Client(f"unix:{config.socket_path}", timeout=30.0) as client:
+        assert restart_under(client, config, clock, 1.0)
 
 
 @pytest.mark.slow  # every try waits out its timeout
@@ -464,8 +468,8 @@ def test_negative_control_a_session_that_keeps_its_dead_stream_never_recovers(
     """The check above sees a session that goes on queueing on the stream
     that broke."""
     monkeypatch.setattr(Session, "_ended", lambda self, stream, error: None)
-    with Client(f"unix:{config.socket_path}", timeout=0.1) as client:
-        assert not restart_under(client, config, clock)
+    with Client(f"unix:{config.socket_path}", timeout=30.0) as client:
+        assert not restart_under(client, config, clock, 0.1)
 
 
 # -- fork ----------------------------------------------------------------------
