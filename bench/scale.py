@@ -15,8 +15,11 @@ measured:
 - PrepareTool (a new call, no start: one durable write) p50 over the Unix
   socket, against a daemon on the full store and one on an empty store,
   in alternating rounds, and their ratio;
-- Recover of one run of `--run-calls` committed calls through the Python
-  client (`Client.recover`, every page of 1000).
+- Recover of one run of `--run-calls` committed calls, every page of 1000,
+  through the generated stub and through the Python client
+  (`Client.recover`, its conversion included);
+- with `--upgrade`, the first open of the store as the daemon before the
+  retention index left it (format 3), which builds the index.
 
 The store holds `--records` calls: runs of 100 committed, acknowledged
 calls last changed a day ago, plus the big run (committed, not
@@ -47,6 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import lmdb
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc, recovery_pb2_grpc
 from effectd.v1 import recovery_pb2 as rpb
@@ -252,6 +256,21 @@ def full_scan(path: Path) -> tuple[float, int]:
         store.close()
 
 
+def upgrade(path: Path) -> float:
+    """Takes the retention index out and marks the store format 3, as the
+    daemon before the index left it; returns the seconds the next open
+    takes, which builds the index again (`storage.migration`)."""
+    env = lmdb.open(str(path), max_dbs=len(Table), subdir=True, map_size=MAP_SIZE)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(Table.RETENTION_TIMES.value.encode(), txn=txn))
+        meta = env.open_db(Table.META.value.encode(), txn=txn)
+        txn.put(b"format_version", b"3", db=meta)
+    env.close()
+    began = time.perf_counter()
+    durable(path).close()
+    return time.perf_counter() - began
+
+
 def config(path: Path) -> ServeConfig:
     return ServeConfig(data_dir=path)
 
@@ -350,7 +369,7 @@ def p50(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def measure_store(shape: Shape, big: Path) -> None:
+def measure_store(shape: Shape, big: Path, *, upgrading: bool) -> None:
     """The retention pass and the start-up, in this process."""
     took, compacted, examined = retention_pass(big)
     idle, _, idle_examined = retention_pass(big)
@@ -370,6 +389,12 @@ def measure_store(shape: Shape, big: Path) -> None:
         f"  start-up, Daemon.start(): {first * 1000:.0f} ms after the fill "
         f"(settles {shape.started:,}), {again * 1000:.0f} ms again"
     )
+    if upgrading:
+        took = upgrade(big)
+        print(
+            f"  the first open of the store as format 3, which builds the "
+            f"retention index: {took:.1f} s"
+        )
 
 
 def measure_daemons(args: argparse.Namespace, shape: Shape, big: Path) -> None:
@@ -422,6 +447,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="also time the upgrade of the store from format 3 (the index built)",
+    )
     args = parser.parse_args()
     shape = Shape(args.records, args.run_calls, args.started, args.due)
     if shape.plain < 0:
@@ -440,7 +470,7 @@ def main() -> int:
             f"due), filled in {filled:.1f} s with fsync off; {size / 2**30:.2f} GiB"
         )
         print("measured with fsync on:")
-        measure_store(shape, big)
+        measure_store(shape, big, upgrading=args.upgrade)
         measure_daemons(args, shape, big)
     finally:
         if args.keep:
