@@ -14,7 +14,9 @@ measured:
   (nothing to do); and a daemon process from spawn to "ready";
 - PrepareTool (a new call, no start: one durable write) p50 over the Unix
   socket, against a daemon on the full store and one on an empty store,
-  in alternating rounds, and their ratio;
+  in rounds whose order alternates; the ratio is taken round by round
+  (both sides of one ratio saw the same moment of the machine), then its
+  median;
 - Recover of one run of `--run-calls` committed calls, every page of 1000,
   through the generated stub and through the Python client
   (`Client.recover`, its conversion included);
@@ -414,14 +416,24 @@ def measure_daemons(args: argparse.Namespace, shape: Shape, big: Path) -> None:
         per_round = max(1, args.prepares // args.rounds)
         on_big: list[float] = []
         on_empty: list[float] = []
+        ratios = []
         for r in range(args.rounds):
-            on_empty += prepares(f"unix:{empty}/effectd.sock", f"e{r}", per_round)
-            on_big += prepares(f"unix:{big}/effectd.sock", f"b{r}", per_round)
+            # Which store goes first alternates from round to round.
+            order = [("e", empty, on_empty), ("b", big, on_big)]
+            got = {}
+            for tag, path, into in order if r % 2 == 0 else order[::-1]:
+                latencies = prepares(
+                    f"unix:{path}/effectd.sock", f"{tag}{r}", per_round
+                )
+                into.extend(latencies)
+                got[tag] = p50(latencies)
+            ratios.append(got["b"] / got["e"])
         print(
             f"  PrepareTool p50: {p50(on_big):.2f} ms at {shape.records:,} "
-            f"records, {p50(on_empty):.2f} ms empty: ratio "
-            f"{p50(on_big) / p50(on_empty):.2f} ({len(on_big)} each, "
-            f"{args.rounds} alternating rounds)"
+            f"records, {p50(on_empty):.2f} ms empty; ratio {p50(ratios):.2f} "
+            f"(the median of {args.rounds} rounds' ratios, "
+            f"[{min(ratios):.2f}-{max(ratios):.2f}]; {per_round} calls per "
+            f"round and store, alternating)"
         )
         raw, converted, items = recover_times(f"unix:{big}/effectd.sock", args.recovers)
         print(
@@ -441,8 +453,8 @@ def main() -> int:
     parser.add_argument("--run-calls", type=int, default=10_000)
     parser.add_argument("--started", type=int, default=1_000)
     parser.add_argument("--due", type=int, default=5_000)
-    parser.add_argument("--prepares", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--prepares", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--recovers", type=int, default=7)
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--dir", type=Path, default=None)
