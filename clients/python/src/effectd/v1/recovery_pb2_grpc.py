@@ -50,10 +50,10 @@ class RecoveryServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Recover(self, request, context):
-        """Returns the plan of a run. In the same transaction, every STARTED call
+        """Returns the plan of a run. Before the answer, every STARTED call of it
         whose lease expired, or that was started under an earlier incarnation of
-        the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-        have executed it. Nothing else changes. A run with no calls in the
+        the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+        it may have executed it. Nothing else changes. A run with no calls in the
         caller's namespace has an empty plan; calls of other namespaces are never
         seen.
 

@@ -49,10 +49,10 @@ class RecoveryStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RecoveryAsyncStub: ...
     Recover: _grpc.UnaryUnaryMultiCallable[_recovery_pb2.RecoverRequest, _recovery_pb2.RecoverResponse]
-    """Returns the plan of a run. In the same transaction, every STARTED call
+    """Returns the plan of a run. Before the answer, every STARTED call of it
     whose lease expired, or that was started under an earlier incarnation of
-    the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-    have executed it. Nothing else changes. A run with no calls in the
+    the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+    it may have executed it. Nothing else changes. A run with no calls in the
     caller's namespace has an empty plan; calls of other namespaces are never
     seen.
 
@@ -80,10 +80,10 @@ class RecoveryStub:
 class RecoveryAsyncStub(RecoveryStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Recover: _aio.UnaryUnaryMultiCallable[_recovery_pb2.RecoverRequest, _recovery_pb2.RecoverResponse]  # type: ignore[assignment]
-    """Returns the plan of a run. In the same transaction, every STARTED call
+    """Returns the plan of a run. Before the answer, every STARTED call of it
     whose lease expired, or that was started under an earlier incarnation of
-    the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-    have executed it. Nothing else changes. A run with no calls in the
+    the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+    it may have executed it. Nothing else changes. A run with no calls in the
     caller's namespace has an empty plan; calls of other namespaces are never
     seen.
 
@@ -114,10 +114,10 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         request: _recovery_pb2.RecoverRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_recovery_pb2.RecoverResponse, _abc.Awaitable[_recovery_pb2.RecoverResponse]]:
-        """Returns the plan of a run. In the same transaction, every STARTED call
+        """Returns the plan of a run. Before the answer, every STARTED call of it
         whose lease expired, or that was started under an earlier incarnation of
-        the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-        have executed it. Nothing else changes. A run with no calls in the
+        the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+        it may have executed it. Nothing else changes. A run with no calls in the
         caller's namespace has an empty plan; calls of other namespaces are never
         seen.
 
