@@ -36,7 +36,9 @@ def generic_handler(
         request_cls = GetMessageClass(m.input_type)
         response_cls = GetMessageClass(m.output_type)
         if m.client_streaming:
-            raise ValueError(f"{m.full_name}: client streaming is not supported")
+            # The session stream is served by its own handler
+            # (not yet: until then it answers UNIMPLEMENTED).
+            continue
         if m.server_streaming:
             handlers[m.name] = grpc.unary_stream_rpc_method_handler(
                 getattr(servicer, m.name),
