@@ -574,6 +574,7 @@ def test_a_client_that_goes_leaves_nothing_behind(
         "_Stream._read",
         "_Stream._serve",
         "_Stream._serve",
+        "_Stream._write",
     ]
     conversation.cancel()
     holds.wait_until(lambda h: h.cut == 2)
