@@ -254,9 +254,18 @@ class Boundary:
             self._recorder.started(state)
             started = time.perf_counter()
             ended: BaseException | None = None
+            release: Callable[[], None] | None = None
             messages = Messages(self, call.principal, stream_trace)
             try:
-                refused = await handler(requests, context, messages)
+                try:
+                    # A slot of the session pool, no rate token: each
+                    # message is charged as its unary call.
+                    charged = caller.charged(call.principal, "")
+                    release = admit(call.method, charged, self._slots, None)
+                except EffectdError as exc:
+                    refused: Refused | None = Refused(to_status(exc), exc.reason)
+                else:
+                    refused = await handler(requests, context, messages)
                 if refused is not None:
                     state.reason = refused.reason
                     await _abort(context, refused.status)
@@ -264,6 +273,8 @@ class Boundary:
                 ended = exc
                 raise
             finally:
+                if release is not None:
+                    release()
                 seconds = time.perf_counter() - started
                 self._recorder.record(state, code_of(ended, context), seconds)
 

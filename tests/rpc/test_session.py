@@ -520,7 +520,7 @@ def test_a_message_that_does_not_parse_ends_the_stream_after_those_in_flight(
 # -- a stream that breaks, a daemon that stops -------------------------------------
 
 
-def _settled(running: RunningDaemon) -> tuple[int, int, list[str]]:
+def _settled(running: RunningDaemon) -> tuple[int, int, int, list[str]]:
     """Slots taken in each pool, and the tasks of session streams on the
     daemon's loop."""
     services = running.daemon.services
@@ -536,6 +536,7 @@ def _settled(running: RunningDaemon) -> tuple[int, int, list[str]]:
         lambda: (
             slots.in_flight(Pool.ORDINARY),
             slots.in_flight(Pool.RECORDING),
+            slots.in_flight(Pool.SESSION),
             of_sessions(),
         ),
     )
@@ -567,8 +568,8 @@ def test_a_client_that_goes_leaves_nothing_behind(
     conversation.send(message(3, prepare("hold-3")), message(4, prepare("hold-4")))
     holds.wait_until(lambda h: h.now == 2)
     # A control: the probe sees the stream's tasks and the held slots.
-    ordinary, _, tasks = _settled(held)
-    assert ordinary == 2
+    ordinary, _, streams, tasks = _settled(held)
+    assert (ordinary, streams) == (2, 1)
     assert tasks == [
         "Draining.wait",
         "_Stream._read",
@@ -578,7 +579,7 @@ def test_a_client_that_goes_leaves_nothing_behind(
     ]
     conversation.cancel()
     holds.wait_until(lambda h: h.cut == 2)
-    assert _eventually(lambda: _settled(held), (0, 0, [])) == (0, 0, [])
+    assert _eventually(lambda: _settled(held), (0, 0, 0, [])) == (0, 0, 0, [])
     assert_serving(held_channel)
     stub = pb_grpc.ToolLedgerStub(held_channel)
     call = stub.GetToolCall(pb.GetToolCallRequest(ref=ref("run", "done")), timeout=30)
@@ -613,3 +614,29 @@ def test_a_stopping_daemon_answers_what_it_has_then_ends_the_stream(
     got = decode(info.value)
     assert (got.code, got.reason) == (R.UNAVAILABLE, "SHUTTING_DOWN")
     stopped.result(timeout=30)
+
+
+def test_a_caller_has_at_most_its_share_of_streams(
+    config: ServeConfig, clock: ManualClock
+) -> None:
+    """With two calls in flight per caller, a caller's third open stream is
+    refused CONCURRENCY_LIMITED (idle streams cannot fill the server); once
+    one ends, a new one is served."""
+    limits = dataclasses.replace(config.server_limits, max_concurrent_rpcs_per_caller=2)
+    cfg = dataclasses.replace(config, server_limits=limits)
+    get = pb.GetToolCallRequest(ref=ref("run", "missing"))
+    with (
+        running_daemon(cfg, clock) as running,
+        grpc.insecure_channel(running.target) as channel,
+    ):
+        first, second = Conversation(channel), Conversation(channel)
+        for conversation in (first, second):
+            conversation.send(message(1, get))
+            assert refusal(conversation.receive()).code is R.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            exchange(channel, [message(1, get)])
+        assert decode(info.value).reason == "CONCURRENCY_LIMITED"
+        assert first.close() == []
+        assert _eventually(lambda: _settled(running)[2], 1) == 1
+        assert refusal(exchange(channel, [message(1, get)])[1]).code is R.NOT_FOUND
+        assert second.close() == []
