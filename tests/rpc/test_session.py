@@ -474,11 +474,13 @@ def test_a_message_past_its_deadline_is_answered_deadline_exceeded(
 
 
 def test_an_id_in_flight_and_an_empty_request_are_refused_under_their_id(
-    held_channel: grpc.Channel, holds: Holds
+    held: RunningDaemon, held_channel: grpc.Channel, holds: Holds
 ) -> None:
     """A second message with the id of one in flight is refused
-    INVALID_ARGUMENT (field `id`), and the first is unaffected; a message
-    without a request is refused (field `request`)."""
+    INVALID_ARGUMENT (field `id`), and recorded under its RPC, and the
+    first is unaffected; a message without a request is refused (field
+    `request`)."""
+    before = requests_total(held.daemon.metrics)
     conversation = Conversation(held_channel)
     conversation.send(message(5, prepare("hold-5")))
     holds.wait_until(lambda h: h.now == 1)
@@ -496,6 +498,8 @@ def test_an_id_in_flight_and_an_empty_request_are_refused_under_their_id(
     first = conversation.receive()
     assert (first.id, first.prepare_tool.decision) == (5, pb.DECISION_EXECUTE)
     assert conversation.close() == []
+    key = ("effectd.v1.ToolLedger/GetToolCall", "INVALID_ARGUMENT")
+    assert requests_total(held.daemon.metrics)[key] == before.get(key, 0) + 1
 
 
 def test_a_message_that_does_not_parse_ends_the_stream_after_those_in_flight(
@@ -640,3 +644,21 @@ def test_a_caller_has_at_most_its_share_of_streams(
         assert _eventually(lambda: _settled(running)[2], 1) == 1
         assert refusal(exchange(channel, [message(1, get)])[1]).code is R.NOT_FOUND
         assert second.close() == []
+
+
+def test_a_failure_in_the_stream_ends_it_internal_and_the_daemon_serves_on(
+    channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the stream's own code (here: taking a message) ends that
+    stream INTERNAL without details, like a unary handler's failure; the
+    daemon serves on."""
+
+    def broken(self: Any, request: Any) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(session_module._Stream, "_take", broken)
+    with pytest.raises(grpc.RpcError) as info:
+        exchange(channel, [message(1, prepare("c1"))])
+    assert decode(info.value).code is R.INTERNAL
+    monkeypatch.undo()
+    assert_serving(channel)
