@@ -121,10 +121,6 @@ class Boundary:
         self._slots = slots
         self.default_deadline = default_deadline
 
-    @property
-    def recorder(self) -> Recorder:
-        return self._recorder
-
     def unary(self, call: Call, handler: Handler) -> Handler:
         async def unary(request: Any, context: Context) -> Any:
             # A call that brought its own deadline is cut by gRPC.

@@ -2,14 +2,16 @@
 
 Each `SessionRequest` is served by the ToolLedger servicer's method of its
 unary RPC (`sidecar.rpc.ledger`), through the request boundary's one core
-(`sidecar.rpc.boundary.Messages`): the RPC authorized for the stream's
-principal, admitted, given its deadline, answered or refused exactly as the
-unary call, and recorded under its name. Many messages are in flight at
-once, each answered as soon as it is done; one writer sends the answers.
+(`sidecar.rpc.messages.Messages`, then `Boundary.answer`): the RPC
+authorized for the stream's principal, admitted, given its deadline,
+answered or refused exactly as the unary call, and recorded under its name.
+Many messages are in flight at once, each answered as soon as it is done;
+one writer sends the answers.
 
-At most `max_in_flight` messages of a stream are served at once: the
-reader waits for room before it reads the next one, so past the limit the
-client is held back by gRPC's flow control. A message that does not parse
+At most `max_in_flight` messages of a stream are in flight at once (being
+served, or their answer waiting for the writer): the reader waits for room
+before it reads the next one, so past the limit the client is held back by
+gRPC's flow control. A message that does not parse
 (its id cannot be known) ends the stream INVALID_ARGUMENT once the messages
 in flight are answered; a client that goes away cancels the messages in
 flight, as gRPC cancels a unary handler (what committed stays committed).
@@ -39,9 +41,6 @@ SESSION = "/effectd.v1.ToolLedger/Session"
 Context = grpc.aio.ServicerContext[Any, Any]
 Serve = Callable[[Any, Context], Awaitable[Any]]
 
-_NO_REQUEST = InvalidArgument(
-    [FieldViolation("request", "is required: one of the ledger requests")]
-)
 _CANCELLED = plain_status(
     grpc.StatusCode.CANCELLED, "cancelled by the client's SessionCancel"
 )
@@ -213,7 +212,8 @@ class _Stream:
         self._all_answered.clear()
         kind = self._kinds.get(which) if which is not None else None
         if kind is None:
-            error = details_of(to_status(_NO_REQUEST))
+            empty = FieldViolation("request", "is required: one of the ledger requests")
+            error = details_of(to_status(InvalidArgument([empty])))
             self._post(pb.SessionResponse(id=request.id, error=error))
             return
         if request.id in self._in_flight or self._draining.begun:
