@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from effectd_client._types import Effect
+from effectd_client import Effect
 
 # The policy file's words for the effects.
 EFFECT_NAMES: Mapping[str, Effect] = MappingProxyType(

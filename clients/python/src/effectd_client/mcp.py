@@ -59,7 +59,7 @@ from mcp.types import (
     Tool,
 )
 
-from effectd_client._exceptions import OutcomeUnknown, ToolFailed
+from effectd_client import AsyncRun, Channel, Effect, OutcomeUnknown, ToolFailed
 from effectd_client._mcp_policy import (
     EFFECT_NAMES,
     McpDecision,
@@ -68,9 +68,6 @@ from effectd_client._mcp_policy import (
     McpServerPolicy,
     McpToolRule,
 )
-from effectd_client._safe_aio import AsyncRun
-from effectd_client._safe_outcomes import bounded_text
-from effectd_client._types import Channel, Effect
 
 __all__ = [
     "EFFECT_NAMES",
@@ -128,8 +125,9 @@ def _stored(result: CallToolResult) -> Any:
 
 
 def _text_of(result: CallToolResult) -> str:
+    """The error message (the safe call bounds it to what the daemon takes)."""
     texts = [getattr(c, "text", "") for c in result.content]
-    return bounded_text(" ".join(t for t in texts if t) or "the tool reported an error")
+    return " ".join(t for t in texts if t) or "the tool reported an error"
 
 
 class LedgeredSession:
