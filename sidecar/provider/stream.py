@@ -98,12 +98,12 @@ Tried = Replied | ErrorEvent | Opened
 
 
 async def forward(
-    http: httpx.AsyncClient, p: Prepared, seams: Retrying
+    upstream: httpx.AsyncBaseTransport, p: Prepared, seams: Retrying
 ) -> AsyncGenerator[StreamItem, None]:
     """The items of the stream `p`; retried only before the commit point."""
 
     async def send(left: float) -> Tried | Unanswered:
-        return await _attempt(http, p, left)
+        return await _attempt(upstream, p, left)
 
     ended: Answered[Tried] | NoAnswer
     ended = await attempt_until_done(p, seams, send, stream=True)
@@ -137,12 +137,12 @@ async def forward(
 
 
 async def _attempt(
-    http: httpx.AsyncClient, p: Prepared, left: float
+    upstream: httpx.AsyncBaseTransport, p: Prepared, left: float
 ) -> Tried | Unanswered:
     """One attempt up to its first real event (§10.5 S0-S2); EOF before it
     is an ambiguous failure."""
     try:
-        response = await http.send(p.build(http, left), stream=True)
+        response = await upstream.handle_async_request(p.build(left))
     except httpx.HTTPError as exc:
         return unanswered(exc)
     try:
