@@ -39,7 +39,7 @@ from sidecar.provider.messages import (
 from sidecar.provider.observer import ProviderObserver, Unobserved
 from sidecar.provider.policy import Random
 from sidecar.provider.prepare import Prepared, prepare
-from sidecar.provider.routes import Route
+from sidecar.provider.routes import Locations, Route
 
 
 class ProviderClient:
@@ -74,6 +74,7 @@ class ProviderClient:
         self._transport = transport
         self._clock = clock
         self._limits = limits or Limits()
+        self._locations = Locations()
         self._seams = Retrying(
             clock=clock,
             budget=budget or RetryBudget(clock),
@@ -83,7 +84,14 @@ class ProviderClient:
         )
 
     def _prepare(self, request: Request, timeout: float | None) -> Prepared:
-        return prepare(self._routes, request, self._limits, self._clock, timeout)
+        return prepare(
+            self._routes,
+            request,
+            self._limits,
+            self._clock,
+            timeout,
+            locations=self._locations,
+        )
 
     async def call(self, request: Request, timeout: float | None = None) -> Answer:
         """Sends `request` with retries; `timeout` is the seconds left of

@@ -24,7 +24,7 @@ from sidecar.clock import Clock
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.provider import policy
 from sidecar.provider.messages import Headers, Request
-from sidecar.provider.routes import Route, RouteEffect, locate
+from sidecar.provider.routes import Locations, Route, RouteEffect, locate
 
 METHODS = frozenset({"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"})
 MAX_HEADERS = 100
@@ -139,12 +139,16 @@ def prepare(
     limits: Limits,
     clock: Clock,
     timeout: float | None,
+    *,
+    locations: Locations | None = None,
 ) -> Prepared:
     """The checked request, ready to send; `timeout` is the seconds left of
-    the caller's deadline (None: 600 s)."""
+    the caller's deadline (None: 600 s); `locations` remembers the paths
+    allowed before."""
     found = routes.get(request.route)
     method = check(request, found, limits)
-    route, url = locate(found, request.route, request.path)
+    where = locate if locations is None else locations.locate
+    route, url = where(found, request.route, request.path)
     lowered = {n.lower(): v for n, v in request.headers}
     key = request.idempotency_key or lowered.get("idempotency-key", "")
     key = key or str(uuid.uuid4())
