@@ -9,9 +9,9 @@ at once. Two shapes, both measured in the same run:
 
   trickle  the first event alone, then 4 more `--gap-ms` apart (a model
            streaming tokens): the first event is all there is to read
-  burst    `--events` events written back to back (5000 by default): the
-           first read brings hundreds of events, which a proxy must not
-           parse and forward all before the first one
+  burst    the first event, then `--events` - 1 more in one write (5000 in
+           all by default): a read brings hundreds of events, which a proxy
+           must not parse and forward all before the first one
 
 Paths, on one pooled connection each, measured interleaved (every
 iteration runs each path once, in an order that rotates):
@@ -22,6 +22,9 @@ iteration runs each path once, in an order that rotates):
              own process)
   transport  the client's `AsyncEffectdTransport` under an `httpx.AsyncClient`
              (what an SDK's `http_client=` gets)
+  grpc       the floor of a proxy's extra hop: a bare grpc.aio server (its own
+             process, no upstream, no effectd) whose ProviderStream answers
+             the same stream at once; stub - direct - grpc is effectd's own work
 
 The time to the first event runs from the request to the first event in
 the reader's hands; every stream is then read to its end. Printed per
@@ -41,7 +44,9 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
 from effectd.v1 import provider_pb2 as pb
 from effectd.v1 import provider_pb2_grpc
@@ -53,7 +58,7 @@ EVENT = b'data: {"choices":[{"delta":{"content":"hello world, token"}}]}\n\n'
 CHUNK = f"{len(EVENT):x}\r\n".encode() + EVENT + b"\r\n"
 TRICKLE_EVENTS = 5
 SHAPES = ("trickle", "burst")
-PATHS = ("direct", "stub", "transport")
+PATHS = ("direct", "stub", "transport", "grpc")
 
 Stream = Callable[[str], AsyncIterator[object]]
 
@@ -61,6 +66,9 @@ Stream = Callable[[str], AsyncIterator[object]]
 async def fake_provider(events: int, gap: float) -> None:
     """Serves both shapes (`/v1/trickle`, `/v1/burst`) on 127.0.0.1; prints
     its port, serves until stdin closes."""
+
+    # One write: the provider's own CPU should not compete with the paths.
+    rest = CHUNK * (events - 1)
 
     async def handle(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -84,10 +92,7 @@ async def fake_provider(events: int, gap: float) -> None:
                         await asyncio.sleep(gap)
                         writer.write(CHUNK)
                 else:
-                    for i in range(events - 1):
-                        writer.write(CHUNK)
-                        if i % 64 == 0:
-                            await writer.drain()
+                    writer.write(rest)
                 writer.write(b"0\r\n\r\n")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -138,13 +143,30 @@ def report(
             f" {p50 / base50:6.2f} {p90 / base90:6.2f}"
             f" {statistics.median(rate[path]):10.0f}"
         )
+    if "grpc" not in ttfe:
+        return
+    hop = statistics.median(ttfe["grpc"])
+    for path in ("stub", "transport"):
+        if path in ttfe:
+            own = statistics.median(ttfe[path]) - base50 - hop
+            print(
+                f"  {path} - direct - grpc (~ effectd's own work): {own * 1e3:+.2f} ms"
+            )
 
 
 async def run(
-    base_url: str, daemon: Connection, paths: list[str], iterations: int, events: int
+    base_url: str,
+    daemon: Connection,
+    bare: Connection,
+    *,
+    paths: list[str],
+    iterations: int,
+    events: int,
 ) -> None:
     channel = daemon.aio_channel()
     stub = provider_pb2_grpc.ProviderStub(channel)
+    bare_channel = bare.aio_channel()
+    bare_stub = provider_pb2_grpc.ProviderStub(bare_channel)
     transport = AsyncEffectdTransport(daemon, route="bench")
     async with (
         httpx.AsyncClient(trust_env=False, timeout=60) as direct_http,
@@ -172,17 +194,24 @@ async def run(
                 for event in message.events:
                     yield event
 
+        async def via_bare(path: str) -> AsyncIterator[object]:
+            request = pb.ProviderRequest(route="bench", path=path, body=b"{}")
+            async for message in bare_stub.ProviderStream(request, timeout=60):
+                for event in message.events:
+                    yield event
+
         streams: dict[str, Stream] = {
             "direct": direct,
             "stub": via_stub,
             "transport": via_transport,
+            "grpc": via_bare,
         }
         chosen = [(p, streams[p]) for p in paths]
         print(f"paths: {', '.join(paths)}; iterations: {iterations}")
         for shape in SHAPES:
             path = f"/v1/{shape}"
             least = TRICKLE_EVENTS if shape == "trickle" else events
-            rounds = iterations if shape == "trickle" else max(10, iterations // 10)
+            rounds = iterations if shape == "trickle" else max(10, iterations // 5)
             for _, stream in chosen:
                 await measure(stream, path, least)  # warm-up: connections
             ttfe: dict[str, list[float]] = {p: [] for p in paths}
@@ -195,6 +224,51 @@ async def run(
                     rate[name].append(per_second)
             report(shape, ttfe, rate)
     await channel.close(None)
+    await bare_channel.close(None)
+
+
+class Bare(provider_pb2_grpc.ProviderServicer):
+    """ProviderStream without effectd or an upstream: the gRPC hop alone."""
+
+    def __init__(self, events: int, gap: float) -> None:
+        self._events = events
+        self._gap = gap
+
+    async def ProviderCall(
+        self, request: pb.ProviderRequest, context: Any
+    ) -> pb.ProviderResponse:
+        return pb.ProviderResponse(status=200)
+
+    async def ProviderStream(
+        self, request: pb.ProviderRequest, context: Any
+    ) -> AsyncIterator[pb.ProviderStreamMessage]:
+        event = pb.SseEvent(event="message", data=EVENT[6:-2].decode())
+        first = pb.ProviderStreamMessage(events=[event])
+        first.head.status = 200
+        first.head.headers.add(name="content-type", value="text/event-stream")
+        yield first
+        if request.path.endswith("/trickle"):
+            for _ in range(TRICKLE_EVENTS - 1):
+                await asyncio.sleep(self._gap)
+                yield pb.ProviderStreamMessage(events=[event])
+        else:
+            left = self._events - 1
+            while left > 0:
+                batch = min(left, 1000)
+                yield pb.ProviderStreamMessage(events=[event] * batch)
+                left -= batch
+        yield pb.ProviderStreamMessage(end=pb.StreamEnd(committed=True))
+
+
+async def bare_server(socket: str, events: int, gap: float) -> None:
+    """Serves `Bare` on the Unix socket `socket` until stdin closes."""
+    server = grpc.aio.server()
+    provider_pb2_grpc.add_ProviderServicer_to_server(Bare(events, gap), server)
+    server.add_insecure_port(f"unix:{socket}")
+    await server.start()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(None)
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:
@@ -215,9 +289,13 @@ def main() -> int:
     parser.add_argument("--gap-ms", type=float, default=2.0)
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bare", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.upstream:
         asyncio.run(fake_provider(args.events, args.gap_ms / 1e3))
+        return 0
+    if args.bare:
+        asyncio.run(bare_server(args.bare, args.events, args.gap_ms / 1e3))
         return 0
     paths = args.paths.split(",")
     if paths[0] != "direct" or not set(paths) <= set(PATHS):
@@ -225,8 +303,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="effectd-bench-", dir="/tmp") as tmp:
         shape = ["--events", str(args.events), "--gap-ms", str(args.gap_ms)]
         upstream = _spawn([__file__, "--upstream", *shape])
+        bare = _spawn([__file__, "--bare", f"{tmp}/bare.sock", *shape])
         daemon: subprocess.Popen[str] | None = None
         try:
+            assert bare.stdout is not None
+            assert bare.stdout.readline().strip() == "ready"
             assert upstream.stdout is not None
             base_url = f"http://127.0.0.1:{int(upstream.stdout.readline())}"
             providers = Path(tmp) / "providers.toml"
@@ -238,9 +319,19 @@ def main() -> int:
                 if "ready" in daemon.stderr.readline():
                     break
             target = Connection(f"unix:{tmp}/data/effectd.sock", token="")
-            asyncio.run(run(base_url, target, paths, args.iterations, args.events))
+            floor = Connection(f"unix:{tmp}/bare.sock", token="")
+            asyncio.run(
+                run(
+                    base_url,
+                    target,
+                    floor,
+                    paths=paths,
+                    iterations=args.iterations,
+                    events=args.events,
+                )
+            )
         finally:
-            for proc in (upstream, daemon):
+            for proc in (upstream, bare, daemon):
                 if proc is None:
                     continue
                 if proc.stdin is not None:
