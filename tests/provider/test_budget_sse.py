@@ -116,6 +116,18 @@ def test_sse_events_are_parsed_one_at_a_time() -> None:
     assert parser.events() == [Event("message", "c")]
 
 
+def test_sse_bytes_fed_before_the_last_read_is_parsed_keep_their_order() -> None:
+    """Feeding again before every event of the last read was taken keeps
+    the events in stream order; feeding nothing changes nothing."""
+    # WHATWG SSE
+    parser = Parser()
+    parser.feed(b"data: a\n\ndata: b\n\n")
+    assert parser.next() == Event("message", "a")
+    parser.feed(b"")
+    parser.feed(b"data: c\n\n")
+    assert parser.events() == [Event("message", "b"), Event("message", "c")]
+
+
 def test_sse_comments_and_blank_lines_are_no_events() -> None:
     """Comments and blank lines are keep-alives; `event: ping` is flagged."""
     # provider-retries §10.5 keep-alives
