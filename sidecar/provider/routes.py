@@ -138,7 +138,12 @@ class Route:
 
 
 def _base_url(where: str, raw: str) -> str:
-    parts = urllib.parse.urlsplit(raw)
+    try:
+        # Read as requests read it too: the route's origin comes from it.
+        parts, url = urllib.parse.urlsplit(raw), httpx.URL(raw)
+        _ = (url.host, url.port)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise FieldError(where, f"is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FieldError(where, "must be an http(s) URL with a host")
     if parts.username or parts.password or parts.query or parts.fragment:

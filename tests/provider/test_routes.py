@@ -91,6 +91,9 @@ def test_load_names_an_unreadable_file(tmp_path: Path) -> None:
         ('[routes.a]\nbase_url = "ftp://x"\n', "routes.a.base_url"),
         ('[routes.a]\nbase_url = "https://u:p@x"\n', "routes.a.base_url"),
         ('[routes.a]\nbase_url = "https://x?q=1"\n', "routes.a.base_url"),
+        # Unparseable: a clean error at load, not a failure of each request.
+        ('[routes.a]\nbase_url = "https://[::1"\n', "routes.a.base_url"),
+        ('[routes.a]\nbase_url = "https://xn--.com"\n', "routes.a.base_url"),
         ('[routes.a]\nbase_url = "https://x"\ncolor = 1\n', "routes.a.color: unknown"),
         (
             '[routes.a]\nbase_url = "https://x"\nmax_retries = 5\n',
