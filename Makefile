@@ -58,6 +58,7 @@ protos: $(DEV_INSTALLED)
 bench: $(DEV_INSTALLED)
 	$(PY) bench/lifecycle.py
 	$(PY) bench/serving_model.py
+	$(PY) bench/provider_stream.py
 
 ## bench-peers: effectd against Powertools idempotency on durable Redis, ratios in
 ## one run (installs redis-server and a bench venv outside the repo; PEERS_* knobs)
