@@ -1,4 +1,9 @@
-"""The synchronous client: one method per RPC, typed values in and out."""
+"""The synchronous client: one method per RPC, typed values in and out.
+
+Longer than the client's other modules on purpose: it is the public surface
+of one method per RPC, each with its docstring, kept in one class and one
+module that `effectd_client._aio` mirrors method for method.
+"""
 
 from __future__ import annotations
 
