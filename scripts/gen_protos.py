@@ -33,10 +33,15 @@ def generate(out_root: Path) -> None:
         str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PACKAGE).glob("*.proto")
     )
     include = Path(protoc.__file__).parent / "_proto"
+    # google/rpc/status.proto, imported by the session stream's answers: the
+    # copy the Node client loads; its Python module comes from
+    # googleapis-common-protos, so only effectd's own protos are generated.
+    google_rpc = ROOT / "clients" / "node" / "protos"
     args = [
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",
         f"-I{include}",
+        f"-I{google_rpc}",
         f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
         f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
         f"--python_out={out_root}",

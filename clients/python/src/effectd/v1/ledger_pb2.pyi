@@ -33,6 +33,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -1214,3 +1215,154 @@ class Reconciliation(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Reconciliation: _TypeAlias = Reconciliation  # noqa: Y015
+
+@_typing.final
+class SessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    PREPARE_TOOL_FIELD_NUMBER: _builtins.int
+    PREPARE_TOOLS_FIELD_NUMBER: _builtins.int
+    START_TOOL_FIELD_NUMBER: _builtins.int
+    COMMIT_TOOL_FIELD_NUMBER: _builtins.int
+    REPORT_UNKNOWN_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    GET_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client, unique among the stream's messages in flight; the
+    answer carries it back. A message whose id is in flight already is
+    answered INVALID_ARGUMENT under that id, and the first is unaffected.
+    """
+    timeout_ms: _builtins.int
+    """The message's deadline, in milliseconds from when the daemon reads it
+    (like gRPC's grpc-timeout); 0 means the daemon's default deadline of a
+    unary call. Past it the message is answered DEADLINE_EXCEEDED: like a
+    unary call cut off, a change it was writing may have been applied.
+    """
+    traceparent: _builtins.str
+    """The W3C trace context (`traceparent`) of this message; empty means the
+    one the stream was opened with, if any.
+    """
+    @_builtins.property
+    def prepare_tool(self) -> Global___PrepareToolRequest: ...
+    @_builtins.property
+    def prepare_tools(self) -> Global___PrepareToolsRequest: ...
+    @_builtins.property
+    def start_tool(self) -> Global___StartToolRequest: ...
+    @_builtins.property
+    def commit_tool(self) -> Global___CommitToolRequest: ...
+    @_builtins.property
+    def report_unknown(self) -> Global___ReportUnknownRequest: ...
+    @_builtins.property
+    def heartbeat(self) -> Global___HeartbeatRequest: ...
+    @_builtins.property
+    def get_tool_call(self) -> Global___GetToolCallRequest: ...
+    @_builtins.property
+    def cancel(self) -> Global___SessionCancel:
+        """Cancels the message in flight with this `id`, which is then answered
+        CANCELLED unless it was answered first (a change it was writing may
+        have been applied, as with a unary call cancelled). Not answered
+        itself; an id not in flight is ignored.
+        """
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        timeout_ms: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
+        prepare_tool: Global___PrepareToolRequest | None = ...,
+        prepare_tools: Global___PrepareToolsRequest | None = ...,
+        start_tool: Global___StartToolRequest | None = ...,
+        commit_tool: Global___CommitToolRequest | None = ...,
+        report_unknown: Global___ReportUnknownRequest | None = ...,
+        heartbeat: Global___HeartbeatRequest | None = ...,
+        get_tool_call: Global___GetToolCallRequest | None = ...,
+        cancel: Global___SessionCancel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "commit_tool", b"commit_tool", "get_tool_call", b"get_tool_call", "heartbeat", b"heartbeat", "prepare_tool", b"prepare_tool", "prepare_tools", b"prepare_tools", "report_unknown", b"report_unknown", "request", b"request", "start_tool", b"start_tool"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "commit_tool", b"commit_tool", "get_tool_call", b"get_tool_call", "heartbeat", b"heartbeat", "id", b"id", "prepare_tool", b"prepare_tool", "prepare_tools", b"prepare_tools", "report_unknown", b"report_unknown", "request", b"request", "start_tool", b"start_tool", "timeout_ms", b"timeout_ms", "traceparent", b"traceparent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["prepare_tool", "prepare_tools", "start_tool", "commit_tool", "report_unknown", "heartbeat", "get_tool_call", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
+
+Global___SessionRequest: _TypeAlias = SessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionCancel(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionCancel: _TypeAlias = SessionCancel  # noqa: Y015
+
+@_typing.final
+class SessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    PREPARE_TOOL_FIELD_NUMBER: _builtins.int
+    PREPARE_TOOLS_FIELD_NUMBER: _builtins.int
+    START_TOOL_FIELD_NUMBER: _builtins.int
+    COMMIT_TOOL_FIELD_NUMBER: _builtins.int
+    REPORT_UNKNOWN_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    GET_TOOL_CALL_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The `id` of the request this answers."""
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """The refusal or failure, with the details (ErrorInfo, BadRequest,
+        RetryInfo, ...) the unary RPC would have carried in its
+        grpc-status-details-bin trailer.
+        """
+
+    @_builtins.property
+    def prepare_tool(self) -> Global___PrepareToolResponse: ...
+    @_builtins.property
+    def prepare_tools(self) -> Global___PrepareToolsResponse: ...
+    @_builtins.property
+    def start_tool(self) -> Global___StartToolResponse: ...
+    @_builtins.property
+    def commit_tool(self) -> Global___CommitToolResponse: ...
+    @_builtins.property
+    def report_unknown(self) -> Global___ReportUnknownResponse: ...
+    @_builtins.property
+    def heartbeat(self) -> Global___HeartbeatResponse: ...
+    @_builtins.property
+    def get_tool_call(self) -> Global___GetToolCallResponse: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        error: _status_pb2.Status | None = ...,
+        prepare_tool: Global___PrepareToolResponse | None = ...,
+        prepare_tools: Global___PrepareToolsResponse | None = ...,
+        start_tool: Global___StartToolResponse | None = ...,
+        commit_tool: Global___CommitToolResponse | None = ...,
+        report_unknown: Global___ReportUnknownResponse | None = ...,
+        heartbeat: Global___HeartbeatResponse | None = ...,
+        get_tool_call: Global___GetToolCallResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit_tool", b"commit_tool", "error", b"error", "get_tool_call", b"get_tool_call", "heartbeat", b"heartbeat", "prepare_tool", b"prepare_tool", "prepare_tools", b"prepare_tools", "report_unknown", b"report_unknown", "response", b"response", "start_tool", b"start_tool"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_tool", b"commit_tool", "error", b"error", "get_tool_call", b"get_tool_call", "heartbeat", b"heartbeat", "id", b"id", "prepare_tool", b"prepare_tool", "prepare_tools", b"prepare_tools", "report_unknown", b"report_unknown", "response", b"response", "start_tool", b"start_tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["error", "prepare_tool", "prepare_tools", "start_tool", "commit_tool", "report_unknown", "heartbeat", "get_tool_call"]  # noqa: Y015
+    _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_response) -> _WhichOneofReturnType_response | None: ...
+
+Global___SessionResponse: _TypeAlias = SessionResponse  # noqa: Y015

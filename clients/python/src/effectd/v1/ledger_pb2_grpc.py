@@ -84,6 +84,11 @@ class ToolLedgerStub:
                 request_serializer=effectd_dot_v1_dot_ledger__pb2.ListToolCallsRequest.SerializeToString,
                 response_deserializer=effectd_dot_v1_dot_ledger__pb2.ListToolCallsResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/effectd.v1.ToolLedger/Session',
+                request_serializer=effectd_dot_v1_dot_ledger__pb2.SessionRequest.SerializeToString,
+                response_deserializer=effectd_dot_v1_dot_ledger__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class ToolLedgerServicer:
@@ -175,6 +180,30 @@ class ToolLedgerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """The ledger session stream: one long-lived stream per client connection
+        that carries the requests of PrepareTool, PrepareTools, StartTool,
+        CommitTool, ReportUnknown, Heartbeat and GetToolCall as messages, many in
+        flight at once, each answered as soon as it is done (not in the order
+        sent). Each message is served exactly as the unary RPC of its request:
+        the same roles, namespace rules, concurrency slots, quotas and rate
+        limits, deadline, metrics and access log line (under that RPC's name),
+        and on a refusal the same google.rpc.Status with the same details. A
+        stream needs a credential that may call at least one of them.
+
+        At most `session_max_in_flight` messages of one stream are served at
+        once; past that the daemon reads nothing more from the stream until one
+        is answered, and gRPC's flow control holds the client back. A stream
+        that breaks (the connection, the client cancelling it, the daemon
+        stopping) leaves the messages it had in flight unanswered: each may or
+        may not have been applied, exactly like a unary call whose answer was
+        lost, and a client treats the outcome as unknown, never as failed. The
+        unary RPCs stay, unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolLedgerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +256,11 @@ def add_ToolLedgerServicer_to_server(servicer, server):
                     servicer.ListToolCalls,
                     request_deserializer=effectd_dot_v1_dot_ledger__pb2.ListToolCallsRequest.FromString,
                     response_serializer=effectd_dot_v1_dot_ledger__pb2.ListToolCallsResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=effectd_dot_v1_dot_ledger__pb2.SessionRequest.FromString,
+                    response_serializer=effectd_dot_v1_dot_ledger__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -499,6 +533,33 @@ class ToolLedger:
             '/effectd.v1.ToolLedger/ListToolCalls',
             effectd_dot_v1_dot_ledger__pb2.ListToolCallsRequest.SerializeToString,
             effectd_dot_v1_dot_ledger__pb2.ListToolCallsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/effectd.v1.ToolLedger/Session',
+            effectd_dot_v1_dot_ledger__pb2.SessionRequest.SerializeToString,
+            effectd_dot_v1_dot_ledger__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

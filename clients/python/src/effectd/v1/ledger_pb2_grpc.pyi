@@ -98,6 +98,26 @@ class ToolLedgerStub:
     """Lists records of a namespace, optionally of one run and some states; with
     `all_namespaces`, of every namespace the caller may see.
     """
+    Session: _grpc.StreamStreamMultiCallable[_ledger_pb2.SessionRequest, _ledger_pb2.SessionResponse]
+    """The ledger session stream: one long-lived stream per client connection
+    that carries the requests of PrepareTool, PrepareTools, StartTool,
+    CommitTool, ReportUnknown, Heartbeat and GetToolCall as messages, many in
+    flight at once, each answered as soon as it is done (not in the order
+    sent). Each message is served exactly as the unary RPC of its request:
+    the same roles, namespace rules, concurrency slots, quotas and rate
+    limits, deadline, metrics and access log line (under that RPC's name),
+    and on a refusal the same google.rpc.Status with the same details. A
+    stream needs a credential that may call at least one of them.
+
+    At most `session_max_in_flight` messages of one stream are served at
+    once; past that the daemon reads nothing more from the stream until one
+    is answered, and gRPC's flow control holds the client back. A stream
+    that breaks (the connection, the client cancelling it, the daemon
+    stopping) leaves the messages it had in flight unanswered: each may or
+    may not have been applied, exactly like a unary call whose answer was
+    lost, and a client treats the outcome as unknown, never as failed. The
+    unary RPCs stay, unchanged.
+    """
 
 @_typing.type_check_only
 class ToolLedgerAsyncStub(ToolLedgerStub):
@@ -144,6 +164,26 @@ class ToolLedgerAsyncStub(ToolLedgerStub):
     ListToolCalls: _aio.UnaryUnaryMultiCallable[_ledger_pb2.ListToolCallsRequest, _ledger_pb2.ListToolCallsResponse]  # type: ignore[assignment]
     """Lists records of a namespace, optionally of one run and some states; with
     `all_namespaces`, of every namespace the caller may see.
+    """
+    Session: _aio.StreamStreamMultiCallable[_ledger_pb2.SessionRequest, _ledger_pb2.SessionResponse]  # type: ignore[assignment]
+    """The ledger session stream: one long-lived stream per client connection
+    that carries the requests of PrepareTool, PrepareTools, StartTool,
+    CommitTool, ReportUnknown, Heartbeat and GetToolCall as messages, many in
+    flight at once, each answered as soon as it is done (not in the order
+    sent). Each message is served exactly as the unary RPC of its request:
+    the same roles, namespace rules, concurrency slots, quotas and rate
+    limits, deadline, metrics and access log line (under that RPC's name),
+    and on a refusal the same google.rpc.Status with the same details. A
+    stream needs a credential that may call at least one of them.
+
+    At most `session_max_in_flight` messages of one stream are served at
+    once; past that the daemon reads nothing more from the stream until one
+    is answered, and gRPC's flow control holds the client back. A stream
+    that breaks (the connection, the client cancelling it, the daemon
+    stopping) leaves the messages it had in flight unanswered: each may or
+    may not have been applied, exactly like a unary call whose answer was
+    lost, and a client treats the outcome as unknown, never as failed. The
+    unary RPCs stay, unchanged.
     """
 
 class ToolLedgerServicer(metaclass=_abc_1.ABCMeta):
@@ -248,6 +288,32 @@ class ToolLedgerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ledger_pb2.ListToolCallsResponse, _abc.Awaitable[_ledger_pb2.ListToolCallsResponse]]:
         """Lists records of a namespace, optionally of one run and some states; with
         `all_namespaces`, of every namespace the caller may see.
+        """
+
+    @_abc_1.abstractmethod
+    def Session(
+        self,
+        request_iterator: _MaybeAsyncIterator[_ledger_pb2.SessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_ledger_pb2.SessionResponse], _abc.AsyncIterator[_ledger_pb2.SessionResponse]]:
+        """The ledger session stream: one long-lived stream per client connection
+        that carries the requests of PrepareTool, PrepareTools, StartTool,
+        CommitTool, ReportUnknown, Heartbeat and GetToolCall as messages, many in
+        flight at once, each answered as soon as it is done (not in the order
+        sent). Each message is served exactly as the unary RPC of its request:
+        the same roles, namespace rules, concurrency slots, quotas and rate
+        limits, deadline, metrics and access log line (under that RPC's name),
+        and on a refusal the same google.rpc.Status with the same details. A
+        stream needs a credential that may call at least one of them.
+
+        At most `session_max_in_flight` messages of one stream are served at
+        once; past that the daemon reads nothing more from the stream until one
+        is answered, and gRPC's flow control holds the client back. A stream
+        that breaks (the connection, the client cancelling it, the daemon
+        stopping) leaves the messages it had in flight unanswered: each may or
+        may not have been applied, exactly like a unary call whose answer was
+        lost, and a client treats the outcome as unknown, never as failed. The
+        unary RPCs stay, unchanged.
         """
 
 def add_ToolLedgerServicer_to_server(servicer: ToolLedgerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
