@@ -50,6 +50,7 @@ from sidecar.rpc.ledger import ToolLedger
 from sidecar.rpc.provider import Provider
 from sidecar.rpc.recovery import Recovery
 from sidecar.rpc.retry import RetryPolicy
+from sidecar.rpc.session import Draining, LedgerSession
 from sidecar.seams import Seams
 from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
@@ -204,6 +205,8 @@ class Services:
     tracer: Tracer | None
     slots: Slots
     gate: Gate
+    # Set when the daemon begins to stop: session streams end.
+    draining: Draining
 
 
 def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> Services:
@@ -278,6 +281,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
             metrics=metrics,
             slots=slots,
         ),
+        draining=Draining(),
     )
 
 
@@ -321,8 +325,17 @@ def handlers(
     """The gRPC servicers of `services`, one per entry of `SERVICES`."""
     store = services.store
     ledger, checkpoints, recovery, retry, admin, provider = SERVICES
+    tool_ledger = ToolLedger(services.ledger, services.operator)
     return (
-        generic_handler(ledger, ToolLedger(services.ledger, services.operator)),
+        generic_handler(
+            ledger,
+            tool_ledger,
+            LedgerSession(
+                tool_ledger,
+                max_in_flight=cfg.server_limits.session_max_in_flight,
+                draining=services.draining,
+            ),
+        ),
         generic_handler(checkpoints, Checkpoints(services.checkpoints, cfg.limits)),
         generic_handler(recovery, Recovery(services.recovery)),
         generic_handler(retry, RetryPolicy(services.retry, cfg.limits)),

@@ -120,6 +120,12 @@ class ServerLimits:
     min_ping_interval_seconds: float = 10.0
     # Idle connections are closed after this long.
     max_connection_idle_seconds: float = 300.0
+    # Messages of one session stream served at once; past it the daemon
+    # reads no more of the stream until one is answered. The default is the
+    # default per-caller share of concurrency slots: one stream can use its
+    # caller's whole share, and a message read past it could only be
+    # refused CONCURRENCY_LIMITED.
+    session_max_in_flight: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +229,7 @@ class ServeConfig:
         _at_least("default_deadline", limits.default_deadline_seconds, 0.001)
         _at_least("min_ping_interval", limits.min_ping_interval_seconds, 0.001)
         _at_least("max_connection_idle", limits.max_connection_idle_seconds, 0.001)
+        _at_least("session_max_in_flight", limits.session_max_in_flight, 1)
         for name in ("open_calls", "stored_bytes", "requests_per_second", "burst"):
             if getattr(self.quotas, name) < 0:
                 raise ConfigError(f"quota_{name}", "must not be negative")

@@ -267,6 +267,9 @@ class Daemon:
         services, self.services = self.services, None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if services is not None:
+            # Session streams answer what they have in flight, then end.
+            services.draining.begin()
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

@@ -89,6 +89,9 @@ RULES: Mapping[str, Rule] = {
     "/effectd.v1.ToolLedger/ListToolCalls": _rule(*_ANY),
     "/effectd.v1.ToolLedger/DecideApproval": _rule(Role.APPROVER),
     "/effectd.v1.ToolLedger/Reconcile": _rule(Role.OPERATOR),
+    # The session stream needs a role that may call one of the RPCs it
+    # carries; each message is authorized for its own RPC.
+    "/effectd.v1.ToolLedger/Session": _rule(*_ANY),
     # Recover settles expired leases (never executes anything): the agent
     # resuming its run and the operator's `effectd ctl recover` both call it.
     "/effectd.v1.Recovery/Recover": _rule(Role.AGENT, Role.OPERATOR),

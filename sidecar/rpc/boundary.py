@@ -1,13 +1,15 @@
 """The request boundary: what runs around every handler the gate lets through
-(`sidecar.rpc.gate` has authenticated and authorized the call already,
-before its request was parsed). In this order:
+(`sidecar.rpc.gate` has authenticated the call already, and authorized it
+before its request was parsed; a message of the session stream is authorized
+here, for its own RPC). In this order:
 
 1. enter: the caller is resolved, once (`sidecar.rpc.caller.resolve`), and
    the call's state is made visible to its handler's task (`CallState`, the
    `Caller`, the trace context);
 2. admit: a concurrency slot and a rate token (`sidecar.rpc.admission`);
-3. deadline: a unary call that brought no deadline gets the default one
-   (a stream lives as long as its client lets it);
+3. deadline: a unary call that brought no deadline gets the default one, a
+   session message its own `timeout_ms` or the default one (a stream lives
+   as long as its client lets it);
 4. handler: the servicer's method; a request that did not parse is refused
    here, INVALID_ARGUMENT, like any other bad request;
 5. domain error to status: an `EffectdError` is answered its rich status
@@ -16,8 +18,11 @@ before its request was parsed). In this order:
 6. record: however the call ended, its slot is given back and the call is
    recorded once (`sidecar.rpc.recording`).
 
-Unary and server-streaming handlers pass the same steps (`Boundary._serve`);
-only how the handler is run differs.
+One core runs these steps (`Boundary.answer`) and returns the handler's
+answer or a `Refused` status; the unary and server-streaming wrappers abort
+the call with it, the session stream (`sidecar.rpc.session`) answers it as
+the message's `error`. Only how the handler is run, and where its answer
+goes, differ.
 """
 
 from __future__ import annotations
@@ -34,15 +39,14 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from sidecar import callstate
-from sidecar import tracecontext as trace
-from sidecar.auth.access import Principal
+from sidecar import callstate, tracecontext
+from sidecar.auth.access import Principal, authorize
 from sidecar.callstate import CallState
 from sidecar.errors import EffectdError, FieldViolation, InvalidArgument
 from sidecar.rpc import caller
 from sidecar.rpc.admission import RateLimit, admit
 from sidecar.rpc.concurrency import Slots
-from sidecar.rpc.errors import internal_status, to_status
+from sidecar.rpc.errors import internal_status, plain_status, to_status
 from sidecar.rpc.recording import Recorder, code_of
 
 log = logging.getLogger(__name__)
@@ -90,6 +94,18 @@ class Call:
     metadata: Metadata
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """How a call was refused or failed: its status (with the details the
+    unary trailer carries) and the ErrorInfo reason, "" for none."""
+
+    status: grpc.Status
+    reason: str
+
+
+DEADLINE_PASSED = "the call's deadline passed"
+
+
 class Boundary:
     def __init__(
         self,
@@ -102,13 +118,30 @@ class Boundary:
         self._recorder = recorder
         self._rate = rate
         self._slots = slots
-        self._default_deadline = default_deadline
+        self.default_deadline = default_deadline
+
+    @property
+    def recorder(self) -> Recorder:
+        return self._recorder
 
     def unary(self, call: Call, handler: Handler) -> Handler:
         async def unary(request: Any, context: Context) -> Any:
-            return await self._serve(
-                call, request, context, lambda: handler(request, context), unary=True
+            # A call that brought its own deadline is cut by gRPC.
+            timeout = (
+                self.default_deadline if context.time_remaining() is None else None
             )
+            answer = await self.answer(
+                call.method,
+                call.principal,
+                request,
+                lambda: handler(request, context),
+                timeout=timeout,
+                trace=tracecontext.from_metadata(call.metadata),
+                context=context,
+            )
+            if isinstance(answer, Refused):
+                await _abort(context, answer.status)
+            return answer
 
         return unary
 
@@ -119,65 +152,70 @@ class Boundary:
         # async generator cut off is finalized later in a task of its own,
         # whose context cannot reset them, and the call went unrecorded.
         async def stream(request: Any, context: Context) -> None:
-            await self._serve(
-                call,
+            answer = await self.answer(
+                call.method,
+                call.principal,
                 request,
-                context,
                 lambda: _serve_stream(handler, request, context),
-                unary=False,
+                timeout=None,
+                trace=tracecontext.from_metadata(call.metadata),
+                context=context,
             )
+            if isinstance(answer, Refused):
+                await _abort(context, answer.status)
 
         return stream
 
-    async def _serve(
+    async def answer(
         self,
-        call: Call,
+        method: str,
+        principal: Principal | None,
         request: object,
-        context: Context,
         run: Callable[[], Awaitable[Any]],
         *,
-        unary: bool,
+        timeout: float | None,
+        trace: tracecontext.TraceParent | None,
+        context: Context | None = None,
     ) -> Any:
-        """Runs one call through the steps of this module, in their order;
-        `run` runs its handler."""
+        """Runs one call of `method` through the steps of this module, in
+        their order; `run` runs its handler, `timeout` (seconds) is its
+        deadline unless None. Returns the handler's answer, or `Refused`.
+        Raises what ended the call otherwise (it was cancelled, or gRPC
+        ended it: the `context` of a call, None for a session message, tells
+        its code for the record).
+        """
         # 1. enter
-        who = caller.resolve(call.principal, request)
-        state = CallState(
-            call.method,
-            call.principal,
-            namespace=who.namespace,
-            trace=trace.from_metadata(call.metadata),
-        )
+        who = caller.resolve(principal, request)
+        state = CallState(method, principal, namespace=who.namespace, trace=trace)
         self._recorder.started(state)
         entered = (
             callstate.CURRENT.set(state),
             caller.CURRENT.set(who),
-            trace.CURRENT.set(state.trace),
+            tracecontext.CURRENT.set(state.trace),
         )
         started = time.perf_counter()
-        ended: BaseException | None = None
+        code = grpc.StatusCode.OK
         release: Callable[[], None] | None = None
         try:
             # 2. admit
             try:
-                release = admit(call.method, who.charged, self._slots, self._rate)
+                release = admit(method, who.charged, self._slots, self._rate)
             except EffectdError as exc:
-                await _refuse(state, context, to_status(exc), exc.reason)
-            # 3. deadline
-            if unary and context.time_remaining() is None and self._default_deadline:
-                loop = asyncio.get_running_loop()
-                state.deadline = loop.time() + self._default_deadline
-            try:
-                async with asyncio.timeout_at(state.deadline):
-                    # 4. handler, 5. domain error to status
-                    return await _answered(call.method, state, request, context, run)
-            except TimeoutError:
-                await context.abort(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    "the default deadline of a call without one passed",
-                )
+                refused = Refused(to_status(exc), exc.reason)
+            else:
+                # 3. deadline
+                if timeout:
+                    loop = asyncio.get_running_loop()
+                    state.deadline = loop.time() + timeout
+                # 4. handler, 5. domain error to status
+                refused = await _answered(method, state, request, run)
+                if not isinstance(refused, Refused):
+                    return refused
+            state.reason = refused.reason
+            code = refused.status.code
+            return refused
         except BaseException as exc:
-            ended = exc
+            code = code_of(exc, context)
             raise
         finally:
             # 6. record
@@ -185,41 +223,142 @@ class Boundary:
                 release()
             callstate.CURRENT.reset(entered[0])
             caller.CURRENT.reset(entered[1])
-            trace.CURRENT.reset(entered[2])
-            seconds = time.perf_counter() - started
-            self._recorder.record(state, code_of(context, ended), seconds)
+            tracecontext.CURRENT.reset(entered[2])
+            self._recorder.record(state, code, time.perf_counter() - started)
+
+    def refused_before_parse(
+        self,
+        method: str,
+        principal: Principal | None,
+        exc: EffectdError,
+        trace: tracecontext.TraceParent | None,
+    ) -> Refused:
+        """Records a call refused before it was served (authentication,
+        authorization): its refusal."""
+        refused = Refused(to_status(exc), exc.reason)
+        state = CallState(method, principal, reason=exc.reason, trace=trace)
+        self._recorder.record(state, refused.status.code, 0.0)
+        return refused
+
+    def session(
+        self, call: Call, handler: Callable[..., Awaitable[Refused | None]]
+    ) -> Handler:
+        """The handler of a session stream: `handler(requests, context,
+        messages)` serves each message through `messages`, and returns the
+        refusal the stream ends with, if any. The stream itself is recorded
+        once, under its own method, when it ends."""
+
+        async def session(requests: Any, context: Context) -> None:
+            stream_trace = tracecontext.from_metadata(call.metadata)
+            state = CallState(call.method, call.principal, trace=stream_trace)
+            self._recorder.started(state)
+            started = time.perf_counter()
+            ended: BaseException | None = None
+            messages = Messages(self, call.principal, stream_trace)
+            try:
+                refused = await handler(requests, context, messages)
+                if refused is not None:
+                    state.reason = refused.reason
+                    await _abort(context, refused.status)
+            except BaseException as exc:
+                ended = exc
+                raise
+            finally:
+                seconds = time.perf_counter() - started
+                self._recorder.record(state, code_of(ended, context), seconds)
+
+        return session
+
+
+class Messages:
+    """Serves the messages of one session stream, each as a call of its
+    unary RPC by the stream's principal: authorized for that RPC (the gate
+    authorized only the stream), then through `Boundary.answer`."""
+
+    __slots__ = ("_boundary", "_denials", "_principal", "_trace")
+
+    def __init__(
+        self,
+        boundary: Boundary,
+        principal: Principal | None,
+        stream_trace: tracecontext.TraceParent | None,
+    ) -> None:
+        self._boundary = boundary
+        self._principal = principal
+        self._trace = stream_trace
+        # The stream's principal does not change: each RPC is authorized
+        # once per stream (None: allowed).
+        self._denials: dict[str, EffectdError | None] = {}
+
+    async def answer(
+        self,
+        method: str,
+        request: object,
+        run: Callable[[], Awaitable[Any]],
+        *,
+        timeout_ms: int,
+        traceparent: str,
+    ) -> Any:
+        """The answer to one message asking `method`, or `Refused`: its
+        deadline `timeout_ms` from now (0: the default one), its trace
+        context `traceparent` (empty or invalid: the stream's)."""
+        message_trace = (
+            tracecontext.parse_traceparent(traceparent) or self._trace
+            if traceparent
+            else self._trace
+        )
+        principal = self._principal
+        if principal is not None:
+            if method not in self._denials:
+                self._denials[method] = _denial(principal, method)
+            denied = self._denials[method]
+            if denied is not None:
+                return self._boundary.refused_before_parse(
+                    method, principal, denied, message_trace
+                )
+        timeout = timeout_ms / 1000 if timeout_ms else self._boundary.default_deadline
+        return await self._boundary.answer(
+            method, principal, request, run, timeout=timeout, trace=message_trace
+        )
+
+
+def _denial(principal: Principal, method: str) -> EffectdError | None:
+    try:
+        authorize(principal, method)
+    except EffectdError as exc:
+        return exc
+    return None
 
 
 async def _answered(
     method: str,
     state: CallState,
     request: object,
-    context: Context,
     run: Callable[[], Awaitable[Any]],
 ) -> Any:
-    """The handler's answer; a refusal or failure answered as its status."""
+    """The handler's answer, cut at the call's deadline; a refusal or failure
+    answered as `Refused`."""
     try:
-        if isinstance(request, Unparsed):
-            raise InvalidArgument([FieldViolation("", str(request))])
-        return await run()
+        async with asyncio.timeout_at(state.deadline):
+            if isinstance(request, Unparsed):
+                raise InvalidArgument([FieldViolation("", str(request))])
+            return await run()
     except grpc.aio.BaseError:
         # gRPC's own (an abort, a write to a client that has gone): the call
         # has its end already.
         raise
+    except TimeoutError:
+        return Refused(
+            plain_status(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_PASSED), ""
+        )
     except EffectdError as exc:
-        status, reason = to_status(exc), exc.reason
+        return Refused(to_status(exc), exc.reason)
     except Exception:
         log.exception("internal error in %s", method)
-        status, reason = internal_status("internal error; see the daemon log"), ""
-    return await _refuse(state, context, status, reason)
+        return Refused(internal_status("internal error; see the daemon log"), "")
 
 
-async def _refuse(
-    state: CallState, context: Context, status: grpc.Status, reason: str
-) -> NoReturn:
-    """Ends the call with `status`, its ErrorInfo `reason` noted for the
-    record."""
-    state.reason = reason
+async def _abort(context: Context, status: grpc.Status) -> NoReturn:
     await context.abort(status.code, status.details, status.trailing_metadata)
     raise AssertionError("abort returns only by raising")  # pragma: no cover
 

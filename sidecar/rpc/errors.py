@@ -60,6 +60,9 @@ CODES: dict[type[EffectdError], grpc.StatusCode] = {
 MAX_VIOLATIONS = 32
 MAX_DESCRIPTION = 200
 
+# The trailer that carries a status's google.rpc.Status.
+DETAILS_KEY = "grpc-status-details-bin"
+
 # gRFC A6 pushback: the sidecar has retried already; clients must not stack theirs.
 NO_PUSHBACK = ("grpc-retry-pushback-ms", "-1")
 
@@ -119,6 +122,21 @@ class _Status(grpc.Status):
     code: grpc.StatusCode
     details: str
     trailing_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+def plain_status(code: grpc.StatusCode, message: str) -> grpc.Status:
+    """A status without details (gRPC's own: a deadline, a cancellation)."""
+    return _Status(code, message, ())
+
+
+def details_of(status: grpc.Status) -> status_pb2.Status:
+    """The `google.rpc.Status` a unary call refused with `status` carries:
+    its grpc-status-details-bin trailer, or its code and message alone when
+    it has none (what a client's `rpc_status.from_call` then reads)."""
+    for key, value in status.trailing_metadata or ():
+        if key == DETAILS_KEY and isinstance(value, bytes):
+            return status_pb2.Status.FromString(value)
+    return status_pb2.Status(code=status.code.value[0], message=status.details or "")
 
 
 def internal_status(message: str) -> grpc.Status:

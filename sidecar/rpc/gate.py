@@ -6,7 +6,9 @@ a method without a rule is refused to everyone). A call refused here is
 answered without its bytes ever being parsed, and recorded. Every other
 unary and server-streaming call is handed to the request boundary
 (`sidecar.rpc.boundary`), which admits it, gives it its deadline, runs its
-handler, answers its errors and records it. Health is open: probes carry no
+handler, answers its errors and records it; so is the session stream
+(`sidecar.rpc.session`), whose messages the boundary authorizes and serves
+one by one, each as a call of its own unary RPC. Health is open: probes carry no
 credentials, and it tells only whether the daemon serves.
 """
 
@@ -25,13 +27,13 @@ from sidecar.auth.access import (
     authorize,
     bearer_token,
 )
-from sidecar.callstate import CallState
 from sidecar.errors import EffectdError
 from sidecar.rpc.admission import RateLimit
 from sidecar.rpc.boundary import Boundary, Call, parsing
 from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.errors import to_status
 from sidecar.rpc.recording import Recorder, RpcObserver, RpcTracer
+from sidecar.rpc.session import SESSION
 
 # RpcTracer: the composition root's seams name the tracer the gate takes.
 __all__ = ["Gate", "RpcTracer"]
@@ -51,9 +53,8 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         slots: Slots | None = None,
     ) -> None:
         self._credentials = credentials
-        self._recorder = Recorder(observer, tracer)
         self._boundary = Boundary(
-            self._recorder,
+            Recorder(observer, tracer),
             rate=admission,
             slots=slots,
             default_deadline=default_deadline,
@@ -73,7 +74,9 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 principal = self._credentials.authenticate(bearer_token(metadata))
                 authorize(principal, method)
             except EffectdError as exc:
-                self._refused(Call(method, principal, metadata), exc)
+                self._boundary.refused_before_parse(
+                    method, principal, exc, trace.from_metadata(metadata)
+                )
                 return _deny(handler, exc)
         if handler is None:
             return None
@@ -90,19 +93,15 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 request_deserializer=parsing(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
-        # Streaming requests (server reflection): authenticated above; served
-        # as they are.
+        if handler.stream_stream is not None and method == SESSION:
+            return grpc.stream_stream_rpc_method_handler(
+                self._boundary.session(call, handler.stream_stream),
+                request_deserializer=parsing(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        # Other streaming requests (server reflection): authenticated above;
+        # served as they are.
         return handler
-
-    def _refused(self, call: Call, exc: EffectdError) -> None:
-        """Records a call refused before its request was parsed."""
-        state = CallState(
-            call.method,
-            call.principal,
-            reason=exc.reason,
-            trace=trace.from_metadata(call.metadata),
-        )
-        self._recorder.record(state, to_status(exc).code, 0.0)
 
 
 def _deny(handler: Any, exc: EffectdError) -> Any:

@@ -27,27 +27,36 @@ def _parser(cls: type[pb_message.Message]) -> Callable[[bytes], Any] | None:
 
 
 def generic_handler(
-    service: ServiceDescriptor, servicer: object
+    service: ServiceDescriptor, *servicers: object
 ) -> grpc.GenericRpcHandler[Any, Any]:
-    """A handler for every unary and server-streaming RPC of `service`,
-    served by the servicer's method of the same name."""
+    """A handler for every unary, server-streaming and bidirectional RPC of
+    `service`, served by the method of the same name of the first of
+    `servicers` that has one."""
     handlers = {}
     for m in service.methods:
         request_cls = GetMessageClass(m.input_type)
         response_cls = GetMessageClass(m.output_type)
+        serve = next(getattr(s, m.name) for s in servicers if hasattr(s, m.name))
+        if m.client_streaming and not m.server_streaming:
+            raise ValueError(f"{m.full_name}: client streaming is not supported")
         if m.client_streaming:
-            # The session stream is served by its own handler
-            # (not yet: until then it answers UNIMPLEMENTED).
+            # Served behind the gate only, which hands it its messages'
+            # boundary (`sidecar.rpc.boundary.Boundary.session`).
+            handlers[m.name] = grpc.stream_stream_rpc_method_handler(
+                serve,
+                request_deserializer=_parser(request_cls),
+                response_serializer=response_cls.SerializeToString,
+            )
             continue
         if m.server_streaming:
             handlers[m.name] = grpc.unary_stream_rpc_method_handler(
-                getattr(servicer, m.name),
+                serve,
                 request_deserializer=_parser(request_cls),
                 response_serializer=response_cls.SerializeToString,
             )
             continue
         handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, m.name),
+            serve,
             request_deserializer=_parser(request_cls),
             response_serializer=response_cls.SerializeToString,
         )

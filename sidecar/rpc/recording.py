@@ -78,23 +78,28 @@ class Recorder:
         )
 
 
-def code_of(context: Context, ended: BaseException | None) -> grpc.StatusCode:
-    """The status the call ended with: the one it was aborted with or set;
-    else what ended it, as gRPC answers it (cut off after its deadline:
-    DEADLINE_EXCEEDED, before it: CANCELLED, any other exception: UNKNOWN);
-    else OK."""
-    code: object = context.code()
-    if isinstance(code, grpc.StatusCode):
-        return code
-    if isinstance(code, int):
-        for candidate in grpc.StatusCode:
-            if candidate.value[0] == code:
-                return candidate
+def code_of(
+    ended: BaseException | None, context: Context | None = None
+) -> grpc.StatusCode:
+    """The status a call ended with: the one its `context` was aborted with
+    or set (a session message has no context of its own); else what ended
+    it, as gRPC answers it (cut off after its deadline: DEADLINE_EXCEEDED,
+    before it or cancelled: CANCELLED, any other exception: UNKNOWN); else
+    OK."""
+    if context is not None:
+        code: object = context.code()
+        if isinstance(code, grpc.StatusCode):
+            return code
+        if isinstance(code, int):
+            for candidate in grpc.StatusCode:
+                if candidate.value[0] == code:
+                    return candidate
     if ended is None or isinstance(ended, grpc.aio.AbortError):
         return grpc.StatusCode.OK
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if context is not None:
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
     # A failed write (grpc.aio.InternalError): the client had gone.
     if isinstance(ended, asyncio.CancelledError | grpc.aio.InternalError):
         return grpc.StatusCode.CANCELLED

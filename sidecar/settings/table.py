@@ -248,6 +248,15 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=_INT32_MAX,
     ),
     Setting(
+        "session_max_in_flight",
+        Kind.INT,
+        "messages of one session stream served at once; past it the daemon "
+        "reads no more of the stream until one is answered",
+        into="server_limits.session_max_in_flight",
+        metavar="N",
+        maximum=_INT32_MAX,
+    ),
+    Setting(
         "handshake_timeout",
         Kind.FLOAT,
         "seconds a TLS or HTTP/2 handshake may take",

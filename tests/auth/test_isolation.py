@@ -30,6 +30,7 @@ from tests.auth.support import (
     authenticated_daemon,
     stubs,
 )
+from tests.rpc.sessions import SessionRefused, message, refusal
 
 MARKER = "MARKER-OF-B-7f3a"
 RUN = "run-b"
@@ -113,6 +114,46 @@ def seed(b: Stubs, operator_all: Stubs) -> Seeded:
 
 
 Attack = Callable[[Stubs], object]
+
+
+def session_requests(s: Seeded) -> list[object]:
+    """Every kind of session message, each aimed at B's records."""
+    return [
+        pb.PrepareToolRequest(
+            ref=ref("done"), tool_name="pay", input=payload(), start=True
+        ),
+        pb.PrepareToolsRequest(
+            calls=[pb.PrepareToolRequest(ref=ref("done"), tool_name="pay")]
+        ),
+        pb.StartToolRequest(ref=ref("done")),
+        pb.CommitToolRequest(
+            ref=ref("started"),
+            attempt=s.started.attempt,
+            result=pb.ToolResult(outcome=pb.OUTCOME_OK),
+        ),
+        pb.ReportUnknownRequest(
+            ref=ref("started"), attempt=s.started.attempt, reason="x"
+        ),
+        pb.HeartbeatRequest(ref=ref("started"), attempt=s.started.attempt),
+        pb.GetToolCallRequest(ref=ref("done")),
+    ]
+
+
+def session_attack(s: Seeded) -> Attack:
+    """Every kind of message on one session stream: refused as a whole
+    (`SessionRefused`, the worst code first) when each message is."""
+
+    def attack(x: Stubs) -> object:
+        messages = [message(i, r) for i, r in enumerate(session_requests(s))]
+        answers = list(x.ledger.Session(iter(messages), metadata=x.metadata))
+        if any(a.WhichOneof("response") != "error" for a in answers):
+            return [a for a in answers if a.WhichOneof("response") != "error"]
+        refusals = sorted(
+            (refusal(a) for a in answers), key=lambda r: r.code in ISOLATING
+        )
+        raise SessionRefused(refusals)
+
+    return attack
 
 
 def attacks(s: Seeded) -> dict[str, list[tuple[str, Attack]]]:
@@ -234,6 +275,9 @@ def attacks(s: Seeded) -> dict[str, list[tuple[str, Attack]]]:
                 ),
             )
             for t in readers
+        ],
+        "/effectd.v1.ToolLedger/Session": [
+            (t, session_attack(s)) for t in [AGENT_A, APPROVER_A, OPERATOR_A]
         ],
         "/effectd.v1.ToolLedger/ListToolCalls": [
             (

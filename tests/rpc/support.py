@@ -11,7 +11,7 @@ import grpc
 import pytest
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
@@ -36,12 +36,26 @@ class Refusal:
 def decode(error: grpc.RpcError) -> Refusal:
     """The code, ErrorInfo and BadRequest of a failed call."""
     call = cast(grpc.Call, error)
+    status = rpc_status.from_call(call)
+    found = decode_status(status) if status is not None else None
+    return Refusal(
+        call.code(),
+        call.details() or "",
+        found.domain if found else None,
+        found.reason if found else None,
+        found.metadata if found else {},
+        found.fields if found else None,
+    )
+
+
+def decode_status(status: status_pb2.Status) -> Refusal:
+    """The code, ErrorInfo and BadRequest of a google.rpc.Status (a session
+    message's `error`)."""
     domain: str | None = None
     reason: str | None = None
     metadata: dict[str, str] = {}
     fields: tuple[str, ...] | None = None
-    status = rpc_status.from_call(call)
-    for detail in status.details if status is not None else ():
+    for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
@@ -50,7 +64,8 @@ def decode(error: grpc.RpcError) -> Refusal:
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)
             fields = tuple(v.field for v in bad.field_violations)
-    return Refusal(call.code(), call.details() or "", domain, reason, metadata, fields)
+    code = next(c for c in grpc.StatusCode if c.value[0] == status.code)
+    return Refusal(code, status.message, domain, reason, metadata, fields)
 
 
 def refused(fn: Callable[[], object]) -> Refusal:

@@ -150,6 +150,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "max_concurrent_rpcs": ("64", 64),
     "max_concurrent_rpcs_per_caller": ("16", 16),
     "max_concurrent_streams": ("16", 16),
+    "session_max_in_flight": ("8", 8),
     "handshake_timeout": ("1.5", 1.5),
     "default_deadline": ("20", 20.0),
     "min_ping_interval": ("8", 8.0),
