@@ -53,6 +53,7 @@ test('the packed package ships google/rpc and loads the protos with EFFECTD_PROT
     const [packed] = JSON.parse(stdout);
     const files = packed.files.map((f) => f.path);
     assert.ok(files.includes('protos/google/rpc/status.proto'), files.join());
+    assert.ok(files.includes('src/session.js'), files.join());
     await run('tar', ['-xzf', path.join(work, packed.filename), '-C', work]);
     const unpacked = path.join(work, 'package');
     // The unpacked package finds its dependencies where this checkout installed them.

@@ -441,7 +441,8 @@ describe('reconnect', () => {
       const up = await client.commitTool({ ...ref, attempt: p.call.attempt, result: 1 });
       assert.equal(up.state, 'COMMITTED');
       const record = await client.getToolCall(ref);
-      assert.deepEqual(record.history.map((t) => t.event), ['prepare', 'start', 'commit']);
+      assert.equal(record.history.filter((t) => t.event === 'commit').length, 1);
+      assert.ok(record.history.some((t) => t.event === 'restart'), 'the daemon saw its restart');
       assert.equal(client.transport, 'session');
       assert.ok(client._session.streamsOpened >= 2, String(client._session.streamsOpened));
     } finally {
