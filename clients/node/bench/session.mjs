@@ -11,6 +11,7 @@
 //   node clients/node/bench/session.mjs [--seconds 2] [--rounds 3] [--sync]
 //   (EFFECTD_PYTHON: the daemon's interpreter, default the repository's .venv)
 
+import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { createRequire } from 'node:module';
 
@@ -60,6 +61,7 @@ async function measure(client, op, inflight) {
   return { opsPerSecond: latencies.length / elapsed, p50: median(latencies) };
 }
 
+const load = os.loadavg()[0];
 const daemon = await startDaemon({ args: values.sync ? ['--sync'] : ['--no-sync'] });
 const unary = new Client({ target: daemon.target, session: false, timeoutMs: 30_000 });
 const session = new Client({ target: daemon.target, session: true, timeoutMs: 30_000 });
@@ -103,6 +105,7 @@ try {
     }
   }
   console.log('ratio: session ops/s over unary ops/s (above 1: the stream is faster); p50 ratio: session over unary latency');
+  console.log(`load average (1 min) at the start ${load.toFixed(2)}, at the end ${os.loadavg()[0].toFixed(2)}, ${os.cpus().length} CPUs`);
 } finally {
   unary.close();
   session.close();
