@@ -9,6 +9,12 @@ plausible value in every field, and, where this file knows one, from a
 request that would succeed (and change the store) if its one bad field were
 accepted: those bases name records seeded before the test.
 
+The session stream is sent its own fields' bad values like any RPC, and
+every kind of request it carries the bad values of that request's fields
+(`Session:<kind>`), from the same three bases: each message is answered a
+refusal (or the stream ends INVALID_ARGUMENT when it does not parse), never
+UNKNOWN or INTERNAL, and nothing is written.
+
 Randomized: which values of each kind are sent is drawn from a seed,
 printed (`EFFECTD_BAD_INPUT_SEED` replays one). The default is fast; set
 `EFFECTD_BAD_INPUT=deep` for every value of every kind, larger oversized
@@ -46,7 +52,15 @@ from sidecar.server import Daemon
 from sidecar.storage.api import Store, Table
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc import wire
-from tests.rpc.support import DOMAIN, assert_serving, decode, prepare_request, ref
+from tests.rpc.support import (
+    DOMAIN,
+    Refusal,
+    assert_serving,
+    decode,
+    decode_status,
+    prepare_request,
+    ref,
+)
 
 DEEP = os.environ.get("EFFECTD_BAD_INPUT", "") == "deep"
 SEED = int(
@@ -80,6 +94,15 @@ def _methods() -> list[Any]:
 
 
 METHODS = {f"/{m.containing_service.full_name}/{m.name}": m for m in _methods()}
+SESSION = "/effectd.v1.ToolLedger/Session"
+# The requests a session message carries, by field of SessionRequest, with
+# the unary RPC of each.
+KINDS = {
+    f.name: (f, f"/effectd.v1.ToolLedger/{m.name}")
+    for f in pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"].fields
+    for m in pb.DESCRIPTOR.services_by_name["ToolLedger"].methods
+    if f.message_type is m.input_type
+}
 
 
 class SeededDaemon(Daemon):
@@ -238,7 +261,8 @@ def seeded() -> Iterator[Seeded]:
 
 def send(channel: grpc.Channel, method: Any, data: bytes) -> grpc.StatusCode:
     """Sends raw request bytes; the code answered (for a stream: OK once its
-    first message came, then it is cancelled)."""
+    first message came, then it is cancelled; for the session stream, the
+    code of that message's answer)."""
     path = f"/{method.containing_service.full_name}/{method.name}"
     kind = (method.client_streaming, method.server_streaming)
     try:
@@ -252,21 +276,35 @@ def send(channel: grpc.Channel, method: Any, data: bytes) -> grpc.StatusCode:
             channel.stream_unary(path, None, None)(iter([data]), timeout=30)
         else:
             stream = channel.stream_stream(path, None, None)(iter([data]), timeout=30)
-            next(stream, None)
+            first = next(stream, None)
             stream.cancel()
+            if path == SESSION and first is not None:
+                return _session_answer(pb.SessionResponse.FromString(first), data)
     except grpc.RpcError as exc:
         code: grpc.StatusCode = exc.code()
         if code not in NEVER and path.startswith("/effectd."):
-            _check_refusal(exc, len(data))
+            _check_refusal(decode(exc), len(data))
         return code
     return grpc.StatusCode.OK
 
 
-def _check_refusal(exc: grpc.RpcError, size: int) -> None:
+def _session_answer(answer: pb.SessionResponse, data: bytes) -> grpc.StatusCode:
+    """The code of a session message's answer; its refusal checked as a
+    unary one's."""
+    sent = pb.SessionRequest.FromString(data)
+    assert answer.id == sent.id, f"answered {answer.id} for {sent.id}"
+    if answer.WhichOneof("response") != "error":
+        return grpc.StatusCode.OK
+    got = decode_status(answer.error)
+    if got.code not in NEVER:
+        _check_refusal(got, len(data))
+    return got.code
+
+
+def _check_refusal(got: Refusal, size: int) -> None:
     """An effectd refusal carries its ErrorInfo; bad input its BadRequest.
     Only the transport's RESOURCE_EXHAUSTED for a message over its limit
     carries neither."""
-    got = decode(exc)
     if size > MAX_MESSAGE and got.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         return
     assert got.domain == DOMAIN, f"{got} (a request of {size} bytes)"
@@ -298,31 +336,66 @@ def test_every_rpc_is_found() -> None:
         "grpc.health.v1.Health",
     }
     assert len(METHODS) >= 27
+    # Every kind of session message but cancel carries a ledger request.
+    assert (
+        len(KINDS)
+        == len(pb.SessionRequest.DESCRIPTOR.oneofs_by_name["request"].fields) - 1
+    )
+
+
+def mutated(seeded: Seeded, path: str, rng: random.Random) -> Iterator[Case]:
+    """Every mutation of the RPC's request from each base, or for
+    `Session:<kind>` of that kind of request inside a session message."""
+    if path.startswith("Session:"):
+        field, unary = KINDS[path.removeprefix("Session:")]
+        assert field.message_type is not None
+        for base_name, inner in bases(seeded, METHODS[unary]).items():
+            session = pb.SessionRequest(id=7)
+            getattr(session, field.name).CopyFrom(inner)
+            head = session.SerializeToString()
+            for m in wire.mutations(
+                field.message_type, inner, DEPTH, rng, prefix=f"{field.name}."
+            ):
+                data = head + wire.delimited(field, m.data)
+                yield Case(METHODS[SESSION], base_name, str(m), data)
+        return
+    method = METHODS[path]
+    for base_name, base in bases(seeded, method).items():
+        for mutation, data in wire.requests(base, DEPTH, rng):
+            yield Case(method, base_name, str(mutation), data)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    method: Any
+    base: str
+    mutation: str
+    data: bytes
 
 
 def failures(seeded: Seeded, path: str) -> list[str]:
     """Sends every mutation of the RPC's request from each base; what went
     wrong: an UNKNOWN or INTERNAL answer, or a change in the store."""
-    method = METHODS[path]
     rng = random.Random(f"{SEED}:{path}")  # noqa: S311 - not a secret
     before = snapshot(seeded.store)
     found = []
-    for base_name, base in bases(seeded, method).items():
-        for mutation, data in wire.requests(base, DEPTH, rng):
-            where = f"{path} from the {base_name} base, {mutation} (seed {SEED})"
-            try:
-                code = send(seeded.channel, method, data)
-                if code in NEVER:
-                    found.append(f"{code.name}: {where}")
-            except AssertionError as exc:
-                found.append(f"{exc}: {where}")
-            if snapshot(seeded.store) != before:
-                found.append(f"the store changed: {where}")
-                before = snapshot(seeded.store)
+    for case in mutated(seeded, path, rng):
+        where = f"{path} from the {case.base} base, {case.mutation} (seed {SEED})"
+        try:
+            code = send(seeded.channel, case.method, case.data)
+            if code in NEVER:
+                found.append(f"{code.name}: {where}")
+        except AssertionError as exc:
+            found.append(f"{exc}: {where}")
+        if snapshot(seeded.store) != before:
+            found.append(f"the store changed: {where}")
+            before = snapshot(seeded.store)
     return found
 
 
-@pytest.mark.parametrize("path", sorted(METHODS))
+@pytest.mark.parametrize(
+    "path", sorted(METHODS) + [f"Session:{k}" for k in sorted(KINDS)]
+)
 def test_bad_values_in_every_field_are_refused_and_change_nothing(
     seeded: Seeded, path: str
 ) -> None:
@@ -330,7 +403,8 @@ def test_bad_values_in_every_field_are_refused_and_change_nothing(
     never UNKNOWN or INTERNAL, an effectd refusal carries its ErrorInfo, and
     the store is as it was (issue 10 item 22: fails before the fix: a
     DecideRetry deadline out of range answered INTERNAL, and a health
-    request that did not parse UNKNOWN)."""
+    request that did not parse UNKNOWN; each `Session:<kind>` is the same
+    request inside a session message)."""
     print(f"seed {SEED} (EFFECTD_BAD_INPUT_SEED), deep={DEEP}")
     assert failures(seeded, path) == []
     assert_serving(seeded.channel)
@@ -355,4 +429,38 @@ def test_negative_control_an_accepted_write_is_caught(seeded: Seeded) -> None:
         ref=ref(RUN, "control", NS), tool_name="t", input=pb.Payload(json="{}")
     ).SerializeToString()
     assert send(seeded.channel, method, data) is grpc.StatusCode.OK
+    assert snapshot(seeded.store) != before
+
+
+def test_negative_control_a_session_message_answered_internal_is_caught(
+    seeded: Seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Heartbeat's lease converted by a function that fails on a huge
+    value, the session message carrying it is answered INTERNAL, and the
+    generated requests find it."""
+    honest = convert.lease_ms
+
+    def failing(v: Any, ms: int, limits: Any) -> Any:
+        if ms > 1 << 31:
+            raise ZeroDivisionError("a bug")
+        return honest(v, ms, limits)
+
+    monkeypatch.setattr(convert, "lease_ms", failing)
+    found = failures(seeded, "Session:heartbeat")
+    assert any(f.startswith("INTERNAL: ") and "heartbeat.lease_ms" in f for f in found)
+
+
+def test_negative_control_a_write_through_a_session_is_caught(seeded: Seeded) -> None:
+    """The store check sees a write a session message makes."""
+    before = snapshot(seeded.store)
+    request = pb.SessionRequest(
+        id=1,
+        prepare_tool=pb.PrepareToolRequest(
+            ref=ref(RUN, "session-control", NS),
+            tool_name="t",
+            input=pb.Payload(json="{}"),
+        ),
+    )
+    data = request.SerializeToString()
+    assert send(seeded.channel, METHODS[SESSION], data) is grpc.StatusCode.OK
     assert snapshot(seeded.store) != before
