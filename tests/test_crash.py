@@ -3,7 +3,9 @@
 A call acknowledged as committed is COMMITTED with its result after a
 restart; a call that was STARTED at the kill is UNKNOWN, and its side effect
 answers RECONCILE, never EXECUTE. The negative control is a daemon that
-answers before its commit: the same check must catch it.
+answers before its commit: the same check must catch it. Both run for
+commits answered on the session stream too, whose answers leave through
+another path than the unary ones.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
+from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, Decision, EffectdError, State
+from tests.rpc.sessions import Conversation, message
 from tests.support.processes import daemon_process
 
 RESULT = b"\x00receipt-42\xff"
@@ -87,6 +92,61 @@ def test_negative_control_ack_before_commit_is_caught(short_tmp: Path) -> None:
         d.kill9()
     with daemon_process(data) as d, Client(d.target) as c:
         assert durability_violations(c, ["done-0"]) != []
+
+
+def _commit_in_session(target: str, call_ids: list[str]) -> list[str]:
+    """Prepares, starts and commits each call with messages of one session
+    stream; the calls whose commit was answered."""
+    answered = []
+    with grpc.insecure_channel(target) as channel:
+        conversation = Conversation(channel)
+        for i, call_id in enumerate(call_ids):
+            ref = pb.CallRef(run_id="run-1", call_id=call_id)
+            started = pb.PrepareToolRequest(
+                ref=ref,
+                tool_name="charge_card",
+                input=pb.Payload(json='{"cents": 100}'),
+                start=True,
+            )
+            conversation.send(message(2 * i, started))
+            attempt = conversation.receive().prepare_tool.call.attempt
+            result = pb.ToolResult(
+                outcome=pb.OUTCOME_OK, payload=pb.Payload(raw=RESULT)
+            )
+            commit = pb.CommitToolRequest(ref=ref, attempt=attempt, result=result)
+            conversation.send(message(2 * i + 1, commit))
+            answer = conversation.receive()
+            assert answer.commit_tool.call.state == pb.CALL_STATE_COMMITTED, answer
+            answered.append(call_id)
+        conversation.cancel()
+    return answered
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_commits_answered_on_a_session_survive_kill_9(short_tmp: Path) -> None:
+    """Commits answered as session messages are COMMITTED after kill -9."""
+    data = short_tmp / "data"
+    with daemon_process(data) as d:
+        acknowledged = _commit_in_session(d.target, [f"s-{i}" for i in range(20)])
+        d.kill9()
+    with daemon_process(data) as d, Client(d.target) as c:
+        assert durability_violations(c, acknowledged) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_negative_control_a_session_answered_before_commit_is_caught(
+    short_tmp: Path,
+) -> None:
+    """A daemon that replies before committing loses a commit answered on
+    the session stream: the same check says so."""
+    data = short_tmp / "data"
+    with daemon_process(data, module="tests.support.ack_before_commit") as d:
+        acknowledged = _commit_in_session(d.target, ["s-0"])
+        d.kill9()
+    with daemon_process(data) as d, Client(d.target) as c:
+        assert durability_violations(c, acknowledged) != []
 
 
 @pytest.mark.timeout(60)

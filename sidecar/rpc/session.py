@@ -21,7 +21,7 @@ UNAVAILABLE once none is in flight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -139,27 +139,32 @@ class _Stream:
         self._kinds = kinds
         self._context = context
         self._messages = messages
-        # Taken before a message is read, given back once it is answered.
+        # Taken before a message is read, given back once its answer is
+        # written (or it is one not answered: a cancel).
         self._room = asyncio.Semaphore(max_in_flight)
-        self._writing = asyncio.Lock()
-        # The tasks of messages not yet answered, by id; the ids the client
+        self._unanswered = 0
+        self._all_answered = asyncio.Event()
+        self._all_answered.set()
+        # Answers waiting for the one writer, in the order they were done.
+        self._outbox: collections.deque[pb.SessionResponse] = collections.deque()
+        self._posted = asyncio.Event()
+        # The tasks of messages being served, by id; the ids the client
         # cancelled among them.
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._cancelled: set[int] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
     async def serve(
         self, requests: AsyncIterator[Any], draining: Draining
     ) -> Refused | None:
         reader = asyncio.create_task(self._read(requests))
+        writer = asyncio.create_task(self._write())
         stopping = asyncio.create_task(draining.wait())
         try:
             await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
             self._stopping = stopping.done()
             ended = None if self._stopping else reader.result()
-            while self._tasks:
-                await asyncio.wait(set(self._tasks))
+            await self._all_answered.wait()
             error: EffectdError
             if self._stopping:
                 error = ShuttingDown("the daemon is stopping; open a new stream")
@@ -171,7 +176,7 @@ class _Stream:
         finally:
             # The client went (gRPC cancelled this task), or the stream
             # ends: nothing of it outlives it.
-            pending = [reader, stopping, *self._tasks]
+            pending = [reader, writer, stopping, *self._in_flight.values()]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -190,41 +195,32 @@ class _Stream:
             if isinstance(request, Unparsed):
                 self._room.release()
                 return request
-            await self._take(request)
+            self._take(request)
 
-    async def _take(self, request: pb.SessionRequest) -> None:
-        """Starts serving one message, or answers it at once; holds the
-        room taken for it until it is answered."""
+    def _take(self, request: pb.SessionRequest) -> None:
+        """Starts serving one message, or answers it at once; the room
+        taken for it is given back once it is answered."""
         which = request.WhichOneof("request")
-        kind = self._kinds.get(which) if which is not None else None
-        if (
-            kind is not None
-            and not self._stopping
-            and request.id not in self._in_flight
-        ):
-            task = asyncio.create_task(self._serve(request, kind))
-            self._in_flight[request.id] = task
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            return
-        try:
-            if which == "cancel":
-                self._cancel(request.id)
-                return
-            refusal = self._refusal(request, which, kind)
-            await self._write(pb.SessionResponse(id=request.id, error=refusal))
-        finally:
+        if which == "cancel":
             self._room.release()
+            self._cancel(request.id)
+            return
+        self._unanswered += 1
+        self._all_answered.clear()
+        kind = self._kinds.get(which) if which is not None else None
+        if kind is None or self._stopping or request.id in self._in_flight:
+            error = self._refusal(request, kind)
+            self._post(pb.SessionResponse(id=request.id, error=error))
+            return
+        self._in_flight[request.id] = asyncio.create_task(self._serve(request, kind))
 
-    def _refusal(
-        self, request: pb.SessionRequest, which: str | None, kind: Kind | None
-    ) -> Any:
+    def _refusal(self, request: pb.SessionRequest, kind: Kind | None) -> Any:
         error: EffectdError
-        if which is None:
+        if kind is None:
             error = InvalidArgument(
                 [FieldViolation("request", "is required: one of the ledger requests")]
             )
-        elif kind is not None and request.id in self._in_flight:
+        elif request.id in self._in_flight:
             error = InvalidArgument(
                 [FieldViolation("id", f"{request.id} is in flight already")]
             )
@@ -240,38 +236,48 @@ class _Stream:
 
     async def _serve(self, request: pb.SessionRequest, kind: Kind) -> None:
         id = request.id
+        inner = getattr(request, kind.request)
         try:
-            inner = getattr(request, kind.request)
-            try:
-                answer = await self._messages.answer(
-                    kind.method,
-                    inner,
-                    lambda: kind.serve(inner, self._context),
-                    timeout_ms=request.timeout_ms,
-                    traceparent=request.traceparent,
-                )
-            except asyncio.CancelledError:
-                if id not in self._cancelled:
-                    raise
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                answer = Refused(_CANCELLED, "")
-            finally:
-                del self._in_flight[id]
-                self._cancelled.discard(id)
-            if isinstance(answer, Refused):
-                response = pb.SessionResponse(id=id, error=details_of(answer.status))
-            else:
-                response = pb.SessionResponse(id=id, **{kind.answer: answer})
-            await self._write(response)
+            answer = await self._messages.answer(
+                kind.method,
+                inner,
+                lambda: kind.serve(inner, self._context),
+                timeout_ms=request.timeout_ms,
+                traceparent=request.traceparent,
+            )
+        except asyncio.CancelledError:
+            if id not in self._cancelled:
+                raise
+            answer = Refused(_CANCELLED, "")
         finally:
-            self._room.release()
+            del self._in_flight[id]
+            self._cancelled.discard(id)
+        if isinstance(answer, Refused):
+            self._post(pb.SessionResponse(id=id, error=details_of(answer.status)))
+        else:
+            self._post(pb.SessionResponse(id=id, **{kind.answer: answer}))
 
-    async def _write(self, response: pb.SessionResponse) -> None:
-        """Sends one answer; one at a time (gRPC's writes must not
-        interleave). A client that has gone is not written to: its stream
-        is being torn down."""
-        async with self._writing:
-            with contextlib.suppress(grpc.aio.BaseError):
-                await self._context.write(response)
+    def _post(self, response: pb.SessionResponse) -> None:
+        self._outbox.append(response)
+        self._posted.set()
+
+    async def _write(self) -> None:
+        """The one writer: sends the answers one at a time (gRPC's writes
+        must not interleave), each message's room given back once its
+        answer is written. A client that has gone is not written to: its
+        stream is being torn down."""
+        outbox, context = self._outbox, self._context
+        while True:
+            if not outbox:
+                self._posted.clear()
+                await self._posted.wait()
+                continue
+            try:
+                await context.write(outbox.popleft())
+            except grpc.aio.BaseError:
+                pass
+            finally:
+                self._room.release()
+                self._unanswered -= 1
+                if not self._unanswered:
+                    self._all_answered.set()

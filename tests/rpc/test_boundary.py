@@ -39,12 +39,14 @@ from sidecar.rpc import boundary, caller, convert, operator_orders
 from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.gate import Gate
 from sidecar.rpc.handlers import generic_handler
+from sidecar.rpc.session import SESSION, Draining, LedgerSession
 from tests.auth.support import AGENT_AB, OPERATOR_ALL, authenticated_daemon, stubs
-from tests.rpc.support import decode, prepare_request, ref
+from tests.rpc.support import decode, decode_status, prepare_request, ref
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 GET = "/effectd.v1.Checkpoints/Get"
+GET_TOOL_CALL = "/effectd.v1.ToolLedger/GetToolCall"
 STREAM = "/effectd.v1.Provider/ProviderStream"
 # The default deadline of a call that brings none; only the "hang" handler
 # waits for it.
@@ -81,6 +83,18 @@ class Scripted:
         return cpb.GetCheckpointResponse()
 
     Put = Delete = Txn = List = ProviderCall = Get
+
+    async def GetToolCall(
+        self, req: pb.GetToolCallRequest, context: Context
+    ) -> pb.GetToolCallResponse:
+        """The ledger read, scripted by its call id (served as a session
+        message)."""
+        await self.Get(cpb.GetCheckpointRequest(key=req.ref.call_id), context)
+        return pb.GetToolCallResponse()
+
+    PrepareTool = PrepareTools = StartTool = CommitTool = GetToolCall
+    ReportUnknown = Heartbeat = DecideApproval = Reconcile = GetToolCall
+    ListToolCalls = GetToolCall
 
     async def ProviderStream(
         self, req: ppb.ProviderRequest, _: Context
@@ -139,6 +153,11 @@ def gated(target: str, gate: Gate, servicer: Scripted) -> Iterator[None]:
                 ),
                 generic_handler(
                     provider_pb2.DESCRIPTOR.services_by_name["Provider"], servicer
+                ),
+                generic_handler(
+                    pb.DESCRIPTOR.services_by_name["ToolLedger"],
+                    servicer,
+                    LedgerSession(servicer, max_in_flight=8, draining=Draining()),
                 ),
             )
         )
@@ -257,12 +276,16 @@ CASES = [
 ]
 
 
-def send(channel: grpc.Channel, case: Case) -> tuple[grpc.StatusCode, str | None]:
+def send(
+    channel: grpc.Channel, case: Case, *, session: bool = False
+) -> tuple[grpc.StatusCode, str | None]:
     """Sends the case's request without a deadline; its code and reason."""
     metadata: tuple[tuple[str, str | bytes], ...] = (
         (("authorization", f"Bearer {SECRETS[case.token]}"),) if case.token else ()
     )
     try:
+        if session:
+            return _send_in_session(channel, case, metadata)
         if case.method == STREAM:
             list(
                 channel.unary_stream(case.method, None, None)(
@@ -279,6 +302,29 @@ def send(channel: grpc.Channel, case: Case) -> tuple[grpc.StatusCode, str | None
     return grpc.StatusCode.OK, None
 
 
+def _send_in_session(
+    channel: grpc.Channel, case: Case, metadata: tuple[tuple[str, str | bytes], ...]
+) -> tuple[grpc.StatusCode, str | None]:
+    """Sends the case's Get as the GetToolCall message of a session (its
+    namespace and act in the call's ref); garbage stays garbage. The code
+    and reason of the message's answer, or of the stream's end."""
+    data = case.request
+    if data != GARBAGE:
+        get = cpb.GetCheckpointRequest.FromString(data)
+        data = pb.SessionRequest(
+            id=1,
+            get_tool_call=pb.GetToolCallRequest(
+                ref=pb.CallRef(namespace=get.namespace, run_id="run", call_id=get.key)
+            ),
+        ).SerializeToString()
+    stream = channel.stream_stream(SESSION, None, pb.SessionResponse.FromString)
+    [answer] = list(stream(iter([data]), metadata=metadata))
+    if answer.WhichOneof("response") != "error":
+        return grpc.StatusCode.OK, None
+    refusal = decode_status(answer.error)
+    return refusal.code, refusal.reason
+
+
 @dataclass(frozen=True, slots=True)
 class Served:
     """What became of one call: its answer, whether it reached the handler
@@ -292,7 +338,13 @@ class Served:
     log_lines: list[str]
 
 
-def serve(short_tmp: Path, caplog: pytest.LogCaptureFixture, case: Case) -> Served:
+def serve(
+    short_tmp: Path,
+    caplog: pytest.LogCaptureFixture,
+    case: Case,
+    *,
+    session: bool = False,
+) -> Served:
     """Sends the case to a fresh gated server and stops it."""
     caplog.set_level(logging.DEBUG, logger="effectd.access")
     servicer, limit, observer = Scripted(), Limit(), Observer()
@@ -305,11 +357,12 @@ def serve(short_tmp: Path, caplog: pytest.LogCaptureFixture, case: Case) -> Serv
     )
     target = f"unix:{short_tmp / 's.sock'}"
     with gated(target, gate, servicer), grpc.insecure_channel(target) as channel:
-        answer = send(channel, case)
+        answer = send(channel, case, session=session)
+    method = GET_TOOL_CALL if session else case.method
     lines = [
         r.__dict__["code"]
         for r in caplog.records
-        if r.name == "effectd.access" and r.__dict__.get("method") == case.method
+        if r.name == "effectd.access" and r.__dict__.get("method") == method
     ]
     return Served(
         answer,
@@ -347,6 +400,56 @@ def test_negative_control_a_handler_run_before_admission_is_caught(
     [row] = [p.values[0] for p in CASES if p.id == "rate-limited-before-deadline"]
     assert isinstance(row, Case)
     served = serve(short_tmp, caplog, row)
+    assert served.answer == (grpc.StatusCode.DEADLINE_EXCEEDED, None)
+    assert served.entered == ["hang"]
+
+
+UNARY_CASES = [
+    p for p in CASES if isinstance(p.values[0], Case) and p.values[0].method == GET
+]
+
+
+@pytest.mark.parametrize("row", UNARY_CASES)
+def test_a_session_message_passes_the_same_steps_in_the_same_order(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture, row: Case
+) -> None:
+    """The unary rows of the table, each sent as a GetToolCall message of a
+    session stream: the same answer from the same step, the same handler
+    reached, the same charge, and one record under GetToolCall beside the
+    stream's own as Session. Two rows differ, as the protos say: bytes that
+    do not parse cannot be known as any RPC's, so they end the stream
+    INVALID_ARGUMENT uncharged, and a refused credential refuses the whole
+    stream; either way only the stream is recorded."""
+    served = serve(short_tmp, caplog, row, session=True)
+    whole_stream = row.request == GARBAGE or row.token is None
+    if whole_stream:
+        code = row.code if row.token is None else grpc.StatusCode.INVALID_ARGUMENT
+        reason = row.reason if row.token is None else "INVALID_REQUEST"
+        assert served.answer == (code, reason)
+        assert served.entered == []
+        assert served.charged == 0
+        assert served.finished == [(SESSION, code)]
+        assert served.refusals == [reason]
+        assert served.log_lines == []
+        return
+    assert served.answer == (row.code, row.reason)
+    assert served.entered == ([row.handled] if row.handled else [])
+    assert served.charged == (1 if row.charged else 0)
+    assert served.finished == [(GET_TOOL_CALL, row.code), (SESSION, grpc.StatusCode.OK)]
+    assert served.refusals == ([row.reason] if row.reason else [])
+    assert served.log_lines == [row.code.name]
+
+
+def test_negative_control_a_message_run_before_admission_is_caught(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With admission skipped, the hanging message over its rate reaches
+    its handler and is answered DEADLINE_EXCEEDED, which the session's rows
+    refuse."""
+    monkeypatch.setattr(boundary, "admit", lambda *_: None)
+    [row] = [p.values[0] for p in CASES if p.id == "rate-limited-before-deadline"]
+    assert isinstance(row, Case)
+    served = serve(short_tmp, caplog, row, session=True)
     assert served.answer == (grpc.StatusCode.DEADLINE_EXCEEDED, None)
     assert served.entered == ["hang"]
 
