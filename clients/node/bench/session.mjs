@@ -8,7 +8,7 @@
 // `--sync` (fsync on every commit would hide the transport behind the disk). The machine is shared
 // and noisy: read the ratios, not the absolute numbers.
 //
-//   node clients/node/bench/session.mjs [--seconds 2] [--rounds 3] [--sync]
+//   node clients/node/bench/session.mjs [--seconds 1] [--rounds 5] [--sync]
 //   (EFFECTD_PYTHON: the daemon's interpreter, default the repository's .venv)
 
 import os from 'node:os';
@@ -21,8 +21,8 @@ const { startDaemon } = require('../src/testing.js');
 
 const { values } = parseArgs({
   options: {
-    seconds: { type: 'string', default: '2' },
-    rounds: { type: 'string', default: '3' },
+    seconds: { type: 'string', default: '1' },
+    rounds: { type: 'string', default: '5' },
     sync: { type: 'boolean', default: false },
   },
 });
