@@ -62,6 +62,7 @@ protos: $(DEV_INSTALLED)
 ## bench: measure against baselines in the same run (prints ratios)
 bench: $(DEV_INSTALLED)
 	$(PY) bench/lifecycle.py
+	$(PY) bench/session.py
 	$(PY) bench/serving_model.py
 
 ## bench-peers: effectd against Powertools idempotency on durable Redis, ratios in

@@ -66,7 +66,7 @@ def test_recording_calls_and_health_watches_have_room_of_their_own() -> None:
     with pytest.raises(ConcurrencyLimited):
         slots.take(Pool.HEALTH_WATCH, Caller())
     assert len(watches) == PER_CALLER
-    assert slots.backstop == 2 * TOTAL + PER_CALLER + HEADROOM
+    assert slots.backstop == 3 * TOTAL + PER_CALLER + HEADROOM
 
 
 def test_giving_a_slot_back_twice_frees_only_one() -> None:

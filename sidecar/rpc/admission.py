@@ -34,6 +34,7 @@ _POOLS: dict[str, Pool | None] = {
     **dict.fromkeys(RECORDS_WORK_DONE, Pool.RECORDING),
     "/grpc.health.v1.Health/Watch": Pool.HEALTH_WATCH,
     "/grpc.health.v1.Health/Check": None,
+    "/effectd.v1.ToolLedger/Session": Pool.SESSION,
 }
 
 

@@ -40,13 +40,14 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from sidecar import callstate, tracecontext
-from sidecar.auth.access import Principal, authorize
+from sidecar.auth.access import Principal
 from sidecar.callstate import CallState
 from sidecar.errors import EffectdError, FieldViolation, InvalidArgument
 from sidecar.rpc import caller
 from sidecar.rpc.admission import RateLimit, admit
 from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.errors import internal_status, plain_status, to_status
+from sidecar.rpc.messages import Messages
 from sidecar.rpc.recording import Recorder, code_of
 
 log = logging.getLogger(__name__)
@@ -119,10 +120,6 @@ class Boundary:
         self._rate = rate
         self._slots = slots
         self.default_deadline = default_deadline
-
-    @property
-    def recorder(self) -> Recorder:
-        return self._recorder
 
     def unary(self, call: Call, handler: Handler) -> Handler:
         async def unary(request: Any, context: Context) -> Any:
@@ -226,7 +223,7 @@ class Boundary:
             tracecontext.CURRENT.reset(entered[2])
             self._recorder.record(state, code, time.perf_counter() - started)
 
-    def refused_before_parse(
+    def refused(
         self,
         method: str,
         principal: Principal | None,
@@ -234,7 +231,7 @@ class Boundary:
         trace: tracecontext.TraceParent | None,
     ) -> Refused:
         """Records a call refused before it was served (authentication,
-        authorization): its refusal."""
+        authorization; a session message refused at once): its refusal."""
         refused = Refused(to_status(exc), exc.reason)
         state = CallState(method, principal, reason=exc.reason, trace=trace)
         self._recorder.record(state, refused.status.code, 0.0)
@@ -254,9 +251,20 @@ class Boundary:
             self._recorder.started(state)
             started = time.perf_counter()
             ended: BaseException | None = None
+            release: Callable[[], None] | None = None
             messages = Messages(self, call.principal, stream_trace)
             try:
-                refused = await handler(requests, context, messages)
+                try:
+                    # A slot of the session pool, no rate token: each
+                    # message is charged as its unary call.
+                    charged = caller.charged(call.principal, "")
+                    release = admit(call.method, charged, self._slots, None)
+                except EffectdError as exc:
+                    refused: Refused | None = Refused(to_status(exc), exc.reason)
+                else:
+                    refused = await _stream_ended(
+                        call.method, handler, requests, context, messages
+                    )
                 if refused is not None:
                     state.reason = refused.reason
                     await _abort(context, refused.status)
@@ -264,70 +272,30 @@ class Boundary:
                 ended = exc
                 raise
             finally:
+                if release is not None:
+                    release()
                 seconds = time.perf_counter() - started
                 self._recorder.record(state, code_of(ended, context), seconds)
 
         return session
 
 
-class Messages:
-    """Serves the messages of one session stream, each as a call of its
-    unary RPC by the stream's principal: authorized for that RPC (the gate
-    authorized only the stream), then through `Boundary.answer`."""
-
-    __slots__ = ("_boundary", "_denials", "_principal", "_trace")
-
-    def __init__(
-        self,
-        boundary: Boundary,
-        principal: Principal | None,
-        stream_trace: tracecontext.TraceParent | None,
-    ) -> None:
-        self._boundary = boundary
-        self._principal = principal
-        self._trace = stream_trace
-        # The stream's principal does not change: each RPC is authorized
-        # once per stream (None: allowed).
-        self._denials: dict[str, EffectdError | None] = {}
-
-    async def answer(
-        self,
-        method: str,
-        request: object,
-        run: Callable[[], Awaitable[Any]],
-        *,
-        timeout_ms: int,
-        traceparent: str,
-    ) -> Any:
-        """The answer to one message asking `method`, or `Refused`: its
-        deadline `timeout_ms` from now (0: the default one), its trace
-        context `traceparent` (empty or invalid: the stream's)."""
-        message_trace = (
-            tracecontext.parse_traceparent(traceparent) or self._trace
-            if traceparent
-            else self._trace
-        )
-        principal = self._principal
-        if principal is not None:
-            if method not in self._denials:
-                self._denials[method] = _denial(principal, method)
-            denied = self._denials[method]
-            if denied is not None:
-                return self._boundary.refused_before_parse(
-                    method, principal, denied, message_trace
-                )
-        timeout = timeout_ms / 1000 if timeout_ms else self._boundary.default_deadline
-        return await self._boundary.answer(
-            method, principal, request, run, timeout=timeout, trace=message_trace
-        )
-
-
-def _denial(principal: Principal, method: str) -> EffectdError | None:
+async def _stream_ended(
+    method: str,
+    handler: Callable[..., Awaitable[Refused | None]],
+    requests: Any,
+    context: Context,
+    messages: Messages,
+) -> Refused | None:
+    """The refusal a session stream's handler ended it with, if any; a
+    failure answered INTERNAL without details, as a unary call's."""
     try:
-        authorize(principal, method)
-    except EffectdError as exc:
-        return exc
-    return None
+        return await handler(requests, context, messages)
+    except grpc.aio.BaseError:
+        raise
+    except Exception:
+        log.exception("internal error in %s", method)
+        return Refused(internal_status("internal error; see the daemon log"), "")
 
 
 async def _answered(

@@ -9,7 +9,10 @@ or the recording of work already done need:
   own, `total` more, again at most `per_caller` of one caller, so a tool that
   ran can record its result while ordinary calls fill theirs;
 - health Watch streams (open to anyone): at most `per_caller`. Health Check is
-  never counted.
+  never counted;
+- session streams: at most `total`, at most `per_caller` of one caller (each
+  of their messages takes a slot of its own, like the unary call it stands
+  for), so idle streams cannot fill the server's own limit.
 
 Past a limit a call is refused at once (RESOURCE_EXHAUSTED /
 CONCURRENCY_LIMITED), never queued. The gRPC server's own limit sits above
@@ -33,6 +36,7 @@ class Pool(enum.Enum):
     ORDINARY = "ordinary"
     RECORDING = "recording"
     HEALTH_WATCH = "health watch"
+    SESSION = "session stream"
 
 
 class Slots:
@@ -50,7 +54,7 @@ class Slots:
     @property
     def backstop(self) -> int:
         """The gRPC server's limit: every pool full, plus headroom."""
-        return 2 * self.total + self.per_caller + HEADROOM
+        return 3 * self.total + self.per_caller + HEADROOM
 
     def in_flight(self, pool: Pool) -> int:
         return self._in_pool[pool]

@@ -74,7 +74,7 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 principal = self._credentials.authenticate(bearer_token(metadata))
                 authorize(principal, method)
             except EffectdError as exc:
-                self._boundary.refused_before_parse(
+                self._boundary.refused(
                     method, principal, exc, trace.from_metadata(metadata)
                 )
                 return _deny(handler, exc)

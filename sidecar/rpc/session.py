@@ -2,14 +2,16 @@
 
 Each `SessionRequest` is served by the ToolLedger servicer's method of its
 unary RPC (`sidecar.rpc.ledger`), through the request boundary's one core
-(`sidecar.rpc.boundary.Messages`): the RPC authorized for the stream's
-principal, admitted, given its deadline, answered or refused exactly as the
-unary call, and recorded under its name. Many messages are in flight at
-once, each answered as soon as it is done; one writer sends the answers.
+(`sidecar.rpc.messages.Messages`, then `Boundary.answer`): the RPC
+authorized for the stream's principal, admitted, given its deadline,
+answered or refused exactly as the unary call, and recorded under its name.
+Many messages are in flight at once, each answered as soon as it is done;
+one writer sends the answers.
 
-At most `max_in_flight` messages of a stream are served at once: the
-reader waits for room before it reads the next one, so past the limit the
-client is held back by gRPC's flow control. A message that does not parse
+At most `max_in_flight` messages of a stream are in flight at once (being
+served, or their answer waiting for the writer): the reader waits for room
+before it reads the next one, so past the limit the client is held back by
+gRPC's flow control. A message that does not parse
 (its id cannot be known) ends the stream INVALID_ARGUMENT once the messages
 in flight are answered; a client that goes away cancels the messages in
 flight, as gRPC cancels a unary handler (what committed stays committed).
@@ -30,8 +32,9 @@ import grpc
 from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.errors import EffectdError, FieldViolation, InvalidArgument, ShuttingDown
-from sidecar.rpc.boundary import Messages, Refused, Unparsed
+from sidecar.rpc.boundary import Refused, Unparsed
 from sidecar.rpc.errors import details_of, plain_status, to_status
+from sidecar.rpc.messages import Messages
 
 SESSION = "/effectd.v1.ToolLedger/Session"
 
@@ -122,8 +125,10 @@ class LedgerSession:
     ) -> Refused | None:
         """Serves one stream until it ends; the refusal it ends with, if
         any (the boundary ends the stream with it)."""
-        stream = _Stream(self._kinds, context, messages, self._max_in_flight)
-        return await stream.serve(requests, self._draining)
+        stream = _Stream(
+            self._kinds, context, messages, self._max_in_flight, self._draining
+        )
+        return await stream.serve(requests)
 
 
 class _Stream:
@@ -135,6 +140,7 @@ class _Stream:
         context: Context,
         messages: Messages,
         max_in_flight: int,
+        draining: Draining,
     ) -> None:
         self._kinds = kinds
         self._context = context
@@ -152,21 +158,18 @@ class _Stream:
         # cancelled among them.
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._cancelled: set[int] = set()
-        self._stopping = False
+        self._draining = draining
 
-    async def serve(
-        self, requests: AsyncIterator[Any], draining: Draining
-    ) -> Refused | None:
+    async def serve(self, requests: AsyncIterator[Any]) -> Refused | None:
         reader = asyncio.create_task(self._read(requests))
         writer = asyncio.create_task(self._write())
-        stopping = asyncio.create_task(draining.wait())
+        stopping = asyncio.create_task(self._draining.wait())
         try:
             await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            self._stopping = stopping.done()
-            ended = None if self._stopping else reader.result()
+            ended = None if stopping.done() else reader.result()
             await self._all_answered.wait()
             error: EffectdError
-            if self._stopping:
+            if stopping.done():
                 error = ShuttingDown("the daemon is stopping; open a new stream")
                 return Refused(to_status(error), error.reason)
             if ended is not None:
@@ -208,25 +211,25 @@ class _Stream:
         self._unanswered += 1
         self._all_answered.clear()
         kind = self._kinds.get(which) if which is not None else None
-        if kind is None or self._stopping or request.id in self._in_flight:
-            error = self._refusal(request, kind)
+        if kind is None:
+            empty = FieldViolation("request", "is required: one of the ledger requests")
+            error = details_of(to_status(InvalidArgument([empty])))
+            self._post(pb.SessionResponse(id=request.id, error=error))
+            return
+        if request.id in self._in_flight or self._draining.begun:
+            refused = self._messages.refuse(
+                kind.method, self._refusal(request.id), request.traceparent
+            )
+            error = details_of(refused.status)
             self._post(pb.SessionResponse(id=request.id, error=error))
             return
         self._in_flight[request.id] = asyncio.create_task(self._serve(request, kind))
 
-    def _refusal(self, request: pb.SessionRequest, kind: Kind | None) -> Any:
-        error: EffectdError
-        if kind is None:
-            error = InvalidArgument(
-                [FieldViolation("request", "is required: one of the ledger requests")]
-            )
-        elif request.id in self._in_flight:
-            error = InvalidArgument(
-                [FieldViolation("id", f"{request.id} is in flight already")]
-            )
-        else:
-            error = ShuttingDown("the daemon is stopping; open a new stream")
-        return details_of(to_status(error))
+    def _refusal(self, id: int) -> EffectdError:
+        """Why a message is refused before it is served."""
+        if id in self._in_flight:
+            return InvalidArgument([FieldViolation("id", f"{id} is in flight already")])
+        return ShuttingDown("the daemon is stopping; open a new stream")
 
     def _cancel(self, id: int) -> None:
         task = self._in_flight.get(id)

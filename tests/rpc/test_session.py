@@ -474,11 +474,13 @@ def test_a_message_past_its_deadline_is_answered_deadline_exceeded(
 
 
 def test_an_id_in_flight_and_an_empty_request_are_refused_under_their_id(
-    held_channel: grpc.Channel, holds: Holds
+    held: RunningDaemon, held_channel: grpc.Channel, holds: Holds
 ) -> None:
     """A second message with the id of one in flight is refused
-    INVALID_ARGUMENT (field `id`), and the first is unaffected; a message
-    without a request is refused (field `request`)."""
+    INVALID_ARGUMENT (field `id`), and recorded under its RPC, and the
+    first is unaffected; a message without a request is refused (field
+    `request`)."""
+    before = requests_total(held.daemon.metrics)
     conversation = Conversation(held_channel)
     conversation.send(message(5, prepare("hold-5")))
     holds.wait_until(lambda h: h.now == 1)
@@ -496,6 +498,8 @@ def test_an_id_in_flight_and_an_empty_request_are_refused_under_their_id(
     first = conversation.receive()
     assert (first.id, first.prepare_tool.decision) == (5, pb.DECISION_EXECUTE)
     assert conversation.close() == []
+    key = ("effectd.v1.ToolLedger/GetToolCall", "INVALID_ARGUMENT")
+    assert requests_total(held.daemon.metrics)[key] == before.get(key, 0) + 1
 
 
 def test_a_message_that_does_not_parse_ends_the_stream_after_those_in_flight(
@@ -520,7 +524,7 @@ def test_a_message_that_does_not_parse_ends_the_stream_after_those_in_flight(
 # -- a stream that breaks, a daemon that stops -------------------------------------
 
 
-def _settled(running: RunningDaemon) -> tuple[int, int, list[str]]:
+def _settled(running: RunningDaemon) -> tuple[int, int, int, list[str]]:
     """Slots taken in each pool, and the tasks of session streams on the
     daemon's loop."""
     services = running.daemon.services
@@ -536,6 +540,7 @@ def _settled(running: RunningDaemon) -> tuple[int, int, list[str]]:
         lambda: (
             slots.in_flight(Pool.ORDINARY),
             slots.in_flight(Pool.RECORDING),
+            slots.in_flight(Pool.SESSION),
             of_sessions(),
         ),
     )
@@ -567,8 +572,8 @@ def test_a_client_that_goes_leaves_nothing_behind(
     conversation.send(message(3, prepare("hold-3")), message(4, prepare("hold-4")))
     holds.wait_until(lambda h: h.now == 2)
     # A control: the probe sees the stream's tasks and the held slots.
-    ordinary, _, tasks = _settled(held)
-    assert ordinary == 2
+    ordinary, _, streams, tasks = _settled(held)
+    assert (ordinary, streams) == (2, 1)
     assert tasks == [
         "Draining.wait",
         "_Stream._read",
@@ -578,7 +583,7 @@ def test_a_client_that_goes_leaves_nothing_behind(
     ]
     conversation.cancel()
     holds.wait_until(lambda h: h.cut == 2)
-    assert _eventually(lambda: _settled(held), (0, 0, [])) == (0, 0, [])
+    assert _eventually(lambda: _settled(held), (0, 0, 0, [])) == (0, 0, 0, [])
     assert_serving(held_channel)
     stub = pb_grpc.ToolLedgerStub(held_channel)
     call = stub.GetToolCall(pb.GetToolCallRequest(ref=ref("run", "done")), timeout=30)
@@ -613,3 +618,47 @@ def test_a_stopping_daemon_answers_what_it_has_then_ends_the_stream(
     got = decode(info.value)
     assert (got.code, got.reason) == (R.UNAVAILABLE, "SHUTTING_DOWN")
     stopped.result(timeout=30)
+
+
+def test_a_caller_has_at_most_its_share_of_streams(
+    config: ServeConfig, clock: ManualClock
+) -> None:
+    """With two calls in flight per caller, a caller's third open stream is
+    refused CONCURRENCY_LIMITED (idle streams cannot fill the server); once
+    one ends, a new one is served."""
+    limits = dataclasses.replace(config.server_limits, max_concurrent_rpcs_per_caller=2)
+    cfg = dataclasses.replace(config, server_limits=limits)
+    get = pb.GetToolCallRequest(ref=ref("run", "missing"))
+    with (
+        running_daemon(cfg, clock) as running,
+        grpc.insecure_channel(running.target) as channel,
+    ):
+        first, second = Conversation(channel), Conversation(channel)
+        for conversation in (first, second):
+            conversation.send(message(1, get))
+            assert refusal(conversation.receive()).code is R.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            exchange(channel, [message(1, get)])
+        assert decode(info.value).reason == "CONCURRENCY_LIMITED"
+        assert first.close() == []
+        assert _eventually(lambda: _settled(running)[2], 1) == 1
+        assert refusal(exchange(channel, [message(1, get)])[1]).code is R.NOT_FOUND
+        assert second.close() == []
+
+
+def test_a_failure_in_the_stream_ends_it_internal_and_the_daemon_serves_on(
+    channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the stream's own code (here: taking a message) ends that
+    stream INTERNAL without details, like a unary handler's failure; the
+    daemon serves on."""
+
+    def broken(self: Any, request: Any) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(session_module._Stream, "_take", broken)
+    with pytest.raises(grpc.RpcError) as info:
+        exchange(channel, [message(1, prepare("c1"))])
+    assert decode(info.value).code is R.INTERNAL
+    monkeypatch.undo()
+    assert_serving(channel)
