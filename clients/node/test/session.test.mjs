@@ -289,10 +289,13 @@ describe('one stream, many messages', () => {
 describe('deadlines', () => {
   test('a message not answered in time is cancelled and fails DEADLINE_EXCEEDED; the stream goes on', async () => {
     const proxy = await sessionProxy();
-    const client = agent({ target: proxy.target, timeoutMs: 300 });
+    const client = agent({ target: proxy.target });
     await client.getToolCall({ runId: 'x', callId: 'warm' }).catch(() => {});
     proxy.stall('prepareTool');
-    await assert.rejects(client.prepareTool({ runId: 'late', callId: 'c1', tool: 't', input: 1 }), (error) => {
+    client.timeoutMs = 300; // this call's deadline only: the others have the default
+    const late = client.prepareTool({ runId: 'late', callId: 'c1', tool: 't', input: 1 });
+    client.timeoutMs = 10_000;
+    await assert.rejects(late, (error) => {
       assert.ok(error instanceof EffectdError);
       assert.equal(error.code, 'DEADLINE_EXCEEDED');
       assert.equal(error.reason, '');
