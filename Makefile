@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check node-test protos bench bench-node bench-peers image-test clean
+.PHONY: help run test test-fast check node-test protos bench bench-node bench-peers bench-scale image-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,12 @@ bench: $(DEV_INSTALLED)
 ## one run (installs redis-server and a bench venv outside the repo; PEERS_* knobs)
 bench-peers: $(INSTALLED)
 	$(PY) bench/peers.py
+
+## bench-scale: one ledger at scale: a store of SCALE_RECORDS records (20,000 by
+## default, a quick check; 1000000 for docs/benchmarks.md) against an empty one
+SCALE_RECORDS ?= 20000
+bench-scale: $(INSTALLED)
+	$(PY) bench/scale.py --records $(SCALE_RECORDS) $(ARGS)
 
 ## image-test: build the container image with podman and probe it (opt-in; root,
 ## installs podman, buildah, debootstrap and runc with apt-get if missing)

@@ -254,7 +254,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
         ),
         operator=OperatorService(store, clock, cfg.limits, policy=policy, scans=scans),
         checkpoints=CheckpointService(store, clock, quotas=cfg.quotas, scans=scans),
-        recovery=RecoveryService(store, clock, cfg.limits, policy),
+        recovery=RecoveryService(store, clock, cfg.limits, policy, scans=scans),
         retry=RetryService(store, clock, policy, random=seams.random),
         policies=PolicyService(store, clock, policy),
         retention=RetentionService(store, clock, policy, scans=scans),

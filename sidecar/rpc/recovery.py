@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 from effectd.v1 import recovery_pb2 as pb
 
+from sidecar.errors import FieldViolation, InvalidArgument
 from sidecar.ledger.model import Effect
 from sidecar.ledger.recovery import PlanItem, RecoveryAction
 from sidecar.ledger.validation import Violations
@@ -18,6 +19,9 @@ Context = grpc.aio.ServicerContext[Any, Any]
 ACTION_TO_PB = {
     a: pb.RecoveryAction.Value(f"RECOVERY_ACTION_{a.name}") for a in RecoveryAction
 }
+# A Recover without page_size answers the whole plan in one message only up
+# to this size: the default maximum message a gRPC client receives.
+UNPAGED_LIMIT_BYTES = 4 << 20
 # Actions whose item carries the stored result.
 _WITH_RESULT = frozenset({RecoveryAction.REPLAY_RESULT, RecoveryAction.ERROR_RESULT})
 
@@ -36,6 +40,20 @@ def item_pb(item: PlanItem) -> pb.RecoveryItem:
     return msg
 
 
+def _field_bytes(size: int) -> int:
+    """The bytes an item of `size` bytes takes in its message: a one-byte
+    tag, its length as a varint, itself."""
+    return 1 + max(1, (size.bit_length() + 6) // 7) + size
+
+
+def _too_big() -> FieldViolation:
+    return FieldViolation(
+        "page_size",
+        f"the plan of this run exceeds {UNPAGED_LIMIT_BYTES >> 20} MiB in one "
+        f"answer: set page_size and follow next_page_token",
+    )
+
+
 class Recovery:
     def __init__(self, recovery: RecoveryService) -> None:
         self._recovery = recovery
@@ -45,13 +63,44 @@ class Recovery:
         v = Violations()
         ns = convert.namespace(v, caller.current(), req.namespace)
         v.text_id("run_id", req.run_id, self._limits.max_id_bytes, no_colon=True)
+        if req.page_size:
+            v.bounded("page_size", req.page_size, 1, self._limits.max_page_size)
         v.require()
-        recovered = await self._recovery.recover(ns, req.run_id)
-        return pb.RecoverResponse(
-            items=[item_pb(i) for i in recovered.plan.items],
-            interrupted=recovered.plan.interrupted,
-            settled=recovered.settled,
-        )
+        if req.page_size:
+            page = await self._recovery.recover_page(
+                ns, req.run_id, page_size=req.page_size, page_token=req.page_token
+            )
+            return pb.RecoverResponse(
+                items=[item_pb(i) for i in page.plan.items],
+                interrupted=page.plan.interrupted,
+                settled=page.settled,
+                next_page_token=page.next_page_token,
+            )
+        return await self._whole_plan(ns, req.run_id, req.page_token)
+
+    async def _whole_plan(
+        self, ns: str, run_id: str, page_token: str
+    ) -> pb.RecoverResponse:
+        """The rest of the plan after `page_token` in one answer, made page by
+        page; refused once it would exceed `UNPAGED_LIMIT_BYTES`."""
+        answer = pb.RecoverResponse()
+        size = 0
+        token = page_token
+        while True:
+            page = await self._recovery.recover_page(
+                ns, run_id, page_size=self._limits.max_page_size, page_token=token
+            )
+            for item in page.plan.items:
+                msg = item_pb(item)
+                size += _field_bytes(msg.ByteSize())
+                if size > UNPAGED_LIMIT_BYTES:
+                    raise InvalidArgument([_too_big()])
+                answer.items.append(msg)
+            answer.interrupted |= page.plan.interrupted
+            answer.settled += page.settled
+            token = page.next_page_token
+            if not token:
+                return answer
 
     async def AcknowledgeRecovery(
         self, req: pb.AcknowledgeRecoveryRequest, _: Context

@@ -1,10 +1,13 @@
 """The compaction pass: applies `ledger.retention` to the stored calls.
 
-A pass walks the by-state index of COMMITTED records in key order on read
-snapshots (which never hold up the writer), a bounded chunk per snapshot read
-on a worker thread (`storage.scans`, never on the event loop), and collects
-the records that are due; then it replaces them by their tombstones in write
-transactions of a bounded batch, each judging every record again as it is
+A pass walks the retention index (`storage.retention_times`: COMMITTED
+records by acknowledgement and last change) on read snapshots (which never
+hold up the writer), a bounded chunk per snapshot read on a worker thread
+(`storage.scans`, never on the event loop), and collects the records that
+are due; it reads each part of the index only up to the first entry that is
+not due yet, so a pass costs what it compacts, not what the store holds.
+Then it replaces them by their tombstones in write transactions of a bounded
+batch, each judging every record again as it is
 then (one acknowledged or changed meanwhile is judged as it is now). Last,
 it deletes the tombstones past their lifetime, oldest first, in bounded
 batches too. A record this daemon cannot read (a key scheme it does not
@@ -23,7 +26,7 @@ from sidecar.ledger import retention
 from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.services._common import committed
-from sidecar.storage import records, tombstones
+from sidecar.storage import records, retention_times, tombstones
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
 
@@ -37,6 +40,7 @@ SCAN_CHUNK = 4096
 class PassResult:
     """What one compaction pass did."""
 
+    # Index entries read: the records found due, and those that were not.
     examined: int
     compacted: int
     # Write transactions.
@@ -80,17 +84,19 @@ class RetentionService:
         self._scans = scans or Scans(store)
 
     def _find_due(
-        self, view: ReadView, *, policy: Policy, after: bytes | None
+        self, view: ReadView, *, policy: Policy, flag: bytes, after: bytes | None
     ) -> _Chunk:
         now_ns = self._clock.wall_ns()
-        prefix = records.state_prefix(State.COMMITTED)
         examined = 0
-        due = []
-        for index_key, _ in view.scan(Table.CALL_STATES, prefix, after=after):
+        due: list[bytes] = []
+        for index_key, _ in view.scan(Table.RETENTION_TIMES, flag, after=after):
             examined += 1
-            key = index_key[len(prefix) :]
+            _, key = retention_times.split(index_key)
             call = _readable(view, key)
-            if call is not None and retention.is_due(call, policy, now_ns):
+            if call is not None and call.state is State.COMMITTED:
+                if not retention.is_due(call, policy, now_ns):
+                    # Later entries of this part changed later: none is due.
+                    return _Chunk(examined, due, None)
                 due.append(key)
             if examined == SCAN_CHUNK:
                 return _Chunk(examined, due, index_key)
@@ -113,26 +119,30 @@ class RetentionService:
         return tombstones.expire(view, before, self._batch)
 
     async def compact(self) -> PassResult:
-        """One pass over every COMMITTED record, then over the tombstones
-        past their lifetime, under the policy in force when the pass began."""
+        """One pass over the COMMITTED records that are due, then over the
+        tombstones past their lifetime, under the policy in force when the
+        pass began."""
         policy = self._policy.current()
-        after: bytes | None = None
         examined = compacted = transactions = expired = 0
-        while True:
-            chunk = await self._scans.read(
-                functools.partial(self._find_due, policy=policy, after=after)
-            )
-            examined += chunk.examined
-            for start in range(0, len(chunk.due), self._batch):
-                keys = chunk.due[start : start + self._batch]
-                compacted += await committed(
-                    self._store,
-                    functools.partial(self._compact_keys, policy=policy, keys=keys),
+        for flag in (retention_times.ACKNOWLEDGED, retention_times.UNACKNOWLEDGED):
+            after: bytes | None = None
+            while True:
+                chunk = await self._scans.read(
+                    functools.partial(
+                        self._find_due, policy=policy, flag=flag, after=after
+                    )
                 )
-                transactions += 1
-            if chunk.resume is None:
-                break
-            after = chunk.resume
+                examined += chunk.examined
+                for start in range(0, len(chunk.due), self._batch):
+                    keys = chunk.due[start : start + self._batch]
+                    compacted += await committed(
+                        self._store,
+                        functools.partial(self._compact_keys, policy=policy, keys=keys),
+                    )
+                    transactions += 1
+                if chunk.resume is None:
+                    break
+                after = chunk.resume
         more = True
         while more:
             deleted, more = await committed(

@@ -39,6 +39,10 @@ class Table(enum.Enum):
     # Namespace -> (open calls, stored bytes); kept in step with CALLS,
     # CALL_STATES, CHECKPOINTS and TOMBSTONES by `sidecar.storage.usage`.
     USAGE = "usage"
+    # (acknowledged byte, last change wall time, 8 bytes big-endian) + record
+    # key -> b"": the COMMITTED records with a result, in the order their
+    # retention window ends (`sidecar.storage.retention_times`).
+    RETENTION_TIMES = "retention_times"
 
 
 class ReadView(Protocol):

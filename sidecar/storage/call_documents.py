@@ -144,9 +144,14 @@ class RecordFormatError(ValueError):
     """A stored record of a version this daemon cannot read."""
 
 
-def decode_call(raw: bytes) -> ToolCall:
+def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
     """The record of a stored document; keys a later version may add are
     ignored, keys an earlier one lacked take their meaning of then.
+
+    Without `history`, the record's history is left out (empty), which is
+    most of the cost of a decode: for a reader of many records that shows
+    none of it (a recovery plan). An UNKNOWN record keeps it, since when its
+    outcome became unknown may be known only from there.
 
     Raises:
         UnsupportedKeyScheme: the record's idempotency key scheme is unknown
@@ -159,11 +164,13 @@ def decode_call(raw: bytes) -> ToolCall:
     check_key_scheme(doc["scheme"])
     r = doc["result"]
     lease = doc["lease"]
+    state = State(doc["state"])
+    transitions = doc["history"] if history or state is State.UNKNOWN else ()
     return ToolCall(
         ref=CallRef(*doc["ref"]),
         tool_name=doc["tool"],
         effect=Effect(doc["effect"]),
-        state=State(doc["state"]),
+        state=state,
         revision=doc["rev"],
         key_scheme=doc["scheme"],
         input_fingerprint=doc["fp"],
@@ -195,7 +202,7 @@ def decode_call(raw: bytes) -> ToolCall:
                 rev,
                 att,
             )
-            for f, t, e, at, actor, reason, rev, att in doc["history"]
+            for f, t, e, at, actor, reason, rev, att in transitions
         ),
         # Records written before approvals and reconciliations were stored
         # have neither key.

@@ -50,9 +50,11 @@ log = logging.getLogger(__name__)
 # that name their kind, tombstones indexed by time and counted apart. A
 # daemon of format 2 would look long identities up under keys where they no
 # longer are, and create them anew: it must not open a format 3 store.
-# Formats 1 and 2 are upgraded at open (`storage.migration`).
-FORMAT_VERSION = b"3"
-_UPGRADABLE = frozenset({b"1", b"2"})
+# 4: the retention index (`storage.retention_times`), which a daemon of
+# format 3 would leave stale: it must not open a format 4 store.
+# Formats 1, 2 and 3 are upgraded at open (`storage.migration`).
+FORMAT_VERSION = b"4"
+_UPGRADABLE = frozenset({b"1", b"2", b"3"})
 _FORMAT_KEY = b"format_version"
 _INCARNATION_KEY = b"incarnation"
 # LMDB's two meta pages, at the start of the data file.

@@ -1,6 +1,7 @@
-"""The upgrade of a store of format 1 or 2 to format 3, in place, at open.
+"""The upgrade of a store of format 1, 2 or 3 to format 4, in place, at open.
 
-What format 3 changed, and what the upgrade does about it:
+What format 3 changed, and what the upgrade of a format 1 or 2 store does
+about it:
 - An identity part longer than the bounds of `storage.keys` is stored
   hashed; format 2 stored every part verbatim (and refused what did not
   fit). Records, index entries, tombstones and checkpoints of long
@@ -14,7 +15,11 @@ What format 3 changed, and what the upgrade does about it:
   of before the input's kind was hashed (V1): `records.decode_call` reads
   them so, and nothing is rewritten for it.
 
-The open that finds format 1 or 2 sets format 3 and a pending mark in the
+What format 4 changed: COMMITTED records are indexed by the time their
+retention window ends (`storage.retention_times`); the upgrade of a store
+of any earlier format indexes every COMMITTED record it finds.
+
+The open that finds format 1, 2 or 3 sets format 4 and a pending mark in the
 same transaction, so a daemon of an earlier format never opens a store
 whose keys are half moved. The steps are idempotent and run in bounded
 transactions; an upgrade stopped midway is resumed at the next open, and
@@ -28,8 +33,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.ledger.model import CallRef
-from sidecar.storage import keys, records, tombstones, usage
+from sidecar.errors import UnsupportedKeyScheme
+from sidecar.ledger.model import CallRef, State
+from sidecar.storage import keys, records, retention_times, tombstones, usage
 from sidecar.storage.api import Store, Table, WriteView
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,8 @@ log = logging.getLogger(__name__)
 PENDING_KEY = b"upgrade_pending"
 BATCH = 1000
 _SEP = b"\x00"
+# Formats whose keys are moved and whose usage is counted again.
+_BEFORE_HASHED_KEYS = frozenset({b"1", b"2"})
 
 # A stored row's new (key, value), or None when it stays.
 _Rekey = Callable[[bytes, bytes], tuple[bytes, bytes] | None]
@@ -116,6 +124,27 @@ def _index_tombstones(view: WriteView, *, after: bytes | None) -> _Step:
     return _Step(len(rows), rows[-1][0] if len(rows) == BATCH else None)
 
 
+def _index_retention(view: WriteView, *, after: bytes | None) -> _Step:
+    prefix = records.state_prefix(State.COMMITTED)
+    rows = []
+    for index_key, _ in view.scan(Table.CALL_STATES, prefix, after=after):
+        rows.append(index_key)
+        if len(rows) == BATCH:
+            break
+    for index_key in rows:
+        key = index_key[len(prefix) :]
+        raw = view.get(Table.CALLS, key)
+        try:
+            # The index reads no history: most of a decode's cost, left out.
+            call = None if raw is None else records.decode_call(raw, history=False)
+        except UnsupportedKeyScheme:
+            continue  # a newer daemon's: never compacted by this one
+        indexed = None if call is None else retention_times.key(call, key)
+        if indexed is not None:
+            view.put(Table.RETENTION_TIMES, indexed, b"")
+    return _Step(len(rows), rows[-1] if len(rows) == BATCH else None)
+
+
 def _finish(view: WriteView) -> None:
     view.delete(Table.META, PENDING_KEY)
 
@@ -136,25 +165,30 @@ def resume(store: Store) -> bool:
     pending = store.read(lambda view: view.get(Table.META, PENDING_KEY))
     if pending is None:
         return False
-    moved = sum(
-        _walk(store, functools.partial(_move, table=table, rekey=rekey))
-        for table, rekey in _MOVES
-    )
-    indexed = _walk(store, _index_tombstones)
+    moved = indexed = 0
+    if pending in _BEFORE_HASHED_KEYS:
+        moved = sum(
+            _walk(store, functools.partial(_move, table=table, rekey=rekey))
+            for table, rekey in _MOVES
+        )
+        indexed = _walk(store, _index_tombstones)
+    committed = _walk(store, _index_retention)
     store.submit(_finish).result()
     log.info(
         "store upgraded from format %s: %d rows moved to their format 3 keys, "
-        "%d tombstones indexed by time",
+        "%d tombstones indexed by time, %d committed calls indexed for retention",
         pending.decode(errors="replace"),
         moved,
         indexed,
+        committed,
     )
     return True
 
 
 def mark_pending(view: WriteView, from_format: bytes) -> None:
-    """Records, in the transaction that sets format 3, that the rows of
-    `from_format` are still to be upgraded, and that the counters are to be
-    counted again."""
+    """Records, in the transaction that sets format 4, that the rows of
+    `from_format` are still to be upgraded, and, for a format before 3, that
+    the counters are to be counted again."""
     view.put(Table.META, PENDING_KEY, from_format)
-    view.delete(Table.META, usage.COUNTED_KEY)
+    if from_format in _BEFORE_HASHED_KEYS:
+        view.delete(Table.META, usage.COUNTED_KEY)

@@ -7,7 +7,8 @@ NUL or other control characters (see `ledger.validation`), so keys are
 unambiguous, and a namespace or run is a key prefix. Values: versioned JSON
 documents, which hold the readable identity (`sidecar.storage.call_documents`).
 Every load and save of a record goes through here, which keeps the by-state
-index in step with the records.
+index and the retention index (`storage.retention_times`) in step with the
+records.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from sidecar.ledger import audit
 from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import CallRef, State, ToolCall
-from sidecar.storage import keys
+from sidecar.storage import keys, retention_times
 from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.call_documents import decode_call, encode_call
 
@@ -63,12 +64,19 @@ def load_call_at(view: ReadView, key: bytes) -> ToolCall | None:
 
 
 def save_call(view: WriteView, old: ToolCall | None, new: ToolCall) -> None:
-    """Stores `new` (which replaces `old`, as loaded) and its index entry."""
+    """Stores `new` (which replaces `old`, as loaded) and its index entries."""
     key = call_key(new.ref)
     if old is not None and old.state is not new.state:
         view.delete(Table.CALL_STATES, _STATE_CODES[old.state] + key)
     if old is None or old.state is not new.state:
         view.put(Table.CALL_STATES, _STATE_CODES[new.state] + key, b"")
+    was = None if old is None else retention_times.key(old, key)
+    now = retention_times.key(new, key)
+    if was != now:
+        if was is not None:
+            view.delete(Table.RETENTION_TIMES, was)
+        if now is not None:
+            view.put(Table.RETENTION_TIMES, now, b"")
     view.put(Table.CALLS, key, encode_call(new))
 
 

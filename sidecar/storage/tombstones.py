@@ -3,9 +3,10 @@
 A tombstone lives in `Table.TOMBSTONES` under the key the record had in
 `Table.CALLS` (see `records.call_key`), as a versioned JSON document, and in
 `Table.TOMBSTONE_TIMES` by the time it was made. `compact` replaces a record
-by its tombstone, index entries included, in the caller's write transaction,
-so a call is always either a record or a tombstone, never both and never
-neither, until `expire` deletes the tombstone after its lifetime.
+by its tombstone, index entries included (the retention index's too), in
+the caller's write transaction, so a call is always either a record or a
+tombstone, never both and never neither, until `expire` deletes the
+tombstone after its lifetime.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sidecar.ledger.model import (
     check_key_scheme,
 )
 from sidecar.ledger.retention import Tombstone
-from sidecar.storage import records
+from sidecar.storage import records, retention_times
 from sidecar.storage.api import ReadView, Table, WriteView
 
 TOMBSTONE_VERSION = 1
@@ -102,6 +103,9 @@ def compact(view: WriteView, call: ToolCall, tomb: Tombstone) -> None:
         raise ValueError("the tombstone is of another call")
     key = records.call_key(call.ref)
     view.delete(Table.CALL_STATES, records.state_prefix(call.state) + key)
+    indexed = retention_times.key(call, key)
+    if indexed is not None:
+        view.delete(Table.RETENTION_TIMES, indexed)
     view.delete(Table.CALLS, key)
     view.put(Table.TOMBSTONES, key, encode(tomb))
     view.put(Table.TOMBSTONE_TIMES, time_key(tomb.compacted_ns, key), b"")

@@ -308,3 +308,30 @@ def test_async_resume_acknowledges_after_the_block(daemon: RunningDaemon) -> Non
         RecoveryAction.REPLAY_RESULT,
         RecoveryAction.ALREADY_DELIVERED,
     ]
+
+
+def test_recover_reads_every_page_of_a_plan(daemon: RunningDaemon) -> None:
+    """`recover` joins the pages of a plan larger than a page, in call_id
+    order, interrupted when any page is; `recover_pages` yields the pages
+    themselves; sync and async alike."""
+    ids = [f"c{i:02d}" for i in range(7)]
+
+    async def body(c: AsyncClient) -> None:
+        for call_id in ids:
+            await c.prepare_tool("run-p", call_id, "search", {"q": call_id})
+        await c.prepare_tool("run-p", "z", "pay", {}, require_approval=True)
+        plan = await c.recover("run-p", page_size=3)
+        assert [i.call.call_id for i in plan.items] == [*ids, "z"]
+        assert plan.interrupted
+        pages = [p async for p in c.recover_pages("run-p", page_size=3)]
+        assert [len(p.items) for p in pages] == [3, 3, 2]
+        assert [p.interrupted for p in pages] == [False, False, True]
+
+    run_with(daemon, body)
+    with Client(daemon.target) as c:
+        plan = c.recover("run-p", page_size=3)
+        assert [i.call.call_id for i in plan.items] == [*ids, "z"]
+        assert plan.interrupted
+        pages = list(c.recover_pages("run-p", page_size=2))
+        assert [len(p.items) for p in pages] == [2, 2, 2, 2]
+        assert c.recover("run-p") == plan

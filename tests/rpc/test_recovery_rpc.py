@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 from effectd.v1 import ledger_pb2 as pb
@@ -42,7 +44,7 @@ def _committed(ledger: Ledger, call_id: str) -> pb.ToolCall:
     return done.call
 
 
-def _recover(stub: recovery_pb2_grpc.RecoveryStub, **kw: str) -> rpb.RecoverResponse:
+def _recover(stub: recovery_pb2_grpc.RecoveryStub, **kw: Any) -> rpb.RecoverResponse:
     return stub.Recover(rpb.RecoverRequest(run_id="run", **kw), timeout=5)
 
 

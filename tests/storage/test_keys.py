@@ -32,10 +32,10 @@ from sidecar.ledger.validation import Limits, Violations
 from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
 from sidecar.services.retention import RetentionService
-from sidecar.storage import keys, records, tombstones
+from sidecar.storage import keys, records, retention_times, tombstones
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
-from tests.ledger.builders import ok_result
+from tests.ledger.builders import committed, ok_result
 
 LIMITS = Limits()
 NS64 = "n" * 64
@@ -77,13 +77,16 @@ def accepted_checkpoint_keys() -> list[str]:
 def test_every_accepted_identity_has_keys_lmdb_stores(
     run_id: str, call_id: str
 ) -> None:
-    """Record, index, tombstone and tombstone-time keys of the longest
+    """Record, index, retention-time, tombstone and tombstone-time keys of the longest
     namespace with any accepted run_id and call_id fit in 511 bytes (issue
     10 item A1: fails before the fix: 64 + 256 + 256 bytes made a 579-byte
     key)."""
     key = records.call_key(CallRef(NS64, run_id, call_id))
     assert len(records.state_prefix(State.COMMITTED) + key) <= keys.MAX_KEY_BYTES
     assert len(tombstones.time_key(2**63 - 1, key)) <= keys.MAX_KEY_BYTES
+    indexed = retention_times.key(committed(Effect.READ), key)
+    assert indexed is not None
+    assert len(indexed) <= keys.MAX_KEY_BYTES
 
 
 @pytest.mark.parametrize("key", accepted_checkpoint_keys())

@@ -20,6 +20,9 @@ const c = require('./convert');
 const DEFAULT_TARGET = 'unix:.effectd/effectd.sock';
 /** Read when no `session` option is given: '0', 'false' or 'off' turns the session stream off. */
 const SESSION_ENV = 'EFFECTD_SESSION';
+// Calls per Recover answer when a plan is read page by page (the most the
+// daemon answers at once).
+const RECOVER_PAGE_SIZE = 1000;
 
 function sessionDefault() {
   const value = (process.env[SESSION_ENV] ?? '').trim().toLowerCase();
@@ -360,11 +363,32 @@ class Client {
 
   // -- recovery ---------------------------------------------------------------
 
-  /** The plan of a crashed run: one item per call; nothing is executed. */
-  async recover({ runId }) {
-    const request = { namespace: this.namespace, runId };
-    const r = await this._call(this._recovery, 'Recover', request);
-    return { items: r.items.map(c.recoveryItemOut), interrupted: r.interrupted, settled: r.settled };
+  /**
+   * The plan of a crashed run: one item per call, in callId byte order, read
+   * page by page (`pageSize` 1..1000 calls per answer); nothing is executed.
+   */
+  async recover({ runId, pageSize = RECOVER_PAGE_SIZE }) {
+    const plan = { items: [], interrupted: false, settled: 0 };
+    for await (const page of this.recoverPages({ runId, pageSize })) {
+      plan.items.push(...page.items);
+      plan.interrupted ||= page.interrupted;
+      plan.settled += page.settled;
+    }
+    return plan;
+  }
+
+  /**
+   * The plan of a crashed run one page at a time; a page is `interrupted`
+   * when one of its own calls interrupts the run.
+   */
+  async *recoverPages({ runId, pageSize = RECOVER_PAGE_SIZE }) {
+    let pageToken = '';
+    do {
+      const request = { namespace: this.namespace, runId, pageSize, pageToken };
+      const r = await this._call(this._recovery, 'Recover', request);
+      yield { items: r.items.map(c.recoveryItemOut), interrupted: r.interrupted, settled: r.settled };
+      pageToken = r.nextPageToken;
+    } while (pageToken);
   }
 
   /** Marks committed results as delivered to the transcript (retried like a commit); returns the records. */

@@ -257,7 +257,10 @@ export class Client {
     pageSize?: number;
     allNamespaces?: boolean;
   }): AsyncGenerator<ToolCall, void>;
-  recover(args: { runId: string }): Promise<RecoveryPlan>;
+  /** Every page of the plan, joined; `pageSize` 1..1000 calls per answer (default 1000). */
+  recover(args: { runId: string; pageSize?: number }): Promise<RecoveryPlan>;
+  /** The plan one page at a time, in callId byte order. */
+  recoverPages(args: { runId: string; pageSize?: number }): AsyncGenerator<RecoveryPlan, void>;
   acknowledgeRecovery(args: { runId: string; callIds: string[]; retry?: RecordingRetry }): Promise<ToolCall[]>;
   decideRetry(args: {
     call?: CallRef;

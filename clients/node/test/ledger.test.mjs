@@ -238,6 +238,22 @@ describe('recovery', () => {
     const empty = await client.recover({ runId: 'no-such-run' });
     assert.deepEqual(empty, { items: [], interrupted: false, settled: 0 });
   });
+
+  test('recover joins the pages of a plan; recoverPages yields them in callId order', async () => {
+    const run = 'paged';
+    const ids = ['c0', 'c1', 'c2', 'c3', 'c4', 'c5', 'c6'];
+    for (const callId of ids) await client.prepareTool({ runId: run, callId, tool: 't', input: callId });
+    await client.prepareTool({ runId: run, callId: 'z', tool: 't', input: 'z', requireApproval: true });
+    const whole = await client.recover({ runId: run, pageSize: 3 });
+    assert.deepEqual(whole.items.map((i) => i.call.callId), [...ids, 'z']);
+    assert.equal(whole.interrupted, true);
+    const pages = [];
+    for await (const page of client.recoverPages({ runId: run, pageSize: 3 })) pages.push(page);
+    assert.deepEqual(pages.map((p) => p.items.length), [3, 3, 2]);
+    assert.deepEqual(pages.map((p) => p.interrupted), [false, false, true]);
+    assert.deepEqual(await client.recover({ runId: run }), whole);
+    await assert.rejects(client.recover({ runId: run, pageSize: 1001 }), errors.INVALID_REQUEST);
+  });
 });
 
 describe('retry decisions', () => {

@@ -321,10 +321,25 @@ class AsyncClient:
             (await self._call(self._ledger.Reconcile, request)).call
         )
 
-    async def recover(self, run_id: str) -> RecoveryPlan:
-        """The plan for every call of a crashed run."""
-        request = req.recover(self.namespace, run_id)
-        return RecoveryPlan.from_pb(await self._call(self._recovery.Recover, request))
+    async def recover(
+        self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
+    ) -> RecoveryPlan:
+        """See `Client.recover`."""
+        pages = [p async for p in self.recover_pages(run_id, page_size=page_size)]
+        return RecoveryPlan.joined(pages)
+
+    async def recover_pages(
+        self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
+    ) -> AsyncIterator[RecoveryPlan]:
+        """See `Client.recover_pages`."""
+        token = ""
+        while True:
+            request = req.recover(self.namespace, run_id, page_size, token)
+            page = await self._call(self._recovery.Recover, request)
+            yield RecoveryPlan.from_pb(page)
+            token = page.next_page_token
+            if not token:
+                return
 
     async def acknowledge_recovery(
         self,

@@ -330,10 +330,28 @@ class Client:
         )
         return ToolCall.from_pb(self._call(self._ledger.Reconcile, request).call)
 
-    def recover(self, run_id: str) -> RecoveryPlan:
-        """The plan for every call of a crashed run."""
-        request = req.recover(self.namespace, run_id)
-        return RecoveryPlan.from_pb(self._call(self._recovery.Recover, request))
+    def recover(
+        self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
+    ) -> RecoveryPlan:
+        """The plan for every call of a crashed run, read page by page."""
+        return RecoveryPlan.joined(
+            list(self.recover_pages(run_id, page_size=page_size))
+        )
+
+    def recover_pages(
+        self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
+    ) -> Iterator[RecoveryPlan]:
+        """The plan of a crashed run, one page (at most `page_size` calls,
+        1..1000) at a time, in call_id byte order; a page is `interrupted`
+        when one of its own calls interrupts the run."""
+        token = ""
+        while True:
+            request = req.recover(self.namespace, run_id, page_size, token)
+            page = self._call(self._recovery.Recover, request)
+            yield RecoveryPlan.from_pb(page)
+            token = page.next_page_token
+            if not token:
+                return
 
     def acknowledge_recovery(
         self,

@@ -218,8 +218,17 @@ def reconcile(
     return request
 
 
-def recover(namespace: str, run_id: str) -> rpb.RecoverRequest:
-    return rpb.RecoverRequest(namespace=namespace, run_id=run_id)
+# Calls per Recover answer when a plan is read page by page (the most the
+# daemon answers at once).
+RECOVER_PAGE_SIZE = 1000
+
+
+def recover(
+    namespace: str, run_id: str, page_size: int = 0, page_token: str = ""
+) -> rpb.RecoverRequest:
+    return rpb.RecoverRequest(
+        namespace=namespace, run_id=run_id, page_size=page_size, page_token=page_token
+    )
 
 
 def acknowledge_recovery(

@@ -185,6 +185,12 @@ class RecoveryPlan:
         )
         return cls(items, msg.interrupted)
 
+    @classmethod
+    def joined(cls, pages: list[RecoveryPlan]) -> RecoveryPlan:
+        """The plan of a run from the plans of its pages, in order."""
+        items = tuple(item for page in pages for item in page.items)
+        return cls(items, any(page.interrupted for page in pages))
+
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:

@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from effectd.v1 import ledger_pb2 as effectd_dot_v1_dot_ledger__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65\x66\x66\x65\x63td/v1/recovery.proto\x12\neffectd.v1\x1a\x17\x65\x66\x66\x65\x63td/v1/ledger.proto\"3\n\x0eRecoverRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"\xc3\x01\n\x0cRecoveryItem\x12*\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1a.effectd.v1.RecoveryAction\x12\"\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x14.effectd.v1.ToolCall\x12&\n\x06result\x18\x03 \x01(\x0b\x32\x16.effectd.v1.ToolResult\x12\"\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\x0e\x32\x12.effectd.v1.Effect\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\"`\n\x0fRecoverResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.effectd.v1.RecoveryItem\x12\x13\n\x0binterrupted\x18\x02 \x01(\x08\x12\x0f\n\x07settled\x18\x03 \x01(\r\"Q\n\x1a\x41\x63knowledgeRecoveryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61ll_ids\x18\x03 \x03(\t\"B\n\x1b\x41\x63knowledgeRecoveryResponse\x12#\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x14.effectd.v1.ToolCall*\xa8\x02\n\x0eRecoveryAction\x12\x1f\n\x1bRECOVERY_ACTION_UNSPECIFIED\x10\x00\x12!\n\x1dRECOVERY_ACTION_REPLAY_RESULT\x10\x01\x12\x1d\n\x19RECOVERY_ACTION_RECONCILE\x10\x02\x12%\n!RECOVERY_ACTION_WAIT_FOR_APPROVAL\x10\x03\x12 \n\x1cRECOVERY_ACTION_ERROR_RESULT\x10\x04\x12\x1b\n\x17RECOVERY_ACTION_EXECUTE\x10\x05\x12&\n\"RECOVERY_ACTION_RETRY_NEEDS_POLICY\x10\x06\x12%\n!RECOVERY_ACTION_ALREADY_DELIVERED\x10\x07\x32\xb6\x01\n\x08Recovery\x12\x42\n\x07Recover\x12\x1a.effectd.v1.RecoverRequest\x1a\x1b.effectd.v1.RecoverResponse\x12\x66\n\x13\x41\x63knowledgeRecovery\x12&.effectd.v1.AcknowledgeRecoveryRequest\x1a\'.effectd.v1.AcknowledgeRecoveryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65\x66\x66\x65\x63td/v1/recovery.proto\x12\neffectd.v1\x1a\x17\x65\x66\x66\x65\x63td/v1/ledger.proto\"Z\n\x0eRecoverRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"\xc3\x01\n\x0cRecoveryItem\x12*\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1a.effectd.v1.RecoveryAction\x12\"\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x14.effectd.v1.ToolCall\x12&\n\x06result\x18\x03 \x01(\x0b\x32\x16.effectd.v1.ToolResult\x12\"\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\x0e\x32\x12.effectd.v1.Effect\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\"y\n\x0fRecoverResponse\x12\'\n\x05items\x18\x01 \x03(\x0b\x32\x18.effectd.v1.RecoveryItem\x12\x13\n\x0binterrupted\x18\x02 \x01(\x08\x12\x0f\n\x07settled\x18\x03 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\"Q\n\x1a\x41\x63knowledgeRecoveryRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61ll_ids\x18\x03 \x03(\t\"B\n\x1b\x41\x63knowledgeRecoveryResponse\x12#\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x14.effectd.v1.ToolCall*\xa8\x02\n\x0eRecoveryAction\x12\x1f\n\x1bRECOVERY_ACTION_UNSPECIFIED\x10\x00\x12!\n\x1dRECOVERY_ACTION_REPLAY_RESULT\x10\x01\x12\x1d\n\x19RECOVERY_ACTION_RECONCILE\x10\x02\x12%\n!RECOVERY_ACTION_WAIT_FOR_APPROVAL\x10\x03\x12 \n\x1cRECOVERY_ACTION_ERROR_RESULT\x10\x04\x12\x1b\n\x17RECOVERY_ACTION_EXECUTE\x10\x05\x12&\n\"RECOVERY_ACTION_RETRY_NEEDS_POLICY\x10\x06\x12%\n!RECOVERY_ACTION_ALREADY_DELIVERED\x10\x07\x32\xb6\x01\n\x08Recovery\x12\x42\n\x07Recover\x12\x1a.effectd.v1.RecoverRequest\x1a\x1b.effectd.v1.RecoverResponse\x12\x66\n\x13\x41\x63knowledgeRecovery\x12&.effectd.v1.AcknowledgeRecoveryRequest\x1a\'.effectd.v1.AcknowledgeRecoveryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'effectd.v1.recovery_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RECOVERYACTION']._serialized_start=567
-  _globals['_RECOVERYACTION']._serialized_end=863
+  _globals['_RECOVERYACTION']._serialized_start=631
+  _globals['_RECOVERYACTION']._serialized_end=927
   _globals['_RECOVERREQUEST']._serialized_start=66
-  _globals['_RECOVERREQUEST']._serialized_end=117
-  _globals['_RECOVERYITEM']._serialized_start=120
-  _globals['_RECOVERYITEM']._serialized_end=315
-  _globals['_RECOVERRESPONSE']._serialized_start=317
-  _globals['_RECOVERRESPONSE']._serialized_end=413
-  _globals['_ACKNOWLEDGERECOVERYREQUEST']._serialized_start=415
-  _globals['_ACKNOWLEDGERECOVERYREQUEST']._serialized_end=496
-  _globals['_ACKNOWLEDGERECOVERYRESPONSE']._serialized_start=498
-  _globals['_ACKNOWLEDGERECOVERYRESPONSE']._serialized_end=564
-  _globals['_RECOVERY']._serialized_start=866
-  _globals['_RECOVERY']._serialized_end=1048
+  _globals['_RECOVERREQUEST']._serialized_end=156
+  _globals['_RECOVERYITEM']._serialized_start=159
+  _globals['_RECOVERYITEM']._serialized_end=354
+  _globals['_RECOVERRESPONSE']._serialized_start=356
+  _globals['_RECOVERRESPONSE']._serialized_end=477
+  _globals['_ACKNOWLEDGERECOVERYREQUEST']._serialized_start=479
+  _globals['_ACKNOWLEDGERECOVERYREQUEST']._serialized_end=560
+  _globals['_ACKNOWLEDGERECOVERYRESPONSE']._serialized_start=562
+  _globals['_ACKNOWLEDGERECOVERYRESPONSE']._serialized_end=628
+  _globals['_RECOVERY']._serialized_start=930
+  _globals['_RECOVERY']._serialized_end=1112
 # @@protoc_insertion_point(module_scope)

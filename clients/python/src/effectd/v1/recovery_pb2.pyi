@@ -119,21 +119,33 @@ class RecoverRequest(_message.Message):
 
     NAMESPACE_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     """1..64 characters of [A-Za-z0-9._-]. Empty means "default". When
     authentication is on, the namespace comes from the credential.
     """
     run_id: _builtins.str
     """Required: 1..256 bytes of UTF-8 without control characters and ':'."""
+    page_size: _builtins.int
+    """1..1000 calls per answer. 0 means the whole plan in one answer, refused
+    (INVALID_ARGUMENT on `page_size`) when it would exceed 4 MiB.
+    """
+    page_token: _builtins.str
+    """From the previous answer's next_page_token, with the same namespace and
+    run_id; a token of another run or namespace is INVALID_ARGUMENT.
+    """
     def __init__(
         self,
         *,
         namespace: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -191,15 +203,19 @@ class RecoverResponse(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     INTERRUPTED_FIELD_NUMBER: _builtins.int
     SETTLED_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     interrupted: _builtins.bool
-    """True when any item is RECONCILE or WAIT_FOR_APPROVAL: the agent cannot
-    finish the run by itself.
+    """True when any item (of this page) is RECONCILE or WAIT_FOR_APPROVAL:
+    the agent cannot finish the run by itself. The run is interrupted when
+    any page says so.
     """
     settled: _builtins.int
-    """How many STARTED calls this recovery turned UNKNOWN."""
+    """How many STARTED calls this recovery (of this page) turned UNKNOWN."""
+    next_page_token: _builtins.str
+    """The page_token of the next page; empty when there are no more calls."""
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecoveryItem]:
-        """One item per call of the run, in call_id byte order."""
+        """One item per call of the run (of this page), in call_id byte order."""
 
     def __init__(
         self,
@@ -207,10 +223,11 @@ class RecoverResponse(_message.Message):
         items: _abc.Iterable[Global___RecoveryItem] | None = ...,
         interrupted: _builtins.bool = ...,
         settled: _builtins.int = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["interrupted", b"interrupted", "items", b"items", "settled", b"settled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["interrupted", b"interrupted", "items", b"items", "next_page_token", b"next_page_token", "settled", b"settled"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

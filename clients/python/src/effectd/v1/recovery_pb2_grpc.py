@@ -50,12 +50,23 @@ class RecoveryServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Recover(self, request, context):
-        """Returns the plan of a run. In the same transaction, every STARTED call
+        """Returns the plan of a run. Before the answer, every STARTED call of it
         whose lease expired, or that was started under an earlier incarnation of
-        the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-        have executed it. Nothing else changes. A run with no calls in the
+        the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+        it may have executed it. Nothing else changes. A run with no calls in the
         caller's namespace has an empty plan; calls of other namespaces are never
         seen.
+
+        The plan comes in pages (`page_size`, `page_token`), in call_id byte
+        order; each page is settled and answered on its own, and the daemon's
+        single writer is never held for more than one page. Paging is stable
+        under concurrent writes: a call that exists for the whole paging is in
+        exactly one page; one added meanwhile is in a later page if its key
+        sorts after the last page read, and in none otherwise. Without
+        `page_size` the whole plan comes in one answer, as before paging, unless
+        that answer would exceed 4 MiB (the default maximum message a gRPC client
+        receives): then the request is refused with INVALID_ARGUMENT (a field
+        violation on `page_size`), never answered with part of the plan.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -64,6 +75,8 @@ class RecoveryServicer:
     def AcknowledgeRecovery(self, request, context):
         """Marks replayed results as delivered to the transcript: each call must be
         COMMITTED (INVALID_TRANSITION otherwise) and gets `acknowledged = true`.
+        Only the calls named are acknowledged, never a whole plan or page: an
+        agent acknowledges the results it appended, page by page or at the end.
         Acknowledging again is a no-op. All calls of the request, or none:
         NOT_FOUND or INVALID_TRANSITION carry the `index` of the call refused.
         """

@@ -49,16 +49,29 @@ class RecoveryStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RecoveryAsyncStub: ...
     Recover: _grpc.UnaryUnaryMultiCallable[_recovery_pb2.RecoverRequest, _recovery_pb2.RecoverResponse]
-    """Returns the plan of a run. In the same transaction, every STARTED call
+    """Returns the plan of a run. Before the answer, every STARTED call of it
     whose lease expired, or that was started under an earlier incarnation of
-    the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-    have executed it. Nothing else changes. A run with no calls in the
+    the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+    it may have executed it. Nothing else changes. A run with no calls in the
     caller's namespace has an empty plan; calls of other namespaces are never
     seen.
+
+    The plan comes in pages (`page_size`, `page_token`), in call_id byte
+    order; each page is settled and answered on its own, and the daemon's
+    single writer is never held for more than one page. Paging is stable
+    under concurrent writes: a call that exists for the whole paging is in
+    exactly one page; one added meanwhile is in a later page if its key
+    sorts after the last page read, and in none otherwise. Without
+    `page_size` the whole plan comes in one answer, as before paging, unless
+    that answer would exceed 4 MiB (the default maximum message a gRPC client
+    receives): then the request is refused with INVALID_ARGUMENT (a field
+    violation on `page_size`), never answered with part of the plan.
     """
     AcknowledgeRecovery: _grpc.UnaryUnaryMultiCallable[_recovery_pb2.AcknowledgeRecoveryRequest, _recovery_pb2.AcknowledgeRecoveryResponse]
     """Marks replayed results as delivered to the transcript: each call must be
     COMMITTED (INVALID_TRANSITION otherwise) and gets `acknowledged = true`.
+    Only the calls named are acknowledged, never a whole plan or page: an
+    agent acknowledges the results it appended, page by page or at the end.
     Acknowledging again is a no-op. All calls of the request, or none:
     NOT_FOUND or INVALID_TRANSITION carry the `index` of the call refused.
     """
@@ -67,16 +80,29 @@ class RecoveryStub:
 class RecoveryAsyncStub(RecoveryStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Recover: _aio.UnaryUnaryMultiCallable[_recovery_pb2.RecoverRequest, _recovery_pb2.RecoverResponse]  # type: ignore[assignment]
-    """Returns the plan of a run. In the same transaction, every STARTED call
+    """Returns the plan of a run. Before the answer, every STARTED call of it
     whose lease expired, or that was started under an earlier incarnation of
-    the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-    have executed it. Nothing else changes. A run with no calls in the
+    the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+    it may have executed it. Nothing else changes. A run with no calls in the
     caller's namespace has an empty plan; calls of other namespaces are never
     seen.
+
+    The plan comes in pages (`page_size`, `page_token`), in call_id byte
+    order; each page is settled and answered on its own, and the daemon's
+    single writer is never held for more than one page. Paging is stable
+    under concurrent writes: a call that exists for the whole paging is in
+    exactly one page; one added meanwhile is in a later page if its key
+    sorts after the last page read, and in none otherwise. Without
+    `page_size` the whole plan comes in one answer, as before paging, unless
+    that answer would exceed 4 MiB (the default maximum message a gRPC client
+    receives): then the request is refused with INVALID_ARGUMENT (a field
+    violation on `page_size`), never answered with part of the plan.
     """
     AcknowledgeRecovery: _aio.UnaryUnaryMultiCallable[_recovery_pb2.AcknowledgeRecoveryRequest, _recovery_pb2.AcknowledgeRecoveryResponse]  # type: ignore[assignment]
     """Marks replayed results as delivered to the transcript: each call must be
     COMMITTED (INVALID_TRANSITION otherwise) and gets `acknowledged = true`.
+    Only the calls named are acknowledged, never a whole plan or page: an
+    agent acknowledges the results it appended, page by page or at the end.
     Acknowledging again is a no-op. All calls of the request, or none:
     NOT_FOUND or INVALID_TRANSITION carry the `index` of the call refused.
     """
@@ -88,12 +114,23 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         request: _recovery_pb2.RecoverRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_recovery_pb2.RecoverResponse, _abc.Awaitable[_recovery_pb2.RecoverResponse]]:
-        """Returns the plan of a run. In the same transaction, every STARTED call
+        """Returns the plan of a run. Before the answer, every STARTED call of it
         whose lease expired, or that was started under an earlier incarnation of
-        the daemon, becomes UNKNOWN (with a history entry): whoever held it may
-        have executed it. Nothing else changes. A run with no calls in the
+        the daemon, becomes UNKNOWN on disk (with a history entry): whoever held
+        it may have executed it. Nothing else changes. A run with no calls in the
         caller's namespace has an empty plan; calls of other namespaces are never
         seen.
+
+        The plan comes in pages (`page_size`, `page_token`), in call_id byte
+        order; each page is settled and answered on its own, and the daemon's
+        single writer is never held for more than one page. Paging is stable
+        under concurrent writes: a call that exists for the whole paging is in
+        exactly one page; one added meanwhile is in a later page if its key
+        sorts after the last page read, and in none otherwise. Without
+        `page_size` the whole plan comes in one answer, as before paging, unless
+        that answer would exceed 4 MiB (the default maximum message a gRPC client
+        receives): then the request is refused with INVALID_ARGUMENT (a field
+        violation on `page_size`), never answered with part of the plan.
         """
 
     @_abc_1.abstractmethod
@@ -104,6 +141,8 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_recovery_pb2.AcknowledgeRecoveryResponse, _abc.Awaitable[_recovery_pb2.AcknowledgeRecoveryResponse]]:
         """Marks replayed results as delivered to the transcript: each call must be
         COMMITTED (INVALID_TRANSITION otherwise) and gets `acknowledged = true`.
+        Only the calls named are acknowledged, never a whole plan or page: an
+        agent acknowledges the results it appended, page by page or at the end.
         Acknowledging again is a no-op. All calls of the request, or none:
         NOT_FOUND or INVALID_TRANSITION carry the `index` of the call refused.
         """
