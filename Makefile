@@ -20,8 +20,10 @@ $(INSTALLED): $(PY) pyproject.toml clients/python/pyproject.toml
 	$(PIP) install -e clients/python -e .
 	touch $@
 
-$(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt
-	$(PIP) install -r requirements-dev.txt
+# The client's extras are tested too: `mcp` (effectd_client.mcp) with its
+# pinned SDK and its real servers.
+$(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.toml
+	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp]'
 	touch $@
 
 ## run: start the daemon on its embedded default (LMDB in ./.effectd, Unix socket there)
@@ -64,6 +66,7 @@ bench: $(DEV_INSTALLED)
 	$(PY) bench/lifecycle.py
 	$(PY) bench/session.py
 	$(PY) bench/serving_model.py
+	$(PY) bench/provider_stream.py
 
 ## bench-peers: effectd against Powertools idempotency on durable Redis, ratios in
 ## one run (installs redis-server and a bench venv outside the repo; PEERS_* knobs)

@@ -201,7 +201,7 @@ class Services:
     monitor: ProviderMonitor
     provider: ProviderClient
     # Closed by the daemon when it stops.
-    http: httpx.AsyncClient
+    http: httpx.AsyncBaseTransport
     tracer: Tracer | None
     slots: Slots
     gate: Gate
@@ -228,13 +228,12 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
     logs.add_secrets(r.credential for r in routes.values() if r.credential)
     # Last of what can fail: its exporters may start threads.
     tracer = seams.tracer if seams.tracer is not None else load_tracing(cfg)
-    # One pooled client per daemon; redirects are never followed (a 3xx
-    # is an answer) and the environment's proxies and .netrc are ignored.
+    # One pooled transport per daemon, with no client around it: redirects
+    # are never followed (a 3xx is an answer), no cookie is kept, and the
+    # environment's proxies, .netrc and certificate settings are ignored.
     # HTTP/2 is used where a TLS upstream offers it (ALPN).
-    http = httpx.AsyncClient(
+    http = seams.transport or httpx.AsyncHTTPTransport(
         http2=True,
-        transport=seams.transport,
-        follow_redirects=False,
         trust_env=False,
         limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
     )

@@ -14,10 +14,20 @@ import pytest
 from tests.support import docs
 from tests.support.processes import ROOT
 
-DOCUMENTS = ("README.md", "docs/operations.md", "clients/node/README.md")
+DOCUMENTS = (
+    "README.md",
+    "docs/operations.md",
+    "clients/node/README.md",
+    "docs/mcp.md",
+)
 # Blocks each document must run here, so that no marker or parser slip can
 # quietly turn the test off.
-AT_LEAST = {"README.md": 9, "docs/operations.md": 6, "clients/node/README.md": 0}
+AT_LEAST = {
+    "README.md": 9,
+    "docs/operations.md": 6,
+    "clients/node/README.md": 0,
+    "docs/mcp.md": 3,
+}
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The provider proxy's entry point: one retry policy over one httpx client.
+"""The provider proxy's entry point: one retry policy over one pooled transport.
 
 `ProviderClient.call` sends a request and reads its answer whole
 (`sidecar.provider.unary`); `ProviderClient.stream` forwards server-sent
@@ -39,15 +39,17 @@ from sidecar.provider.messages import (
 from sidecar.provider.observer import ProviderObserver, Unobserved
 from sidecar.provider.policy import Random
 from sidecar.provider.prepare import Prepared, prepare
-from sidecar.provider.routes import Route
+from sidecar.provider.routes import Locations, Route
 
 
 class ProviderClient:
-    """Applies the retry policy to provider routes over a shared client.
+    """Applies the retry policy to provider routes over a shared transport.
 
     Args:
         routes: the configured routes, by name.
-        http: the pooled client every attempt goes through.
+        transport: the pooled transport every attempt goes through (an
+            `httpx.AsyncHTTPTransport`; no client around it: requests are
+            built whole by `Prepared.build`, and no cookie jar is shared).
         clock: time for deadlines and the budget.
         budget: the host-wide retry budget (default: a fresh one).
         rng: the jitter's random source.
@@ -59,7 +61,7 @@ class ProviderClient:
     def __init__(
         self,
         routes: Mapping[str, Route],
-        http: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         clock: Clock,
         *,
         budget: RetryBudget | None = None,
@@ -69,9 +71,10 @@ class ProviderClient:
         limits: Limits | None = None,
     ) -> None:
         self._routes = dict(routes)
-        self._http = http
+        self._transport = transport
         self._clock = clock
         self._limits = limits or Limits()
+        self._locations = Locations()
         self._seams = Retrying(
             clock=clock,
             budget=budget or RetryBudget(clock),
@@ -81,13 +84,20 @@ class ProviderClient:
         )
 
     def _prepare(self, request: Request, timeout: float | None) -> Prepared:
-        return prepare(self._routes, request, self._limits, self._clock, timeout)
+        return prepare(
+            self._routes,
+            request,
+            self._limits,
+            self._clock,
+            timeout,
+            locations=self._locations,
+        )
 
     async def call(self, request: Request, timeout: float | None = None) -> Answer:
         """Sends `request` with retries; `timeout` is the seconds left of
         the caller's deadline (None: 600 s)."""
         p = self._prepare(request, timeout)
-        return await unary.call(self._http, p, self._seams)
+        return await unary.call(self._transport, p, self._seams)
 
     async def stream(
         self, request: Request, timeout: float | None = None
@@ -95,7 +105,7 @@ class ProviderClient:
         """Forwards the events of `request`; retries only before the first
         real event. The last item is always a `StreamEnd`."""
         p = self._prepare(request, timeout)
-        forward = streams.forward(self._http, p, self._seams)
+        forward = streams.forward(self._transport, p, self._seams)
         async with contextlib.aclosing(forward) as items:
             async for item in items:
                 yield item

@@ -24,7 +24,7 @@ from sidecar.clock import Clock
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.provider import policy
 from sidecar.provider.messages import Headers, Request
-from sidecar.provider.routes import Route, RouteEffect, locate
+from sidecar.provider.routes import Locations, Route, RouteEffect, locate
 
 METHODS = frozenset({"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"})
 MAX_HEADERS = 100
@@ -34,6 +34,16 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 CONNECT_TIMEOUT = 5.0
 # Answer before the gRPC deadline passes, so the agent gets our status.
 REPLY_MARGIN = 0.05
+# Every upstream request carries these unless its own headers set them: an
+# httpx client's defaults, spelled out. Attempts go straight to the pooled
+# transport: no client merges headers, URLs and cookies per request, and no
+# cookie jar carries one agent's upstream cookies into another's requests.
+DEFAULT_HEADERS = (
+    ("Accept", "*/*"),
+    ("Accept-Encoding", "gzip, deflate"),
+    ("Connection", "keep-alive"),
+    ("User-Agent", f"python-httpx/{httpx.__version__}"),
+)
 # Set by the sidecar, with the hop-by-hop headers (the list the client's
 # transports share) and any proxy-*.
 SIDECAR_HEADERS = frozenset({"host", "content-length"})
@@ -56,7 +66,7 @@ class Prepared:
     """A request as every one of its attempts sends it."""
 
     route: Route
-    url: str
+    url: httpx.URL
     method: str
     headers: Headers
     body: bytes
@@ -69,21 +79,17 @@ class Prepared:
         """Seconds an attempt or a wait may still take."""
         return (self.deadline_ns - clock.monotonic_ns()) / 1e9 - REPLY_MARGIN
 
-    def build(self, http: httpx.AsyncClient, left: float) -> httpx.Request:
+    def build(self, left: float) -> httpx.Request:
         """One attempt's HTTP request, its timeouts bounded by `left`."""
         read = min(self.route.read_timeout, left)
-        timeout = httpx.Timeout(
-            connect=min(CONNECT_TIMEOUT, left),
-            read=read,
-            write=read,
-            pool=min(CONNECT_TIMEOUT, left),
-        )
-        return http.build_request(
+        connect = min(CONNECT_TIMEOUT, left)
+        timeout = {"connect": connect, "read": read, "write": read, "pool": connect}
+        return httpx.Request(
             self.method,
             self.url,
             headers=self.headers,
             content=self.body,
-            timeout=timeout,
+            extensions={"timeout": timeout},
         )
 
 
@@ -133,12 +139,16 @@ def prepare(
     limits: Limits,
     clock: Clock,
     timeout: float | None,
+    *,
+    locations: Locations | None = None,
 ) -> Prepared:
     """The checked request, ready to send; `timeout` is the seconds left of
-    the caller's deadline (None: 600 s)."""
+    the caller's deadline (None: 600 s); `locations` remembers the paths
+    allowed before."""
     found = routes.get(request.route)
     method = check(request, found, limits)
-    route, url = locate(found, request.route, request.path)
+    where = locate if locations is None else locations.locate
+    route, url = where(found, request.route, request.path)
     lowered = {n.lower(): v for n, v in request.headers}
     key = request.idempotency_key or lowered.get("idempotency-key", "")
     key = key or str(uuid.uuid4())
@@ -157,6 +167,8 @@ def prepare(
         # W3C Trace Context: the upstream's spans join the agent's trace.
         # One child for the logical request, its retries included.
         headers += [(n, v) for n, v in context.child().headers() if n not in lowered]
+    named = {n.lower() for n, _ in headers}
+    headers[:0] = [(n, v) for n, v in DEFAULT_HEADERS if n.lower() not in named]
     inbound = policy.inbound_retry_count(request.client_retry_count, lowered)
     seconds = policy.DEFAULT_DEADLINE_SECONDS if timeout is None else timeout
     return Prepared(
@@ -179,6 +191,7 @@ def prepare(
 
 __all__ = [
     "CREDENTIAL_HEADERS",
+    "DEFAULT_HEADERS",
     "METHODS",
     "SIDECAR_HEADERS",
     "Prepared",

@@ -16,7 +16,8 @@
 The file is validated as a whole; an error names the setting and never
 shows a credential. `resolve` (or `locate`, for a route already looked up)
 turns a request's path into a URL below the route's base and refuses
-anything else (ROUTE_NOT_ALLOWED).
+anything else (ROUTE_NOT_ALLOWED); `Locations` remembers the URLs of the
+paths it allowed, so a path that comes again is not checked and parsed again.
 """
 
 from __future__ import annotations
@@ -109,25 +110,40 @@ class Route:
     paths: tuple[str, ...] = ("/",)
     read_timeout: float = 600.0
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Derived once: every request reads them.
+    _budget_key: str = field(init=False, repr=False, compare=False)
+    _own_headers: frozenset[str] = field(init=False, repr=False, compare=False)
+    _origin: tuple[str, str, int | None] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        digest = hashlib.sha256(self.credential.encode()).hexdigest()[:12]
+        names = {n.lower() for n in self.headers}
+        if self.credential_header:
+            names.add(self.credential_header.lower())
+        base = httpx.URL(self.base_url)
+        object.__setattr__(self, "_budget_key", f"{self.base_url}#{digest}")
+        object.__setattr__(self, "_own_headers", frozenset(names))
+        object.__setattr__(self, "_origin", (base.scheme, base.host, base.port))
 
     @property
     def budget_key(self) -> str:
         """The upstream key of the retry budget: base URL + credential
         fingerprint (§10.1), never the credential itself."""
-        digest = hashlib.sha256(self.credential.encode()).hexdigest()[:12]
-        return f"{self.base_url}#{digest}"
+        return self._budget_key
 
     @property
     def own_headers(self) -> frozenset[str]:
         """Lower-case names the route sets itself; requests may not."""
-        names = {n.lower() for n in self.headers}
-        if self.credential_header:
-            names.add(self.credential_header.lower())
-        return frozenset(names)
+        return self._own_headers
 
 
 def _base_url(where: str, raw: str) -> str:
-    parts = urllib.parse.urlsplit(raw)
+    try:
+        # Read as requests read it too: the route's origin comes from it.
+        parts, url = urllib.parse.urlsplit(raw), httpx.URL(raw)
+        _ = (url.host, url.port)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise FieldError(where, f"is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FieldError(where, "must be an http(s) URL with a host")
     if parts.username or parts.password or parts.query or parts.fragment:
@@ -266,15 +282,18 @@ def _stays_below(form: str) -> bool:
     return all(s.split(";", 1)[0] not in (".", "..") for s in form.split("/"))
 
 
-def resolve(routes: Mapping[str, Route], name: str, path: str) -> tuple[Route, str]:
+def resolve(
+    routes: Mapping[str, Route], name: str, path: str
+) -> tuple[Route, httpx.URL]:
     """The route and absolute URL of a request; ROUTE_NOT_ALLOWED for an
     unknown route or any path that could leave the route's base."""
     route = routes.get(name)
     return locate(route, name, path)
 
 
-def locate(route: Route | None, name: str, path: str) -> tuple[Route, str]:
-    """`resolve` for a route already looked up (None: no route `name`)."""
+def locate(route: Route | None, name: str, path: str) -> tuple[Route, httpx.URL]:
+    """`resolve` for a route already looked up (None: no route `name`); the
+    URL parsed once, as it is sent."""
     if route is None:
         raise RouteNotAllowed(
             f"no provider route {name!r} is configured", {"route": name}
@@ -289,8 +308,34 @@ def locate(route: Route | None, name: str, path: str) -> tuple[Route, str]:
         raise RouteNotAllowed("the path must not contain . or .. segments or //", meta)
     if not any(bare.startswith(prefix) for prefix in route.paths):
         raise RouteNotAllowed("the path is outside the route's allowed paths", meta)
-    url = route.base_url + path
-    base, built = httpx.URL(route.base_url), httpx.URL(url)
-    if (built.scheme, built.host, built.port) != (base.scheme, base.host, base.port):
+    url = httpx.URL(route.base_url + path)
+    if (url.scheme, url.host, url.port) != route._origin:
         raise RouteNotAllowed("the path leaves the route's host", meta)
     return route, url
+
+
+class Locations:
+    """`locate`, remembering the URL of each path it allowed: agents send a
+    few paths per route, over and over, and a URL parse costs tens of
+    microseconds. Refusals are not remembered. Bounded: everything is
+    forgotten at once when `size` paths are remembered."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._urls: dict[tuple[str, str], tuple[Route, httpx.URL]] = {}
+
+    def __len__(self) -> int:
+        return len(self._urls)
+
+    def locate(
+        self, route: Route | None, name: str, path: str
+    ) -> tuple[Route, httpx.URL]:
+        """`locate(route, name, path)`."""
+        known = self._urls.get((name, path))
+        if route is not None and known is not None and known[0] is route:
+            return known
+        found = locate(route, name, path)
+        if len(self._urls) >= self._size:
+            self._urls.clear()
+        self._urls[name, path] = found
+        return found

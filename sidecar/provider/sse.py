@@ -2,6 +2,10 @@
 
 Comments, empty lines and `event: ping` are keep-alives: they never make an
 event and never commit a stream (provider-retries §10.5).
+
+Parsing is lazy: `feed` splits what arrived into lines (in C, one call per
+read) and `next` parses lines only up to the next event, so a stream's
+first event is forwarded before the rest of a large read is parsed.
 """
 
 from __future__ import annotations
@@ -28,56 +32,75 @@ class Event:
 
 @dataclass(slots=True)
 class Parser:
-    """Feed bytes, take complete events."""
+    """Feed bytes, take complete events one by one (`next`) or all (`events`)."""
 
-    _buffer: bytearray = field(default_factory=bytearray)
+    # Complete lines not parsed yet, from `_at` on.
+    _lines: list[bytes] = field(default_factory=list)
+    _at: int = 0
+    # The last line, still without its end (a lone \r may be half a \r\n).
+    _tail: bytes = b""
     _event: str = ""
     _data: list[str] = field(default_factory=list)
     _id: str = ""
     _size: int = 0
 
-    def feed(self, chunk: bytes) -> list[Event]:
-        self._buffer += chunk
-        events: list[Event] = []
-        while True:
-            cut = _line_end(self._buffer)
-            if cut is None:
-                break
-            end, width = cut
-            line = bytes(self._buffer[:end]).decode("utf-8", errors="replace")
-            del self._buffer[: end + width]
-            done = self._line(line)
-            if done is not None:
-                events.append(done)
-        if len(self._buffer) + self._size > MAX_EVENT_BYTES:
-            raise EventTooLarge("a server-sent event is larger than 1 MiB")
-        return events
+    def feed(self, chunk: bytes) -> None:
+        """Takes the next bytes of the stream; parses nothing yet."""
+        data = self._tail + chunk if self._tail else chunk
+        if not data:
+            return
+        # bytes.splitlines breaks at \r\n, \n and \r: the SSE line ends.
+        lines = data.splitlines()
+        last = data[-1]
+        if last == 0x0A:  # \n
+            self._tail = b""
+        elif last == 0x0D:  # \r: the next byte may make it a \r\n
+            self._tail = lines.pop() + b"\r"
+        else:
+            self._tail = lines.pop()
+        if self._at < len(self._lines):
+            self._lines = self._lines[self._at :] + lines
+        else:
+            self._lines = lines
+        self._at = 0
 
-    def _line(self, line: str) -> Event | None:
-        if line == "":
-            if not self._data and not self._event:
-                return None
-            done = Event(self._event or "message", "\n".join(self._data), self._id)
-            self._event, self._data, self._size = "", [], 0
-            return done
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        self._size += len(line)
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        elif name == "id":
-            self._id = value
+    def next(self) -> Event | None:
+        """The next complete event of what was fed; None: none yet. Raises
+        EventTooLarge once an event outgrows the bound."""
+        lines = self._lines
+        while self._at < len(lines):
+            line = lines[self._at]
+            self._at += 1
+            if not line:
+                if not self._data and not self._event:
+                    continue
+                done = Event(self._event or "message", "\n".join(self._data), self._id)
+                self._event, self._data, self._size = "", [], 0
+                return done
+            if line[0] == 0x3A:  # ":" a comment
+                continue
+            self._field(line)
+        self._lines, self._at = [], 0
+        if len(self._tail) + self._size > MAX_EVENT_BYTES:
+            raise EventTooLarge("a server-sent event is larger than 1 MiB")
         return None
 
+    def events(self) -> list[Event]:
+        """Every complete event of what was fed."""
+        out: list[Event] = []
+        while (event := self.next()) is not None:
+            out.append(event)
+        return out
 
-def _line_end(buffer: bytearray) -> tuple[int, int] | None:
-    lf, cr = buffer.find(b"\n"), buffer.find(b"\r")
-    if cr != -1 and (lf == -1 or cr < lf):
-        if cr + 1 == len(buffer):
-            return None  # a \r\n may be split across chunks
-        return (cr, 2) if buffer[cr + 1 : cr + 2] == b"\n" else (cr, 1)
-    return None if lf == -1 else (lf, 1)
+    def _field(self, line: bytes) -> None:
+        self._size += len(line)
+        if self._size > MAX_EVENT_BYTES:
+            raise EventTooLarge("a server-sent event is larger than 1 MiB")
+        name, _, raw = line.partition(b":")
+        value = raw[1:] if raw[:1] == b" " else raw
+        if name == b"data":
+            self._data.append(value.decode("utf-8", errors="replace"))
+        elif name == b"event":
+            self._event = value.decode("utf-8", errors="replace")
+        elif name == b"id":
+            self._id = value.decode("utf-8", errors="replace")

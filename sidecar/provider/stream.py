@@ -77,8 +77,9 @@ class Opened:
 
     head: StreamHead
     response: httpx.Response
+    # Holds what the first event's read brought after it.
     parser: Parser
-    first: tuple[Event, ...]
+    first: Event
     chunks: AsyncIterator[bytes]
 
     def outcome(self) -> Outcome:
@@ -97,12 +98,12 @@ Tried = Replied | ErrorEvent | Opened
 
 
 async def forward(
-    http: httpx.AsyncClient, p: Prepared, seams: Retrying
+    upstream: httpx.AsyncBaseTransport, p: Prepared, seams: Retrying
 ) -> AsyncGenerator[StreamItem, None]:
     """The items of the stream `p`; retried only before the commit point."""
 
     async def send(left: float) -> Tried | Unanswered:
-        return await _attempt(http, p, left)
+        return await _attempt(upstream, p, left)
 
     ended: Answered[Tried] | NoAnswer
     ended = await attempt_until_done(p, seams, send, stream=True)
@@ -136,12 +137,12 @@ async def forward(
 
 
 async def _attempt(
-    http: httpx.AsyncClient, p: Prepared, left: float
+    upstream: httpx.AsyncBaseTransport, p: Prepared, left: float
 ) -> Tried | Unanswered:
     """One attempt up to its first real event (§10.5 S0-S2); EOF before it
     is an ambiguous failure."""
     try:
-        response = await http.send(p.build(http, left), stream=True)
+        response = await upstream.handle_async_request(p.build(left))
     except httpx.HTTPError as exc:
         return unanswered(exc)
     try:
@@ -151,13 +152,7 @@ async def _attempt(
             return replied(response, body)
         parser = Parser()
         chunks = response.aiter_bytes().__aiter__()
-        first: list[Event] = []
-        async for chunk in chunks:
-            first = [e for e in parser.feed(chunk) if not e.keepalive]
-            if first:
-                break
-        if not first:
-            raise httpx.RemoteProtocolError("the stream ended before its first event")
+        first = await _first_event(parser, chunks)
     except (httpx.HTTPError, httpx.StreamError, EventTooLarge, ResponseTooLarge) as exc:
         await response.aclose()
         return unanswered(exc, response)
@@ -165,11 +160,23 @@ async def _attempt(
         await response.aclose()
         raise
     head = StreamHead(response.status_code, answer_headers(response))
-    if policy.is_error_event(first[0].event, first[0].data):
+    if policy.is_error_event(first.event, first.data):
         await response.aclose()
-        kind = policy.event_error_type(first[0].data)
-        return ErrorEvent(head, first[0], kind, request_id(response))
-    return Opened(head, response, parser, tuple(first), chunks)
+        kind = policy.event_error_type(first.data)
+        return ErrorEvent(head, first, kind, request_id(response))
+    return Opened(head, response, parser, first, chunks)
+
+
+async def _first_event(parser: Parser, chunks: AsyncIterator[bytes]) -> Event:
+    """The first real event, parsed as soon as its bytes are in: the rest of
+    its read stays in `parser` for the forwarder (a read may bring hundreds
+    of events, and the agent waits for the first)."""
+    async for chunk in chunks:
+        parser.feed(chunk)
+        while (event := parser.next()) is not None:
+            if not event.keepalive:
+                return event
+    raise httpx.RemoteProtocolError("the stream ended before its first event")
 
 
 def _end(
@@ -211,14 +218,15 @@ async def _forward(
     agent's side was busy goes out in one message: an event waits for
     nobody, and a slow agent slows the upstream read (backpressure).
     """
-    delivered = 0
     queue: _Queue = asyncio.Queue(maxsize=FORWARD_QUEUE)
-    reader = asyncio.create_task(_pump(opened, queue, p, seams.clock))
+    reader: asyncio.Task[None] | None = None
     try:
         yield opened.head
-        first = tuple(e for e in opened.first if not e.keepalive)
-        yield Events(first)
-        delivered += len(first)
+        # Alone and at once; the reader starts when the agent's side has
+        # taken it, so parsing the rest of a large read never delays it.
+        yield Events((opened.first,))
+        delivered = 1
+        reader = asyncio.create_task(_pump(opened, queue, p, seams.clock))
         while True:
             items = [await queue.get()]
             while not queue.empty():
@@ -250,19 +258,26 @@ async def _forward(
             possibly_executed=True,
         )
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
         await opened.response.aclose()
 
 
 async def _pump(opened: Opened, queue: _Queue, p: Prepared, clock: Clock) -> None:
     """Reads the committed stream into `queue` until the deadline; ends with
     None or the error."""
+    parser = opened.parser
     try:
         async with asyncio.timeout(max(0.0, p.left(clock))):
+            # First the rest of the first event's read, then each read.
+            batch = tuple(e for e in parser.events() if not e.keepalive)
+            if batch:
+                await queue.put(batch)
             async for chunk in opened.chunks:
-                batch = tuple(e for e in opened.parser.feed(chunk) if not e.keepalive)
+                parser.feed(chunk)
+                batch = tuple(e for e in parser.events() if not e.keepalive)
                 if batch:
                     await queue.put(batch)
     except Exception as exc:  # handed to the forwarder, which decides

@@ -25,12 +25,14 @@ from sidecar.provider.prepare import Prepared
 MAX_RESPONSE_BYTES = 4 << 20
 
 
-async def call(http: httpx.AsyncClient, p: Prepared, seams: Retrying) -> Answer:
+async def call(
+    upstream: httpx.AsyncBaseTransport, p: Prepared, seams: Retrying
+) -> Answer:
     """Sends `p` with retries; the answer, or the error of none."""
 
     async def send(left: float) -> Replied | Unanswered:
         try:
-            response = await http.send(p.build(http, left), stream=True)
+            response = await upstream.handle_async_request(p.build(left))
             try:
                 body = await read(response, MAX_RESPONSE_BYTES)
             finally:

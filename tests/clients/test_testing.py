@@ -224,11 +224,16 @@ def test_the_key_is_the_ledgers() -> None:
 def test_the_export_list_is_pinned() -> None:
     """The module's public names, each importable."""
     assert set(effectd_client.testing.__all__) == {
+        "CrashPoint",
+        "CrashReport",
         "DeduplicationNotProven",
         "DeduplicationReport",
+        "TestDaemon",
         "check_deduplication",
         "check_deduplication_async",
+        "crash_and_resume",
         "idempotency_key",
+        "running_daemon",
     }
     for name in effectd_client.testing.__all__:
         assert getattr(effectd_client.testing, name)

@@ -81,9 +81,7 @@ def run(
     fake = FakeSleep(clock, advance=advance)
 
     async def main() -> T:
-        async with httpx.AsyncClient(
-            transport=transport, follow_redirects=False, trust_env=False
-        ) as http:
+        async with transport or httpx.AsyncHTTPTransport(trust_env=False) as http:
             client = ProviderClient(
                 {"up": route(base_url, **route_options)},
                 http,

@@ -427,7 +427,7 @@ def test_case_13_a_silent_upstream_ends_within_the_deadline() -> None:
     with serving(Reply(hang=True)) as up:
 
         async def main() -> float:
-            async with httpx.AsyncClient(trust_env=False) as http:
+            async with httpx.AsyncHTTPTransport(trust_env=False) as http:
                 client = ProviderClient(
                     {"up": route(up.base_url)}, http, SystemClock(), rng=lambda: 0.5
                 )
@@ -679,7 +679,7 @@ def test_a_committed_stream_that_stalls_ends_at_the_deadline() -> None:
     with serving(Reply(events=[b"data: one\n\n"], stall=True)) as up:
 
         async def main() -> tuple[float, list[StreamItem]]:
-            async with httpx.AsyncClient(trust_env=False) as http:
+            async with httpx.AsyncHTTPTransport(trust_env=False) as http:
                 client = ProviderClient(
                     {"up": route(up.base_url)}, http, SystemClock(), rng=lambda: 0.5
                 )

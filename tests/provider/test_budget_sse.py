@@ -62,29 +62,89 @@ def test_keys_are_separate() -> None:
     assert budget.withdraw("b")
 
 
+def _fed(parser: Parser, chunk: bytes) -> list[Event]:
+    parser.feed(chunk)
+    return parser.events()
+
+
 def test_sse_events_across_chunks_and_line_endings() -> None:
     """Events split across chunks, with CRLF or CR endings, multi-line data."""
     # WHATWG SSE
     parser = Parser()
-    assert parser.feed(b"event: delta\r\ndata: a") == []
-    assert parser.feed(b"\r\ndata: b\r") == []
-    assert parser.feed(b"\n\r\n") == [Event("delta", "a\nb")]
+    assert _fed(parser, b"event: delta\r\ndata: a") == []
+    assert _fed(parser, b"\r\ndata: b\r") == []
+    assert _fed(parser, b"\n\r\n") == [Event("delta", "a\nb")]
     # A trailing CR may be the first half of a CRLF: it waits for the next byte.
-    assert parser.feed(b"id: 7\rdata: c\r\r") == []
-    assert parser.feed(b"data: d\n") == [Event("message", "c", "7")]
+    assert _fed(parser, b"id: 7\rdata: c\r\r") == []
+    assert _fed(parser, b"data: d\n") == [Event("message", "c", "7")]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_sse_events_are_the_same_however_the_bytes_are_cut(size: int) -> None:
+    """Any cut of a stream into chunks gives the same events (line ends of
+    every kind, split anywhere, a CRLF split in its middle, UTF-8 split)."""
+    # WHATWG SSE
+    stream = (
+        b"event: a\r\ndata: 1\r\n\r\n: c\rdata: 2\rdata:3\r\rid: x\n"
+        b"data: \xc3\xa9t\xc3\xa9\n\nevent: ping\ndata: {}\n\n"
+    )
+    expected = [
+        Event("a", "1"),
+        Event("message", "2\n3"),
+        Event("message", "\u00e9t\u00e9", "x"),
+        Event("ping", "{}", "x"),
+    ]
+    parser = Parser()
+    got: list[Event] = []
+    for at in range(0, len(stream), size):
+        got += _fed(parser, stream[at : at + size])
+    assert got == expected
+    whole = Parser()
+    assert _fed(whole, stream) == expected
+
+
+def test_sse_events_are_parsed_one_at_a_time() -> None:
+    """`next` parses up to one event and leaves the rest of the read for
+    later: the first event of a large read is out before the rest is read."""
+    # provider.proto ProviderStreamMessage.events: the first event goes alone
+    parser = Parser()
+    parser.feed(b": ka\n\ndata: a\n\ndata: b\n\ndata: c")
+    assert parser.next() == Event("message", "a")
+    assert parser.next() == Event("message", "b")
+    assert parser.next() is None
+    parser.feed(b"\n\n")
+    assert parser.events() == [Event("message", "c")]
+
+
+def test_sse_bytes_fed_before_the_last_read_is_parsed_keep_their_order() -> None:
+    """Feeding again before every event of the last read was taken keeps
+    the events in stream order; feeding nothing changes nothing."""
+    # WHATWG SSE
+    parser = Parser()
+    parser.feed(b"data: a\n\ndata: b\n\n")
+    assert parser.next() == Event("message", "a")
+    parser.feed(b"")
+    parser.feed(b"data: c\n\n")
+    assert parser.events() == [Event("message", "b"), Event("message", "c")]
 
 
 def test_sse_comments_and_blank_lines_are_no_events() -> None:
     """Comments and blank lines are keep-alives; `event: ping` is flagged."""
     # provider-retries §10.5 keep-alives
     parser = Parser()
-    assert parser.feed(b": hello\n\n\n\n") == []
-    [ping] = parser.feed(b"event: ping\ndata: {}\n\n")
+    assert _fed(parser, b": hello\n\n\n\n") == []
+    [ping] = _fed(parser, b"event: ping\ndata: {}\n\n")
     assert ping.keepalive
 
 
 def test_sse_events_are_bounded() -> None:
-    """An event larger than the 1 MiB pre-commit bound is refused."""
+    """An event larger than the 1 MiB pre-commit bound is refused, whether
+    its line has ended or not."""
     # provider-retries §10.1 response pre-commit buffer
     with pytest.raises(EventTooLarge):
-        Parser().feed(b"data: " + b"x" * (1 << 20) + b"\n")
+        _fed(Parser(), b"data: " + b"x" * (1 << 20) + b"\n")
+    with pytest.raises(EventTooLarge):
+        _fed(Parser(), b"data: " + b"x" * (1 << 20))
+    many_lines = b"data: " + b"x" * 1024 + b"\n"
+    with pytest.raises(EventTooLarge):
+        _fed(Parser(), many_lines * (1 << 10))

@@ -3,6 +3,7 @@ scripted upstream on 127.0.0.1, the routes from a providers file."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -259,6 +260,32 @@ def test_a_stream_forwards_events_after_a_precommit_retry(short_tmp: Path) -> No
         pb.ATTEMPT_OUTCOME_MAYBE_EXECUTED,
         pb.ATTEMPT_OUTCOME_RESPONSE,
     ]
+
+
+def test_the_first_event_reaches_the_agent_before_the_upstream_sends_more(
+    short_tmp: Path,
+) -> None:
+    """The first message (head and first event) and then the rest of the
+    first read reach the agent while the upstream still holds its next
+    event: nothing waits for more upstream bytes or for the whole read to
+    be parsed (issue 12 item 3: the first message held the whole read)."""
+    # provider.proto ProviderStreamMessage.events; provider-retries §10.5
+    hold = threading.Event()
+    reply = Reply(
+        events=[b"data: one\n\ndata: two\n\n"], hold=hold, then=[b"data: three\n\n"]
+    )
+    with proxied(short_tmp, reply) as (stub, up):
+        call = iter(stub.ProviderStream(_request(), timeout=30))
+        first, second = next(call), next(call)
+        assert not hold.is_set()
+        hold.set()
+        rest = list(call)
+        assert len(up.seen) == 1
+    assert first.head.status == 200
+    assert [e.data for e in first.events] == ["one"]
+    assert [e.data for e in second.events] == ["two"]
+    assert [e.data for m in rest for e in m.events] == ["three"]
+    assert rest[-1].end.events_delivered == 3
 
 
 def test_a_stream_broken_after_its_first_event_ends_committed(

@@ -3,6 +3,7 @@ below its base URL can be reached (DESIGN §9, no open proxy)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from sidecar.errors import RouteNotAllowed
 from sidecar.provider.routes import (
+    Locations,
     ProvidersError,
     Route,
     RouteEffect,
@@ -89,6 +91,9 @@ def test_load_names_an_unreadable_file(tmp_path: Path) -> None:
         ('[routes.a]\nbase_url = "ftp://x"\n', "routes.a.base_url"),
         ('[routes.a]\nbase_url = "https://u:p@x"\n', "routes.a.base_url"),
         ('[routes.a]\nbase_url = "https://x?q=1"\n', "routes.a.base_url"),
+        # Unparseable: a clean error at load, not a failure of each request.
+        ('[routes.a]\nbase_url = "https://[::1"\n', "routes.a.base_url"),
+        ('[routes.a]\nbase_url = "https://xn--.com"\n', "routes.a.base_url"),
         ('[routes.a]\nbase_url = "https://x"\ncolor = 1\n', "routes.a.color: unknown"),
         (
             '[routes.a]\nbase_url = "https://x"\nmax_retries = 5\n',
@@ -221,3 +226,33 @@ def test_an_unknown_route_is_refused() -> None:
 def test_paths_below_the_base_are_resolved(path: str, url: str) -> None:
     """A good path is appended to the route's base URL."""
     assert resolve(ROUTES, "r", path)[1] == url
+
+
+@pytest.mark.parametrize("path", ["/v1/../admin", "/v1/%252e%252e/admin", "/v2/x"])
+def test_remembered_locations_refuse_what_locate_refuses(path: str) -> None:
+    """`Locations` refuses a path `locate` refuses, every time it comes: a
+    refusal is never remembered."""
+    # DESIGN §9 "Only configured routes can be called (no open proxy)"
+    locations = Locations()
+    for _ in range(3):
+        with pytest.raises(RouteNotAllowed):
+            locations.locate(ROUTES["r"], "r", path)
+    assert len(locations) == 0
+
+
+def test_remembered_locations_are_bounded_and_belong_to_their_route() -> None:
+    """A remembered path answers the URL `locate` answers, for the route it
+    was located on only; at most `size` paths are remembered."""
+    locations = Locations(size=3)
+    route = ROUTES["r"]
+    for i in range(10):
+        for _ in range(2):
+            _, url = locations.locate(route, "r", f"/v1/p{i}")
+            assert url == f"https://api.example.com/base/v1/p{i}"
+        assert len(locations) <= 3
+    moved = dataclasses.replace(route, base_url="https://other.example.com")
+    assert (
+        locations.locate(moved, "r", "/v1/p9")[1] == "https://other.example.com/v1/p9"
+    )
+    with pytest.raises(RouteNotAllowed, match="no provider route"):
+        locations.locate(None, "r", "/v1/p9")

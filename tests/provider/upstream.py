@@ -36,6 +36,10 @@ class Reply:
     break_off: bool = False
     # After the events: send nothing more until the client goes away.
     stall: bool = False
+    # After the events: wait until the test sets `hold` (10 s at most), then
+    # send `then`, one chunk per item.
+    hold: threading.Event | None = None
+    then: Sequence[bytes] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,11 @@ class Upstream:
         for chunk in reply.events:
             writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
             await writer.drain()
+        if reply.hold is not None:
+            await asyncio.to_thread(reply.hold.wait, 10.0)
+            for chunk in reply.then:
+                writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                await writer.drain()
         if reply.stall:
             await reader.read(1)
             self.disconnects += 1

@@ -12,7 +12,8 @@
  *                                       value as JSON, what JSON cannot say by the fallback of
  *                                       `jsonable` (BigInt, Map, Set, cycles, ...)
  *   fn throws (a definite error)     -> commit an error result (code = error.code
- *                                       if a string, else error.name), rethrow
+ *                                       if a string, else error.name; payload:
+ *                                       error.errorResult if set), rethrow
  *   fn throws an unknown outcome:    -> report the outcome unknown, rethrow
  *     OutcomeUnknown (or any error
  *     with outcomeUnknown = true), a
@@ -300,6 +301,9 @@ async function noteUnrecorded(client, call, attempt, cause) {
  * @param {(value: any) => any} [call.serialize] turns the returned value into the JSON value (or Buffer)
  *   committed; without it what JSON cannot say goes through the `jsonable` fallback.
  * @param {boolean} [call.acknowledge] default true: acknowledge the result once handed back.
+ * @param {'TOOL'|'MCP'|'CHILD_FOREGROUND'|'DURABLE_BACKGROUND'} [call.channel] default 'TOOL': how the
+ *   tool is reached (part of the call's identity); the daemon applies its retry rules (an MCP call of
+ *   unknown outcome is never started again, ADR-010 D5).
  * @param {(ctx: {idempotencyKey?: string, attempt: number, signal: AbortSignal, call: object}) => any} fn
  *   the tool; for IDEMPOTENT_WRITE, `ctx.idempotencyKey` ('run:call') is the key the target must de-duplicate on.
  * @returns {Promise<*>} the committed result's value (parsed JSON or Buffer), fresh or stored.
@@ -307,12 +311,24 @@ async function noteUnrecorded(client, call, attempt, cause) {
  */
 async function safeToolCall(client, call, fn) {
   const { runId, callId, tool, input, effect = 'SIDE_EFFECT', requireApproval = false, leaseMs = 0 } = call;
+  const { channel = 'TOOL' } = call;
   const retry = Boolean(call.retryUnknown);
   let answer;
   try {
     // With `retry` the daemon applies the retry rules in the same transaction
     // (budget, kill switch, channel; never a SIDE_EFFECT).
-    answer = await client.prepareTool({ runId, callId, tool, input, effect, requireApproval, start: true, leaseMs, retry });
+    answer = await client.prepareTool({
+      runId,
+      callId,
+      tool,
+      input,
+      effect,
+      requireApproval,
+      start: true,
+      leaseMs,
+      retry,
+      channel,
+    });
   } catch (error) {
     // ADR-010 D3: an unknown outcome is retried only when asked for.
     if (error instanceof errors.INVALID_TRANSITION && error.metadata.retryRequired === 'true') {
@@ -389,7 +405,14 @@ async function execute(client, call, answer, fn) {
     }
     const errorCode = boundedText(errorCodeOf(error), 256);
     try {
-      await client.commitTool({ runId, callId, attempt, errorCode, errorMessage: boundedText(String(error?.message ?? error)) });
+      await client.commitTool({
+        runId,
+        callId,
+        attempt,
+        result: error?.errorResult,
+        errorCode,
+        errorMessage: boundedText(String(error?.message ?? error)),
+      });
     } catch (recording) {
       await noteUnrecorded(client, call, attempt, recording);
       throw new ResultNotRecorded(`the tool failed (${errorCode}) and the ledger did not record it`, answer.call, {

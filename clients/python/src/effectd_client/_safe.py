@@ -22,7 +22,8 @@ Outcomes of the tool, as the ledger records them:
     cancelled task, `unknown_on=`)
   runs past `timeout`                       -> ReportUnknown, ToolTimedOut
   raises any other Exception                -> committed ERROR (code = class
-                                               name, or `error_code` attribute)
+                                               name, or `error_code` attribute;
+                                               payload: its `error_result`)
   KeyboardInterrupt, SystemExit             -> left STARTED: a crash; its
                                                lease runs out (Recover)
 
@@ -65,6 +66,7 @@ from effectd_client._safe_base import (
     check_started,
     check_tool,
     error_of,
+    error_result_of,
     failure_not_recorded,
     input_of,
     result_not_recorded,
@@ -78,7 +80,7 @@ from effectd_client._safe_outcomes import (
     is_unknown,
 )
 from effectd_client._safe_threads import Watch, within_deadline
-from effectd_client._types import Effect, Prepared, RecoveryPlan, ToolCall
+from effectd_client._types import Channel, Effect, Prepared, RecoveryPlan, ToolCall
 
 
 class Run(RunBase):
@@ -131,6 +133,7 @@ class Run(RunBase):
         unknown_on: Iterable[Matcher] = (),
         definite_on: Iterable[Matcher] = (),
         serialize: Callable[[Any], Any] | None = None,
+        channel: Channel = Channel.TOOL,
     ) -> AbstractContextManager[SafeCall]:
         """Prepares and starts the call; commits or reports it at the end.
 
@@ -154,6 +157,9 @@ class Run(RunBase):
             serialize: Turns the result into the JSON value (or bytes) to
                 commit; without it, what JSON cannot say is encoded by the
                 fallback of `effectd_client._safe_outcomes.jsonable`.
+            channel: How the agent reaches the tool (part of the call's
+                identity); the daemon applies its retry rules (an MCP call
+                of unknown outcome is never started again, ADR-010 D5).
 
         Yields:
             The call: run the tool only when `execute` is True, and hand its
@@ -174,6 +180,7 @@ class Run(RunBase):
             tuple(unknown_on),
             tuple(definite_on),
             serialize,
+            channel,
         )
         return self._step(tool_name, input, call_id, options)
 
@@ -202,6 +209,7 @@ class Run(RunBase):
                 start=True,
                 lease_ms=self.lease_ms,
                 retry=o.retry_unknown,
+                channel=o.channel,
             )
         except InvalidTransition as exc:
             if not asks_for_retry(exc):
@@ -261,6 +269,7 @@ class Run(RunBase):
                 self.run_id,
                 scope.call_id,
                 scope.attempt,
+                error_result_of(exc),
                 error_code=code,
                 error_message=message,
             )

@@ -40,6 +40,7 @@ from effectd_client._safe_base import (
     check_started,
     check_tool,
     error_of,
+    error_result_of,
     failure_not_recorded,
     input_of,
     renews_after,
@@ -53,7 +54,7 @@ from effectd_client._safe_outcomes import (
     encode_result,
     is_unknown,
 )
-from effectd_client._types import Effect, Prepared, RecoveryPlan, ToolCall
+from effectd_client._types import Channel, Effect, Prepared, RecoveryPlan, ToolCall
 
 
 class AsyncRun(RunBase):
@@ -89,6 +90,7 @@ class AsyncRun(RunBase):
         unknown_on: Iterable[Matcher] = (),
         definite_on: Iterable[Matcher] = (),
         serialize: Callable[[Any], Any] | None = None,
+        channel: Channel = Channel.TOOL,
     ) -> AbstractAsyncContextManager[SafeCall]:
         """See `Run.call`; here `timeout` cancels the block at the deadline."""
         options = CallOptions(
@@ -100,6 +102,7 @@ class AsyncRun(RunBase):
             tuple(unknown_on),
             tuple(definite_on),
             serialize,
+            channel,
         )
         return self._step(tool_name, input, call_id, options)
 
@@ -120,6 +123,7 @@ class AsyncRun(RunBase):
                 start=True,
                 lease_ms=self.lease_ms,
                 retry=o.retry_unknown,
+                channel=o.channel,
             )
         except InvalidTransition as exc:
             if not asks_for_retry(exc):
@@ -207,6 +211,7 @@ class AsyncRun(RunBase):
                 self.run_id,
                 scope.call_id,
                 scope.attempt,
+                error_result_of(exc),
                 error_code=code,
                 error_message=message,
             )

@@ -29,6 +29,7 @@ from effectd_client._exceptions import (
 )
 from effectd_client._safe_outcomes import MAX_CODE_BYTES, Matcher, bounded_text
 from effectd_client._types import (
+    Channel,
     Decision,
     Effect,
     Prepared,
@@ -156,6 +157,13 @@ def error_of(exc: BaseException) -> tuple[str, str]:
     return bounded_text(name, MAX_CODE_BYTES), bounded_text(str(exc))
 
 
+def error_result_of(exc: BaseException) -> Any:
+    """The payload an error result keeps: the exception's `error_result`
+    attribute (a JSON value or bytes), e.g. an MCP tool result with `isError`,
+    replayed to whoever repeats the call; None: code and message only."""
+    return getattr(exc, "error_result", None)
+
+
 @dataclass(frozen=True, slots=True)
 class CallOptions:
     """How a tool is called; see `Run.call`."""
@@ -175,6 +183,9 @@ class CallOptions:
     definite_on: tuple[Matcher, ...] = ()
     # Turns the return value into what is committed (JSON value or bytes).
     serialize: Callable[[Any], Any] | None = None
+    # How the agent reaches the tool (part of the call's identity); the
+    # daemon applies that channel's retry rules (ADR-010 D5 for MCP).
+    channel: Channel = Channel.TOOL
 
 
 def check_tool(fn: Callable[..., Any], options: CallOptions) -> None:

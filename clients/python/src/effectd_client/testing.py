@@ -46,6 +46,26 @@ test runners show it as a failed test) naming the step.
 
 `check_deduplication_async` is the same for async `write`, `count` and
 `restart`.
+
+A user's own tests also get a real daemon and a crash in the middle of a
+call, the way effectd's own tests prove a tool runs at most once:
+
+    from effectd_client.testing import CrashPoint, crash_and_resume, running_daemon
+
+    def agent(target: str) -> str:  # module level: it runs in a child too
+        with Client(target) as c:
+            return book_flight(Run(c, "run-1", lease_ms=500))  # the user's agent
+
+    def test_a_crash_after_booking_does_not_book_twice():
+        with running_daemon() as daemon:
+            report = crash_and_resume(agent, daemon.target,
+                                      at=CrashPoint.BEFORE_COMMIT)
+        assert report.crashed
+        assert isinstance(report.resumed_error, ReconciliationNeeded)
+        assert bookings() == 1
+
+`running_daemon()` is also the pytest fixture `effectd_daemon`
+(`pytest_plugins = ["effectd_client.pytest_plugin"]`).
 """
 
 from __future__ import annotations
@@ -57,12 +77,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from effectd_client._testing_daemon import (
+    CrashPoint,
+    CrashReport,
+    TestDaemon,
+    crash_and_resume,
+    running_daemon,
+)
+
 __all__ = [
+    "CrashPoint",
+    "CrashReport",
     "DeduplicationNotProven",
     "DeduplicationReport",
+    "TestDaemon",
     "check_deduplication",
     "check_deduplication_async",
+    "crash_and_resume",
     "idempotency_key",
+    "running_daemon",
 ]
 
 
