@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check node-test protos bench bench-peers bench-scale image-test clean
+.PHONY: help run test test-fast check node-test protos bench bench-node bench-peers bench-scale image-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,9 +46,16 @@ test: check
 test-fast: $(DEV_INSTALLED)
 	$(PY) -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
-## node-test: the Node client's tests against a real daemon (needs node and npm)
+## node-test: the Node client's tests against a real daemon (needs node and npm), twice:
+## over the ledger session stream (the default), then unary (EFFECTD_SESSION=0)
 node-test: $(INSTALLED)
-	cd clients/node && npm ci --no-audit --no-fund && EFFECTD_PYTHON=$(abspath $(PY)) npm test
+	cd clients/node && npm ci --no-audit --no-fund \
+	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=1 npm test \
+	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=0 npm test
+
+## bench-node: the Node client's round trips, session stream against unary (ratios in one run)
+bench-node: $(INSTALLED)
+	cd clients/node && npm ci --no-audit --no-fund && EFFECTD_PYTHON=$(abspath $(PY)) node bench/session.mjs
 
 ## protos: regenerate clients/python/src/effectd from protos/
 protos: $(DEV_INSTALLED)

@@ -3,18 +3,31 @@
  * The promise client: one method per ToolLedger, Checkpoints, Recovery and
  * RetryPolicy RPC, plain objects in and out. Every gRPC error is translated
  * to an EffectdError (subclass) here, and nowhere else.
+ *
+ * PrepareTool, PrepareTools, StartTool, CommitTool, ReportUnknown, Heartbeat
+ * and GetToolCall go over the ledger session stream (session.js) unless the
+ * `session` option is false or the daemon does not serve it; the other RPCs
+ * are unary calls.
  */
 
 const { inspect } = require('node:util');
 const { connection } = require('./connection');
 const { load } = require('./proto');
 const { fromServiceError } = require('./errors');
+const { Session, FIELDS } = require('./session');
 const c = require('./convert');
 
 const DEFAULT_TARGET = 'unix:.effectd/effectd.sock';
+/** Read when no `session` option is given: '0', 'false' or 'off' turns the session stream off. */
+const SESSION_ENV = 'EFFECTD_SESSION';
 // Calls per Recover answer when a plan is read page by page (the most the
 // daemon answers at once).
 const RECOVER_PAGE_SIZE = 1000;
+
+function sessionDefault() {
+  const value = (process.env[SESSION_ENV] ?? '').trim().toLowerCase();
+  return !['0', 'false', 'off', 'no'].includes(value);
+}
 
 /**
  * How the recording requests (CommitTool, ReportUnknown, Heartbeat,
@@ -69,6 +82,8 @@ class Client {
    * @param {object} [options.recordingRetry] how CommitTool, ReportUnknown, Heartbeat and
    *   AcknowledgeRecovery are retried: {attempts = 8, deadlineMs = 30000, initialBackoffMs = 100,
    *   maxBackoffMs = 2000, onRetry(error, waitMs)}.
+   * @param {boolean} [options.session] carry the ledger's tool-call requests over one session stream
+   *   (default true, unless `EFFECTD_SESSION` is '0', 'false' or 'off'); false: one unary call each.
    */
   constructor({
     target = DEFAULT_TARGET,
@@ -81,6 +96,7 @@ class Client {
     channelOptions = {},
     protosDir,
     recordingRetry = {},
+    session = sessionDefault(),
   } = {}) {
     const { services } = load(protosDir);
     this.target = target;
@@ -96,6 +112,23 @@ class Client {
     this._checkpoints = new services.checkpoints(target, credentials, shared);
     this._recovery = new services.recovery(target, credentials, shared);
     this._retry = new services.retry(target, credentials, shared);
+    this._session = session
+      ? new Session({
+          stub: this._ledger,
+          method: services.ledger.service.Session,
+          metadata: () => conn.metadata(),
+          maxMessageBytes: conn.channelOptions['grpc.max_send_message_length'],
+          unary: (method, request, ms) => this._unary(this._ledger, method, request, ms),
+        })
+      : null;
+  }
+
+  /**
+   * How the ledger's tool-call requests travel: 'session' (the session stream) or 'unary' (the
+   * `session` option is false, or the daemon answered the stream UNIMPLEMENTED: an older daemon).
+   */
+  get transport() {
+    return this._session && !this._session.unserved ? 'session' : 'unary';
   }
 
   /** What `console.log` and `util.inspect` show: whether a token is set, never the token. */
@@ -104,12 +137,23 @@ class Client {
     return `Client { target: '${this.target}', namespace: '${this.namespace}', tls: ${this._connection.secure}${token} }`;
   }
 
-  /** Closes the channel; pending calls fail. */
+  /** Ends the session stream and closes the channel; pending calls fail. */
   close() {
+    this._session?.close();
     this._ledger.close();
   }
 
   _call(stub, method, request, timeoutMs = this.timeoutMs) {
+    if (this._session && stub === this._ledger && Object.hasOwn(FIELDS, method)) {
+      return this._session.call(method, request, timeoutMs).catch((error) => {
+        throw fromServiceError(error);
+      });
+    }
+    return this._unary(stub, method, request, timeoutMs);
+  }
+
+  /** One unary call; its error is an EffectdError. */
+  _unary(stub, method, request, timeoutMs) {
     return new Promise((resolve, reject) => {
       const options = { deadline: Date.now() + timeoutMs };
       stub[method](request, this._connection.metadata(), options, (error, response) => {
@@ -473,4 +517,4 @@ function preparedOut(r) {
   };
 }
 
-module.exports = { Client, DEFAULT_TARGET, DEFAULT_RECORDING_RETRY, recordingWait, transient };
+module.exports = { Client, DEFAULT_TARGET, DEFAULT_RECORDING_RETRY, SESSION_ENV, recordingWait, transient };

@@ -179,6 +179,13 @@ export interface ClientOptions {
   protosDir?: string;
   /** How CommitTool, ReportUnknown, Heartbeat and AcknowledgeRecovery are retried. */
   recordingRetry?: RecordingRetry;
+  /**
+   * Carry PrepareTool, PrepareTools, StartTool, CommitTool, ReportUnknown, Heartbeat and GetToolCall
+   * over one ledger session stream (ToolLedger.Session), many in flight at once; default true, unless
+   * `EFFECTD_SESSION` is '0', 'false' or 'off'. false: one unary call each. A daemon without the
+   * stream is asked by the unary RPCs, for the client's life.
+   */
+  session?: boolean;
 }
 
 /** Tries of one recording request (defaults: 8 tries within 30 s, 100 ms doubling to 2 s). */
@@ -197,6 +204,12 @@ export class Client {
   readonly target: string;
   readonly namespace: string;
   readonly timeoutMs: number;
+  /**
+   * How the ledger's tool-call requests travel: 'session' (the session stream), or 'unary' (the
+   * `session` option is false, or the daemon does not serve the stream).
+   */
+  readonly transport: 'session' | 'unary';
+  /** Ends the session stream and closes the channel; pending calls fail. */
   close(): void;
   prepareTool(args: PrepareArgs): Promise<Prepared>;
   prepareTools(calls: PrepareArgs[]): Promise<Prepared[]>;

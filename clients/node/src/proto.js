@@ -5,7 +5,10 @@
  * google.rpc status details.
  *
  * The .proto files are read from the repository's `protos/` directory
- * (`../../protos` from this package), or from `EFFECTD_PROTOS_DIR`.
+ * (`../../protos` from this package), or from `EFFECTD_PROTOS_DIR`. The
+ * google/rpc protos they import (google.rpc.Status, the session stream's
+ * error) come with this package (`protos/`), so a directory holding only
+ * effectd/v1/ loads too; one that has its own google/rpc/ is read first.
  */
 
 const path = require('node:path');
@@ -50,7 +53,7 @@ function load(protosDir = process.env.EFFECTD_PROTOS_DIR || DEFAULT_PROTOS_DIR) 
 }
 
 function loadFrom(dir) {
-  const definition = protoLoader.loadSync(FILES, { ...LOADER_OPTIONS, includeDirs: [dir] });
+  const definition = protoLoader.loadSync(FILES, { ...LOADER_OPTIONS, includeDirs: [dir, GOOGLE_RPC_DIR] });
   const v1 = grpc.loadPackageDefinition(definition).effectd.v1;
   const enumValues = (name) => {
     const entry = definition[`effectd.v1.${name}`];

@@ -19,6 +19,8 @@ export function startDaemon(options?: {
   /** More environment variables of the daemon, e.g. `EFFECTD_TOKENS`. */
   env?: Record<string, string>;
   readyTimeoutMs?: number;
+  /** Serve this data directory, kept at `stop()` (a restart finds the same ledger and socket). */
+  dataDir?: string;
 }): Promise<Daemon>;
 
 export interface DeduplicationReport {

@@ -27,6 +27,9 @@ const DEFAULT_PYTHON = path.resolve(__dirname, '..', '..', '..', '.venv', 'bin',
  * @param {Record<string, string>} [options.env] more environment variables of the daemon, e.g.
  *   `EFFECTD_TOKENS` (the tokens TOML) to require bearer tokens.
  * @param {number} [options.readyTimeoutMs] default 20 s.
+ * @param {string} [options.dataDir] serve this data directory (kept at `stop()`, so that a daemon
+ *   started on it again finds the same ledger on the same socket); default a fresh temporary one,
+ *   removed at `stop()`.
  * @returns {Promise<{target: string, tcp: string | null, socket: string, dataDir: string, process: import('node:child_process').ChildProcess, stop: () => Promise<void>}>}
  */
 async function startDaemon({
@@ -34,10 +37,14 @@ async function startDaemon({
   args = ['--no-sync'],
   env = {},
   readyTimeoutMs = 20_000,
+  dataDir: given,
 } = {}) {
   // Unix socket paths are limited to ~107 bytes: keep the directory short.
   const base = os.platform() === 'win32' ? os.tmpdir() : '/tmp';
-  const dataDir = fs.mkdtempSync(path.join(base, 'efd-'));
+  const dataDir = given ? path.resolve(given) : fs.mkdtempSync(path.join(base, 'efd-'));
+  const removeData = () => {
+    if (!given) fs.rmSync(dataDir, { recursive: true, force: true });
+  };
   const socket = path.join(dataDir, 'effectd.sock');
   const child = spawn(python, ['-m', 'sidecar', 'serve', '--data-dir', dataDir, ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
@@ -76,7 +83,7 @@ async function startDaemon({
     child.kill('SIGKILL');
     await exited;
     process.removeListener('exit', killOnExit);
-    fs.rmSync(dataDir, { recursive: true, force: true });
+    removeData();
     throw error;
   }
 
@@ -88,7 +95,7 @@ async function startDaemon({
       clearTimeout(timer);
     }
     process.removeListener('exit', killOnExit);
-    fs.rmSync(dataDir, { recursive: true, force: true });
+    removeData();
   }
 
   // "effectd X ready on unix:PATH and HOST:PORT" when a TCP listener was asked for.

@@ -317,3 +317,10 @@ describe('retry decisions', () => {
     assert.equal(answer.reason, 'ALREADY_COMMITTED');
   });
 });
+
+test('the calls above went the way this run asks for: the session stream, or unary with EFFECTD_SESSION=0', () => {
+  // `make node-test` runs the suite twice; this guards that the session run did not fall back.
+  const off = ['0', 'false', 'off', 'no'].includes((process.env.EFFECTD_SESSION ?? '').trim().toLowerCase());
+  assert.equal(client.transport, off ? 'unary' : 'session');
+  assert.equal(client._session === null, off);
+});

@@ -1,0 +1,365 @@
+'use strict';
+/**
+ * The ledger session stream (`ToolLedger.Session`): one long-lived duplex
+ * stream per client that carries the requests of PrepareTool, PrepareTools,
+ * StartTool, CommitTool, ReportUnknown, Heartbeat and GetToolCall as
+ * messages, many in flight at once, each answered as soon as it is done (not
+ * in the order sent).
+ *
+ * Every failure is a @grpc/grpc-js-like error ({code, details, metadata} with
+ * the `grpc-status-details-bin` trailer of the unary call), so the client
+ * translates it at the same boundary and a refusal looks the same whichever
+ * way it came:
+ *
+ *   the daemon's answer `error` (google.rpc.Status) -> that status, as sent
+ *   the caller's wait passed                         -> DEADLINE_EXCEEDED (a
+ *                                                       `cancel` is sent)
+ *   the stream broke after the message was sent      -> UNAVAILABLE,
+ *                                                       mayHaveBeenApplied=true
+ *   the stream broke before it, twice                -> UNAVAILABLE,
+ *                                                       mayHaveBeenApplied=false
+ *   the client was closed                            -> CANCELLED
+ *
+ * A message is "sent" once it is handed to the stream; one still queued in
+ * this client (the stream was not writable: gRPC flow control) is sent again
+ * once on a new stream when its stream breaks: it cannot have been applied.
+ * The next message after a break opens a new stream. A daemon that answers
+ * the stream UNIMPLEMENTED before answering anything (one older than the
+ * session; PERMISSION_DENIED if it requires tokens) is asked by the unary
+ * RPCs, for the client's life: the messages in flight then go as unary calls
+ * (the daemon applied none of them). A stream refused UNAUTHENTICATED fails
+ * its messages alike (the next call tries a stream again).
+ *
+ * An idle stream (nothing in flight for `idleMs`) is ended, so that an open
+ * stream never keeps the process alive for long after its last answer.
+ */
+
+const grpc = require('@grpc/grpc-js');
+const { statusTypes } = require('./proto');
+
+/** The unary RPC of each message kind, and its field in SessionRequest / SessionResponse. */
+const FIELDS = Object.freeze({
+  PrepareTool: 'prepareTool',
+  PrepareTools: 'prepareTools',
+  StartTool: 'startTool',
+  CommitTool: 'commitTool',
+  ReportUnknown: 'reportUnknown',
+  Heartbeat: 'heartbeat',
+  GetToolCall: 'getToolCall',
+});
+
+/** The ErrorInfo metadata key of a message whose stream broke. */
+const MAY_HAVE_BEEN_APPLIED = 'mayHaveBeenApplied';
+const DETAILS_KEY = 'grpc-status-details-bin';
+const ERROR_INFO_URL = 'type.googleapis.com/google.rpc.ErrorInfo';
+const MAX_TIMEOUT_MS = 2 ** 32 - 1;
+/** Sends of one message on a new stream after its stream broke before it was sent. */
+const RESENDS = 1;
+/** An idle stream is ended after this long. */
+const DEFAULT_IDLE_MS = 5_000;
+
+/**
+ * Statuses of a stream that served nothing and never will for this client: a
+ * daemon older than the session (UNIMPLEMENTED; PERMISSION_DENIED when it
+ * requires tokens, as it refuses every method it does not know), or a
+ * credential that may call none of the session's messages.
+ */
+const UNSERVED = [grpc.status.UNIMPLEMENTED, grpc.status.PERMISSION_DENIED];
+/** A stream refused before it served anything, for its credential: each message is refused alike. */
+const REFUSALS = [grpc.status.UNAUTHENTICATED];
+
+const identity = (buffer) => buffer;
+
+/** A gRPC-like error of status `status` ({code, message, details: [Any]}). */
+function statusError(status) {
+  const metadata = new grpc.Metadata();
+  if (status.details && status.details.length) {
+    metadata.set(DETAILS_KEY, Buffer.from(statusTypes().Status.encode(status).finish()));
+  }
+  const name = grpc.status[status.code] ?? String(status.code);
+  return Object.assign(new Error(`${status.code} ${name}: ${status.message}`), {
+    code: status.code,
+    details: status.message,
+    metadata,
+  });
+}
+
+/** A failure made by the client, with ErrorInfo `metadata` (domain effectd, no reason) when given. */
+function failure(code, message, metadata) {
+  const details = [];
+  if (metadata) {
+    const types = statusTypes();
+    details.push({
+      type_url: ERROR_INFO_URL,
+      value: Buffer.from(types.ErrorInfo.encode({ reason: '', domain: 'effectd', metadata }).finish()),
+    });
+  }
+  return statusError({ code, message, details });
+}
+
+function broken(applied, why) {
+  const said = applied ? 'may have been applied' : 'was not sent';
+  return failure(grpc.status.UNAVAILABLE, `the session stream broke (${why}); the request ${said}`, {
+    [MAY_HAVE_BEEN_APPLIED]: applied ? 'true' : 'false',
+  });
+}
+
+function deadlineExceeded() {
+  return failure(grpc.status.DEADLINE_EXCEEDED, 'Deadline Exceeded');
+}
+
+function closed() {
+  return failure(grpc.status.CANCELLED, 'the client was closed');
+}
+
+function describe(status) {
+  if (!status) return 'it ended';
+  return `${grpc.status[status.code] ?? status.code}: ${status.details}`;
+}
+
+class Session {
+  /**
+   * @param {object} options
+   * @param {object} options.stub the ToolLedger stub (its channel carries the stream).
+   * @param {object} options.method the Session method's definition (path, serializers).
+   * @param {() => grpc.Metadata} options.metadata the metadata the stream is opened with.
+   * @param {number} options.maxMessageBytes larger requests fail alone, before they are sent.
+   * @param {(method: string, request: object, timeoutMs: number) => Promise<object>} options.unary
+   *   asks the unary RPC: used for the client's life once the daemon answers UNIMPLEMENTED.
+   * @param {number} [options.idleMs] an idle stream is ended after this long.
+   */
+  constructor({ stub, method, metadata, maxMessageBytes, unary, idleMs = DEFAULT_IDLE_MS }) {
+    this._stub = stub;
+    this._path = method.path;
+    this._serialize = method.requestSerialize;
+    this._deserialize = method.responseDeserialize;
+    this._metadata = metadata;
+    this._maxMessageBytes = maxMessageBytes;
+    this._unary = unary;
+    this._idleMs = idleMs;
+    this._nextId = 1;
+    /** id -> entry: {id, method, request, timeoutMs, deadline, resolve, reject, timer, stream, sent, resends}. */
+    this._pending = new Map();
+    this._stream = null; // {call, queue: entry[], answered: boolean, writable: boolean}
+    this._idleTimer = null;
+    this._closed = false;
+    /** True once the daemon would not serve the stream: every call is unary from then on. */
+    this.unserved = false;
+    /** Streams opened so far. */
+    this.streamsOpened = 0;
+  }
+
+  /** The answer to `request`, the request of the unary RPC `method`, within `timeoutMs`. */
+  call(method, request, timeoutMs) {
+    if (this.unserved) return this._unary(method, request, timeoutMs);
+    if (this._closed) return Promise.reject(closed());
+    const field = FIELDS[method];
+    const id = this._nextId;
+    this._nextId += 1;
+    const message = { id, timeoutMs: Math.max(1, Math.min(MAX_TIMEOUT_MS, Math.ceil(timeoutMs))), [field]: request };
+    let bytes;
+    try {
+      bytes = this._serialize(message);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    if (bytes.length > this._maxMessageBytes) {
+      // As grpc-js refuses a unary request that is too large: before sending, this message alone.
+      return Promise.reject(
+        failure(
+          grpc.status.RESOURCE_EXHAUSTED,
+          `Sent message larger than max (${bytes.length} vs. ${this._maxMessageBytes})`,
+        ),
+      );
+    }
+    return new Promise((resolve, reject) => {
+      const entry = {
+        id,
+        method,
+        field,
+        request,
+        bytes,
+        timeoutMs,
+        deadline: Date.now() + timeoutMs,
+        resolve,
+        reject,
+        timer: null,
+        stream: null,
+        sent: false,
+        resends: 0,
+      };
+      entry.timer = setTimeout(() => this._expire(entry), timeoutMs);
+      this._pending.set(id, entry);
+      this._enqueue(entry);
+    });
+  }
+
+  /** Queues `entry` on the current stream, opening one if there is none. */
+  _enqueue(entry) {
+    this._clearIdle();
+    let stream;
+    try {
+      stream = this._stream ?? this._open();
+    } catch (error) {
+      this._settle(entry, error);
+      return;
+    }
+    entry.stream = stream;
+    stream.queue.push(entry);
+    this._flush(stream);
+  }
+
+  /** Ends the stream; what is in flight fails CANCELLED. New calls fail the same. */
+  close() {
+    this._closed = true;
+    this._clearIdle();
+    for (const entry of [...this._pending.values()]) this._settle(entry, closed());
+    const stream = this._stream;
+    this._stream = null;
+    if (stream) {
+      stream.call.end();
+      stream.call.cancel();
+    }
+  }
+
+  // -- the stream ---------------------------------------------------------------
+
+  _open() {
+    const call = this._stub.makeBidiStreamRequest(this._path, identity, this._deserialize, this._metadata());
+    const stream = { call, queue: [], answered: false, writable: true, done: false };
+    this.streamsOpened += 1;
+    let error = null;
+    call.on('data', (answer) => this._answer(stream, answer));
+    call.on('error', (e) => {
+      error = e;
+    });
+    call.on('drain', () => {
+      stream.writable = true;
+      this._flush(stream);
+    });
+    call.on('status', (status) => this._ended(stream, status.code === grpc.status.OK ? null : (error ?? status)));
+    this._stream = stream;
+    return stream;
+  }
+
+  _flush(stream) {
+    while (stream.writable && !stream.done && stream.queue.length) {
+      const entry = stream.queue.shift();
+      if (this._pending.get(entry.id) !== entry) continue; // expired while queued
+      entry.sent = true;
+      try {
+        stream.writable = stream.call.write(entry.bytes);
+      } catch {
+        // The stream is ending: its status settles the message.
+        stream.writable = false;
+      }
+    }
+  }
+
+  _answer(stream, answer) {
+    stream.answered = true;
+    const entry = this._pending.get(answer.id);
+    if (!entry || entry.stream !== stream) return; // its caller stopped waiting
+    if (answer.response === 'error') {
+      this._settle(entry, statusError(answer.error));
+    } else if (answer.response === entry.field) {
+      this._settle(entry, null, answer[entry.field]);
+    } else {
+      this._settle(
+        entry,
+        failure(grpc.status.INTERNAL, `the daemon answered ${entry.method} with ${answer.response || 'nothing'}`),
+      );
+    }
+    this._idleCheck(stream);
+  }
+
+  /** The stream ended: by an error status, or OK (the daemon stopped, or an idle stream we ended). */
+  _ended(stream, error) {
+    stream.done = true;
+    if (this._stream === stream) this._stream = null;
+    const mine = [...this._pending.values()].filter((e) => e.stream === stream);
+    if (!mine.length) return;
+    if (error && UNSERVED.includes(error.code) && !stream.answered) {
+      // A daemon older than the session (with tokens it refuses a method it
+      // does not know), or a credential that may call none of its messages:
+      // the stream served nothing, and each unary call answers for itself.
+      this.unserved = true;
+      this._clearIdle();
+      for (const entry of mine) {
+        this._forget(entry);
+        const left = Math.max(1, entry.deadline - Date.now());
+        this._unary(entry.method, entry.request, left).then(entry.resolve, entry.reject);
+      }
+      return;
+    }
+    if (error && REFUSALS.includes(error.code) && !stream.answered) {
+      // The stream was refused before anything was served (the credential):
+      // each message is refused as its unary call would be.
+      for (const entry of mine) this._settle(entry, error);
+      return;
+    }
+    const why = describe(error);
+    const again = [];
+    for (const entry of mine) {
+      if (entry.sent) this._settle(entry, broken(true, why));
+      else if (entry.resends >= RESENDS || this._closed) this._settle(entry, broken(false, why));
+      else again.push(entry);
+    }
+    for (const entry of again) {
+      entry.resends += 1;
+      this._enqueue(entry);
+    }
+  }
+
+  // -- one message --------------------------------------------------------------
+
+  /** The caller's wait passed: cancel the message if it was sent, and fail it. */
+  _expire(entry) {
+    if (this._pending.get(entry.id) !== entry) return;
+    const stream = entry.stream;
+    this._settle(entry, deadlineExceeded());
+    if (entry.sent && stream && !stream.done) {
+      try {
+        stream.call.write(this._serialize({ id: entry.id, cancel: {} }));
+      } catch {
+        // The stream is ending: the daemon cancels what it had in flight.
+      }
+    }
+    if (stream) this._idleCheck(stream);
+  }
+
+  _forget(entry) {
+    clearTimeout(entry.timer);
+    this._pending.delete(entry.id);
+  }
+
+  _settle(entry, error, value) {
+    if (this._pending.get(entry.id) !== entry) return;
+    this._forget(entry);
+    if (error) entry.reject(error);
+    else entry.resolve(value);
+  }
+
+  // -- idleness -----------------------------------------------------------------
+
+  _idleCheck(stream) {
+    if (this._stream !== stream || this._pending.size || this._idleTimer) return;
+    this._idleTimer = setTimeout(() => {
+      this._idleTimer = null;
+      if (this._stream === stream && !this._pending.size) {
+        this._stream = null;
+        stream.call.end();
+      }
+    }, this._idleMs);
+    this._idleTimer.unref();
+  }
+
+  _clearIdle() {
+    if (this._idleTimer) {
+      clearTimeout(this._idleTimer);
+      this._idleTimer = null;
+    }
+  }
+}
+
+module.exports = { Session, FIELDS, MAY_HAVE_BEEN_APPLIED, DEFAULT_IDLE_MS };
