@@ -1,0 +1,93 @@
+"""A repeated prepare that changes nothing is answered from a read, without a
+write transaction; one whose answer changes the record still goes through
+the writer and is durable before it is answered."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.clock import ManualClock
+from sidecar.errors import InputMismatch
+from sidecar.ledger.fingerprint import fingerprint, result_digest
+from sidecar.ledger.model import (
+    Decision,
+    Effect,
+    Outcome,
+    Payload,
+    PayloadKind,
+    Result,
+    State,
+)
+from sidecar.ledger.validation import Limits
+from sidecar.services.ledger import LedgerService
+from sidecar.storage.lmdb_store import LmdbStore
+from tests.services.support import SwitchablePolicy, spec
+
+OUTPUT = Payload(PayloadKind.JSON, b'{"id": 7}')
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LmdbStore]:
+    s = LmdbStore(tmp_path / "data")
+    yield s
+    s.close()
+
+
+def _result() -> Result:
+    return Result(Outcome.OK, OUTPUT, "", "", result_digest(Outcome.OK, OUTPUT, "", ""))
+
+
+def test_duplicate_prepares_write_nothing(store: LmdbStore) -> None:
+    """The duplicate of a committed call (RETURN_RESULT), of one in progress
+    (IN_PROGRESS) and one with another input (INPUT_MISMATCH) are answered
+    without a write transaction (fails before answering them from a read:
+    each one was a transaction of the writer)."""
+    ledger = LedgerService(store, ManualClock(), Limits(), SwitchablePolicy())
+
+    async def scenario() -> None:
+        done = await ledger.prepare(spec("done", Effect.SIDE_EFFECT))
+        await ledger.commit(
+            done.call.ref, attempt=1, result=_result(), expected_revision=None
+        )
+        await ledger.prepare(spec("running", Effect.SIDE_EFFECT))
+        before = store.stats.transactions
+        replay = await ledger.prepare(spec("done", Effect.SIDE_EFFECT))
+        assert replay.decision is Decision.RETURN_RESULT
+        assert replay.call.result == _result()
+        busy = await ledger.prepare(spec("running", Effect.SIDE_EFFECT))
+        assert busy.decision is Decision.IN_PROGRESS
+        changed = Payload(PayloadKind.JSON, b'{"email": "b@example.com"}')
+        other = dataclasses.replace(
+            spec("done", Effect.SIDE_EFFECT),
+            input=changed,
+            fingerprint=fingerprint(changed),
+        )
+        with pytest.raises(InputMismatch):
+            await ledger.prepare(other)
+        assert store.stats.transactions == before
+
+    asyncio.run(scenario())
+
+
+def test_a_prepare_that_changes_the_record_is_written(store: LmdbStore) -> None:
+    """A repeat prepare of a call whose lease ran out makes it UNKNOWN, through
+    a write transaction: the RECONCILE it answers is durable."""
+    clock = ManualClock()
+    ledger = LedgerService(store, clock, Limits(), SwitchablePolicy())
+
+    async def scenario() -> None:
+        first = await ledger.prepare(spec("c1", Effect.SIDE_EFFECT))
+        assert first.decision is Decision.EXECUTE
+        clock.advance(3600)
+        before = store.stats.transactions
+        again = await ledger.prepare(spec("c1", Effect.SIDE_EFFECT))
+        assert again.decision is Decision.RECONCILE
+        assert store.stats.transactions == before + 1
+        assert ledger.get(first.call.ref).state is State.UNKNOWN
+
+    asyncio.run(scenario())
