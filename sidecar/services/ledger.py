@@ -163,6 +163,7 @@ class LedgerService:
         result: Result,
         expected_revision: int | None,
         actor: str = rules.AGENT,
+        acknowledge: bool = False,
     ) -> Answer:
         return await self._write(
             self._mutation(
@@ -174,6 +175,7 @@ class LedgerService:
                     result=result,
                     expected_revision=expected_revision,
                     actor=actor,
+                    acknowledge=acknowledge,
                 ),
             )
         )

@@ -182,6 +182,7 @@ class AsyncClient:
         *,
         error_code: str = "",
         error_message: str = "",
+        acknowledge: bool = False,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
         """See `Client.commit_tool`."""
@@ -193,6 +194,7 @@ class AsyncClient:
             result,
             error_code=error_code,
             error_message=error_message,
+            acknowledge=acknowledge,
         )
         r = await self._record(self._ledger.CommitTool, request, retry)
         return ToolCall.from_pb(r.call)

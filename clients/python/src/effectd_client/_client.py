@@ -192,9 +192,13 @@ class Client:
         *,
         error_code: str = "",
         error_message: str = "",
+        acknowledge: bool = False,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """Commits the result; with `error_code`, an error result.
+        """Commits the result; with `error_code`, an error result. With
+        `acknowledge`, the result is also marked delivered in the same
+        transaction (see `acknowledge_recovery`; the answer says
+        `acknowledged`, which a daemon older than the option leaves false).
 
         Sent again while it fails transiently (`recording_retry`, or `retry`):
         the daemon answers a repeat of the stored result as done.
@@ -207,6 +211,7 @@ class Client:
             result,
             error_code=error_code,
             error_message=error_message,
+            acknowledge=acknowledge,
         )
         r = self._record(self._ledger.CommitTool, request, retry)
         return ToolCall.from_pb(r.call)

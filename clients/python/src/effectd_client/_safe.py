@@ -31,7 +31,8 @@ A recording request that fails transiently is sent again with the same
 attempt (`Client.recording_retry`); an outcome that still cannot be recorded
 raises `ResultNotRecorded` (an `OutcomeUnknown`), never a tool failure. A
 result handed back to the agent (fresh or replayed, value or error) is then
-acknowledged (AcknowledgeRecovery), which starts its retention window.
+acknowledged (AcknowledgeRecovery; a fresh one by its commit, in the same
+transaction), which starts its retention window.
 """
 
 from __future__ import annotations
@@ -265,27 +266,36 @@ class Run(RunBase):
             return
         code, message = error_of(exc)
         try:
-            c.commit_tool(
+            done = c.commit_tool(
                 self.run_id,
                 scope.call_id,
                 scope.attempt,
                 error_result_of(exc),
                 error_code=code,
                 error_message=message,
+                acknowledge=self.acknowledge,
             )
         except EffectdError as refusal:
             self._unrecorded(scope, refusal)
             raise failure_not_recorded(p, code, exc) from refusal
-        self._acknowledge(p.call)
+        self._acknowledge(done)
 
     def _succeeded(self, p: Prepared, scope: SafeCall, o: CallOptions) -> None:
         try:
             value = encode_result(scope.result, o.serialize, o.raw)
-            self.client.commit_tool(self.run_id, scope.call_id, scope.attempt, value)
+            # The result is handed back right after: acknowledged with the
+            # commit, one durable write instead of two.
+            done = self.client.commit_tool(
+                self.run_id,
+                scope.call_id,
+                scope.attempt,
+                value,
+                acknowledge=self.acknowledge,
+            )
         except Exception as exc:
             self._unrecorded(scope, exc)
             raise result_not_recorded(p, scope.result) from exc
-        self._acknowledge(p.call)
+        self._acknowledge(done)
 
     def _unrecorded(self, scope: SafeCall, cause: Exception) -> None:
         """One last try to leave the reason in the ledger, as UNKNOWN."""
