@@ -80,7 +80,7 @@ from effectd_client._safe_outcomes import (
     encode_result,
     is_unknown,
 )
-from effectd_client._safe_threads import Watch, within_deadline
+from effectd_client._safe_threads import Watch, Watcher, within_deadline
 from effectd_client._types import Channel, Effect, Prepared, RecoveryPlan, ToolCall
 
 
@@ -108,6 +108,7 @@ class Run(RunBase):
     ) -> None:
         super().__init__(run_id, lease_ms, heartbeat_interval, acknowledge)
         self.client = client
+        self._watcher = Watcher()
 
     def resume(self) -> RecoveryPlan:
         """Reads the run's recovery plan; raises if the run is interrupted.
@@ -239,7 +240,12 @@ class Run(RunBase):
         scope = self._scope(p, call_id, o)
         token = _CURRENT.set(scope)
         watch = Watch(
-            c, scope, self._interval(p), self.lease_ms, signal_deadline=not enforced
+            self._watcher,
+            c,
+            scope,
+            self._interval(p),
+            self.lease_ms,
+            signal_deadline=not enforced,
         )
         try:
             try:
