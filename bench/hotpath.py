@@ -62,6 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--py-spy", type=Path, help="py-spy to profile with")
     p.add_argument("--profile-dir", type=Path, help="where the profiles go")
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples/s")
     p.add_argument("--json", type=Path, help="write every run's numbers here")
     return p.parse_args(argv)
 
@@ -110,8 +111,10 @@ def daemon(tree: Path, workdir: Path) -> Iterator[tuple[str, int]]:
 class Profiles:
     """py-spy on the given PIDs between a phase's start and end marks."""
 
-    def __init__(self, py_spy: Path, out: Path, pids: dict[str, int]) -> None:
-        self.py_spy, self.out, self.pids = py_spy, out, pids
+    def __init__(
+        self, py_spy: Path, out: Path, pids: dict[str, int], rate: int
+    ) -> None:
+        self.py_spy, self.out, self.pids, self.rate = py_spy, out, pids, rate
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def on_mark(self, mark: str) -> None:
@@ -119,7 +122,8 @@ class Profiles:
         if edge == "start":
             for who, pid in self.pids.items():
                 argv = [str(self.py_spy), "record", "--pid", str(pid)]
-                argv += ["--format", "raw", "--nolineno", "--threads", "--rate", "250"]
+                argv += ["--format", "raw", "--nolineno", "--threads"]
+                argv += ["--rate", str(self.rate)]
                 argv += ["--nonblocking"]
                 if who == "caller":
                     argv += ["--idle"]  # its wall time: waiting is the point
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.py_spy is not None and run == 1:
                     out = (args.profile_dir or Path(tmp)) / name
                     out.mkdir(parents=True, exist_ok=True)
-                    profiles = Profiles(args.py_spy, out, {"daemon": pid})
+                    profiles = Profiles(args.py_spy, out, {"daemon": pid}, args.rate)
                 tag = f"{name}-r{run}-{time.time_ns()}"
                 result = harness(trees[name], target, pid, args, tag, profiles)
                 for phase, numbers in result.items():
