@@ -35,7 +35,8 @@ class Watcher:
     first call to watch and ends after `WATCHER_LINGER_S` without one."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # Reentrant: a call woken under it schedules its next wake.
+        self._cond = threading.Condition(threading.RLock())
         self._due: list[tuple[float, int, Watch]] = []
         self._order = itertools.count()
         self._running = False
