@@ -1,6 +1,8 @@
 """A repeated prepare that changes nothing is answered from a read, without a
 write transaction; one whose answer changes the record still goes through
-the writer and is durable before it is answered."""
+the writer and is durable before it is answered. The negative control is a
+read path that answers a change it never writes: the same check catches
+it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.clock import ManualClock
-from sidecar.errors import InputMismatch
+from sidecar.errors import EffectdError, InputMismatch
+from sidecar.ledger import rules
 from sidecar.ledger.fingerprint import fingerprint, result_digest
 from sidecar.ledger.model import (
     Decision,
@@ -23,8 +26,13 @@ from sidecar.ledger.model import (
     Result,
     State,
 )
+from sidecar.ledger.policy import PolicySource
+from sidecar.ledger.rules import Answer, Now, PrepareSpec
 from sidecar.ledger.validation import Limits
+from sidecar.services import ledger as ledger_service
 from sidecar.services.ledger import LedgerService
+from sidecar.storage import records
+from sidecar.storage.api import ReadView
 from sidecar.storage.lmdb_store import LmdbStore
 from tests.services.support import SwitchablePolicy, spec
 
@@ -74,20 +82,51 @@ def test_duplicate_prepares_write_nothing(store: LmdbStore) -> None:
     asyncio.run(scenario())
 
 
-def test_a_prepare_that_changes_the_record_is_written(store: LmdbStore) -> None:
-    """A repeat prepare of a call whose lease ran out makes it UNKNOWN, through
-    a write transaction: the RECONCILE it answers is durable."""
+def _changed_prepare_problems(store: LmdbStore) -> list[str]:
+    """What goes wrong when a repeat prepare whose rule changes the record (a
+    lease ran out: UNKNOWN, RECONCILE) is answered: [] when it was written."""
     clock = ManualClock()
     ledger = LedgerService(store, clock, Limits(), SwitchablePolicy())
+    problems: list[str] = []
 
     async def scenario() -> None:
         first = await ledger.prepare(spec("c1", Effect.SIDE_EFFECT))
-        assert first.decision is Decision.EXECUTE
         clock.advance(3600)
         before = store.stats.transactions
         again = await ledger.prepare(spec("c1", Effect.SIDE_EFFECT))
-        assert again.decision is Decision.RECONCILE
-        assert store.stats.transactions == before + 1
-        assert ledger.get(first.call.ref).state is State.UNKNOWN
+        if again.decision is not Decision.RECONCILE:
+            problems.append(f"answered {again.decision.name}")
+        if store.stats.transactions != before + 1:
+            problems.append("no write transaction")
+        state = ledger.get(first.call.ref).state
+        if state is not State.UNKNOWN:
+            problems.append(f"stored {state.name} behind a RECONCILE")
 
     asyncio.run(scenario())
+    return problems
+
+
+def test_a_prepare_that_changes_the_record_is_written(store: LmdbStore) -> None:
+    """A repeat prepare of a call whose lease ran out makes it UNKNOWN, through
+    a write transaction: the RECONCILE it answers is durable."""
+    assert _changed_prepare_problems(store) == []
+
+
+def _answers_every_repeat(
+    view: ReadView, spec: PrepareSpec, now: Now, source: PolicySource
+) -> Answer | EffectdError | None:
+    """BROKEN on purpose: answers a repeat from the read even when its rule
+    changes the record, which is then never written."""
+    old = records.load_call(view, spec.ref)
+    if old is None:
+        return None
+    return rules.prepare(old, spec, now, source.current()).reply
+
+
+def test_negative_control_a_read_that_answers_changes_is_caught(
+    store: LmdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above catches a read path that answers a change it does not
+    write."""
+    monkeypatch.setattr(ledger_service, "_unchanged_answer", _answers_every_repeat)
+    assert _changed_prepare_problems(store) != []
