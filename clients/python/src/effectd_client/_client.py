@@ -195,14 +195,9 @@ class Client:
         acknowledge: bool = False,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """Commits the result; with `error_code`, an error result. With
-        `acknowledge`, the result is also marked delivered in the same
-        transaction (see `acknowledge_recovery`; the answer says
-        `acknowledged`, which a daemon older than the option leaves false).
-
-        Sent again while it fails transiently (`recording_retry`, or `retry`):
-        the daemon answers a repeat of the stored result as done.
-        """
+        """Commits the result, or with `error_code` an error one; `acknowledge`
+        marks it delivered in the same transaction. Sent again while it fails
+        transiently (`recording_retry`, `retry`): a repeat is answered done."""
         request = req.commit_tool(
             self.namespace,
             run_id,
