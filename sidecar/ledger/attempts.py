@@ -128,12 +128,15 @@ def commit(
     result: Result,
     expected_revision: int | None,
     actor: str = AGENT,
+    acknowledge: bool = False,
 ) -> Step:
-    """CommitTool: store the result of the attempt that holds the call."""
+    """CommitTool: store the result of the attempt that holds the call; with
+    `acknowledge`, also mark it delivered (DESIGN §6), in the same step."""
     if call.state is State.COMMITTED:
         assert call.result is not None
         if call.result.digest == result.digest:
-            return Step(call, Answer(decide(call), call))
+            done = delivered(call, now, actor) if acknowledge else call
+            return Step(done, Answer(decide(done), done))
         return Step(
             call,
             ResultMismatch(
@@ -154,7 +157,20 @@ def commit(
     committed = machine.apply(
         call, Event.COMMIT, at_ns=now.wall_ns, actor=actor, lease=None, result=result
     )
+    if acknowledge:
+        committed = delivered(committed, now, actor)
     return Step(committed, Answer(decide(committed), committed))
+
+
+def delivered(call: ToolCall, now: Now, actor: str = AGENT) -> ToolCall:
+    """A COMMITTED call marked delivered (AcknowledgeRecovery); unchanged if
+    it was already."""
+    if call.acknowledged:
+        return call
+    # machine.apply refuses ACKNOWLEDGE in any state but COMMITTED.
+    return machine.apply(
+        call, Event.ACKNOWLEDGE, at_ns=now.wall_ns, actor=actor, acknowledged=True
+    )
 
 
 def report_unknown(

@@ -74,9 +74,13 @@ _KIND_TAGS = {
 }
 
 
-def fingerprint(payload: Payload) -> str:
-    """`sha256:<hex>` of the input's kind and canonical bytes (scheme V2)."""
-    data = _KIND_TAGS[payload.kind] + _canonical_bytes(payload)
+def fingerprint(payload: Payload, canonical: bytes | None = None) -> str:
+    """`sha256:<hex>` of the input's kind and canonical bytes (scheme V2);
+    `canonical`: those bytes (JSON in its RFC 8785 form, raw bytes as sent),
+    when the caller has them already, so a payload is canonicalized once."""
+    if canonical is None:
+        canonical = _canonical_bytes(payload)
+    data = _KIND_TAGS[payload.kind] + canonical
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
@@ -95,14 +99,21 @@ def of(payload: Payload, scheme: int) -> str:
 
 
 def result_digest(
-    outcome: Outcome, payload: Payload | None, error_code: str, error_message: str
+    outcome: Outcome,
+    payload: Payload | None,
+    error_code: str,
+    error_message: str,
+    canonical: bytes | None = None,
 ) -> str:
-    """`sha256:<hex>` over everything a committed result says."""
+    """`sha256:<hex>` over everything a committed result says; `canonical`:
+    the payload's canonical bytes, when the caller has them already."""
+    if payload is not None and canonical is None:
+        canonical = _canonical_bytes(payload)
     h = hashlib.sha256()
     for part in (
         outcome.value.encode(),
         b"" if payload is None else payload.kind.value.encode(),
-        b"" if payload is None else _canonical_bytes(payload),
+        b"" if canonical is None else canonical,
         error_code.encode(),
         error_message.encode(),
     ):

@@ -9,12 +9,19 @@ request that noticed it is refused.
 This module is where the services find the rules; each lives with its own
 kind: `sidecar.ledger.steps` (the moment, the reply, settling a lapsed lease,
 the decision), `sidecar.ledger.prepare` (PrepareTool) and
-`sidecar.ledger.attempts` (StartTool, CommitTool, ReportUnknown, Heartbeat).
+`sidecar.ledger.attempts` (StartTool, CommitTool, ReportUnknown, Heartbeat,
+and marking a result delivered).
 """
 
 from __future__ import annotations
 
-from sidecar.ledger.attempts import commit, heartbeat, report_unknown, start
+from sidecar.ledger.attempts import (
+    commit,
+    delivered,
+    heartbeat,
+    report_unknown,
+    start,
+)
 from sidecar.ledger.prepare import PrepareSpec, prepare
 from sidecar.ledger.steps import (
     AGENT,
@@ -36,6 +43,7 @@ __all__ = [
     "Step",
     "commit",
     "decide",
+    "delivered",
     "enforce",
     "heartbeat",
     "prepare",

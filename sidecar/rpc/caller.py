@@ -31,6 +31,9 @@ class Caller:
     namespace: str
     # The rate-limit bucket and concurrency share the call counts against.
     charged: quota.Caller
+    # The namespace the request named, which `namespace` was resolved from
+    # (None: not resolved from a request).
+    requested: str | None = None
 
     @property
     def whole_daemon(self) -> bool:
@@ -62,7 +65,11 @@ class Caller:
         return self.principal.name
 
     def place(self, v: Violations, field_path: str, requested: str) -> str:
-        """The namespace a request field acts in (see `place`)."""
+        """The namespace a request field acts in (see `place`). The one the
+        boundary resolved already is not resolved again: the answer depends
+        only on the principal and the name, and only a valid one is kept."""
+        if self.namespace and requested == self.requested:
+            return self.namespace
         return place(self.principal, v, field_path, requested)
 
 
@@ -88,9 +95,17 @@ def resolve(principal: Principal | None, request: object) -> Caller:
     """The caller of a call by `principal` (None: no authentication) that
     asks `request`; the boundary calls it once per call."""
     requested = requested_namespace(request)
-    return Caller(
-        principal, _acting_in(principal, requested), charged(principal, requested)
-    )
+    acting = _acting_in(principal, requested)
+    return Caller(principal, acting, _charged(principal, acting), requested)
+
+
+def _charged(principal: Principal | None, acting: str) -> quota.Caller:
+    """`charged`, given the namespace the call acts in (`_acting_in`)."""
+    if principal is not None:
+        if len(principal.namespaces) == 1 and not principal.every_namespace:
+            return quota.Caller(namespace=next(iter(principal.namespaces)))
+        return quota.Caller(token=principal.name)
+    return quota.Caller(namespace=acting)
 
 
 def charged(principal: Principal | None, requested: str) -> quota.Caller:
@@ -100,11 +115,9 @@ def charged(principal: Principal | None, requested: str) -> quota.Caller:
     (several namespaces or made-up ones must not widen a token's limit).
     Without it, the namespace the request names once it is valid (empty:
     the default one); requests naming an invalid one share one bucket."""
-    if principal is not None:
-        if len(principal.namespaces) == 1 and not principal.every_namespace:
-            return quota.Caller(namespace=next(iter(principal.namespaces)))
-        return quota.Caller(token=principal.name)
-    return quota.Caller(namespace=_acting_in(None, requested))
+    return _charged(
+        principal, "" if principal is not None else _acting_in(None, requested)
+    )
 
 
 def _acting_in(principal: Principal | None, requested: str) -> str:

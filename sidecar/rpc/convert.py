@@ -109,23 +109,28 @@ def page_size(
 
 def payload(
     v: Violations, msg: pb.Payload, limits: Limits, field: str, *, required: bool
-) -> Payload | None:
+) -> tuple[Payload | None, bytes]:
+    """The payload and its canonical bytes (JSON in its RFC 8785 form, raw
+    bytes as sent), which validating JSON computes: a payload is
+    canonicalized once, here, and hashed from them (empty next to a
+    violation)."""
     kind = msg.WhichOneof("kind")
     if kind is None:
         if required:
             v.add(field, "is required: set json or raw")
-        return None
+        return None, b""
     if kind == "raw":
         v.size(_join(field, "raw"), msg.raw, limits.max_payload_bytes)
-        return Payload(PayloadKind.RAW, msg.raw)
+        return Payload(PayloadKind.RAW, msg.raw), msg.raw
     data = msg.json.encode("utf-8", "surrogatepass")
     v.size(_join(field, "json"), data, limits.max_payload_bytes)
+    canonical = b""
     if len(data) <= limits.max_payload_bytes:
         try:
-            fingerprint.canonical_json(data)
+            canonical = fingerprint.canonical_json(data)
         except fingerprint.NotCanonicalizable as exc:
             v.add(_join(field, "json"), f"must be JSON with one RFC 8785 form: {exc}")
-    return Payload(PayloadKind.JSON, data)
+    return Payload(PayloadKind.JSON, data), canonical
 
 
 def _enum(
@@ -146,7 +151,9 @@ def prepare_spec(
     v.text_id(_join(field, "tool_name"), req.tool_name, limits.max_id_bytes)
     _enum(v, _join(field, "effect"), req.effect, EFFECTS)
     _enum(v, _join(field, "channel"), req.channel, CHANNELS)
-    tool_input = payload(v, req.input, limits, _join(field, "input"), required=True)
+    tool_input, canonical = payload(
+        v, req.input, limits, _join(field, "input"), required=True
+    )
     lease = lease_ms(v, req.lease_ms, limits, _join(field, "lease_ms"))
     if v.items or tool_input is None:
         return _unusable_spec(call_ref)
@@ -155,7 +162,7 @@ def prepare_spec(
         tool_name=req.tool_name,
         effect=EFFECTS[req.effect],
         input=tool_input,
-        fingerprint=fingerprint.fingerprint(tool_input),
+        fingerprint=fingerprint.fingerprint(tool_input, canonical),
         require_approval=req.require_approval,
         start=req.start,
         lease_ms=lease,
@@ -184,7 +191,9 @@ def result(
 ) -> Result:
     if msg.outcome not in OUTCOMES:
         v.add(_join(field, "outcome"), "must be OUTCOME_OK or OUTCOME_ERROR")
-    data = payload(v, msg.payload, limits, _join(field, "payload"), required=False)
+    data, canonical = payload(
+        v, msg.payload, limits, _join(field, "payload"), required=False
+    )
     v.text(_join(field, "error_code"), msg.error_code, limits.max_id_bytes)
     v.text(_join(field, "error_message"), msg.error_message, limits.max_text_bytes)
     if msg.error_code == APPROVAL_REJECTED:
@@ -196,7 +205,9 @@ def result(
     if v.items:
         return Result(Outcome.ERROR, None, "", "", "")
     outcome = OUTCOMES[msg.outcome]
-    digest = fingerprint.result_digest(outcome, data, msg.error_code, msg.error_message)
+    digest = fingerprint.result_digest(
+        outcome, data, msg.error_code, msg.error_message, canonical
+    )
     return Result(outcome, data, msg.error_code, msg.error_message, digest)
 
 

@@ -96,6 +96,7 @@ class ToolLedger:
             result=result,
             expected_revision=convert.optional_revision(req),
             actor=who.actor(AGENT),
+            acknowledge=req.acknowledge,
         )
         return pb.CommitToolResponse(call=convert.call_pb(answer.call))
 

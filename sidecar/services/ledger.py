@@ -88,6 +88,20 @@ class LedgerService:
         return apply
 
     async def prepare(self, spec: PrepareSpec) -> Answer:
+        # A repeat that changes nothing (the duplicate of a committed call, a
+        # call in progress under a live lease, a refusal) is answered from a
+        # read snapshot, without the writer: LMDB shows a reader only commits
+        # that are durable (`storage.lmdb_store`), and a rule that would
+        # change the record (a lease ran out, a forced effect) is left to the
+        # write transaction below, which decides again.
+        unchanged = self._store.read(
+            lambda view: _unchanged_answer(view, spec, self.now(), self._policy)
+        )
+        if isinstance(unchanged, EffectdError):
+            raise unchanged
+        if unchanged is not None:
+            return unchanged
+
         def apply(view: WriteView) -> Answer | EffectdError:
             policy = self._policy.current()
             resolved = _with_lease(spec, policy)
@@ -149,6 +163,7 @@ class LedgerService:
         result: Result,
         expected_revision: int | None,
         actor: str = rules.AGENT,
+        acknowledge: bool = False,
     ) -> Answer:
         return await self._write(
             self._mutation(
@@ -160,6 +175,7 @@ class LedgerService:
                     result=result,
                     expected_revision=expected_revision,
                     actor=actor,
+                    acknowledge=acknowledge,
                 ),
             )
         )
@@ -334,6 +350,21 @@ def _prepare_one(
     elif step.call.revision != old.revision:
         records.save_call(view, old, step.call)
     return step.reply
+
+
+def _unchanged_answer(
+    view: ReadView, spec: PrepareSpec, now: Now, source: PolicySource
+) -> Answer | EffectdError | None:
+    """The answer of a prepare of an existing record that the rules leave as
+    it is; None when the prepare creates or changes a record (or repeats a
+    compacted one: its refusal is rare enough to leave to the writer)."""
+    old = records.load_call(view, spec.ref)
+    if old is None:
+        return None
+    policy = source.current()
+    spec = _in_scheme(_with_lease(spec, policy), old.fingerprint_scheme)
+    step = rules.prepare(old, spec, now, policy)
+    return step.reply if step.call.revision == old.revision else None
 
 
 def _in_scheme(spec: PrepareSpec, scheme: int) -> PrepareSpec:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from sidecar.clock import Clock
 from sidecar.errors import EffectdError, NotFound
-from sidecar.ledger import machine, paging, recovery, rules
-from sidecar.ledger.model import CallRef, Event, State, ToolCall
+from sidecar.ledger import paging, recovery, rules
+from sidecar.ledger.model import CallRef, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Now
 from sidecar.ledger.validation import Limits
@@ -192,11 +192,7 @@ def _acknowledge(view: WriteView, ref: CallRef, now: Now) -> ToolCall:
             f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",
             {"namespace": ref.namespace, "runId": ref.run_id, "callId": ref.call_id},
         )
-    if old.state is State.COMMITTED and old.acknowledged:
-        return old
-    # machine.apply refuses ACKNOWLEDGE in any state but COMMITTED.
-    new = machine.apply(
-        old, Event.ACKNOWLEDGE, at_ns=now.wall_ns, actor=rules.AGENT, acknowledged=True
-    )
-    records.save_call(view, old, new)
+    new = rules.delivered(old, now)
+    if new.revision != old.revision:
+        records.save_call(view, old, new)
     return new

@@ -5,7 +5,8 @@ transactions (LMDB write transactions are bound to their thread). The writer
 drains what is queued into one transaction, commits it once (one fsync for
 many requests), and only then resolves the futures: no answer leaves before
 its data is durable. Reads use their own read-only transactions on the
-caller's thread and never wait for the writer (MVCC).
+caller's thread and never wait for the writer (MVCC); a read sees a commit
+only once it is durable (LMDB shows it to readers after its synced meta page).
 """
 
 from __future__ import annotations

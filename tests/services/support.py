@@ -30,8 +30,10 @@ class SwitchablePolicy:
 
 
 class ReloadBeforeWrite:
-    """A `Store` that runs `reload` when a write is queued: a reload that takes
-    effect after the request arrived and before its write transaction."""
+    """A `Store` that runs `reload` when a read is made or a write is queued:
+    a reload that takes effect after the request arrived and before the
+    ledger decides it (a repeated prepare that changes nothing is decided on
+    a read, anything else in its write transaction)."""
 
     def __init__(self, inner: Store, reload: Callable[[], None]) -> None:
         self._inner = inner
@@ -42,6 +44,8 @@ class ReloadBeforeWrite:
         return self._inner.incarnation
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
+        if self.reload is not None:
+            self.reload()
         return self._inner.read(fn)
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:

@@ -252,9 +252,21 @@ class Client {
 
   /**
    * Commits the attempt's result: `result` (JSON value or Buffer) or, with
-   * `errorCode`, an error result.
+   * `errorCode`, an error result. With `acknowledge`, the result is also
+   * marked delivered in the same transaction (the answer says `acknowledged`;
+   * a daemon older than the option leaves it false).
    */
-  async commitTool({ runId, callId, attempt, result, errorCode = '', errorMessage = '', expectedRevision, retry }) {
+  async commitTool({
+    runId,
+    callId,
+    attempt,
+    result,
+    errorCode = '',
+    errorMessage = '',
+    expectedRevision,
+    acknowledge = false,
+    retry,
+  }) {
     const payload = result === undefined && errorCode ? null : c.payloadIn(result);
     const request = {
       ref: this._ref({ runId, callId }),
@@ -266,6 +278,7 @@ class Client {
         errorMessage,
       },
       expectedRevision,
+      acknowledge,
     };
     return c.toolCallOut((await this._record(this._ledger, 'CommitTool', request, retry)).call);
   }

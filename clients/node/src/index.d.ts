@@ -221,6 +221,7 @@ export class Client {
       errorCode?: string;
       errorMessage?: string;
       expectedRevision?: number;
+      acknowledge?: boolean;
       retry?: RecordingRetry;
     },
   ): Promise<ToolCall>;

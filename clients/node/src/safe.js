@@ -404,14 +404,16 @@ async function execute(client, call, answer, fn) {
       throw error;
     }
     const errorCode = boundedText(errorCodeOf(error), 256);
+    let failed;
     try {
-      await client.commitTool({
+      failed = await client.commitTool({
         runId,
         callId,
         attempt,
         result: error?.errorResult,
         errorCode,
         errorMessage: boundedText(String(error?.message ?? error)),
+        acknowledge: call.acknowledge !== false,
       });
     } catch (recording) {
       await noteUnrecorded(client, call, attempt, recording);
@@ -420,13 +422,21 @@ async function execute(client, call, answer, fn) {
         cause: recording,
       });
     }
-    await acknowledge(client, call, { acknowledged: false });
+    await acknowledge(client, call, failed);
     throw error;
   }
   for (const stop of timers) stop();
   let committed;
   try {
-    committed = await client.commitTool({ runId, callId, attempt, result: encodeResult(value, call.serialize) });
+    // Acknowledged with the commit (one durable write instead of two): the
+    // result is handed back right after.
+    committed = await client.commitTool({
+      runId,
+      callId,
+      attempt,
+      result: encodeResult(value, call.serialize),
+      acknowledge: call.acknowledge !== false,
+    });
   } catch (failure) {
     await noteUnrecorded(client, call, attempt, failure);
     throw new ResultNotRecorded('the tool returned and the ledger did not record its result', answer.call, {

@@ -193,6 +193,7 @@ class AsyncClient:
         *,
         error_code: str = "",
         error_message: str = "",
+        acknowledge: bool = False,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
         """See `Client.commit_tool`."""
@@ -204,6 +205,7 @@ class AsyncClient:
             result,
             error_code=error_code,
             error_message=error_message,
+            acknowledge=acknowledge,
         )
         r = await self._record(self._tool.CommitTool, request, retry)
         return ToolCall.from_pb(r.call)

@@ -210,13 +210,12 @@ class Client:
         *,
         error_code: str = "",
         error_message: str = "",
+        acknowledge: bool = False,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """Commits the result; with `error_code`, an error result.
-
-        Sent again while it fails transiently (`recording_retry`, or `retry`):
-        the daemon answers a repeat of the stored result as done.
-        """
+        """Commits the result, or with `error_code` an error one; `acknowledge`
+        marks it delivered in the same transaction. Sent again while it fails
+        transiently (`recording_retry`, `retry`): a repeat is answered done."""
         request = req.commit_tool(
             self.namespace,
             run_id,
@@ -225,6 +224,7 @@ class Client:
             result,
             error_code=error_code,
             error_message=error_message,
+            acknowledge=acknowledge,
         )
         r = self._record(self._tool.CommitTool, request, retry)
         return ToolCall.from_pb(r.call)

@@ -109,6 +109,7 @@ def commit_tool(
     *,
     error_code: str,
     error_message: str,
+    acknowledge: bool = False,
 ) -> pb.CommitToolRequest:
     outcome = pb.OUTCOME_ERROR if error_code else pb.OUTCOME_OK
     body = None if result is None and error_code else payload(result)
@@ -121,6 +122,7 @@ def commit_tool(
             error_code=error_code,
             error_message=error_message,
         ),
+        acknowledge=acknowledge,
     )
 
 

@@ -31,7 +31,8 @@ A recording request that fails transiently is sent again with the same
 attempt (`Client.recording_retry`); an outcome that still cannot be recorded
 raises `ResultNotRecorded` (an `OutcomeUnknown`), never a tool failure. A
 result handed back to the agent (fresh or replayed, value or error) is then
-acknowledged (AcknowledgeRecovery), which starts its retention window.
+acknowledged (AcknowledgeRecovery; a fresh one by its commit, in the same
+transaction), which starts its retention window.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ from effectd_client._safe_outcomes import (
     encode_result,
     is_unknown,
 )
-from effectd_client._safe_threads import Watch, within_deadline
+from effectd_client._safe_threads import Watch, Watcher, within_deadline
 from effectd_client._types import Channel, Effect, Prepared, RecoveryPlan, ToolCall
 
 
@@ -107,6 +108,7 @@ class Run(RunBase):
     ) -> None:
         super().__init__(run_id, lease_ms, heartbeat_interval, acknowledge)
         self.client = client
+        self._watcher = Watcher()
 
     def resume(self) -> RecoveryPlan:
         """Reads the run's recovery plan; raises if the run is interrupted.
@@ -238,7 +240,12 @@ class Run(RunBase):
         scope = self._scope(p, call_id, o)
         token = _CURRENT.set(scope)
         watch = Watch(
-            c, scope, self._interval(p), self.lease_ms, signal_deadline=not enforced
+            self._watcher,
+            c,
+            scope,
+            self._interval(p),
+            self.lease_ms,
+            signal_deadline=not enforced,
         )
         try:
             try:
@@ -265,27 +272,36 @@ class Run(RunBase):
             return
         code, message = error_of(exc)
         try:
-            c.commit_tool(
+            done = c.commit_tool(
                 self.run_id,
                 scope.call_id,
                 scope.attempt,
                 error_result_of(exc),
                 error_code=code,
                 error_message=message,
+                acknowledge=self.acknowledge,
             )
         except EffectdError as refusal:
             self._unrecorded(scope, refusal)
             raise failure_not_recorded(p, code, exc) from refusal
-        self._acknowledge(p.call)
+        self._acknowledge(done)
 
     def _succeeded(self, p: Prepared, scope: SafeCall, o: CallOptions) -> None:
         try:
             value = encode_result(scope.result, o.serialize, o.raw)
-            self.client.commit_tool(self.run_id, scope.call_id, scope.attempt, value)
+            # The result is handed back right after: acknowledged with the
+            # commit, one durable write instead of two.
+            done = self.client.commit_tool(
+                self.run_id,
+                scope.call_id,
+                scope.attempt,
+                value,
+                acknowledge=self.acknowledge,
+            )
         except Exception as exc:
             self._unrecorded(scope, exc)
             raise result_not_recorded(p, scope.result) from exc
-        self._acknowledge(p.call)
+        self._acknowledge(done)
 
     def _unrecorded(self, scope: SafeCall, cause: Exception) -> None:
         """One last try to leave the reason in the ledger, as UNKNOWN."""

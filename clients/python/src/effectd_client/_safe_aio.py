@@ -207,29 +207,35 @@ class AsyncRun(RunBase):
             return
         code, message = error_of(exc)
         try:
-            await c.commit_tool(
+            done = await c.commit_tool(
                 self.run_id,
                 scope.call_id,
                 scope.attempt,
                 error_result_of(exc),
                 error_code=code,
                 error_message=message,
+                acknowledge=self.acknowledge,
             )
         except EffectdError as refusal:
             await self._unrecorded(scope, refusal)
             raise failure_not_recorded(p, code, exc) from refusal
-        await self._acknowledge(p.call)
+        await self._acknowledge(done)
 
     async def _succeeded(self, p: Prepared, scope: SafeCall, o: CallOptions) -> None:
         try:
             value = encode_result(scope.result, o.serialize, o.raw)
-            await self.client.commit_tool(
-                self.run_id, scope.call_id, scope.attempt, value
+            # See `Run._succeeded`: acknowledged with the commit.
+            done = await self.client.commit_tool(
+                self.run_id,
+                scope.call_id,
+                scope.attempt,
+                value,
+                acknowledge=self.acknowledge,
             )
         except Exception as exc:
             await self._unrecorded(scope, exc)
             raise result_not_recorded(p, scope.result) from exc
-        await self._acknowledge(p.call)
+        await self._acknowledge(done)
 
     async def _unrecorded(self, scope: SafeCall, cause: Exception) -> None:
         reason = unrecorded_reason(cause)

@@ -721,9 +721,17 @@ class CommitToolRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGE_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
     """The fencing token of the attempt (ToolCall.attempt from the start)."""
     expected_revision: _builtins.int
+    acknowledge: _builtins.bool
+    """The result is handed to the agent with this answer: mark it delivered,
+    as AcknowledgeRecovery does, in the same transaction as the commit (one
+    durable write instead of two). Also on a repeat of the stored result.
+    The answer's call says `acknowledged`; a daemon that predates this field
+    leaves it false, and the client then acknowledges on its own.
+    """
     @_builtins.property
     def ref(self) -> Global___CallRef: ...
     @_builtins.property
@@ -735,10 +743,11 @@ class CommitToolRequest(_message.Message):
         attempt: _builtins.int = ...,
         result: Global___ToolResult | None = ...,
         expected_revision: _builtins.int | None = ...,
+        acknowledge: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "ref", b"ref", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "attempt", b"attempt", "expected_revision", b"expected_revision", "ref", b"ref", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "acknowledge", b"acknowledge", "attempt", b"attempt", "expected_revision", b"expected_revision", "ref", b"ref", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
     _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
