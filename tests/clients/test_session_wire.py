@@ -4,13 +4,15 @@ messages by the rule of `effectd_client._session_wire.ended`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from effectd.v1 import ledger_pb2 as pb
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
-from effectd_client import EffectdError, InvalidRequest, RateLimited
+from effectd_client import Client, EffectdError, InvalidRequest, RateLimited
 from effectd_client import _requests as req
 from effectd_client import _session_wire as wire
 
@@ -189,3 +191,40 @@ def test_closing_fails_the_unsent_as_cancelled() -> None:
         "b": grpc.StatusCode.CANCELLED,
         "c": grpc.StatusCode.CANCELLED,
     }
+
+
+@pytest.mark.parametrize(
+    ("option", "env", "expected"),
+    [
+        (None, None, True),
+        (None, "1", True),
+        (None, "0", False),
+        (None, "false", False),
+        (None, " OFF ", False),
+        (True, "0", True),
+        (False, None, False),
+        (False, "1", False),
+    ],
+)
+def test_the_option_else_effectd_session_chooses_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+    option: bool | None,
+    env: str | None,
+    expected: bool,
+) -> None:
+    if env is None:
+        monkeypatch.delenv(wire.SESSION_ENV, raising=False)
+    else:
+        monkeypatch.setenv(wire.SESSION_ENV, env)
+    assert wire.wanted(option) is expected
+
+
+def test_a_client_without_the_option_reads_effectd_session(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(wire.SESSION_ENV, "0")
+    with Client(f"unix:{tmp_path}/absent.sock") as off:
+        assert off._session is None
+    monkeypatch.setenv(wire.SESSION_ENV, "1")
+    with Client(f"unix:{tmp_path}/absent.sock") as on:
+        assert on._session is not None

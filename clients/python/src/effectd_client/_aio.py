@@ -19,7 +19,7 @@ from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, conne
 from effectd_client._exceptions import EffectdError, NotFound
 from effectd_client._recording import RecordingRetry
 from effectd_client._session_aio import AsyncSession
-from effectd_client._session_wire import LedgerCalls
+from effectd_client._session_wire import LedgerCalls, wanted
 from effectd_client._types import (
     Channel,
     Checkpoint,
@@ -55,7 +55,7 @@ class AsyncClient:
         private_key: bytes | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         recording_retry: RecordingRetry | None = None,
-        session: bool = True,
+        session: bool | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -74,7 +74,9 @@ class AsyncClient:
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
-        self._session = AsyncSession(self._channel, self._metadata) if session else None
+        self._session = (
+            AsyncSession(self._channel, self._metadata) if wanted(session) else None
+        )
         self._tool = LedgerCalls(
             self._ledger, self._session.method if self._session else None
         )

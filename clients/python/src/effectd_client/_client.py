@@ -20,7 +20,7 @@ from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, conne
 from effectd_client._exceptions import EffectdError, NotFound
 from effectd_client._recording import RecordingRetry
 from effectd_client._session import Session, release
-from effectd_client._session_wire import LedgerCalls
+from effectd_client._session_wire import LedgerCalls, wanted
 from effectd_client._types import (
     Channel,
     Checkpoint,
@@ -60,8 +60,9 @@ class Client:
             (they are idempotent on the daemon); by default 8 tries within
             30 s.
         session: the ledger's hot requests of every thread as messages of
-            one session stream (the default), or False: a unary call each;
-            docs/client-session.md says what a broken stream means.
+            one session stream, or False: a unary call each; None (the
+            default) is the stream unless `EFFECTD_SESSION` is 0, false or
+            off. docs/client-session.md says what a broken stream means.
     """
 
     def __init__(
@@ -77,7 +78,7 @@ class Client:
         private_key: bytes | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         recording_retry: RecordingRetry | None = None,
-        session: bool = True,
+        session: bool | None = None,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -96,7 +97,9 @@ class Client:
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
-        self._session = Session(self._channel, self._metadata) if session else None
+        self._session = (
+            Session(self._channel, self._metadata) if wanted(session) else None
+        )
         self._tool = LedgerCalls(
             self._ledger, self._session.method if self._session else None
         )

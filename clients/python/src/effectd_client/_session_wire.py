@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -58,6 +59,18 @@ _DOMAIN = "effectd"
 _MAX_TIMEOUT_MS = 2**32 - 1
 # Sends of one message on a new stream after its stream broke before it.
 RESENDS = 1
+
+SESSION_ENV = "EFFECTD_SESSION"
+_OFF = frozenset({"0", "false", "off"})
+
+
+def wanted(session: bool | None) -> bool:
+    """Whether a client uses the session stream: `session` when given, else
+    on unless `EFFECTD_SESSION` is 0, false or off (as the Node client)."""
+    if session is not None:
+        return session
+    return os.environ.get(SESSION_ENV, "").strip().lower() not in _OFF
+
 
 W = TypeVar("W")
 
