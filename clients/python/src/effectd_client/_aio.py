@@ -1,7 +1,9 @@
 """The asyncio client (grpc.aio): the methods of `Client`, awaited.
 
 Requests are built and answers converted by `effectd_client._requests`, the
-same code the synchronous client uses; only the transport differs.
+same code the synchronous client uses; only the transport differs. As long
+as `effectd_client._client` on purpose: it mirrors that module method for
+method, so each RPC's awaited form sits in one class beside its docstring.
 """
 
 from __future__ import annotations
