@@ -23,7 +23,7 @@ $(INSTALLED): $(PY) pyproject.toml clients/python/pyproject.toml
 # The client's extras are tested too: `mcp` (effectd_client.mcp) with its
 # pinned SDK and its real servers.
 $(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.toml
-	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp]'
+	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp,pydantic-ai]'
 	touch $@
 
 ## run: start the daemon on its embedded default (LMDB in ./.effectd, Unix socket there)

@@ -1,0 +1,451 @@
+"""effectd_client.pydantic_ai: a real Pydantic AI agent (its FunctionModel, no
+network) whose tools go through a real daemon runs each side effect at most
+once across a real crash, replays committed results, and binds approvals to
+the exact arguments."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import RunContext
+from pydantic_ai.exceptions import CallDeferred, ModelRetry, UserError
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
+from pydantic_ai.models.test import TestModel
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved
+from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.usage import RunUsage
+
+from effectd_client import (
+    AsyncClient,
+    Client,
+    Effect,
+    InputMismatch,
+    State,
+)
+from effectd_client.pydantic_ai import METADATA_KEY, EffectdToolset, decide_deferred
+from effectd_client.pytest_plugin import effectd_daemon  # noqa: F401
+from effectd_client.testing import CrashPoint, TestDaemon, crash_and_resume
+from sidecar.testing import RunningDaemon
+from tests.clients.pydantic_agent import (
+    HISTORY,
+    agent,
+    approving_agent,
+    executions,
+    run_agent,
+    unwrapped_agent,
+)
+
+
+@pytest.fixture
+def target(effectd_daemon: TestDaemon) -> str:  # noqa: F811
+    """A real daemon (`effectd_client.testing`), on a real clock: a crashed
+    call's lease runs out."""
+    return effectd_daemon.target
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    """The external system's counters and the run's persisted history."""
+    return tmp_path
+
+
+def run(target: str, state: Path, **options: Any) -> Any:
+    return asyncio.run(run_agent(target, state, **options))
+
+
+def check_at_most_once(state: Path, tool: str) -> None:
+    """The property: whatever crashed, the tool's effect happened once."""
+    effects = executions(state, tool)
+    if len(effects) > 1:
+        raise AssertionError(f"{tool} ran {len(effects)} times: {effects}")
+
+
+def seen(output: Any) -> dict[str, str]:
+    """What the scripted model saw of each tool, from its final answer."""
+    assert isinstance(output, str), output
+    return dict(json.loads(output))
+
+
+def deferred(output: Any, tool_call_id: str) -> dict[str, Any]:
+    """The effectd facts of a call the run deferred for a human."""
+    assert isinstance(output, DeferredToolRequests), output
+    return dict(output.metadata[tool_call_id][METADATA_KEY])
+
+
+def rewind(state: Path, responses: int) -> None:
+    """The persisted history cut after its `responses`-th model response, as
+    a checkpoint taken before the tools of that response had run."""
+    history = ModelMessagesTypeAdapter.validate_json((state / HISTORY).read_bytes())
+    kept, count = [], 0
+    for message in history:
+        kept.append(message)
+        count += isinstance(message, ModelResponse)
+        if count == responses:
+            break
+    (state / HISTORY).write_bytes(ModelMessagesTypeAdapter.dump_json(kept))
+
+
+def test_a_resumed_run_gets_the_stored_result_without_running_the_tool(
+    target: str, state: Path
+) -> None:
+    """Resumed from a checkpoint taken before its tools ran, the run is
+    answered from the ledger: the model sees the first result, the tool ran
+    once."""
+    first = seen(run(target, state))
+    rewind(state, responses=1)
+    again = seen(run(target, state))
+    assert again == first == {"send": "sent #1 to ann", "lookup": "Oslo: sunny"}
+    assert executions(state, "send") == ["ann"]
+    assert executions(state, "lookup") == ["Oslo", "Oslo"]  # the checkpoint's
+
+
+def test_a_failed_call_is_replayed_as_the_same_failure(
+    target: str, state: Path
+) -> None:
+    """A tool that raised ToolFailed is committed as an error: resumed from a
+    checkpoint before it ran, the model gets the same failure, unsent."""
+    first = seen(run(target, state, failing=True))
+    rewind(state, responses=1)
+    again = seen(run(target, state, failing=True))
+    assert again["send"] == first["send"]
+    assert "mailbox of ann full (#1)" in first["send"]
+    assert executions(state, "send") == ["ann"]
+
+
+def test_an_idempotent_write_reads_its_key_from_the_ledger(
+    target: str, state: Path
+) -> None:
+    """Declared IDEMPOTENT_WRITE by the policy: the tool finds its key
+    `{run_id}:{tool_call_id}` in `current_call()`; the call is recorded with
+    that effect."""
+    run(target, state, send_effect=Effect.IDEMPOTENT_WRITE)
+    key = (state / "send.key").read_text()
+    run_id, _, call_id = key.partition(":")
+    assert call_id == "tc-send"
+    with Client(target) as client:
+        call = client.get_tool_call(run_id, "tc-send")
+    assert (call.effect, call.idempotency_key) == (Effect.IDEMPOTENT_WRITE, key)
+
+
+def test_an_outcome_lost_in_the_run_is_deferred_not_retried(
+    target: str, state: Path
+) -> None:
+    """The tool's connection failed after its effect: UNKNOWN, and the run
+    ends with the call deferred for a human instead of a retry prompt the
+    model would answer with a new call."""
+    output = run(target, state, lost=True)
+    facts = deferred(output, "tc-send")
+    assert (facts["state"], facts["action"]) == ("UNKNOWN", "reconcile")
+    assert executions(state, "send") == ["ann"]
+    assert deferred(run(target, state), "tc-send")["state"] == "UNKNOWN"
+    assert executions(state, "send") == ["ann"]
+
+
+def test_a_declared_run_id_keys_the_calls(target: str, state: Path) -> None:
+    """`run_id=` names the ledger's run (an order id): the calls are found
+    there, and a second agent run under it gets the stored results."""
+    first = seen(run(target, state, run_id="order-42"))
+    (state / HISTORY).unlink()
+    assert seen(run(target, state, run_id="order-42")) == first
+    assert executions(state, "send") == ["ann"]
+    with Client(target) as client:
+        assert client.get_tool_call("order-42", "tc-send").state is State.COMMITTED
+
+
+@pytest.mark.slow
+def test_a_crash_after_the_commit_replays_the_stored_result(
+    target: str, state: Path
+) -> None:
+    """The agent process SIGKILLed right after the send's commit: the resumed
+    run (from its persisted history) gets the stored result; count 1."""
+    report = crash_and_resume(agent, target, str(state), at=CrashPoint.AFTER_COMMIT)
+    assert report.crashed, report
+    assert report.resumed_error is None, report.resumed_error
+    assert seen(report.resumed)["send"] == "sent #1 to ann"
+    check_at_most_once(state, "send")
+    assert executions(state, "send") == ["ann"]
+
+
+@pytest.mark.slow
+def test_a_crash_mid_tool_is_deferred_for_a_human_not_run_again(
+    target: str, state: Path
+) -> None:
+    """SIGKILLed inside the send, after its effect, before its commit: the
+    resumed run ends with the call deferred (UNKNOWN, to reconcile); the send
+    ran once and the model never went on to the lookup."""
+    (state / "crash-send").touch()
+    report = crash_and_resume(agent, target, str(state))
+    assert report.crashed
+    facts = deferred(report.resumed, "tc-send")
+    assert (facts["state"], facts["action"]) == ("UNKNOWN", "reconcile")
+    assert report.resumed.calls[0].tool_call_id == "tc-send"
+    check_at_most_once(state, "send")
+    assert executions(state, "lookup") == []
+    # Resumed again: still deferred, still once.
+    assert deferred(run(target, state), "tc-send")["state"] == "UNKNOWN"
+    check_at_most_once(state, "send")
+
+
+@pytest.mark.slow
+def test_negative_control_pydantic_ais_own_execution_sends_twice(
+    target: str, state: Path
+) -> None:
+    """The same crash without the wrapper: the resumed run sends again, and
+    the property check catches it."""
+    (state / "crash-send").touch()
+    report = crash_and_resume(unwrapped_agent, target, str(state))
+    assert report.crashed
+    assert seen(report.resumed)["send"] == "sent #2 to ann"
+    with pytest.raises(AssertionError, match="send ran 2 times"):
+        check_at_most_once(state, "send")
+
+
+@pytest.mark.slow
+def test_a_reconciled_call_gives_the_resumed_run_the_result_found(
+    target: str, state: Path
+) -> None:
+    """After the crash an operator reconciles the send with the result found
+    in the target system; the next resume hands it to the model, unsent."""
+    (state / "crash-send").touch()
+    report = crash_and_resume(agent, target, str(state))
+    facts = deferred(report.resumed, "tc-send")
+    with Client(target) as client:
+        client.reconcile(
+            facts["run_id"],
+            "tc-send",
+            expected_revision=client.get_tool_call(facts["run_id"], "tc-send").revision,
+            operator="oncall",
+            reason="found in the outbox",
+            evidence="outbox message 1",
+            result="sent #1 to ann (reconciled)",
+        )
+    answer = seen(run(target, state))
+    assert answer["send"] == "sent #1 to ann (reconciled)"
+    assert executions(state, "send") == ["ann"]
+
+
+def test_an_approval_is_asked_for_and_recorded_for_the_exact_arguments(
+    target: str, state: Path
+) -> None:
+    """A `requires_approval` tool: the run ends with the approval request and
+    the ledger waits for it; approved through DeferredToolResults, it runs
+    once, after the approval the ledger recorded."""
+    first = run(target, state, approval=True)
+    facts = deferred(first, "tc-send")
+    assert (facts["state"], facts["action"]) == ("AWAITING_APPROVAL", "approve")
+    assert [c.tool_call_id for c in first.approvals] == ["tc-send"]
+    assert executions(state, "send") == []
+    answer = seen(approving_agent(target, str(state)))
+    assert answer["send"] == "sent #1 to ann"
+    with Client(target) as client:
+        call = client.get_tool_call(facts["run_id"], "tc-send")
+    assert call.state is State.COMMITTED
+    assert call.input_fingerprint == facts["input_fingerprint"]
+    assert call.history[:3] == ("prepare", "approve", "start"), call.history
+
+
+def test_an_approval_does_not_cover_other_arguments(target: str, state: Path) -> None:
+    """Approved with `override_args` (other arguments than the call was
+    prepared and approved for): refused, never run."""
+    run(target, state, approval=True)
+    changed = DeferredToolResults(
+        approvals={"tc-send": ToolApproved(override_args={"to": "mallory"})}
+    )
+    with pytest.raises(InputMismatch):
+        run(target, state, approval=True, results=changed)
+    assert executions(state, "send") == []
+
+
+@pytest.mark.slow
+def test_an_approval_then_a_crash_mid_tool_runs_it_once(
+    target: str, state: Path
+) -> None:
+    """Approved, then the resumed process is killed inside the send: resumed
+    with the same approval again, the call is deferred, not sent twice."""
+    run(target, state, approval=True)
+    (state / "crash-send").touch()
+    report = crash_and_resume(approving_agent, target, str(state))
+    assert report.crashed
+    assert deferred(report.resumed, "tc-send")["action"] == "reconcile"
+    check_at_most_once(state, "send")
+
+
+def test_an_approval_in_effectd_holds_across_a_restart_without_results(
+    target: str, state: Path
+) -> None:
+    """An approver decides in effectd (`decide_deferred`); the restarted agent
+    resumes without any DeferredToolResults and runs the call once."""
+    first = run(target, state, approval=True)
+
+    async def approve() -> None:
+        async with AsyncClient(target) as client:
+            await decide_deferred(
+                client,
+                first,
+                "tc-send",
+                approve=True,
+                approver="alice",
+                reason="ann expects it",
+            )
+
+    asyncio.run(approve())
+    assert seen(run(target, state, approval=True))["send"] == ("sent #1 to ann")
+    assert executions(state, "send") == ["ann"]
+
+
+def test_without_an_approver_name_only_effectds_approval_counts(
+    target: str, state: Path
+) -> None:
+    """`approver=None`: a Pydantic AI approval alone defers the call again; an
+    approver's rejection in effectd reaches the model as a failure, unsent."""
+    first = run(target, state, approval=True, approver=None)
+    results = DeferredToolResults(approvals={"tc-send": True})
+    again = run(target, state, approval=True, approver=None, results=results)
+    assert deferred(again, "tc-send")["action"] == "approve"
+
+    async def reject() -> None:
+        async with AsyncClient(target) as client:
+            await decide_deferred(
+                client,
+                first,
+                "tc-send",
+                approve=False,
+                approver="alice",
+                reason="not today",
+            )
+
+    asyncio.run(reject())
+    answer = seen(run(target, state, approval=True, approver=None))
+    assert "rejected" in answer["send"]
+    assert executions(state, "send") == []
+
+
+def test_decide_deferred_refuses_a_call_effectd_did_not_defer() -> None:
+    """Only an approval deferred by the wrapper carries the ledger's facts."""
+    requests = DeferredToolRequests(metadata={"tc-1": {"other": {}}})
+
+    async def decide() -> None:
+        await decide_deferred(
+            None,  # type: ignore[arg-type]  # never reached
+            requests,
+            "tc-1",
+            approve=True,
+            approver="alice",
+            reason="-",
+        )
+
+    with pytest.raises(KeyError):
+        asyncio.run(decide())
+
+
+@pytest.mark.slow
+def test_a_deferral_the_agent_cannot_output_stops_the_run(
+    target: str, state: Path
+) -> None:
+    """An agent without DeferredToolRequests among its output types: the
+    in-doubt call stops the run with Pydantic AI's error, never re-run."""
+    (state / "crash-send").touch()
+    crash_and_resume(agent, target, str(state))
+    rewind(state, responses=1)
+    with pytest.raises(UserError, match="DeferredToolRequests"):
+        run(target, state, deferred_output=False)
+    assert executions(state, "send") == ["ann"]
+
+
+def test_importing_the_client_does_not_import_pydantic_ai() -> None:
+    """The extra is imported only by `effectd_client.pydantic_ai`."""
+    probe = "import sys, effectd_client; print('pydantic_ai' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+# -- one toolset call at a time, on the manual-clock daemon ---------------------
+
+
+def context(call_id: str | None, run_id: str = "r-1") -> RunContext[None]:
+    return RunContext(
+        deps=None,
+        model=TestModel(),
+        usage=RunUsage(),
+        tool_call_id=call_id,
+        run_id=run_id,
+    )
+
+
+def toolset_with(
+    effectd: AsyncClient, **options: Any
+) -> tuple[EffectdToolset[None], list[str]]:
+    """A toolset whose `retry` raises ModelRetry once it has counted one more
+    call, and its count."""
+    plain: FunctionToolset[None] = FunctionToolset()
+    counted: list[str] = []
+
+    @plain.tool_plain
+    async def retry(word: str) -> str:
+        counted.append(word)
+        raise ModelRetry(f"say it again, not {word!r}")
+
+    return EffectdToolset(plain, client=effectd, **options), counted
+
+
+async def call(toolset: EffectdToolset[None], ctx: RunContext[None]) -> Any:
+    tools = await toolset.get_tools(ctx)
+    return await toolset.call_tool("retry", {"word": "hi"}, ctx, tools["retry"])
+
+
+def test_a_model_retry_is_replayed_as_a_model_retry(daemon: RunningDaemon) -> None:
+    """A tool that asked the model to retry is committed as that answer: the
+    same call again gets the same ModelRetry, and the tool is not run."""
+
+    async def body() -> None:
+        async with AsyncClient(daemon.target) as effectd:
+            toolset, counted = toolset_with(effectd)
+            for _ in range(2):
+                with pytest.raises(ModelRetry, match="not 'hi'"):
+                    await call(toolset, context("tc-1"))
+            assert counted == ["hi"]
+
+    asyncio.run(body())
+
+
+def test_a_call_held_by_a_live_attempt_is_deferred_to_wait(
+    daemon: RunningDaemon,
+) -> None:
+    """Another process holds the call (a live lease, the clock stands still):
+    deferred with `wait`, never run beside it; the run id comes from the
+    declared function."""
+
+    async def body() -> None:
+        async with AsyncClient(daemon.target) as effectd:
+            await effectd.prepare_tool(
+                "job-7", "tc-1", "retry", {"word": "hi"}, start=True
+            )
+            toolset, counted = toolset_with(effectd, run_id=lambda ctx: "job-7")
+            with pytest.raises(CallDeferred) as deferral:
+                await call(toolset, context("tc-1"))
+            assert deferral.value.metadata is not None
+            assert deferral.value.metadata[METADATA_KEY]["action"] == "wait"
+            assert counted == []
+
+    asyncio.run(body())
+
+
+def test_a_call_without_a_tool_call_id_is_refused(daemon: RunningDaemon) -> None:
+    """No tool call id, no ledger key: refused before anything runs."""
+
+    async def body() -> None:
+        async with AsyncClient(daemon.target) as effectd:
+            toolset, counted = toolset_with(effectd)
+            with pytest.raises(ValueError, match="without tool_call_id"):
+                await call(toolset, context(None))
+            assert counted == []
+
+    asyncio.run(body())
