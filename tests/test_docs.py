@@ -19,6 +19,7 @@ DOCUMENTS = (
     "docs/operations.md",
     "clients/node/README.md",
     "docs/mcp.md",
+    "docs/pydantic-ai.md",
 )
 # Blocks each document must run here, so that no marker or parser slip can
 # quietly turn the test off.
@@ -27,6 +28,7 @@ AT_LEAST = {
     "docs/operations.md": 6,
     "clients/node/README.md": 0,
     "docs/mcp.md": 3,
+    "docs/pydantic-ai.md": 1,
 }
 
 
