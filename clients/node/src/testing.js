@@ -1,15 +1,20 @@
 'use strict';
 /**
- * Testing helper: a real effectd daemon in a fresh temporary data directory,
- * serving on a Unix socket only.
+ * Testing helpers for a user's own tests: a real effectd daemon in a fresh temporary data
+ * directory, serving on a Unix socket only, and a crash in the middle of a tool call.
  *
  *   const daemon = await startDaemon();
  *   const client = new Client({ target: daemon.target });
  *   ...
  *   await daemon.stop();
  *
- * The daemon is `python -m sidecar serve`, with the interpreter from
- * `EFFECTD_PYTHON`, by default the repository's `.venv/bin/python`.
+ * The daemon is `python -m sidecar serve` with the interpreter from `python` or
+ * `EFFECTD_PYTHON`, else the repository's `.venv/bin/python` when there is one, else the
+ * `effectd` command on PATH (`command`, or `EFFECTD_COMMAND`, names another).
+ *
+ * `crashAndResume(agentModule, target, { at })` runs an agent in a child process that is
+ * killed with SIGKILL at a point of its first commit, then runs it again in this process, as
+ * the restarted agent would, and reports what the second run saw (see `./crash.js`).
  */
 
 const { spawn } = require('node:child_process');
@@ -21,8 +26,24 @@ const path = require('node:path');
 const DEFAULT_PYTHON = path.resolve(__dirname, '..', '..', '..', '.venv', 'bin', 'python');
 
 /**
+ * How to run effectd: `[python, '-m', 'sidecar']`, or the `effectd` command.
+ * @returns {string[]}
+ */
+function daemonCommand({ python, command } = {}) {
+  if (command) return Array.isArray(command) ? command : [command];
+  const interpreter = python || process.env.EFFECTD_PYTHON;
+  if (interpreter) return [interpreter, '-m', 'sidecar'];
+  if (process.env.EFFECTD_COMMAND) return [process.env.EFFECTD_COMMAND];
+  if (fs.existsSync(DEFAULT_PYTHON)) return [DEFAULT_PYTHON, '-m', 'sidecar'];
+  return ['effectd'];
+}
+
+/**
  * @param {object} [options]
- * @param {string} [options.python] default EFFECTD_PYTHON, else ../../.venv/bin/python.
+ * @param {string} [options.python] the interpreter of `python -m sidecar`; default
+ *   EFFECTD_PYTHON, else the repository's .venv/bin/python, else `effectd` on PATH.
+ * @param {string | string[]} [options.command] run this instead (e.g. `'effectd'` on PATH, or
+ *   `['/opt/effectd/bin/effectd']`); `serve` and its arguments follow. Default EFFECTD_COMMAND.
  * @param {string[]} [options.args] more `effectd serve` arguments.
  * @param {Record<string, string>} [options.env] more environment variables of the daemon, e.g.
  *   `EFFECTD_TOKENS` (the tokens TOML) to require bearer tokens.
@@ -33,7 +54,8 @@ const DEFAULT_PYTHON = path.resolve(__dirname, '..', '..', '..', '.venv', 'bin',
  * @returns {Promise<{target: string, tcp: string | null, socket: string, dataDir: string, process: import('node:child_process').ChildProcess, stop: () => Promise<void>}>}
  */
 async function startDaemon({
-  python = process.env.EFFECTD_PYTHON || DEFAULT_PYTHON,
+  python,
+  command,
   args = ['--no-sync'],
   env = {},
   readyTimeoutMs = 20_000,
@@ -46,7 +68,8 @@ async function startDaemon({
     if (!given) fs.rmSync(dataDir, { recursive: true, force: true });
   };
   const socket = path.join(dataDir, 'effectd.sock');
-  const child = spawn(python, ['-m', 'sidecar', 'serve', '--data-dir', dataDir, ...args], {
+  const [program, ...before] = daemonCommand({ python, command });
+  const child = spawn(program, [...before, 'serve', '--data-dir', dataDir, ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...env },
   });
@@ -63,7 +86,7 @@ async function startDaemon({
       );
       child.once('error', (error) => {
         clearTimeout(timer);
-        reject(new Error(`cannot run ${python}: ${error.message}`));
+        reject(new Error(`cannot run ${program}: ${error.message}`));
       });
       exited.then(({ code, signal }) => {
         clearTimeout(timer);
@@ -201,4 +224,15 @@ class DeduplicationNotProven extends Error {
   }
 }
 
-module.exports = { startDaemon, DEFAULT_PYTHON, checkDeduplication, idempotencyKey, DeduplicationNotProven };
+const { crashAndResume, CrashPoint } = require('./crash');
+
+module.exports = {
+  startDaemon,
+  daemonCommand,
+  DEFAULT_PYTHON,
+  checkDeduplication,
+  idempotencyKey,
+  DeduplicationNotProven,
+  crashAndResume,
+  CrashPoint,
+};
