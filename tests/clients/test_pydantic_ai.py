@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 from pydantic_ai import RunContext
-from pydantic_ai.exceptions import CallDeferred, ModelRetry, UserError
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, UserError
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RunUsage
 
+import effectd_client.pydantic_ai as effectd_pydantic_ai
 from effectd_client import (
     AsyncClient,
     Client,
@@ -28,7 +29,12 @@ from effectd_client import (
     InputMismatch,
     State,
 )
-from effectd_client.pydantic_ai import METADATA_KEY, EffectdToolset, decide_deferred
+from effectd_client.pydantic_ai import (
+    METADATA_KEY,
+    EffectdToolset,
+    ToolPolicy,
+    decide_deferred,
+)
 from effectd_client.pytest_plugin import effectd_daemon  # noqa: F401
 from effectd_client.testing import CrashPoint, TestDaemon, crash_and_resume
 from sidecar.testing import RunningDaemon
@@ -449,3 +455,35 @@ def test_a_call_without_a_tool_call_id_is_refused(daemon: RunningDaemon) -> None
             assert counted == []
 
     asyncio.run(body())
+
+
+def test_the_policy_requires_approval_of_a_tool_that_does_not_declare_it(
+    daemon: RunningDaemon,
+) -> None:
+    """`ToolPolicy(require_approval=True)`: the call is deferred to an
+    approver, bound to its arguments; it does not run."""
+
+    async def body() -> None:
+        async with AsyncClient(daemon.target) as effectd:
+            policy = {"retry": ToolPolicy(Effect.READ, require_approval=True)}
+            toolset, counted = toolset_with(effectd, policy=policy)
+            with pytest.raises(ApprovalRequired) as deferral:
+                await call(toolset, context("tc-1"))
+            assert deferral.value.metadata is not None
+            facts = deferral.value.metadata[METADATA_KEY]
+            assert (facts["action"], facts["state"]) == ("approve", "AWAITING_APPROVAL")
+            assert facts["effect"] == "READ"
+            assert counted == []
+
+    asyncio.run(body())
+
+
+def test_the_public_surface_is_pinned() -> None:
+    """What `effectd_client.pydantic_ai` exports."""
+    assert sorted(effectd_pydantic_ai.__all__) == [
+        "EffectdToolset",
+        "METADATA_KEY",
+        "ToolPolicy",
+        "decide_deferred",
+        "effectd_metadata",
+    ]
