@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +199,32 @@ def test_a_crash_mid_tool_is_deferred_for_a_human_not_run_again(
     # Resumed again: still deferred, still once.
     assert deferred(run(target, state), "tc-send")["state"] == "UNKNOWN"
     check_at_most_once(state, "send")
+
+
+@pytest.mark.slow
+def test_a_read_killed_mid_call_runs_again_under_the_retry_rules(
+    target: str, state: Path
+) -> None:
+    """SIGKILLed inside the lookup (a READ), after the send committed: the
+    resumed run looks up again and finishes; the send ran once."""
+    (state / "crash-lookup").touch()
+    child = multiprocessing.get_context("spawn").Process(
+        target=agent, args=(target, str(state))
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    with Client(target) as client:
+        for _ in range(600):  # bounded: the 300 ms lease runs out
+            if not list(client.list_tool_calls(states=(State.STARTED,))):
+                break
+            for call in client.list_tool_calls(states=(State.STARTED,)):
+                client.recover(call.run_id)
+            time.sleep(0.1)
+    answer = seen(run(target, state))
+    assert answer == {"send": "sent #1 to ann", "lookup": "Oslo: sunny"}
+    assert executions(state, "lookup") == ["Oslo", "Oslo"]
+    assert executions(state, "send") == ["ann"]
 
 
 @pytest.mark.slow
