@@ -12,13 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic_ai import RunContext
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, UserError
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved
 from pydantic_ai.toolsets import FunctionToolset
@@ -516,3 +517,26 @@ def test_the_public_surface_is_pinned() -> None:
         "decide_deferred",
         "effectd_metadata",
     ]
+
+
+def test_a_call_from_a_response_without_a_run_id_is_refused(
+    daemon: RunningDaemon,
+) -> None:
+    """A history whose response carries no run id (written without them):
+    refused, since this run's new id would run the call again on every
+    resume; a declared `run_id=` runs it."""
+    made = ModelResponse(parts=[ToolCallPart("retry", {"word": "hi"}, "tc-1")])
+
+    async def body() -> None:
+        async with AsyncClient(daemon.target) as effectd:
+            toolset, counted = toolset_with(effectd)
+            ctx = replace(context("tc-1"), messages=[made])
+            with pytest.raises(ValueError, match="has no run_id"):
+                await call(toolset, ctx)
+            assert counted == []
+            declared, counted = toolset_with(effectd, run_id="order-9")
+            with pytest.raises(ModelRetry):
+                await call(declared, ctx)
+            assert counted == ["hi"]
+
+    asyncio.run(body())

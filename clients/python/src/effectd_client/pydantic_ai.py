@@ -146,17 +146,26 @@ def effectd_metadata(call: ToolCall, action: str) -> dict[str, Any]:
 
 def _run_of(ctx: RunContext[Any]) -> str:
     """The run in which the model made this call: its response's run id (kept
-    in the history across resumes), else this run's."""
+    in the history across resumes); this run's for a call not in the history.
+
+    Raises:
+        ValueError: The response has no run id (a history written without
+            them): falling back to this run's id would run the call again on
+            every resume, so the caller must name the run (`run_id=`).
+    """
     for message in reversed(ctx.messages):
-        if isinstance(message, ModelResponse) and message.run_id:
-            for part in message.parts:
-                if (
-                    isinstance(part, ToolCallPart)
-                    and part.tool_call_id == ctx.tool_call_id
-                ):
-                    return message.run_id
+        if not isinstance(message, ModelResponse):
+            continue
+        for part in message.parts:
+            if isinstance(part, ToolCallPart) and part.tool_call_id == ctx.tool_call_id:
+                if not message.run_id:
+                    raise ValueError(
+                        f"{ctx.tool_call_id}: the model response that made the call "
+                        "has no run_id; pass run_id= to EffectdToolset"
+                    )
+                return message.run_id
     if not ctx.run_id:
-        raise ValueError("the run has no run_id")
+        raise ValueError("the run has no run_id; pass run_id= to EffectdToolset")
     return ctx.run_id
 
 
