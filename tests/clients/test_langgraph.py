@@ -1,0 +1,484 @@
+"""effectd_client.langgraph: a real LangGraph agent (StateGraph, ToolNode, a
+SQLite checkpointer) against a real daemon; the agent process is killed in
+the middle of its side-effecting tool and the thread resumed from its
+checkpoint: the tool acts at most once, a committed result is replayed, an
+unknown outcome is an interrupt, and approvals hold for their arguments only.
+`book`'s external counter is `tests.clients.lg.agent.effects`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import pytest
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import InjectedToolCallId, tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from effectd_client import AsyncClient, Client, Effect, InputMismatch, State
+from effectd_client.langgraph import (
+    TOOL_ERROR,
+    ApprovalMismatch,
+    DurabilityError,
+    LedgeredToolCalls,
+    ToolPolicy,
+    ToolPolicyError,
+    approve,
+    reject,
+    retry,
+)
+from effectd_client.testing import (
+    CrashPoint,
+    TestDaemon,
+    crash_and_resume,
+    running_daemon,
+)
+from tests.clients.lg import agent as lg
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT_SECONDS = 60.0
+
+
+@pytest.fixture(scope="module")
+def effectd() -> Iterator[TestDaemon]:
+    """One real daemon (real clock: a crashed call's lease runs out) for the
+    module; each test has threads of its own."""
+    with running_daemon() as daemon:
+        yield daemon
+
+
+@pytest.fixture
+def workdir(short_tmp: Path) -> Path:
+    return short_tmp
+
+
+@pytest.fixture
+def client(effectd: TestDaemon) -> Iterator[Client]:
+    with Client(effectd.target) as c:
+        yield c
+
+
+def check_at_most_once(workdir: Path) -> None:
+    """The property: `book` acted at most once, whatever crashed."""
+    n = lg.effects(workdir)
+    if n > 1:
+        raise AssertionError(f"book acted {n} times")
+
+
+def kill_mid_tool(
+    target: str, workdir: Path, thread: str, mode: str = "ledgered"
+) -> None:
+    """Runs the agent in a process of its own and SIGKILLs it while `book`
+    runs, after its effect and before anything records it."""
+    (workdir / "hold").touch()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.clients.lg.agent",
+            target,
+            str(workdir),
+            thread,
+            mode,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not (workdir / "reached").exists():
+            assert child.poll() is None, "the agent ended before its tool"
+            assert time.monotonic() < deadline, "the tool was not reached"
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    (workdir / "hold").unlink()
+
+
+def run_child(target: str, workdir: Path, thread: str, **env: str) -> int:
+    """The agent in a process of its own; its exit code (-9: killed)."""
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.clients.lg.agent", target, str(workdir), thread],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        timeout=WAIT_SECONDS,
+        check=False,
+    )
+    return child.returncode
+
+
+def test_a_run_calls_each_tool_once_and_a_rerun_replays_them(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """The agent books and searches; the same thread from the start again
+    (a fresh checkpointer) gets the stored results: `book` acted once."""
+    first = lg.run(effectd.target, workdir, "t-plain")
+    assert first["final"] == "done: booked Paris (#1) | 3 results for Paris hotels"
+    (workdir / "checkpoints.sqlite").unlink()
+    again = lg.run(effectd.target, workdir, "t-plain")
+    assert again == first
+    assert lg.effects(workdir) == 1
+    with Client(effectd.target) as c:
+        book = c.get_tool_call("t-plain", "call-book-1")
+        search = c.get_tool_call("t-plain", "call-search-1")
+    assert (book.state, book.effect) == (State.COMMITTED, Effect.SIDE_EFFECT)
+    assert (search.tool_name, search.effect) == ("search", Effect.READ)
+
+
+@pytest.mark.slow
+def test_a_crash_after_the_commit_replays_the_result(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """Killed right after `book`'s result is committed, before the graph
+    checkpoints it: the resumed thread re-runs the tools node, and the model
+    sees the stored result; `book` acted once."""
+    report = crash_and_resume(
+        lg.agent, effectd.target, str(workdir), "t-commit", at=CrashPoint.AFTER_COMMIT
+    )
+    assert report.crashed
+    assert report.resumed_error is None, report.resumed_error
+    assert report.resumed["final"].startswith("done: booked Paris (#1) |")
+    check_at_most_once(workdir)
+    assert lg.effects(workdir) == 1
+
+
+@pytest.mark.slow
+def test_a_crash_mid_tool_is_an_interrupt_never_a_second_run(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """Killed inside `book`, after its effect: the resumed thread stops at an
+    interrupt asking to reconcile, however often it is resumed; once an
+    operator records what happened, the model gets that result; `book`
+    acted once."""
+    kill_mid_tool(effectd.target, workdir, "t-mid")
+    assert lg.effects(workdir) == 1
+    for _ in range(2):
+        resumed = lg.run(effectd.target, workdir, "t-mid")
+        [asked] = resumed["interrupts"]
+        assert (asked["effectd"], asked["call_id"]) == ("reconcile", "call-book-1")
+        assert asked["arguments"] == {"city": "Paris"}
+        check_at_most_once(workdir)
+    with Client(effectd.target) as c:
+        call = c.get_tool_call("t-mid", "call-book-1")
+        assert call.state is State.UNKNOWN
+        c.reconcile(
+            "t-mid",
+            "call-book-1",
+            expected_revision=call.revision,
+            operator="oscar",
+            reason="found the booking",
+            evidence="hotel confirmation 42",
+            result={"content": "booked Paris (confirmation 42)"},
+        )
+    done = lg.run(effectd.target, workdir, "t-mid", resume="reconciled")
+    assert done["final"].startswith("done: booked Paris (confirmation 42) |")
+    assert lg.effects(workdir) == 1
+
+
+@pytest.mark.slow
+def test_negative_control_a_plain_tool_node_runs_the_tool_twice(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """The same crash without the wrapper: LangGraph resumes the tools node
+    from its start and `book` acts again; the property check catches it."""
+    kill_mid_tool(effectd.target, workdir, "t-control", mode="plain")
+    lg.run(effectd.target, workdir, "t-control", ledgered=False)
+    assert lg.effects(workdir) == 2
+    with pytest.raises(AssertionError, match="book acted 2 times"):
+        check_at_most_once(workdir)
+
+
+@pytest.mark.slow
+def test_an_approval_given_before_a_crash_holds_after_resume(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """The approval interrupt is answered with `approve()`; the process dies
+    right after effectd records it, before the tool runs; the resumed thread
+    runs `book` once, without asking again."""
+    asked = lg.run(effectd.target, workdir, "t-approve", policy=lg.APPROVAL_POLICY)
+    [request] = asked["interrupts"]
+    assert (request["effectd"], request["state"]) == ("approval", "AWAITING_APPROVAL")
+    assert lg.effects(workdir) == 0
+    answer = approve(request, approver="ann", reason="within budget")
+    code = run_child(
+        effectd.target,
+        workdir,
+        "t-approve",
+        RESUME=json.dumps(answer),
+        POLICY=lg.APPROVAL_POLICY,
+        CRASH_AFTER_APPROVAL="1",
+    )
+    assert code == -signal.SIGKILL
+    assert lg.effects(workdir) == 0
+    done = lg.run(effectd.target, workdir, "t-approve", policy=lg.APPROVAL_POLICY)
+    assert done["interrupts"] == []
+    assert done["final"].startswith("done: booked Paris (#1) |")
+    assert lg.effects(workdir) == 1
+    with Client(effectd.target) as c:
+        call = c.get_tool_call("t-approve", "call-book-1")
+    # Approved once, started once.
+    assert call.history == ("prepare", "approve", "start", "commit", "acknowledge")
+
+
+def test_an_approval_covers_only_its_own_call_and_arguments(
+    effectd: TestDaemon, client: Client, workdir: Path
+) -> None:
+    """An answer approving one thread's call does not approve another's
+    (other arguments); a call approved in effectd and then asked for with
+    other arguments under its call id is refused, never run; the approved
+    call itself runs once."""
+    ann = lg.run(effectd.target, workdir, "t-ann", policy=lg.APPROVAL_POLICY)
+    answer = approve(ann["interrupts"][0], approver="ann")
+    mallory = ledgered_graph(client, workdir, MALLORY)
+    config: Any = {"configurable": {"thread_id": "t-mallory"}}
+    asked = mallory.invoke(START_INPUT, config, durability="sync")
+    assert asked["__interrupt__"][0].value["arguments"] == {"city": "Mallory"}
+    forged = {**answer, "run_id": "t-mallory"}
+    with pytest.raises(ApprovalMismatch, match="other arguments"):
+        mallory.invoke(Command(resume=forged), config, durability="sync")
+    client.decide_approval(  # an approver decides in effectd
+        "t-ann",
+        "call-book-1",
+        approve=True,
+        approver="ann",
+        reason="ok",
+        expected_revision=answer["revision"],
+        input_fingerprint=answer["input_fingerprint"],
+    )
+    again = ledgered_graph(client, workdir, MALLORY)  # same thread, other args
+    with pytest.raises(InputMismatch):
+        again.invoke(
+            START_INPUT, {"configurable": {"thread_id": "t-ann"}}, durability="sync"
+        )
+    assert lg.effects(workdir) == 0
+    done = lg.run(effectd.target, workdir, "t-ann", policy=lg.APPROVAL_POLICY)
+    assert done["final"].startswith("done: booked Paris (#1) |")
+    assert lg.effects(workdir) == 1
+
+
+def test_a_rejected_call_is_an_error_result_for_the_model(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """`reject()` as the resume value: the tool never runs; the model reads
+    the approver's reason as an error ToolMessage."""
+    asked = lg.run(effectd.target, workdir, "t-reject", policy=lg.APPROVAL_POLICY)
+    no = reject(asked["interrupts"][0], approver="ann", reason="too expensive")
+    done = lg.run(
+        effectd.target, workdir, "t-reject", policy=lg.APPROVAL_POLICY, resume=no
+    )
+    assert done["tools"][0] == (
+        "call-book-1",
+        "the tool was not run: rejected by ann: too expensive",
+        "error",
+    )
+    assert lg.effects(workdir) == 0
+
+
+START_INPUT = {"messages": [HumanMessage("book a room")]}
+MALLORY = ({**lg.SCRIPT[0], "args": {"city": "Mallory"}}, *lg.SCRIPT[1:])
+
+
+def ledgered_graph(
+    client: Client | AsyncClient,
+    workdir: Path,
+    script: Any = lg.SCRIPT,
+    *,
+    policy: str = lg.APPROVAL_POLICY,
+    **options: Any,
+) -> Any:
+    """The agent's graph with its own script, checkpointed in memory."""
+    ledger = LedgeredToolCalls(client, policy=ToolPolicy.from_toml(policy), **options)
+    return lg.build(InMemorySaver(), ledger.tool_node(lg.tools(workdir)), script)
+
+
+def one_call(name: str, call_id: str = "c-1", **args: Any) -> tuple[dict[str, Any]]:
+    return ({"name": name, "args": args, "id": call_id},)
+
+
+def graph_of(
+    client: Client | AsyncClient,
+    tools: list[Any],
+    script: Any,
+    policy: str = "",
+    **node_options: Any,
+) -> Any:
+    ledger = LedgeredToolCalls(client, policy=ToolPolicy.from_toml(policy))
+    return lg.build(InMemorySaver(), ledger.tool_node(tools, **node_options), script)
+
+
+def thread(name: str) -> Any:
+    return {"configurable": {"thread_id": name}}
+
+
+def test_a_graph_without_sync_durability_is_refused_before_any_tool_runs(
+    client: Client, workdir: Path
+) -> None:
+    """With durability "async" or "exit" the model's tool calls may not be
+    checkpointed before they run (a crash would have the model name them
+    anew): the wrapper refuses, and `book` never acts."""
+    graph = ledgered_graph(client, workdir, policy=lg.POLICY)
+    for durability in ("async", "exit"):
+        with pytest.raises(DurabilityError, match=durability):
+            graph.invoke(START_INPUT, thread(f"t-{durability}"), durability=durability)
+    assert lg.effects(workdir) == 0
+
+
+def test_an_error_tool_message_is_committed_and_replayed(client: Client) -> None:
+    """A tool whose failure ToolNode turns into an error ToolMessage ran: the
+    message is committed as an error result and replayed, not run again."""
+    runs: list[str] = []
+
+    @tool
+    def charge(amount: int) -> str:
+        """Charges (fails after acting)."""
+        runs.append("charge")
+        raise ValueError(f"card declined for {amount}")
+
+    script = one_call("charge", amount=5)
+    seen: list[tuple[str, Any, str]] = []
+    for _ in range(2):  # the second graph starts the thread from scratch
+        graph = graph_of(client, [charge], script, handle_tool_errors=True)
+        out = graph.invoke(START_INPUT, thread("t-error"), durability="sync")
+        [message] = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+        seen.append((message.tool_call_id, message.content, message.status))
+    assert seen[0] == seen[1]
+    assert seen[0][2] == "error"
+    assert "card declined for 5" in str(seen[0][1])
+    assert runs == ["charge"]
+    record = client.get_tool_call("t-error", "c-1")
+    assert record.result is not None
+    assert record.result.error_code == TOOL_ERROR
+
+
+def test_a_tool_returning_a_command_is_replayed_whole(client: Client) -> None:
+    """A tool's `Command` (a state update) is stored whole and replayed."""
+    runs: list[str] = []
+
+    @tool
+    def note(text: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Any:
+        """Notes (returns a state update)."""
+        runs.append(text)
+        message = ToolMessage(f"noted {text}", tool_call_id=tool_call_id)
+        return Command(update={"messages": [message]})
+
+    outs = []
+    for _ in range(2):
+        graph = graph_of(client, [note], one_call("note", text="hi"))
+        out = graph.invoke(START_INPUT, thread("t-command"), durability="sync")
+        outs.append(out["messages"][-1].content)
+    assert outs == ["done: noted hi", "done: noted hi"]
+    assert runs == ["hi"]
+
+
+def test_a_read_of_unknown_outcome_asks_before_it_runs_again(client: Client) -> None:
+    """A READ tool that timed out (outcome unknown) is not run again by a
+    resumed graph until the human answers the retry interrupt with `retry()`."""
+    runs: list[str] = []
+
+    @tool
+    def lookup(q: str) -> str:
+        """Looks up (times out the first time)."""
+        runs.append(q)
+        if len(runs) == 1:
+            raise TimeoutError("the upstream did not answer")
+        return f"found {q}"
+
+    graph = graph_of(
+        client, [lookup], one_call("lookup", q="x"), '[tools.lookup]\neffect = "read"'
+    )
+    config = thread("t-retry")
+    with pytest.raises(TimeoutError):
+        graph.invoke(START_INPUT, config, durability="sync")
+    asked = graph.invoke(None, config, durability="sync")
+    [request] = [i.value for i in asked["__interrupt__"]]
+    assert (request["effectd"], request["effect"]) == ("retry", "READ")
+    assert runs == ["x"]
+    done = graph.invoke(Command(resume=retry(request)), config, durability="sync")
+    assert done["messages"][-1].content == "done: found x"
+    assert runs == ["x", "x"]
+
+
+def test_an_async_graph_goes_through_the_ledger_too(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """With an AsyncClient the graph runs with `ainvoke` through the ledger,
+    and a sync `invoke` is refused rather than run without it."""
+
+    async def main() -> list[Any]:
+        async with AsyncClient(effectd.target) as aclient:
+            outs = []
+            for _ in range(2):
+                graph = ledgered_graph(aclient, workdir, policy=lg.POLICY)
+                out = await graph.ainvoke(
+                    START_INPUT, thread("t-async"), durability="sync"
+                )
+                outs.append(out["messages"][-1].content)
+            with pytest.raises(TypeError, match="ainvoke"):
+                graph.invoke(START_INPUT, thread("t-async-2"), durability="sync")
+            return outs
+
+    outs = asyncio.run(main())
+    assert outs[0] == outs[1]
+    assert outs[0].startswith("done: booked Paris (#1) |")
+    assert lg.effects(workdir) == 1
+
+
+def test_importing_the_client_does_not_import_langgraph() -> None:
+    """The extra is imported only by `effectd_client.langgraph`."""
+    probe = (
+        "import sys, effectd_client, effectd_client.testing; "
+        "print(sorted(m for m in ('langgraph', 'langchain_core') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "effect", "approval"),
+    [
+        ("", "any", Effect.SIDE_EFFECT, False),  # ADR-010 D2: unnamed, side effect
+        ('[tools.a]\neffect = "read"', "a", Effect.READ, False),
+        ('[tools.a]\neffect = "idempotent-write"', "a", Effect.IDEMPOTENT_WRITE, False),
+        ("require_approval = true", "b", Effect.SIDE_EFFECT, True),
+        (
+            'require_approval = true\n[tools.a]\neffect = "read"\n'
+            "require_approval = false",
+            "a",
+            Effect.READ,
+            False,
+        ),
+    ],
+)
+def test_the_policy_gives_each_tool_its_effect_and_approval(
+    text: str, tool: str, effect: Effect, approval: bool
+) -> None:
+    """Rows of the operator's tool policy."""
+    decided = ToolPolicy.from_toml(text).decide(tool)
+    assert (decided.effect, decided.require_approval) == (effect, approval)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("trusted = true", "'trusted'"),
+        ('[tools.a]\neffect = "write"', "tools.a.effect"),
+        ("[tools.a]\nrequire_approval = 1", "tools.a.require_approval"),
+        ("tools = 3", "tools"),
+        ("[tools", "TOML"),
+    ],
+)
+def test_a_wrong_policy_is_refused_naming_the_setting(text: str, names: str) -> None:
+    with pytest.raises(ToolPolicyError, match=names):
+        ToolPolicy.from_toml(text)
