@@ -20,6 +20,7 @@ DOCUMENTS = (
     "clients/node/README.md",
     "docs/mcp.md",
     "docs/pydantic-ai.md",
+    "docs/langgraph.md",
 )
 # Blocks each document must run here, so that no marker or parser slip can
 # quietly turn the test off.
@@ -29,6 +30,7 @@ AT_LEAST = {
     "clients/node/README.md": 0,
     "docs/mcp.md": 3,
     "docs/pydantic-ai.md": 1,
+    "docs/langgraph.md": 2,
 }
 
 

@@ -24,6 +24,7 @@ from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
+import effectd_client.langgraph
 from effectd_client import AsyncClient, Client, Effect, InputMismatch, State
 from effectd_client.langgraph import (
     TOOL_ERROR,
@@ -482,3 +483,24 @@ def test_the_policy_gives_each_tool_its_effect_and_approval(
 def test_a_wrong_policy_is_refused_naming_the_setting(text: str, names: str) -> None:
     with pytest.raises(ToolPolicyError, match=names):
         ToolPolicy.from_toml(text)
+
+
+def test_the_public_names_are_pinned() -> None:
+    """`effectd_client.langgraph.__all__` is exactly the documented names."""
+    assert set(effectd_client.langgraph.__all__) == {
+        "KIND",
+        "TOOL_ERROR",
+        "ApprovalMismatch",
+        "DurabilityError",
+        "LedgeredToolCalls",
+        "ToolDecision",
+        "ToolPolicy",
+        "ToolPolicyError",
+        "ToolRule",
+        "approve",
+        "reject",
+        "retry",
+        "thread_run_id",
+    }
+    for name in effectd_client.langgraph.__all__:
+        assert getattr(effectd_client.langgraph, name) is not None
