@@ -25,7 +25,14 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 import effectd_client.langgraph
-from effectd_client import AsyncClient, Client, Effect, InputMismatch, State
+from effectd_client import (
+    AsyncClient,
+    CallInProgress,
+    Client,
+    Effect,
+    InputMismatch,
+    State,
+)
 from effectd_client.langgraph import (
     TOOL_ERROR,
     ApprovalMismatch,
@@ -504,3 +511,42 @@ def test_the_public_names_are_pinned() -> None:
     }
     for name in effectd_client.langgraph.__all__:
         assert getattr(effectd_client.langgraph, name) is not None
+
+
+def hold_call(client: Client, run_id: str, lease_ms: int) -> None:
+    """Another attempt (a process that died) holds `book`'s call with a lease."""
+    held = client.prepare_tool(
+        run_id,
+        "call-book-1",
+        "book",
+        {"city": "Paris"},
+        effect=Effect.SIDE_EFFECT,
+        start=True,
+        lease_ms=lease_ms,
+    )
+    assert held.attempt_held
+
+
+def test_a_call_another_attempt_holds_waits_for_its_lease_then_interrupts(
+    client: Client, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resumed graph meets a call whose crashed attempt still holds its
+    lease: it waits for the lease to run out, however few interrupts a node
+    may be resumed from, then asks to reconcile; `book` never runs here."""
+    monkeypatch.setattr(effectd_client.langgraph, "MAX_ROUNDS", 1)
+    hold_call(client, "t-held", lease_ms=1500)
+    graph = ledgered_graph(client, workdir, policy=lg.POLICY)
+    asked = graph.invoke(START_INPUT, thread("t-held"), durability="sync")
+    assert asked["__interrupt__"][0].value["effectd"] == "reconcile"
+    assert lg.effects(workdir) == 0
+
+
+def test_a_call_held_longer_than_the_wait_is_not_run(
+    client: Client, workdir: Path
+) -> None:
+    """Past `in_progress_wait` the call raises `CallInProgress`, unrun."""
+    hold_call(client, "t-held-long", lease_ms=60_000)
+    graph = ledgered_graph(client, workdir, policy=lg.POLICY, in_progress_wait=0.5)
+    with pytest.raises(CallInProgress):
+        graph.invoke(START_INPUT, thread("t-held-long"), durability="sync")
+    assert lg.effects(workdir) == 0

@@ -49,6 +49,7 @@ unique in a thread, as ToolNode's own answers assume.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -227,6 +228,12 @@ class LedgeredToolCalls:
         self._runs.move_to_end(run_id)
         return run
 
+    def _rounds(self) -> range:
+        """The looks at a call one node run takes at most: the interrupts it
+        is resumed from, and the polls while another attempt holds it."""
+        polls = math.ceil(self.in_progress_wait / IN_PROGRESS_POLL)
+        return range(MAX_ROUNDS + polls + 1)
+
     def _options(self, call: GraphToolCall, retry_unknown: bool) -> dict[str, Any]:
         return {
             "call_id": call.call_id,
@@ -250,7 +257,7 @@ class LedgeredToolCalls:
         call = self.identify(req)
         run: Run = self._run(call.run_id)
         retry_unknown, waiting_until = False, 0.0
-        for _ in range(MAX_ROUNDS):
+        for _ in self._rounds():
             try:
                 return self._once(run, call, req, execute, retry_unknown)
             except ApprovalPending as stop:
@@ -271,7 +278,7 @@ class LedgeredToolCalls:
                 time.sleep(IN_PROGRESS_POLL)
             except CallRejected as rejected:
                 return rejected_message(call, rejected)
-        raise RuntimeError(f"{call.call_id}: resumed more than {MAX_ROUNDS} times")
+        raise RuntimeError(f"{call.call_id}: stopped after {len(self._rounds())} looks")
 
     def _once(
         self,
@@ -324,7 +331,7 @@ class LedgeredToolCalls:
         call = self.identify(req)
         run: AsyncRun = self._run(call.run_id)
         retry_unknown, waiting_until = False, 0.0
-        for _ in range(MAX_ROUNDS):
+        for _ in self._rounds():
             try:
                 return await self._aonce(run, call, req, execute, retry_unknown)
             except ApprovalPending as stop:
@@ -345,7 +352,7 @@ class LedgeredToolCalls:
                 await asyncio.sleep(IN_PROGRESS_POLL)
             except CallRejected as rejected:
                 return rejected_message(call, rejected)
-        raise RuntimeError(f"{call.call_id}: resumed more than {MAX_ROUNDS} times")
+        raise RuntimeError(f"{call.call_id}: stopped after {len(self._rounds())} looks")
 
     async def _aonce(
         self,
