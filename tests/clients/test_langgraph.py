@@ -27,7 +27,6 @@ from langgraph.types import Command
 import effectd_client.langgraph
 from effectd_client import (
     AsyncClient,
-    CallInProgress,
     Client,
     Effect,
     InputMismatch,
@@ -541,12 +540,17 @@ def test_a_call_another_attempt_holds_waits_for_its_lease_then_interrupts(
     assert lg.effects(workdir) == 0
 
 
-def test_a_call_held_longer_than_the_wait_is_not_run(
+def test_a_call_held_longer_than_the_wait_is_an_interrupt_not_a_run(
     client: Client, workdir: Path
 ) -> None:
-    """Past `in_progress_wait` the call raises `CallInProgress`, unrun."""
+    """Past `in_progress_wait` the call interrupts (an error result would
+    have the model call the tool anew); resumed, it waits again; unrun."""
     hold_call(client, "t-held-long", lease_ms=60_000)
-    graph = ledgered_graph(client, workdir, policy=lg.POLICY, in_progress_wait=0.5)
-    with pytest.raises(CallInProgress):
-        graph.invoke(START_INPUT, thread("t-held-long"), durability="sync")
+    graph = ledgered_graph(client, workdir, policy=lg.POLICY, in_progress_wait=0.3)
+    config = thread("t-held-long")
+    asked = graph.invoke(START_INPUT, config, durability="sync")
+    assert asked["__interrupt__"][0].value["effectd"] == "in_progress"
+    again = graph.invoke(Command(resume="look again"), config, durability="sync")
+    assert again["__interrupt__"][0].value["effectd"] == "in_progress"
     assert lg.effects(workdir) == 0
+    assert client.get_tool_call("t-held-long", "call-book-1").attempt == 1

@@ -125,6 +125,8 @@ _MESSAGES = {
     "effectd (effectd ctl reconcile); then resume the graph",
     "retry": "the last attempt's outcome is unknown: resume with retry(...) to "
     "run this READ or IDEMPOTENT_WRITE tool again, after checking it is safe",
+    "in_progress": "another attempt holds the call (a live process, or a crashed "
+    "one whose lease has not run out): resume the graph to wait again",
 }
 
 

@@ -31,7 +31,9 @@ and the model's tool call id (the call id), with the effect the operator's
   rejected by an approver             -> an error ToolMessage for the model
   another attempt holds a live lease  -> waits for it to end (a crashed
                                           process's lease runs out), at most
-                                          `in_progress_wait` seconds
+                                          `in_progress_wait` seconds, then an
+                                          `interrupt()`: resumed, it waits
+                                          again
 
 The call ids are the model's, kept in the graph's checkpoint: the graph must
 checkpoint the model's message before its tools run, so the wrapper refuses
@@ -151,7 +153,7 @@ class LedgeredToolCalls:
         lease_ms: The lease of each attempt (0: the daemon's default).
         timeout: Seconds a tool may run; past it the outcome is unknown.
         in_progress_wait: Seconds to wait for another attempt's lease to end
-            (a crashed process's) before raising `CallInProgress`.
+            (a crashed process's) before interrupting.
         require_sync_durability: Refuse graphs run with durability other
             than "sync" (see the module docs).
     """
@@ -269,13 +271,16 @@ class LedgeredToolCalls:
             except RetryRequired as stop:
                 answer = interrupt(request("retry", call, stop.call))
                 retry_unknown = asks_retry(answer, call, stop.call)
-            except CallInProgress:
+            except CallInProgress as stop:
                 waiting_until = (
                     waiting_until or time.monotonic() + self.in_progress_wait
                 )
-                if time.monotonic() >= waiting_until:
-                    raise
-                time.sleep(IN_PROGRESS_POLL)
+                if time.monotonic() < waiting_until:
+                    time.sleep(IN_PROGRESS_POLL)
+                    continue
+                # Never an error result: the model would call it anew.
+                interrupt(request("in_progress", call, stop.call))
+                waiting_until = 0.0
             except CallRejected as rejected:
                 return rejected_message(call, rejected)
         raise RuntimeError(f"{call.call_id}: stopped after {len(self._rounds())} looks")
@@ -343,13 +348,16 @@ class LedgeredToolCalls:
             except RetryRequired as stop:
                 answer = interrupt(request("retry", call, stop.call))
                 retry_unknown = asks_retry(answer, call, stop.call)
-            except CallInProgress:
+            except CallInProgress as stop:
                 waiting_until = (
                     waiting_until or time.monotonic() + self.in_progress_wait
                 )
-                if time.monotonic() >= waiting_until:
-                    raise
-                await asyncio.sleep(IN_PROGRESS_POLL)
+                if time.monotonic() < waiting_until:
+                    await asyncio.sleep(IN_PROGRESS_POLL)
+                    continue
+                # Never an error result: the model would call it anew.
+                interrupt(request("in_progress", call, stop.call))
+                waiting_until = 0.0
             except CallRejected as rejected:
                 return rejected_message(call, rejected)
         raise RuntimeError(f"{call.call_id}: stopped after {len(self._rounds())} looks")
