@@ -22,7 +22,8 @@ import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import Command
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Command, interrupt
 
 import effectd_client.langgraph
 from effectd_client import (
@@ -554,3 +555,56 @@ def test_a_call_held_longer_than_the_wait_is_an_interrupt_not_a_run(
     assert again["__interrupt__"][0].value["effectd"] == "in_progress"
     assert lg.effects(workdir) == 0
     assert client.get_tool_call("t-held-long", "call-book-1").attempt == 1
+
+
+# One model message with two calls: `book`, and `pay` (which waits for a
+# human); then the final answer.
+PARALLEL = (
+    [
+        {"name": "book", "args": {"city": "Paris"}, "id": "call-book-1"},
+        {"name": "pay", "args": {"amount": 10}, "id": "call-pay-1"},
+    ],
+)
+
+
+@pytest.mark.parametrize("ledgered", [True, False], ids=["ledgered", "plain"])
+def test_a_sibling_of_an_interrupted_call_is_replayed_not_run_again(
+    client: Client, workdir: Path, ledgered: bool
+) -> None:
+    """LangGraph runs an interrupted tools node again from its start: `book`,
+    which ran beside `pay` (interrupted for a human), runs again on resume
+    in a plain ToolNode (the negative control, caught here), and is replayed
+    from the ledger in a wrapped one."""
+    paid: list[int] = []
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pays (asks a human first when not wrapped)."""
+        if not ledgered:
+            interrupt({"pay": amount})
+        paid.append(amount)
+        return f"paid {amount}"
+
+    tools = [*lg.tools(workdir), pay]
+    policy = (
+        '[tools.pay]\nrequire_approval = true\n[tools.book]\neffect = "side-effect"'
+    )
+    if ledgered:
+        node = LedgeredToolCalls(client, policy=ToolPolicy.from_toml(policy)).tool_node(
+            tools
+        )
+    else:
+        node = ToolNode(tools)
+    graph = lg.build(InMemorySaver(), node, PARALLEL)
+    config = thread(f"t-siblings-{ledgered}")
+    asked = graph.invoke(START_INPUT, config, durability="sync")
+    [request] = [i.value for i in asked["__interrupt__"]]
+    answer = approve(request, approver="ann") if ledgered else "yes"
+    done = graph.invoke(Command(resume=answer), config, durability="sync")
+    assert paid == [10]
+    if ledgered:
+        assert done["messages"][-1].content == "done: booked Paris (#1) | paid 10"
+        check_at_most_once(workdir)
+    else:
+        with pytest.raises(AssertionError, match="book acted 2 times"):
+            check_at_most_once(workdir)

@@ -59,9 +59,10 @@ APPROVAL_POLICY = POLICY.replace(
 
 
 class ScriptedModel(BaseChatModel):
-    """The model's n-th answer for its n-th turn in the conversation."""
+    """The model's n-th answer for its n-th turn in the conversation: the
+    tool call (or list of parallel calls) of the script, then a final text."""
 
-    script: Sequence[dict[str, Any]] = SCRIPT
+    script: Sequence[Any] = SCRIPT
 
     @property
     def _llm_type(self) -> str:
@@ -76,7 +77,9 @@ class ScriptedModel(BaseChatModel):
     ) -> ChatResult:
         turn = sum(isinstance(m, AIMessage) for m in messages)
         if turn < len(self.script):
-            answer = AIMessage(content="", tool_calls=[dict(self.script[turn])])
+            step = self.script[turn]
+            calls = [dict(c) for c in step] if isinstance(step, list) else [dict(step)]
+            answer = AIMessage(content="", tool_calls=calls)
         else:
             seen = [str(m.content) for m in messages if isinstance(m, ToolMessage)]
             answer = AIMessage(content="done: " + " | ".join(seen))
@@ -106,7 +109,7 @@ def tools(workdir: Path) -> list[Any]:
 def build(
     saver: BaseCheckpointSaver[Any],
     node: ToolNode,
-    script: Sequence[dict[str, Any]] = SCRIPT,
+    script: Sequence[Any] = SCRIPT,
 ) -> Any:
     """The agent's graph: the model, and the tools node when it calls tools."""
     model = ScriptedModel(script=script)
