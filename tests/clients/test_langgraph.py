@@ -33,6 +33,7 @@ from effectd_client import (
     InputMismatch,
     State,
 )
+from effectd_client._langgraph_parts import GraphToolCall, restored
 from effectd_client.langgraph import (
     TOOL_ERROR,
     ApprovalMismatch,
@@ -43,6 +44,7 @@ from effectd_client.langgraph import (
     approve,
     reject,
     retry,
+    thread_run_id,
 )
 from effectd_client.testing import (
     CrashPoint,
@@ -608,3 +610,91 @@ def test_a_sibling_of_an_interrupted_call_is_replayed_not_run_again(
     else:
         with pytest.raises(AssertionError, match="book acted 2 times"):
             check_at_most_once(workdir)
+
+
+def test_an_async_graph_interrupts_for_approval_and_reconciliation_too(
+    effectd: TestDaemon, client: Client, workdir: Path
+) -> None:
+    """With an AsyncClient: an approval interrupt answered with `approve()`
+    runs the tool once; a call a crashed attempt holds is waited for, then
+    interrupts to reconcile."""
+    hold_call(client, "t-async-held", lease_ms=1000)
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with AsyncClient(effectd.target) as aclient:
+            graph = ledgered_graph(aclient, workdir)
+            config = thread("t-async-approve")
+            asked = await graph.ainvoke(START_INPUT, config, durability="sync")
+            answer = approve(asked["__interrupt__"][0].value, approver="ann")
+            done = await graph.ainvoke(
+                Command(resume=answer), config, durability="sync"
+            )
+            held = ledgered_graph(aclient, workdir, policy=lg.POLICY)
+            reconcile = await held.ainvoke(
+                START_INPUT, thread("t-async-held"), durability="sync"
+            )
+            return asked, done, reconcile
+
+    asked, done, reconcile = asyncio.run(main())
+    assert asked["__interrupt__"][0].value["effectd"] == "approval"
+    assert done["messages"][-1].content.startswith("done: booked Paris (#1) |")
+    assert reconcile["__interrupt__"][0].value["effectd"] == "reconcile"
+    assert lg.effects(workdir) == 1
+
+
+APPROVAL = {
+    "effectd": "approval",
+    "run_id": "r",
+    "call_id": "c",
+    "input_fingerprint": "sha256:aa",
+    "revision": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: approve({**APPROVAL, "effectd": "reconcile"}, approver="a"), "answer"),
+        (lambda: reject(APPROVAL, approver=""), "approver"),
+        (lambda: retry(APPROVAL), "retry"),
+        (lambda: thread_run_id({"configurable": {}}), "thread id"),
+    ],
+)
+def test_answers_and_settings_that_cannot_be_right_are_refused(
+    make: Any, message: str
+) -> None:
+    """An answer to another kind of interrupt, an approval without an
+    approver, a graph run without a thread id."""
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_a_sync_client_with_an_async_approver_is_refused(
+    effectd: TestDaemon, client: Client
+) -> None:
+    async def main() -> None:
+        async with AsyncClient(effectd.target) as aclient:
+            with pytest.raises(TypeError, match="both"):
+                LedgeredToolCalls(client, approver=aclient)
+
+    asyncio.run(main())
+
+
+def test_an_answer_for_another_call_is_refused(client: Client, workdir: Path) -> None:
+    """An approval of another thread's call (same arguments) is refused."""
+    first = ledgered_graph(client, workdir)
+    asked = first.invoke(START_INPUT, thread("t-one"), durability="sync")
+    answer = approve(asked["__interrupt__"][0].value, approver="ann")
+    second = ledgered_graph(client, workdir)
+    second.invoke(START_INPUT, thread("t-two"), durability="sync")
+    with pytest.raises(ApprovalMismatch, match="decides call"):
+        second.invoke(Command(resume=answer), thread("t-two"), durability="sync")
+    assert lg.effects(workdir) == 0
+
+
+def test_an_operators_reconciled_result_reaches_the_model_as_json() -> None:
+    """A result an operator recorded without `content` is shown whole."""
+    call = GraphToolCall("r", "c", "book", {}, ToolPolicy().decide("book"))
+    message = restored({"confirmation": 42}, call)
+    assert isinstance(message, ToolMessage)
+    assert (message.content, message.tool_call_id) == ('{"confirmation": 42}', "c")
