@@ -32,6 +32,7 @@ from effectd_client import (
     Effect,
     InputMismatch,
     State,
+    current_call,
 )
 from effectd_client._langgraph_parts import GraphToolCall, restored
 from effectd_client.langgraph import (
@@ -698,3 +699,23 @@ def test_an_operators_reconciled_result_reaches_the_model_as_json() -> None:
     message = restored({"confirmation": 42}, call)
     assert isinstance(message, ToolMessage)
     assert (message.content, message.tool_call_id) == ('{"confirmation": 42}', "c")
+
+
+def test_an_idempotent_write_reads_its_key_from_the_current_call(
+    client: Client,
+) -> None:
+    """An IDEMPOTENT_WRITE tool gets the stable key `{thread}:{call id}`."""
+    keys: list[str] = []
+
+    @tool
+    def upsert(who: str) -> str:
+        """Upserts (with the target's idempotency key)."""
+        step = current_call()
+        assert step is not None
+        keys.append(step.idempotency_key)
+        return "ok"
+
+    policy = '[tools.upsert]\neffect = "idempotent-write"'
+    graph = graph_of(client, [upsert], one_call("upsert", who="x"), policy)
+    graph.invoke(START_INPUT, thread("t-key"), durability="sync")
+    assert keys == ["t-key:c-1"]
