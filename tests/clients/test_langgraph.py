@@ -164,6 +164,22 @@ def test_a_crash_after_the_commit_replays_the_result(
 
 
 @pytest.mark.slow
+def test_a_crash_before_the_commit_is_an_interrupt(
+    effectd: TestDaemon, workdir: Path
+) -> None:
+    """Killed after `book` acted, as its commit is sent (`crash_and_resume`):
+    the resumed thread interrupts to reconcile; `book` acted once."""
+    report = crash_and_resume(
+        lg.agent, effectd.target, str(workdir), "t-before", at=CrashPoint.BEFORE_COMMIT
+    )
+    assert report.crashed
+    assert report.resumed_error is None, report.resumed_error
+    [asked] = report.resumed["interrupts"]
+    assert (asked["effectd"], asked["tool"]) == ("reconcile", "book")
+    assert lg.effects(workdir) == 1
+
+
+@pytest.mark.slow
 def test_a_crash_mid_tool_is_an_interrupt_never_a_second_run(
     effectd: TestDaemon, workdir: Path
 ) -> None:

@@ -42,8 +42,8 @@ called again after a crash would name its calls anew). Tool call ids must be
 unique in a thread, as ToolNode's own answers assume.
 
     ledger = LedgeredToolCalls(Client(target), policy=POLICY)
-    graph = create_react_agent(model, ledger.tool_node([book, search]),
-                               checkpointer=saver)
+    builder.add_node("tools", ledger.tool_node([book, search]))
+    graph = builder.compile(checkpointer=saver)
     graph.invoke(inputs, {"configurable": {"thread_id": "trip-7"}},
                  durability="sync")
 """
