@@ -117,7 +117,9 @@ def test_a_statement_timeout_answers_unavailable_and_applies_nothing(
     """A write stuck behind a lock past the statement timeout fails
     UNAVAILABLE, not applied (mayHaveBeenApplied=false); the store serves
     the next write once the lock is gone."""
-    store = opened(_options(statement_timeout=0.3))
+    # Long enough that opening the store (its schema check) never hits it on
+    # a loaded machine; the locked write waits it out.
+    store = opened(_options(statement_timeout=3.0))
     with psycopg.connect(pg_url) as blocker:
         blocker.execute("LOCK TABLE effectd_kv IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(StorageUnavailable) as raised:
