@@ -46,6 +46,7 @@ from effectd_client import (
     State,
     ToolTimedOut,
 )
+from effectd_client.mcp import McpPolicy
 from effectd_client.openai_agents import (
     DEFAULT_REJECTION_MESSAGE,
     AgentLedger,
@@ -575,18 +576,17 @@ def test_a_call_outside_a_run_is_refused(daemon: TestDaemon, tmp_path: Path) -> 
 # -- MCP servers ----------------------------------------------------------------
 
 
-def mcp_agent(ledger: AgentLedger | None, tools: list[Any], tool: str) -> Agent[Any]:
-    """Calls the MCP tool `tool` once (call id m-1), then says what it got."""
+def mcp_agent(tools: list[Any], tool: str) -> Agent[Any]:
+    """Calls the MCP tool `tool` once (call id m-1), then says what it got;
+    each answer follows from the transcript, as `model` does."""
 
-    def done(call: ModelCall) -> Any:
-        return [assistant_message(f"model saw: {outputs_of(call)['m-1']}")]
+    def answer(call: ModelCall) -> Any:
+        seen = outputs_of(call)
+        if "m-1" not in seen:
+            return [function_call(tool, {"to": "ann"}, call_id="m-1")]
+        return [assistant_message(f"model saw: {seen['m-1']}")]
 
-    model = ScriptedModel(
-        [
-            ModelStep(output=[function_call(tool, {"to": "ann"}, call_id="m-1")]),
-            ModelStep.respond(done),
-        ]
-    )
+    model = ScriptedModel([ModelStep.respond(answer) for _ in range(4)])
     return Agent(name="mailer", model=model, tools=tools)
 
 
@@ -603,9 +603,9 @@ async def run_mcp(target: str, state: Path, tool: str, *, ledgered: bool = True)
         ledger = AgentLedger(effectd)
         if ledgered:
             tools: list[Any] = await ledger.mcp_tools(server, name="counter")
-            agent = mcp_agent(ledger, tools, tool)
+            agent = mcp_agent(tools, tool)
         else:
-            agent = mcp_agent(None, [], tool)
+            agent = mcp_agent([], tool)
             agent.mcp_servers = [server]
         with ledger.run(run_id(state)):
             return str((await Runner.run(agent, "mail Ann")).final_output)
@@ -664,6 +664,48 @@ def test_an_mcp_server_killed_mid_call_is_never_called_again(
         asyncio.run(run_mcp(daemon.target, tmp_path, "slow_send"))
     assert isinstance(stopped.value.cause, ReconciliationNeeded)
     assert executions(tmp_path, "slow_send") == 1
+
+
+@pytest.mark.slow
+def test_an_mcp_tool_the_policy_holds_for_approval_runs_once_approved(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """The operator's policy requires approval of `send`: the SDK interrupts,
+    the server is not called; approved in effectd, the RunState restored on
+    a new connection sends once, and restored again replays."""
+    policy = McpPolicy.from_toml(
+        '[servers.counter.tools.send]\neffect = "side-effect"\n'
+        "require_approval = true\n"
+    )
+
+    async def step(approve: bool) -> str:
+        async with (
+            AsyncClient(daemon.target) as effectd,
+            MCPServerStdio(params=stdio_params(tmp_path)) as server,
+        ):
+            ledger = AgentLedger(effectd)
+            tools = await ledger.mcp_tools(server, name="counter", policy=policy)
+            agent = mcp_agent(list(tools), "send")
+            saved = tmp_path / "state.json"
+            with ledger.run(run_id(tmp_path)):
+                if not saved.exists():
+                    result = await Runner.run(agent, "mail Ann")
+                    saved.write_text(result.to_state().to_string())
+                    (item,) = result.interruptions
+                    if approve:
+                        await ledger.approve(item, approver="ann")
+                    return "interrupted"
+                state = await RunState.from_string(agent, saved.read_text())
+                assert await ledger.apply_decisions(state) == []
+                return str((await Runner.run(agent, state)).final_output)
+
+    assert asyncio.run(step(approve=True)) == "interrupted"
+    assert executions(tmp_path, "send") == 0
+    first = asyncio.run(step(approve=False))
+    again = asyncio.run(step(approve=False))
+    assert first == again
+    assert "sent to ann (#1)" in first
+    assert executions(tmp_path, "send") == 1
 
 
 def test_an_mcp_server_that_retries_calls_is_refused(

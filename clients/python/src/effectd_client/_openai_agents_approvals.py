@@ -148,9 +148,12 @@ class LedgerApprovals:
                 continue
             if _rejected(call):
                 state.reject(item, rejection_message=DEFAULT_REJECTION_MESSAGE)
-            elif call.state is not State.AWAITING_APPROVAL:
-                # Approved (or past it): the ledger decides at the start
-                # whether it runs, replays or needs reconciling.
+            elif _approved(call) and _shows(
+                call, rule.input_of(arguments_of(item.arguments))
+            ):
+                # Approved for these arguments (or past it): the ledger
+                # decides at the start whether it runs, replays or needs
+                # reconciling.
                 state.approve(item)
             else:
                 waiting.append(item)
@@ -185,13 +188,13 @@ class LedgerApprovals:
                 channel=rule.channel,
             )
             call = p.call
-        if call.state is State.AWAITING_APPROVAL:
-            recorded = call.kept_input_json
-            if recorded is None or json.loads(recorded) != rule.input_of(arguments):
-                raise ApprovalMismatch(
-                    f"{call_id}: effectd recorded other arguments than the "
-                    "approval item shows"
-                )
+        shown = rule.input_of(arguments)
+        awaiting = call.state is State.AWAITING_APPROVAL
+        if awaiting and (call.kept_input_json is None or not _shows(call, shown)):
+            raise ApprovalMismatch(
+                f"{call_id}: effectd recorded other arguments than the "
+                "approval item shows"
+            )
         return await self.client.decide_approval(
             run.run_id,
             call_id,
@@ -211,3 +214,16 @@ def _rejected(call: ToolCall) -> bool:
         and not result.ok
         and result.error_code == APPROVAL_REJECTED
     )
+
+
+def _approved(call: ToolCall) -> bool:
+    """An approver approved the call (it required approval and no longer
+    waits for it)."""
+    return call.approval_required and call.state is not State.AWAITING_APPROVAL
+
+
+def _shows(call: ToolCall, recorded_input: Any) -> bool:
+    """The input effectd kept for the call is `recorded_input` (True when it
+    keeps none any more: the daemon compares fingerprints at the start)."""
+    kept = call.kept_input_json
+    return kept is None or json.loads(kept) == recorded_input
