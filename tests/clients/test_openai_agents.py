@@ -330,6 +330,27 @@ def test_a_committed_call_is_replayed_to_the_model(
     assert (count(tmp_path, "lookup"), count(tmp_path, "send")) == (1, 1)
 
 
+def test_a_streamed_run_goes_through_the_ledger_too(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """`Runner.run_streamed` started inside `ledger.run`: its tools are keyed
+    by the run as well; streamed again, the send is replayed."""
+
+    async def streamed() -> str:
+        async with AsyncClient(daemon.target) as effectd:
+            ledger = AgentLedger(effectd)
+            agent = build(ledger, tmp_path, approval=False)
+            with ledger.run(run_id(tmp_path)):
+                result = Runner.run_streamed(agent, "send Ann the itinerary")
+                async for _ in result.stream_events():
+                    pass
+            return str(result.final_output)
+
+    assert asyncio.run(streamed()) == asyncio.run(streamed())
+    assert (count(tmp_path, "lookup"), count(tmp_path, "send")) == (1, 1)
+    assert state_of(daemon.target, tmp_path, SEND) is State.COMMITTED
+
+
 # -- approvals ----------------------------------------------------------------
 
 
@@ -478,6 +499,81 @@ def test_a_rejection_in_effectd_reaches_the_model(
     asyncio.run(decide(daemon.target, tmp_path, approve=False))
     result = approving_agent(daemon.target, str(tmp_path))
     assert result == f"model saw: {DEFAULT_REJECTION_MESSAGE}"
+    assert count(tmp_path, "send") == 0
+
+
+def predicate_agent(ledger: AgentLedger, workdir: Path, to: str) -> Agent[Any]:
+    """`send` needs approval only for Eve (the tool's own predicate)."""
+
+    async def for_eve(_ctx: Any, params: dict[str, Any], _call_id: str) -> bool:
+        return params.get("to") == "eve"
+
+    @function_tool(failure_error_function=None, needs_approval=for_eve)
+    async def send(to: str) -> str:
+        """Sends a message."""
+        return f"sent to {to} (#{bump(workdir / 'send')})"
+
+    def answer(call: ModelCall) -> Any:
+        seen = outputs_of(call)
+        if "c" not in seen:
+            return [function_call("send", {"to": to}, call_id="c")]
+        return [assistant_message(f"model saw: {seen['c']}")]
+
+    model = ScriptedModel([ModelStep.respond(answer) for _ in range(3)])
+    return Agent(name="m", model=model, tools=[ledger.tool(send)])
+
+
+@pytest.mark.parametrize(("to", "held"), [("ann", False), ("eve", True)])
+def test_the_tools_own_predicate_decides_which_calls_need_approval(
+    daemon: TestDaemon, tmp_path: Path, to: str, held: bool
+) -> None:
+    """A per-call `needs_approval` predicate: Ann's send runs, Eve's waits in
+    AWAITING_APPROVAL, unsent."""
+
+    async def once() -> int:
+        async with AsyncClient(daemon.target) as effectd:
+            ledger = AgentLedger(effectd)
+            with ledger.run(run_id(tmp_path)):
+                result = await Runner.run(predicate_agent(ledger, tmp_path, to), "go")
+            return len(result.interruptions)
+
+    assert asyncio.run(once()) == int(held)
+    expected = State.AWAITING_APPROVAL if held else State.COMMITTED
+    assert state_of(daemon.target, tmp_path, "c") is expected
+    assert count(tmp_path, "send") == int(not held)
+
+
+def test_arguments_no_predicate_can_read_are_approved_as_sent(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """Arguments that are not a JSON object: the SDK asks for approval without
+    asking the ledger. The approval records the call with exactly those
+    arguments and approves it; resumed, the tool refuses them (a definite
+    error, committed), and nothing is sent."""
+
+    async def body() -> tuple[list[Any], str]:
+        async with AsyncClient(daemon.target) as effectd:
+            ledger = AgentLedger(effectd)
+            agent = predicate_agent(ledger, tmp_path, "ann")
+            odd = ModelStep(output=[function_call("send", '["eve"]', call_id="c")])
+            agent.model = ScriptedModel([odd, [assistant_message("done")]])
+            with ledger.run(run_id(tmp_path)):
+                result = await Runner.run(agent, "go")
+                state = result.to_state()
+                waiting = await ledger.apply_decisions(state)
+                (item,) = result.interruptions
+                await ledger.approve(item, approver="ann", state=state)
+                resumed = await Runner.run(agent, state)
+            return waiting, str(resumed.final_output)
+
+    waiting, final = asyncio.run(body())
+    assert len(waiting) == 1
+    assert final == "done"
+    with Client(daemon.target) as client:
+        call = client.get_tool_call(run_id(tmp_path), "c")
+    assert call.state is State.COMMITTED
+    assert call.result is not None
+    assert not call.result.ok
     assert count(tmp_path, "send") == 0
 
 
