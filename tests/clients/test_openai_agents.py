@@ -38,6 +38,7 @@ from agents.testing import (
 from effectd_client import (
     ApprovalPending,
     AsyncClient,
+    CallInProgress,
     Channel,
     Client,
     Effect,
@@ -649,6 +650,53 @@ def test_a_tool_past_its_timeout_is_unknown_and_never_rerun(
     with pytest.raises(LedgerInterruption) as again:
         asyncio.run(once())
     assert isinstance(again.value.cause, ReconciliationNeeded)
+    assert count(tmp_path, "send") == 1
+
+
+def test_two_resumes_racing_run_the_tool_once(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """Two processes resume the same run at once (here two runs in one loop):
+    while the first one's send runs, the second meets CallInProgress and
+    stops; the send ran once."""
+    release = asyncio.Event()
+
+    @function_tool(failure_error_function=None)
+    async def send(to: str) -> str:
+        """Sends a message, then waits to be released."""
+        n = bump(tmp_path / "send")
+        await release.wait()
+        return f"sent to {to} (#{n})"
+
+    async def once(effectd: AsyncClient) -> str:
+        ledger = AgentLedger(effectd)
+        step = ModelStep(output=[function_call("send", {"to": "x"}, call_id="c")])
+        agent = Agent(
+            name="m",
+            model=ScriptedModel([step, [assistant_message("done")]]),
+            tools=[ledger.tool(send)],
+        )
+        with ledger.run(run_id(tmp_path)):
+            return str((await Runner.run(agent, "go")).final_output)
+
+    async def race() -> tuple[str, BaseException | str]:
+        async with AsyncClient(daemon.target) as effectd:
+            first = asyncio.create_task(once(effectd))
+            for _ in range(600):
+                if count(tmp_path, "send") == 1:
+                    break
+                await asyncio.sleep(0.01)
+            try:
+                second: BaseException | str = await once(effectd)
+            except LedgerInterruption as stopped:
+                second = stopped
+            release.set()
+            return await first, second
+
+    first, second = asyncio.run(race())
+    assert first == "done"
+    assert isinstance(second, LedgerInterruption)
+    assert isinstance(second.cause, CallInProgress)
     assert count(tmp_path, "send") == 1
 
 
