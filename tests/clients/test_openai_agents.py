@@ -394,6 +394,27 @@ def test_an_approved_call_killed_mid_effect_is_not_run_again(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("at", list(CrashPoint))
+def test_an_approved_send_killed_at_its_commit_is_never_sent_again(
+    daemon: TestDaemon, tmp_path: Path, at: CrashPoint
+) -> None:
+    """Approved, then the resumed agent is killed at the send's commit (its
+    first): before it, the RunState restored again stops at
+    ReconciliationNeeded; after it, the model sees the stored result. One
+    send either way."""
+    asyncio.run(interrupted(daemon.target, tmp_path))
+    asyncio.run(decide(daemon.target, tmp_path, approve=True))
+    report = crash_and_resume(approving_agent, daemon.target, str(tmp_path), at=at)
+    assert report.crashed, report
+    if at is CrashPoint.BEFORE_COMMIT:
+        assert isinstance(report.resumed_error, LedgerInterruption), report
+        assert isinstance(report.resumed_error.cause, ReconciliationNeeded)
+    else:
+        assert report.resumed == "model saw: sent to ann (#1)", report
+    assert count(tmp_path, "send") == 1
+
+
+@pytest.mark.slow
 def test_the_sdks_own_approval_runs_the_tool_twice_across_the_crash(
     daemon: TestDaemon, tmp_path: Path
 ) -> None:
