@@ -21,6 +21,7 @@ DOCUMENTS = (
     "docs/mcp.md",
     "docs/pydantic-ai.md",
     "docs/langgraph.md",
+    "docs/openai-agents.md",
 )
 # Blocks each document must run here, so that no marker or parser slip can
 # quietly turn the test off.
@@ -31,6 +32,7 @@ AT_LEAST = {
     "docs/mcp.md": 3,
     "docs/pydantic-ai.md": 1,
     "docs/langgraph.md": 2,
+    "docs/openai-agents.md": 1,
 }
 
 
