@@ -80,9 +80,9 @@ def save_call(view: WriteView, old: ToolCall | None, new: ToolCall) -> None:
     row = plan_rows.encode(new)
     if row is not None:
         view.put(Table.PLAN_ROWS, key, row)
-    elif old is None or old.state is State.COMMITTED:
-        # Only a COMMITTED record has a row; a new record finds none unless
-        # a row outlived its record, which must never answer for it.
+    elif old is not None and old.state is State.COMMITTED:
+        # Only a COMMITTED record has a row (a new record finds none: the
+        # row goes with its record, `tombstones.compact`).
         view.delete(Table.PLAN_ROWS, key)
     view.put(Table.CALLS, key, encode_call(new))
 
