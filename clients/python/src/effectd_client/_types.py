@@ -126,8 +126,9 @@ class ToolCall:
         """The call of `msg`; `result`, when given, is its result already
         converted."""
         ref = msg.ref
-        kept_input = msg.kept_input
-        kept = kept_input.WhichOneof("kind")
+        # An unset message field is not read: reading it makes its object.
+        kept_input = msg.kept_input if msg.HasField("kept_input") else None
+        kept = None if kept_input is None else kept_input.WhichOneof("kind")
         forced = msg.forced_effect
         if result is None and msg.HasField("result"):
             result = ToolResult.from_pb(msg.result)
@@ -147,12 +148,14 @@ class ToolCall:
             tuple([t.event for t in msg.history]),
             msg.acknowledged,
             _nanoseconds(msg.updated_at),
-            _nanoseconds(msg.lease_expires_at),
+            _nanoseconds(msg.lease_expires_at)
+            if msg.HasField("lease_expires_at")
+            else 0,
             # A daemon that predates channels sends none: TOOL.
             _CHANNELS.get(msg.channel) or Channel(msg.channel or _TOOL),
             (_EFFECTS.get(forced) or Effect(forced)) if forced else None,
-            kept_input.json if kept == "json" else None,
-            kept_input.raw if kept == "raw" else None,
+            kept_input.json if kept_input is not None and kept == "json" else None,
+            kept_input.raw if kept_input is not None and kept == "raw" else None,
         )
 
 
