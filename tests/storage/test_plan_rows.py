@@ -10,6 +10,7 @@ compaction. A store of format 4, before the rows, gets them at open."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -19,7 +20,15 @@ import pytest
 from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.ledger import retention
-from sidecar.ledger.model import Channel, State, ToolCall
+from sidecar.ledger.model import (
+    Channel,
+    Outcome,
+    Payload,
+    PayloadKind,
+    Result,
+    State,
+    ToolCall,
+)
 from sidecar.rpc import convert
 from sidecar.storage import migration, plan_rows, records, tombstones
 from sidecar.storage.api import Table, WriteView
@@ -169,3 +178,32 @@ def test_a_format_4_store_gets_its_rows_at_open(tmp_path: Path, seed: int) -> No
         assert rows == expected, f"seed={seed}"
     finally:
         reopened.close()
+
+
+def test_a_record_that_protobuf_could_not_carry_gets_no_row(seed: int) -> None:
+    """JSON text that is not UTF-8 (no string field holds it): the record is
+    read the long way, as before plan rows."""
+    rng = random.Random(seed)  # noqa: S311 - not a secret
+    call = random_call(rng, "c1", state=State.COMMITTED)
+    bad = Result(Outcome.OK, Payload(PayloadKind.JSON, b'"\xff"'), "", "", "d")
+    assert plan_rows.encode(dataclasses.replace(call, result=bad)) is None
+    assert plan_rows.encode(dataclasses.replace(call, tool_name="\ud800")) is None
+
+
+def test_a_record_that_leaves_committed_loses_its_row(tmp_path: Path) -> None:
+    """No rule moves a COMMITTED record elsewhere; if one did, its row
+    would not answer for it."""
+    rng = random.Random(11)  # noqa: S311 - not a secret
+    committed = random_call(rng, "c1", state=State.COMMITTED)
+    while committed.result is None:
+        committed = random_call(rng, "c1", state=State.COMMITTED)
+    reopened = dataclasses.replace(committed, state=State.PREPARED, result=None)
+    key = records.call_key(committed.ref)
+    store = LmdbStore(tmp_path / "data", OPTIONS)
+    try:
+        store.submit(lambda v: records.save_call(v, None, committed)).result()
+        assert store.read(lambda v: v.get(Table.PLAN_ROWS, key)) is not None
+        store.submit(lambda v: records.save_call(v, committed, reopened)).result()
+        assert store.read(lambda v: v.get(Table.PLAN_ROWS, key)) is None
+    finally:
+        store.close()
