@@ -20,8 +20,9 @@ measured:
 - Recover of one run of `--run-calls` committed calls, every page of 1000,
   through the generated stub and through the Python client
   (`Client.recover`, its conversion included);
-- with `--upgrade`, the first open of the store as the daemon before the
-  retention index left it (format 3), which builds the index.
+- with `--upgrade`, the first open of the store as the daemon before plan
+  rows left it (format 4), which writes the plan row of every COMMITTED
+  record.
 
 The store holds `--records` calls: runs of 100 committed, acknowledged
 calls last changed a day ago, plus the big run (committed, not
@@ -259,14 +260,14 @@ def full_scan(path: Path) -> tuple[float, int]:
 
 
 def upgrade(path: Path) -> float:
-    """Takes the retention index out and marks the store format 3, as the
-    daemon before the index left it; returns the seconds the next open
-    takes, which builds the index again (`storage.migration`)."""
+    """Takes the plan rows out and marks the store format 4, as the daemon
+    before plan rows left it; returns the seconds the next open takes,
+    which writes them again (`storage.migration`)."""
     env = lmdb.open(str(path), max_dbs=len(Table), subdir=True, map_size=MAP_SIZE)
     with env.begin(write=True) as txn:
-        txn.drop(env.open_db(Table.RETENTION_TIMES.value.encode(), txn=txn))
+        txn.drop(env.open_db(Table.PLAN_ROWS.value.encode(), txn=txn))
         meta = env.open_db(Table.META.value.encode(), txn=txn)
-        txn.put(b"format_version", b"3", db=meta)
+        txn.put(b"format_version", b"4", db=meta)
     env.close()
     began = time.perf_counter()
     durable(path).close()
@@ -394,8 +395,8 @@ def measure_store(shape: Shape, big: Path, *, upgrading: bool) -> None:
     if upgrading:
         took = upgrade(big)
         print(
-            f"  the first open of the store as format 3, which builds the "
-            f"retention index: {took:.1f} s"
+            f"  the first open of the store as format 4, which writes the "
+            f"plan rows: {took:.1f} s"
         )
 
 
@@ -462,7 +463,7 @@ def main() -> int:
     parser.add_argument(
         "--upgrade",
         action="store_true",
-        help="also time the upgrade of the store from format 3 (the index built)",
+        help="also time the upgrade of the store from format 4 (plan rows written)",
     )
     args = parser.parse_args()
     shape = Shape(args.records, args.run_calls, args.started, args.due)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from effectd_client import Client, Decision, RecoveryAction, State
+import pytest
+
+from effectd_client import Client, Decision, RecoveryAction, RecoveryPlan, State
 from sidecar.clock import ManualClock
 from sidecar.testing import RunningDaemon
 
@@ -93,3 +95,32 @@ def test_list_tool_calls_of_every_namespace(
         ("elsewhere", "theirs"),
     ]
     assert [c.call_id for c in client.list_tool_calls("run-c")] == ["mine"]
+
+
+def test_recover_joins_the_pages_it_reads_ahead(client: Client) -> None:
+    """`recover` asks for the next page while it converts the last one: the
+    plan is the pages of `recover_pages` joined, in order, whatever the
+    page size."""
+    for i in range(7):
+        done = client.prepare_tool("run-p", f"c{i}", "search", {"q": i}, start=True)
+        if i % 2:
+            client.commit_tool("run-p", f"c{i}", done.call.attempt, {"hits": i})
+    pages = list(client.recover_pages("run-p", page_size=7))
+    for size in (1, 2, 3, 7, 1000):
+        assert client.recover("run-p", page_size=size).items == pages[0].items
+
+
+def test_recover_stops_at_a_page_it_cannot_convert(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page that fails to convert ends the recovery with its error; the
+    page asked for ahead is cancelled, never waited for."""
+    for i in range(3):
+        client.prepare_tool("run-q", f"c{i}", "search", {"q": i})
+
+    def broken(msg: object) -> RecoveryPlan:
+        raise ValueError("unknown action 99")
+
+    monkeypatch.setattr(RecoveryPlan, "from_pb", broken)
+    with pytest.raises(ValueError, match="99"):
+        client.recover("run-q", page_size=1)

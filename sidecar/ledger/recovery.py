@@ -82,13 +82,18 @@ def action(call: ToolCall, effect: Effect) -> RecoveryAction:
 
 
 def _committed(call: ToolCall) -> RecoveryAction:
+    return committed_action(acknowledged=call.acknowledged, rejected=call.rejected)
+
+
+def committed_action(*, acknowledged: bool, rejected: bool) -> RecoveryAction:
+    """The action for a COMMITTED record, whatever its effect."""
     # ADR-010 D1: a committed result is not appended again on recovery: once
     # acknowledged, it was delivered already.
-    if call.acknowledged:
+    if acknowledged:
         return RecoveryAction.ALREADY_DELIVERED
     # ADR-010 D3: committed + result -> the stored result, no call; reject ->
     # an error result.
-    if call.rejected:
+    if rejected:
         return RecoveryAction.ERROR_RESULT
     return RecoveryAction.REPLAY_RESULT
 

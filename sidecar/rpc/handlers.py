@@ -7,6 +7,10 @@ becomes `Unparsed`, naming its message type, which the request boundary
 (`sidecar.rpc.boundary`) refuses INVALID_ARGUMENT. The boundary also answers
 the servicers' domain errors and failures: they are served behind the gate
 (`sidecar.rpc.gate`) only.
+
+A servicer may answer a unary call with bytes already in the wire form of
+its response (Recover does, `sidecar.rpc.recovery`): they are sent as they
+are.
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ from sidecar.rpc.boundary import parsing
 
 def _parser(cls: type[pb_message.Message]) -> Callable[[bytes], Any] | None:
     return parsing(cls.FromString, cls.DESCRIPTOR.full_name)
+
+
+def _serializer(cls: type[pb_message.Message]) -> Callable[[Any], bytes]:
+    serialize = cls.SerializeToString
+
+    def serializer(answer: Any) -> bytes:
+        return answer if isinstance(answer, bytes) else serialize(answer)
+
+    return serializer
 
 
 def generic_handler(
@@ -58,6 +71,6 @@ def generic_handler(
         handlers[m.name] = grpc.unary_unary_rpc_method_handler(
             serve,
             request_deserializer=_parser(request_cls),
-            response_serializer=response_cls.SerializeToString,
+            response_serializer=_serializer(response_cls),
         )
     return grpc.method_handlers_generic_handler(service.full_name, handlers)

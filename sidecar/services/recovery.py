@@ -16,6 +16,13 @@ token of another run or namespace is refused. Paging is stable under
 concurrent writes: every call that exists for the whole paging is in
 exactly one page; a call added meanwhile is in a later page if its key
 sorts after the page being read, and in none otherwise.
+
+A COMMITTED record's item never changes by recovery (nothing settles or
+enforces on it), so `recover_rows` answers it from its plan row
+(`storage.plan_rows`), undecoded: the action and effect decided from the
+row's head by the same rules, the rest the row's stored summary, which the
+gRPC boundary answers as it is. Every other record is decoded and planned
+as `recover_page` does; a record without a row is too.
 """
 
 from __future__ import annotations
@@ -23,16 +30,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sidecar.clock import Clock
 from sidecar.errors import EffectdError, NotFound
 from sidecar.ledger import paging, recovery, rules
-from sidecar.ledger.model import CallRef, ToolCall
+from sidecar.ledger.model import CallRef, Effect, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Now
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import committed, moment
-from sidecar.storage import records
+from sidecar.storage import plan_rows, records
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
 
@@ -46,21 +54,52 @@ class Recovered:
     next_page_token: str = ""
 
 
+class StoredItem(NamedTuple):
+    """A plan item answered from a COMMITTED record's plan row."""
+
+    action: recovery.RecoveryAction
+    effect: Effect
+    # The record without its history, in the wire form of its answer.
+    summary: bytes
+    # The result and the idempotency key as they lie in `summary`: each its
+    # length, then its bytes.
+    result: bytes
+    idempotency_key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredRows:
+    """A page of a plan, each item planned or stored, in key order."""
+
+    items: list[recovery.PlanItem | StoredItem]
+    interrupted: bool
+    settled: int
+    next_page_token: str
+
+
 @dataclass(frozen=True, slots=True)
 class _Read:
-    # (record key, record) of the page, in key order.
-    rows: list[tuple[bytes, ToolCall]]
+    # (record key, record or its plan row) of the page, in key order.
+    rows: list[tuple[bytes, ToolCall | bytes]]
     # The last key of the page when the run has more calls.
     more_after: bytes | None
 
 
 def _read_page(
-    view: ReadView, *, prefix: bytes, after: bytes | None, size: int
+    view: ReadView, *, prefix: bytes, after: bytes | None, size: int, stored: bool
 ) -> _Read:
-    rows: list[tuple[bytes, ToolCall]] = []
+    rows: list[tuple[bytes, ToolCall | bytes]] = []
+    # The plan rows of the same range, walked beside the records.
+    planned = iter(view.scan(Table.PLAN_ROWS, prefix, after=after) if stored else ())
+    row = next(planned, None)
     for key, raw in view.scan(Table.CALLS, prefix, after=after):
         if len(rows) == size:
             return _Read(rows, rows[-1][0])
+        while row is not None and row[0] < key:
+            row = next(planned, None)
+        if row is not None and row[0] == key and plan_rows.is_current(row[1]):
+            rows.append(row)
+            continue
         # The plan shows no history; a call that recovery changes is read
         # again, whole, by the write.
         rows.append((key, records.decode_call(raw, history=False)))
@@ -116,24 +155,83 @@ class RecoveryService:
         self, namespace: str, run_id: str, *, page_size: int, page_token: str
     ) -> Recovered:
         """The plan of at most `page_size` calls of a run, after the call
-        the token names, after stale STARTED calls became UNKNOWN.
+        the token names, after stale STARTED calls became UNKNOWN; every
+        record decoded.
 
         Raises:
             InvalidArgument: the token is not one of this run's plan.
         """
+        rows, settled, policy, token = await self._page(
+            namespace, run_id, page_size, page_token, stored=False
+        )
+        calls = [row for _, row in rows if not isinstance(row, bytes)]
+        return Recovered(recovery.plan(calls, policy), settled, token)
+
+    async def recover_rows(
+        self, namespace: str, run_id: str, *, page_size: int, page_token: str
+    ) -> RecoveredRows:
+        """`recover_page`, with each COMMITTED record that has a plan row
+        answered from it (`StoredItem`) instead of decoded and planned."""
+        rows, settled, policy, token = await self._page(
+            namespace, run_id, page_size, page_token, stored=True
+        )
+        items: list[recovery.PlanItem | StoredItem] = []
+        interrupted = False
+        # The rules, applied once per distinct row head rather than per row:
+        # a run's calls share a few tools and flags.
+        actions = [
+            recovery.committed_action(
+                acknowledged=bool(flags & plan_rows.ACKNOWLEDGED),
+                rejected=bool(flags & plan_rows.REJECTED),
+            )
+            for flags in range(plan_rows.ACKNOWLEDGED + plan_rows.REJECTED + 1)
+        ]
+        effects: dict[tuple[str, int], Effect] = {}
+        for _, row in rows:
+            if not isinstance(row, bytes):
+                effect = policy.effect_for(row)
+                action = recovery.action(row, effect)
+                interrupted = interrupted or action in recovery.INTERRUPTING
+                items.append(recovery.PlanItem(row, action, effect))
+                continue
+            flags, code, tool, summary, result, key = plan_rows.parts(row)
+            known = effects.get((tool, code))
+            if known is None:
+                known = policy.effect_of(tool, plan_rows.effect_of_code(code))
+                effects[tool, code] = known
+            # A COMMITTED record never interrupts the run.
+            items.append(StoredItem(actions[flags], known, summary, result, key))
+        return RecoveredRows(items, interrupted, settled, token)
+
+    async def _page(
+        self,
+        namespace: str,
+        run_id: str,
+        page_size: int,
+        page_token: str,
+        *,
+        stored: bool,
+    ) -> tuple[list[tuple[bytes, ToolCall | bytes]], int, Policy, str]:
+        """The rows of a page after recovery (records, or plan rows when
+        `stored`), how many it settled, the policy it was judged by, and the
+        next page's token."""
         prefix = records.run_prefix(namespace, run_id)
         after = paging.decode(page_token, prefix)
         read = await self._scans.read(
-            functools.partial(_read_page, prefix=prefix, after=after, size=page_size)
+            functools.partial(
+                _read_page, prefix=prefix, after=after, size=page_size, stored=stored
+            )
         )
         policy = self._policy.current()
         now = self.now()
+        # A plan row is a COMMITTED record's, which recovery never changes.
         changing = [
             key
             for key, call in read.rows
-            if _recovered(call, now, policy)[0].revision != call.revision
+            if not isinstance(call, bytes)
+            and _recovered(call, now, policy)[0].revision != call.revision
         ]
-        calls = dict(read.rows)
+        rows = read.rows
         settled = 0
         if changing:
 
@@ -145,7 +243,9 @@ class RecoveryService:
                 changed: dict[bytes, ToolCall] = {}
                 settled = 0
                 for key, seen in read.rows:
-                    if _recovered(seen, now, policy)[0].revision == seen.revision:
+                    if isinstance(seen, bytes) or (
+                        _recovered(seen, now, policy)[0].revision == seen.revision
+                    ):
                         continue
                     old = records.load_call_at(view, key)
                     if old is None:
@@ -158,11 +258,10 @@ class RecoveryService:
                 return changed, settled, policy
 
             changed, settled, policy = await committed(self._store, apply)
-            calls.update(changed)
+            rows = [(key, changed.get(key, row)) for key, row in rows]
         # Under the policy the page was judged by, as recovery recorded it.
-        plan = recovery.plan(calls.values(), policy)
         token = "" if read.more_after is None else paging.encode(read.more_after)
-        return Recovered(plan, settled, token)
+        return rows, settled, policy, token
 
     async def acknowledge(
         self, namespace: str, run_id: str, call_ids: Sequence[str]

@@ -43,6 +43,9 @@ class Table(enum.Enum):
     # key -> b"": the COMMITTED records with a result, in the order their
     # retention window ends (`sidecar.storage.retention_times`).
     RETENTION_TIMES = "retention_times"
+    # Record key -> the plan row of a COMMITTED record with a result: what a
+    # recovery plan shows of it, ready to answer (`sidecar.storage.plan_rows`).
+    PLAN_ROWS = "plan_rows"
 
 
 class ReadView(Protocol):

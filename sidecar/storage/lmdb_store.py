@@ -47,15 +47,15 @@ log = logging.getLogger(__name__)
 # 2: per-namespace usage counters (Table.USAGE), kept by every write. A
 # daemon that reads only format 1 would write without updating them, so it
 # must not open a format 2 store.
-# 3: long identity parts stored hashed (`storage.keys`), input fingerprints
-# that name their kind, tombstones indexed by time and counted apart. A
-# daemon of format 2 would look long identities up under keys where they no
-# longer are, and create them anew: it must not open a format 3 store.
-# 4: the retention index (`storage.retention_times`), which a daemon of
-# format 3 would leave stale: it must not open a format 4 store.
-# Formats 1, 2 and 3 are upgraded at open (`storage.migration`).
-FORMAT_VERSION = b"4"
-_UPGRADABLE = frozenset({b"1", b"2", b"3"})
+# 3: long identity parts stored hashed (`storage.keys`), fingerprints that
+# name their kind, tombstones indexed by time and counted apart. A daemon of
+# format 2 would look long identities up where they no longer are.
+# 4: the retention index (`storage.retention_times`); 5: the plan rows
+# (`storage.plan_rows`). A daemon of the format before would leave them stale
+# (a row would answer for an older record): it must not open the store.
+# Formats 1 to 4 are upgraded at open (`storage.migration`).
+FORMAT_VERSION = b"5"
+_UPGRADABLE = frozenset({b"1", b"2", b"3", b"4"})
 _FORMAT_KEY = b"format_version"
 _INCARNATION_KEY = b"incarnation"
 # LMDB's two meta pages, at the start of the data file.

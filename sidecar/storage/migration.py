@@ -1,4 +1,4 @@
-"""The upgrade of a store of format 1, 2 or 3 to format 4, in place, at open.
+"""The upgrade of a store of format 1 to 4 to format 5, in place, at open.
 
 What format 3 changed, and what the upgrade of a format 1 or 2 store does
 about it:
@@ -19,7 +19,11 @@ What format 4 changed: COMMITTED records are indexed by the time their
 retention window ends (`storage.retention_times`); the upgrade of a store
 of any earlier format indexes every COMMITTED record it finds.
 
-The open that finds format 1, 2 or 3 sets format 4 and a pending mark in the
+What format 5 changed: each COMMITTED record with a result has its plan row
+(`storage.plan_rows`); the upgrade of a store of any earlier format writes
+the row of every COMMITTED record it finds.
+
+The open that finds format 1 to 4 sets format 5 and a pending mark in the
 same transaction, so a daemon of an earlier format never opens a store
 whose keys are half moved. The steps are idempotent and run in bounded
 transactions; an upgrade stopped midway is resumed at the next open, and
@@ -35,7 +39,14 @@ from dataclasses import dataclass
 
 from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger.model import CallRef, State
-from sidecar.storage import keys, records, retention_times, tombstones, usage
+from sidecar.storage import (
+    keys,
+    plan_rows,
+    records,
+    retention_times,
+    tombstones,
+    usage,
+)
 from sidecar.storage.api import Store, Table, WriteView
 
 log = logging.getLogger(__name__)
@@ -45,6 +56,8 @@ BATCH = 1000
 _SEP = b"\x00"
 # Formats whose keys are moved and whose usage is counted again.
 _BEFORE_HASHED_KEYS = frozenset({b"1", b"2"})
+# Formats whose COMMITTED records are indexed for retention.
+_BEFORE_RETENTION_INDEX = frozenset({b"1", b"2", b"3"})
 
 # A stored row's new (key, value), or None when it stays.
 _Rekey = Callable[[bytes, bytes], tuple[bytes, bytes] | None]
@@ -145,6 +158,27 @@ def _index_retention(view: WriteView, *, after: bytes | None) -> _Step:
     return _Step(len(rows), rows[-1] if len(rows) == BATCH else None)
 
 
+def _write_plan_rows(view: WriteView, *, after: bytes | None) -> _Step:
+    prefix = records.state_prefix(State.COMMITTED)
+    rows = []
+    for index_key, _ in view.scan(Table.CALL_STATES, prefix, after=after):
+        rows.append(index_key)
+        if len(rows) == BATCH:
+            break
+    for index_key in rows:
+        key = index_key[len(prefix) :]
+        raw = view.get(Table.CALLS, key)
+        try:
+            # A plan row shows no history.
+            call = None if raw is None else records.decode_call(raw, history=False)
+        except UnsupportedKeyScheme:
+            continue  # a newer daemon's: read the long way, and refused there
+        row = None if call is None else plan_rows.encode(call)
+        if row is not None:
+            view.put(Table.PLAN_ROWS, key, row)
+    return _Step(len(rows), rows[-1] if len(rows) == BATCH else None)
+
+
 def _finish(view: WriteView) -> None:
     view.delete(Table.META, PENDING_KEY)
 
@@ -172,21 +206,26 @@ def resume(store: Store) -> bool:
             for table, rekey in _MOVES
         )
         indexed = _walk(store, _index_tombstones)
-    committed = _walk(store, _index_retention)
+    committed = 0
+    if pending in _BEFORE_RETENTION_INDEX:
+        committed = _walk(store, _index_retention)
+    planned = _walk(store, _write_plan_rows)
     store.submit(_finish).result()
     log.info(
         "store upgraded from format %s: %d rows moved to their format 3 keys, "
-        "%d tombstones indexed by time, %d committed calls indexed for retention",
+        "%d tombstones indexed by time, %d committed calls indexed for "
+        "retention, %d given their plan rows",
         pending.decode(errors="replace"),
         moved,
         indexed,
         committed,
+        planned,
     )
     return True
 
 
 def mark_pending(view: WriteView, from_format: bytes) -> None:
-    """Records, in the transaction that sets format 4, that the rows of
+    """Records, in the transaction that sets format 5, that the rows of
     `from_format` are still to be upgraded, and, for a format before 3, that
     the counters are to be counted again."""
     view.put(Table.META, PENDING_KEY, from_format)

@@ -28,7 +28,10 @@ if TYPE_CHECKING:
     import psycopg
 
 # The version this effectd reads and writes; a daemon refuses any other.
-SCHEMA_VERSION = 1
+# 2: plan rows (`storage.plan_rows`), which a daemon of version 1 would leave
+# stale (a row would answer for an older record): it must not open the
+# store. Records committed before have none and are recovered the long way.
+SCHEMA_VERSION = 2
 # pg_advisory_xact_lock key of migrations: "effectd" in ASCII.
 _MIGRATION_LOCK = 0x65_66_66_65_63_74_64
 
@@ -64,6 +67,8 @@ MIGRATIONS: Mapping[int, tuple[str, ...]] = {
         # A new store's counters need no count from its records.
         "INSERT INTO effectd_kv (tbl, k, v) VALUES ('meta', %(counted)s, '\\x31')",
     ),
+    # Only the version moves: no daemon of version 1 writes plan rows.
+    2: ("DELETE FROM effectd_kv WHERE tbl = 'plan_rows'",),
 }
 _PARAMETERS = {"counted": usage.COUNTED_KEY}
 

@@ -7,8 +7,8 @@ NUL or other control characters (see `ledger.validation`), so keys are
 unambiguous, and a namespace or run is a key prefix. Values: versioned JSON
 documents, which hold the readable identity (`sidecar.storage.call_documents`).
 Every load and save of a record goes through here, which keeps the by-state
-index and the retention index (`storage.retention_times`) in step with the
-records.
+index, the retention index (`storage.retention_times`) and the plan rows
+(`storage.plan_rows`) in step with the records.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from sidecar.ledger import audit
 from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import CallRef, State, ToolCall
-from sidecar.storage import keys, retention_times
+from sidecar.storage import keys, plan_rows, retention_times
 from sidecar.storage.api import IssuesRevisions, ReadView, Table, WriteView
 from sidecar.storage.call_documents import decode_call, encode_call
 
@@ -77,6 +77,13 @@ def save_call(view: WriteView, old: ToolCall | None, new: ToolCall) -> None:
             view.delete(Table.RETENTION_TIMES, was)
         if now is not None:
             view.put(Table.RETENTION_TIMES, now, b"")
+    row = plan_rows.encode(new)
+    if row is not None:
+        view.put(Table.PLAN_ROWS, key, row)
+    elif old is not None and old.state is State.COMMITTED:
+        # Only a COMMITTED record has a row (a new record finds none: the
+        # row goes with its record, `tombstones.compact`).
+        view.delete(Table.PLAN_ROWS, key)
     view.put(Table.CALLS, key, encode_call(new))
 
 

@@ -106,6 +106,7 @@ def compact(view: WriteView, call: ToolCall, tomb: Tombstone) -> None:
     indexed = retention_times.key(call, key)
     if indexed is not None:
         view.delete(Table.RETENTION_TIMES, indexed)
+    view.delete(Table.PLAN_ROWS, key)
     view.delete(Table.CALLS, key)
     view.put(Table.TOMBSTONES, key, encode(tomb))
     view.put(Table.TOMBSTONE_TIMES, time_key(tomb.compacted_ns, key), b"")

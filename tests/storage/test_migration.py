@@ -169,7 +169,7 @@ def test_a_format_2_store_is_upgraded_and_answers_as_before(store: LmdbStore) ->
     without this upgrade: long identities looked up where they are not and
     executed again, old records refusing their own inputs)."""
     assert problems(store) == []
-    assert meta(store, b"format_version") == b"4"
+    assert meta(store, b"format_version") == b"5"
     assert meta(store, migration.PENDING_KEY) is None
 
 
@@ -218,7 +218,7 @@ def test_an_approval_bound_to_an_old_fingerprint_applies(store: LmdbStore) -> No
 def test_a_stopped_upgrade_is_resumed(
     old: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An upgrade that stops after moving the rows leaves format 4 with the
+    """An upgrade that stops after moving the rows leaves format 5 with the
     pending mark (a daemon of format 2 or 3 refuses the store); the next open
     finishes it, with the same result as an upgrade in one go."""
 
@@ -237,7 +237,7 @@ def test_a_stopped_upgrade_is_resumed(
             marks = [txn.get(k, db=db) for k in (b"format_version", b"upgrade_pending")]
     finally:
         env.close()
-    assert marks == [b"4", b"2"]
+    assert marks == [b"5", b"2"]
     half = LmdbStore(old, OPTIONS)
     try:
         assert problems(half) == []
@@ -294,10 +294,10 @@ def test_negative_control_comparing_old_records_in_v2_is_caught(
 
 
 def test_resumption_never_runs_on_a_store_without_the_mark(tmp_path: Path) -> None:
-    """A new store is format 4 from its first open, with nothing to upgrade."""
+    """A new store is format 5 from its first open, with nothing to upgrade."""
     s = LmdbStore(tmp_path / "new", OPTIONS)
     try:
-        assert meta(s, b"format_version") == b"4"
+        assert meta(s, b"format_version") == b"5"
         assert meta(s, migration.PENDING_KEY) is None
         assert not migration.resume(s)
     finally:

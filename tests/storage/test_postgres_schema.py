@@ -39,12 +39,12 @@ def _no_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_migrate_creates_the_schema_once(
     bare_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The first run creates version 1; a second finds it there and changes
+    """The first run creates version 2; a second finds it there and changes
     nothing."""
     assert main(["migrate", "--store", bare_url]) == 0
-    assert "upgraded from schema version 0 to 1" in capsys.readouterr().out
+    assert "upgraded from schema version 0 to 2" in capsys.readouterr().out
     assert main(["migrate", "--store", bare_url]) == 0
-    assert "is at schema version 1" in capsys.readouterr().out
+    assert "is at schema version 2" in capsys.readouterr().out
 
 
 def test_migrate_reads_the_url_from_the_environment(
@@ -79,7 +79,7 @@ def test_a_daemon_and_migrate_refuse_a_newer_schema(
         conn.execute("UPDATE effectd_schema SET version = 99")
     argv = ["serve", "--data-dir", str(short_tmp / "d"), "--store", pg_url]
     assert main(argv) == 2
-    assert "schema version 99, newer than the version 1" in capsys.readouterr().err
+    assert "schema version 99, newer than the version 2" in capsys.readouterr().err
     assert main(["migrate", "--store", pg_url]) == 2
     assert "upgrade effectd" in capsys.readouterr().err
     with psycopg.connect(pg_url) as conn:
@@ -89,7 +89,7 @@ def test_a_daemon_and_migrate_refuse_a_newer_schema(
 def test_an_older_schema_is_refused_until_migrated(pg_url: str) -> None:
     with psycopg.connect(pg_url) as conn:
         conn.execute("UPDATE effectd_schema SET version = 0")
-        with pytest.raises(pg_schema.SchemaError, match="older than version 1"):
+        with pytest.raises(pg_schema.SchemaError, match="older than version 2"):
             pg_schema.check(conn)
 
 
@@ -182,3 +182,19 @@ def test_migrate_refuses_what_is_not_a_reachable_postgresql_url(
     err = capsys.readouterr().err
     assert "u:***@127.0.0.1" in err
     assert "hunter22" not in err
+
+
+def test_a_version_1_schema_migrates_to_2_and_a_version_1_daemon_refuses_it(
+    pg_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 2 brought plan rows, which a daemon of version 1 would leave
+    stale: migrating moves the version, so such a daemon refuses the store."""
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("UPDATE effectd_schema SET version = 1")
+    assert main(["migrate", "--store", pg_url]) == 0
+    assert "upgraded from schema version 1 to 2" in capsys.readouterr().out
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT version FROM effectd_schema").fetchone() == (2,)
+        monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 1)
+        with pytest.raises(pg_schema.SchemaError, match="newer than the version 1"):
+            pg_schema.check(conn)

@@ -248,7 +248,7 @@ def test_a_store_without_the_index_gets_it_at_open(tmp_path: Path) -> None:
 
     reopened = LmdbStore(path, OPTIONS)
     try:
-        assert reopened.read(lambda v: v.get(Table.META, b"format_version")) == b"4"
+        assert reopened.read(lambda v: v.get(Table.META, b"format_version")) == b"5"
         assert reopened.read(lambda v: v.get(Table.META, migration.PENDING_KEY)) is None
         assert reopened.read(drift) == []
         assert (

@@ -219,7 +219,7 @@ def test_a_store_without_counters_is_counted_when_opened(tmp_path: Path) -> None
 
     reopened = LmdbStore(path, OPTIONS)
     try:
-        assert reopened.read(lambda v: v.get(Table.META, b"format_version")) == b"4"
+        assert reopened.read(lambda v: v.get(Table.META, b"format_version")) == b"5"
         assert reopened.read(drift) == []
         assert set(reopened.read(usage.stored)) == {"a", "b"}
         write(reopened, lambda v: records.delete_checkpoint(v, "a", "k"))

@@ -354,10 +354,31 @@ class Client:
     def recover(
         self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
     ) -> RecoveryPlan:
-        """The plan for every call of a crashed run, read page by page."""
-        return RecoveryPlan.joined(
-            list(self.recover_pages(run_id, page_size=page_size))
+        """The plan for every call of a crashed run, read page by page: the
+        next page is asked for while the last one is converted."""
+        pages = []
+        answer = self._call(
+            self._recovery.Recover, req.recover(self.namespace, run_id, page_size)
         )
+        while True:
+            token = answer.next_page_token
+            if not token:
+                pages.append(RecoveryPlan.from_pb(answer))
+                return RecoveryPlan.joined(pages)
+            upcoming = self._recovery.Recover.future(
+                req.recover(self.namespace, run_id, page_size, token),
+                timeout=self.timeout,
+                metadata=self._metadata,
+            )
+            try:
+                pages.append(RecoveryPlan.from_pb(answer))
+            except BaseException:
+                upcoming.cancel()  # type: ignore[no-untyped-call]
+                raise
+            try:
+                answer = upcoming.result()
+            except grpc.RpcError as exc:
+                raise EffectdError.from_rpc_error(exc) from None
 
     def recover_pages(
         self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE

@@ -59,15 +59,27 @@ class ToolResult:
 
     @classmethod
     def from_pb(cls, msg: ledger_pb2.ToolResult) -> ToolResult:
-        kind = msg.payload.WhichOneof("kind")
+        payload = msg.payload
+        kind = payload.WhichOneof("kind")
         return cls(
-            ok=msg.outcome == ledger_pb2.OUTCOME_OK,
-            json_text=msg.payload.json if kind == "json" else None,
-            raw=msg.payload.raw if kind == "raw" else None,
-            error_code=msg.error_code,
-            error_message=msg.error_message,
-            digest=msg.digest,
+            msg.outcome == _OUTCOME_OK,
+            payload.json if kind == "json" else None,
+            payload.raw if kind == "raw" else None,
+            msg.error_code,
+            msg.error_message,
+            msg.digest,
         )
+
+
+# Conversions many items make: a dict lookup where the enum's own lookup by
+# value costs several times as much (a plan of 10,000 calls converts each).
+_OUTCOME_OK = ledger_pb2.OUTCOME_OK
+_NANOS = 1_000_000_000
+
+
+def _nanoseconds(ts: Any) -> int:
+    """`Timestamp.ToNanoseconds` of a timestamp the daemon wrote."""
+    return int(ts.seconds * _NANOS + ts.nanos)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,31 +120,50 @@ class ToolCall:
         return max(0, (self.lease_expires_ns - self.updated_ns) // 1_000_000)
 
     @classmethod
-    def from_pb(cls, msg: ledger_pb2.ToolCall) -> ToolCall:
-        kept = msg.kept_input.WhichOneof("kind")
+    def from_pb(
+        cls, msg: ledger_pb2.ToolCall, result: ToolResult | None = None
+    ) -> ToolCall:
+        """The call of `msg`; `result`, when given, is its result already
+        converted."""
+        ref = msg.ref
+        # An unset message field is not read: reading it makes its object.
+        kept_input = msg.kept_input if msg.HasField("kept_input") else None
+        kept = None if kept_input is None else kept_input.WhichOneof("kind")
+        forced = msg.forced_effect
+        if result is None and msg.HasField("result"):
+            result = ToolResult.from_pb(msg.result)
         return cls(
-            namespace=msg.ref.namespace,
-            run_id=msg.ref.run_id,
-            call_id=msg.ref.call_id,
-            tool_name=msg.tool_name,
-            effect=Effect(msg.effect),
-            state=State(msg.state),
-            revision=msg.revision,
-            idempotency_key=msg.idempotency_key,
-            attempt=msg.attempt,
-            input_fingerprint=msg.input_fingerprint,
-            approval_required=msg.approval_required,
-            result=ToolResult.from_pb(msg.result) if msg.HasField("result") else None,
-            history=tuple(t.event for t in msg.history),
-            acknowledged=msg.acknowledged,
-            updated_ns=msg.updated_at.ToNanoseconds(),
-            lease_expires_ns=msg.lease_expires_at.ToNanoseconds(),
+            ref.namespace,
+            ref.run_id,
+            ref.call_id,
+            msg.tool_name,
+            _EFFECTS.get(msg.effect) or Effect(msg.effect),
+            _STATES.get(msg.state) or State(msg.state),
+            msg.revision,
+            msg.idempotency_key,
+            msg.attempt,
+            msg.input_fingerprint,
+            msg.approval_required,
+            result,
+            tuple([t.event for t in msg.history]),
+            msg.acknowledged,
+            _nanoseconds(msg.updated_at),
+            _nanoseconds(msg.lease_expires_at)
+            if msg.HasField("lease_expires_at")
+            else 0,
             # A daemon that predates channels sends none: TOOL.
-            channel=Channel(msg.channel or ledger_pb2.CALL_CHANNEL_TOOL),
-            forced_effect=Effect(msg.forced_effect) if msg.forced_effect else None,
-            kept_input_json=msg.kept_input.json if kept == "json" else None,
-            kept_input_raw=msg.kept_input.raw if kept == "raw" else None,
+            _CHANNELS.get(msg.channel) or Channel(msg.channel or _TOOL),
+            (_EFFECTS.get(forced) or Effect(forced)) if forced else None,
+            kept_input.json if kept_input is not None and kept == "json" else None,
+            kept_input.raw if kept_input is not None and kept == "raw" else None,
         )
+
+
+# A miss goes to the enum itself, which refuses a value it does not know.
+_EFFECTS = {e.value: e for e in Effect}
+_STATES = {s.value: s for s in State}
+_CHANNELS = {c.value: c for c in Channel}
+_TOOL = ledger_pb2.CALL_CHANNEL_TOOL
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +196,24 @@ class PlanItem:
     idempotency_key: str
 
 
+_ACTIONS = {a.value: a for a in RecoveryAction}
+
+
+def _plan_item(msg: recovery_pb2.RecoveryItem) -> PlanItem:
+    call = msg.call
+    result = None
+    if msg.HasField("result"):
+        # The item's result is the record's (the daemon copies it): one
+        # conversion serves both, unless they differ.
+        result = ToolResult.from_pb(msg.result)
+        same = call.HasField("result") and call.result == msg.result
+        converted = ToolCall.from_pb(call, result if same else None)
+    else:
+        converted = ToolCall.from_pb(call)
+    action = _ACTIONS.get(msg.action) or RecoveryAction(msg.action)
+    return PlanItem(action, converted, result, msg.idempotency_key)
+
+
 @dataclass(frozen=True, slots=True)
 class RecoveryPlan:
     """What to do with every call of a run after a crash (nothing was run)."""
@@ -174,16 +223,7 @@ class RecoveryPlan:
 
     @classmethod
     def from_pb(cls, msg: recovery_pb2.RecoverResponse) -> RecoveryPlan:
-        items = tuple(
-            PlanItem(
-                RecoveryAction(i.action),
-                ToolCall.from_pb(i.call),
-                ToolResult.from_pb(i.result) if i.HasField("result") else None,
-                i.idempotency_key,
-            )
-            for i in msg.items
-        )
-        return cls(items, msg.interrupted)
+        return cls(tuple([_plan_item(i) for i in msg.items]), msg.interrupted)
 
     @classmethod
     def joined(cls, pages: list[RecoveryPlan]) -> RecoveryPlan:
