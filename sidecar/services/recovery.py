@@ -21,7 +21,7 @@ sorts after the page being read, and in none otherwise.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
@@ -52,19 +52,35 @@ class _Read:
     rows: list[tuple[bytes, ToolCall]]
     # The last key of the page when the run has more calls.
     more_after: bytes | None
+    # The keys of the rows recovery would change, judged on the same snapshot.
+    changing: list[bytes]
 
 
 def _read_page(
-    view: ReadView, *, prefix: bytes, after: bytes | None, size: int
+    view: ReadView,
+    *,
+    prefix: bytes,
+    after: bytes | None,
+    size: int,
+    now: Callable[[ReadView], Now],
+    policy: Policy,
 ) -> _Read:
     rows: list[tuple[bytes, ToolCall]] = []
+    more_after = None
     for key, raw in view.scan(Table.CALLS, prefix, after=after):
         if len(rows) == size:
-            return _Read(rows, rows[-1][0])
+            more_after = rows[-1][0]
+            break
         # The plan shows no history; a call that recovery changes is read
         # again, whole, by the write.
         rows.append((key, records.decode_call(raw, history=False)))
-    return _Read(rows, None)
+    at = now(view)
+    changing = [
+        key
+        for key, call in rows
+        if _recovered(call, at, policy)[0].revision != call.revision
+    ]
+    return _Read(rows, more_after, changing)
 
 
 def _recovered(call: ToolCall, now: Now, policy: Policy) -> tuple[ToolCall, bool]:
@@ -90,8 +106,8 @@ class RecoveryService:
         self._policy = policy
         self._scans = scans or Scans(store)
 
-    def now(self) -> Now:
-        return moment(self._clock, self._store)
+    def now(self, view: ReadView) -> Now:
+        return moment(self._clock, self._store, view)
 
     async def recover(self, namespace: str, run_id: str) -> Recovered:
         """The whole plan of a run, made page by page (each page its own
@@ -123,24 +139,25 @@ class RecoveryService:
         """
         prefix = records.run_prefix(namespace, run_id)
         after = paging.decode(page_token, prefix)
-        read = await self._scans.read(
-            functools.partial(_read_page, prefix=prefix, after=after, size=page_size)
-        )
         policy = self._policy.current()
-        now = self.now()
-        changing = [
-            key
-            for key, call in read.rows
-            if _recovered(call, now, policy)[0].revision != call.revision
-        ]
+        read = await self._scans.read(
+            functools.partial(
+                _read_page,
+                prefix=prefix,
+                after=after,
+                size=page_size,
+                now=self.now,
+                policy=policy,
+            )
+        )
         calls = dict(read.rows)
         settled = 0
-        if changing:
+        if read.changing:
 
             def apply(view: WriteView) -> tuple[dict[bytes, ToolCall], int, Policy]:
                 # In the write transaction: a reload that took effect, and
                 # each record as it is now, decide.
-                now = self.now()
+                now = self.now(view)
                 policy = self._policy.current()
                 changed: dict[bytes, ToolCall] = {}
                 settled = 0
@@ -170,7 +187,7 @@ class RecoveryService:
         """Marks committed calls as delivered; all of them or none."""
 
         def apply(view: WriteView) -> list[ToolCall]:
-            now = self.now()
+            now = self.now(view)
             done = []
             for index, call_id in enumerate(call_ids):
                 try:

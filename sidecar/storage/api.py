@@ -43,6 +43,12 @@ class Table(enum.Enum):
     # key -> b"": the COMMITTED records with a result, in the order their
     # retention window ends (`sidecar.storage.retention_times`).
     RETENTION_TIMES = "retention_times"
+    # Incarnation, 8 bytes big-endian -> the registration of the daemon that
+    # opened the store under it (`sidecar.storage.daemons`).
+    DAEMONS = "daemons"
+    # Name of a periodic pass -> the lock of the daemon that runs it
+    # (`sidecar.storage.daemons`).
+    PASSES = "passes"
 
 
 class ReadView(Protocol):
@@ -64,7 +70,16 @@ class WriteView(ReadView, Protocol):
 class Store(Protocol):
     @property
     def incarnation(self) -> int:
-        """How many times a daemon opened this store, this one included."""
+        """This open of the store: a number no other open of the same store,
+        by any daemon, ever had (LMDB: how many times a daemon opened it,
+        this one included)."""
+        ...
+
+    @property
+    def exclusive(self) -> bool:
+        """True when no other daemon can serve this store while this one has
+        it open (LMDB, by the data directory's lock): every other incarnation
+        is then an earlier one, gone (`ledger.ownership`)."""
         ...
 
     def read(self, fn: Callable[[ReadView], T]) -> T:

@@ -44,16 +44,14 @@ from sidecar.storage.views import BufferedView, TxnView
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# 2: per-namespace usage counters (Table.USAGE), kept by every write. A
-# daemon that reads only format 1 would write without updating them, so it
-# must not open a format 2 store.
-# 3: long identity parts stored hashed (`storage.keys`), input fingerprints
-# that name their kind, tombstones indexed by time and counted apart. A
-# daemon of format 2 would look long identities up under keys where they no
-# longer are, and create them anew: it must not open a format 3 store.
+# 2: per-namespace usage counters (Table.USAGE), kept by every write. A daemon
+# that reads only format 1 would write without them: it must not open format 2.
+# 3: long identity parts stored hashed (`storage.keys`), input fingerprints that
+# name their kind, tombstones indexed by time and counted apart. A daemon of
+# format 2 would look long identities up elsewhere: it must not open format 3.
 # 4: the retention index (`storage.retention_times`), which a daemon of
-# format 3 would leave stale: it must not open a format 4 store.
-# Formats 1, 2 and 3 are upgraded at open (`storage.migration`).
+# format 3 would leave stale: it must not open format 4. Formats 1, 2 and 3 are
+# upgraded at open (`storage.migration`); `storage.daemons` changes no format.
 FORMAT_VERSION = b"4"
 _UPGRADABLE = frozenset({b"1", b"2", b"3"})
 _FORMAT_KEY = b"format_version"
@@ -96,6 +94,8 @@ _STOP = object()
 
 class LmdbStore:
     """`api.Store` on an LMDB environment in `path` (created 0700, files 0600)."""
+
+    exclusive = True  # one daemon at a time: the data directory's lock
 
     def __init__(self, path: Path, options: LmdbOptions | None = None) -> None:
         self.options = options or LmdbOptions()
