@@ -131,6 +131,8 @@ class Daemon:
         registered = await services.membership.register()
         self._registered = True
         for gone in registered.ended:
+            if gone.ended_ns != registered.registration.registered_ns:
+                continue  # it had stopped cleanly before
             log.info(
                 "daemon %s (incarnation %d) ended by this start",
                 gone.daemon_id,
