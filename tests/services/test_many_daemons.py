@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -40,7 +40,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
 from sidecar.services.membership import KEEP_GONE_NS, SETTLEMENT, MembershipService
 from sidecar.services.settlement import SettlementService
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 from tests.ledger.builders import ok_result
 
@@ -92,10 +92,29 @@ class ExclusiveIdentity(SharedIdentity):
     exclusive = True
 
 
+class Shared(Protocol):
+    """Opens the store the daemons share, once per daemon incarnation."""
+
+    def open(self, *, broken: bool = False) -> Store:
+        """A new incarnation; `broken`: one that judges the store exclusive."""
+        ...
+
+
+class SharedLmdb:
+    """One LMDB environment, an identity of it per incarnation."""
+
+    def __init__(self, env: LmdbStore) -> None:
+        self.env = env
+
+    def open(self, *, broken: bool = False) -> Store:
+        return (ExclusiveIdentity if broken else SharedIdentity)(self.env)
+
+
 @dataclass
 class Daemon:
     daemon_id: str
-    store: SharedIdentity
+    store: Store
+    broken: bool
     clock: ManualClock
     ledger: LedgerService
     settlement: SettlementService
@@ -103,17 +122,15 @@ class Daemon:
 
 
 def daemon(
-    env: LmdbStore,
-    daemon_id: str,
-    clock: ManualClock,
-    identity: type[SharedIdentity] = SharedIdentity,
+    env: Shared, daemon_id: str, clock: ManualClock, *, broken: bool = False
 ) -> Daemon:
     """A daemon's services over its own incarnation, registered and with its
     earlier incarnations' calls settled, as `Daemon.start` does."""
-    store = identity(env)
+    store = env.open(broken=broken)
     d = Daemon(
         daemon_id,
         store,
+        broken,
         clock,
         LedgerService(store, clock, Limits(), FixedPolicy()),
         SettlementService(store, clock),
@@ -141,9 +158,9 @@ class Clocks:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[LmdbStore]:
+def env(tmp_path: Path) -> Iterator[Shared]:
     store = LmdbStore(tmp_path / "data", LmdbOptions(map_size=64 << 20, sync=False))
-    yield store
+    yield SharedLmdb(store)
     store.close()
 
 
@@ -174,9 +191,10 @@ def start_call(d: Daemon, call_id: str) -> ToolCall:
     return answer.call
 
 
-def restart(env: LmdbStore, old: Daemon) -> Daemon:
+def restart(env: Shared, old: Daemon) -> Daemon:
     """`old` killed and started again under the same daemon id."""
-    return daemon(env, old.daemon_id, old.clock, type(old.store))
+    old.store.close()
+    return daemon(env, old.daemon_id, old.clock, broken=old.broken)
 
 
 def assert_untouched(d: Daemon, before: ToolCall) -> None:
@@ -187,15 +205,13 @@ def assert_untouched(d: Daemon, before: ToolCall) -> None:
     assert d.ledger.get(before.ref) == before
 
 
-def b_restarts_and_settles_while_a_serves(
-    env: LmdbStore, identity: type[SharedIdentity]
-) -> None:
+def b_restarts_and_settles_while_a_serves(env: Shared, *, broken: bool) -> None:
     """B starts, restarts (twice, its registration renewed or not) and runs
     its settlement pass while A serves a call; A's call is untouched."""
     clocks = Clocks()
     a = daemon(env, "a", clocks.a)
     call = start_call(a, "x")
-    b = daemon(env, "b", clocks.b, identity)
+    b = daemon(env, "b", clocks.b, broken=broken)
     assert_untouched(b, call)
     clocks.advance(TTL / 2)
     run(a.membership.renew())
@@ -210,22 +226,22 @@ def b_restarts_and_settles_while_a_serves(
 
 
 def test_another_daemons_restarts_and_passes_leave_a_live_call_started(
-    env: LmdbStore,
+    env: Shared,
 ) -> None:
-    b_restarts_and_settles_while_a_serves(env, SharedIdentity)
+    b_restarts_and_settles_while_a_serves(env, broken=False)
 
 
 def test_a_daemon_that_judges_a_shared_store_as_exclusive_is_caught(
-    env: LmdbStore,
+    env: Shared,
 ) -> None:
     """Negative control: with B on the single-daemon rule, the property check
     of the test above fails."""
     with pytest.raises(AssertionError):
-        b_restarts_and_settles_while_a_serves(env, ExclusiveIdentity)
+        b_restarts_and_settles_while_a_serves(env, broken=True)
 
 
 def test_a_lapsed_registration_settles_its_calls_once_it_lapsed(
-    env: LmdbStore,
+    env: Shared,
 ) -> None:
     """A is killed (it renews no more): its side effect stays IN_PROGRESS
     until its registration lapses, then B's settlement pass makes it UNKNOWN
@@ -249,7 +265,7 @@ def test_a_lapsed_registration_settles_its_calls_once_it_lapsed(
     assert b.ledger.get(own.ref) == own
 
 
-def test_a_daemons_own_restart_settles_its_calls_at_once(env: LmdbStore) -> None:
+def test_a_daemons_own_restart_settles_its_calls_at_once(env: Shared) -> None:
     """A killed and restarted under its id settles its calls at its start,
     without waiting for the earlier registration to lapse; B's call stays."""
     clocks = Clocks()
@@ -264,7 +280,7 @@ def test_a_daemons_own_restart_settles_its_calls_at_once(env: LmdbStore) -> None
     assert a.ledger.get(own.ref) == own
 
 
-def test_a_clean_stop_hands_its_calls_to_the_next_daemon(env: LmdbStore) -> None:
+def test_a_clean_stop_hands_its_calls_to_the_next_daemon(env: Shared) -> None:
     clocks = Clocks()
     a = daemon(env, "a", clocks.a)
     b = daemon(env, "b", clocks.b)
@@ -275,7 +291,7 @@ def test_a_clean_stop_hands_its_calls_to_the_next_daemon(env: LmdbStore) -> None
 
 
 def test_renewals_keep_a_daemons_calls_live_for_as_long_as_it_serves(
-    env: LmdbStore,
+    env: Shared,
 ) -> None:
     clocks = Clocks()
     a = daemon(env, "a", clocks.a)
@@ -290,7 +306,7 @@ def test_renewals_keep_a_daemons_calls_live_for_as_long_as_it_serves(
 
 
 def test_a_heartbeat_at_another_daemon_moves_the_attempt_to_it(
-    env: LmdbStore,
+    env: Shared,
 ) -> None:
     """B extends A's live attempt: A's restart no longer settles it, B's
     lapse does; the attempt's result is taken at either daemon."""
@@ -313,7 +329,7 @@ def test_a_heartbeat_at_another_daemon_moves_the_attempt_to_it(
     assert done.call.state is State.COMMITTED
 
 
-def test_one_daemon_runs_each_pass_per_interval(env: LmdbStore) -> None:
+def test_one_daemon_runs_each_pass_per_interval(env: Shared) -> None:
     """The daemon that claims a pass runs it until its next one; the others
     skip it until the claim runs out or its daemon is gone."""
     clocks = Clocks()
@@ -329,7 +345,7 @@ def test_one_daemon_runs_each_pass_per_interval(env: LmdbStore) -> None:
     assert run(a.membership.claim(SETTLEMENT, 10))
 
 
-def test_registrations_gone_for_a_day_are_forgotten(env: LmdbStore) -> None:
+def test_registrations_gone_for_a_day_are_forgotten(env: Shared) -> None:
     clocks = Clocks()
     a = daemon(env, "a", clocks.a)
     b = daemon(env, "b", clocks.b)
