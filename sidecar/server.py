@@ -284,10 +284,13 @@ class Daemon:
         assert self.services is not None
         try:
             done = await self.services.settlement.settle()
-            await self.services.membership.forget_gone()
         except Exception:
             log.exception("the settlement pass failed; no call was settled")
             return None
+        try:
+            await self.services.membership.forget_gone()
+        except Exception:
+            log.exception("deleting the registrations gone for long failed")
         if done.settled:
             log.warning(
                 "%d STARTED calls whose lease ran out are now UNKNOWN", done.settled
