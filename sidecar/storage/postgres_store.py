@@ -1,0 +1,384 @@
+"""The PostgreSQL store: the `api.Store` of many daemons sharing one ledger.
+
+Each submitted write function runs in a SERIALIZABLE transaction of its own,
+on a writer thread holding a connection of the write pool: PostgreSQL
+aborts any transaction whose reads and writes could not have run one after
+the other, so every compare-and-swap the rules make on what they read holds
+exactly as under LMDB's single writer, across daemons. An aborted
+transaction (a serialization failure, a deadlock) runs its function again on
+a new snapshot: write functions read everything they decide on from their
+view, so running one again is running it for the first time. The same goes
+for a connection lost before COMMIT was sent. The future resolves only after
+COMMIT returned.
+
+COMMIT itself can be lost with its connection: the transaction may or may
+not have committed. Its id was read before, and `pg_xact_status` on another
+connection tells which: committed (the answer stands), aborted (the function
+runs again), or not known (the database is unreachable): the request fails
+`StorageUnavailable` with `mayHaveBeenApplied=true`, the unknown outcome the
+clients' safe call already handles. Every other failure (a statement
+timeout, the pool exhausted, retries used up) fails it with
+`mayHaveBeenApplied=false`: nothing of it was committed.
+
+Reads run on a REPEATABLE READ, read-only snapshot from a separate pool, so
+writers holding every write connection never starve a read. The daemon's
+incarnation is drawn from a sequence at open: one per daemon, never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from sidecar.errors import NotImplementedYet, ShuttingDown, StorageUnavailable
+from sidecar.storage import pg_schema, usage
+from sidecar.storage.api import ReadView, WriteView
+from sidecar.storage.pg_views import DatabaseFailed, PgReadView, PgWriteView
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# The ErrorInfo metadata key the clients read (as the session stream says it).
+MAY_HAVE_BEEN_APPLIED = "mayHaveBeenApplied"
+_Conn = psycopg.Connection[tuple[object, ...]]
+# Aborted by the database for another transaction: run the function again.
+_CONFLICTS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+
+
+def unavailable(message: str, *, applied: bool) -> StorageUnavailable:
+    """The failure of a request that was not acknowledged; `applied`: its
+    commit's outcome is unknown."""
+    return StorageUnavailable(
+        message, {MAY_HAVE_BEEN_APPLIED: "true" if applied else "false"}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresOptions:
+    """Pools, timeouts and retries; see docs/operations.md for sizing."""
+
+    # Writer threads, each with a connection of the write pool.
+    writers: int = 4
+    # Connections for reads (listings, scans, the prepare fast path).
+    readers: int = 4
+    # Seconds a request waits for a pool connection before UNAVAILABLE.
+    pool_timeout: float = 5.0
+    # Seconds a statement may run (the server cancels it): a stuck database
+    # answers UNAVAILABLE instead of holding requests forever. None: the
+    # server's (or the URL's) setting.
+    statement_timeout: float | None = 10.0
+    # Attempts of one write function (serialization failures, connections
+    # lost before COMMIT), and the seconds they may take together.
+    max_attempts: int = 50
+    retry_seconds: float = 10.0
+    # Shown in pg_stat_activity (the read pool's with "/reads" after it).
+    application_name: str = "effectd"
+    # Called by a writer after each commit with 1 and the seconds COMMIT took.
+    on_commit: Callable[[int, float], None] | None = None
+
+
+@dataclass(slots=True)
+class PgStats:
+    """What the writers have done; read by tests and metrics."""
+
+    transactions: int = 0
+    # Functions run again after a serialization failure or a lost connection.
+    retries: int = 0
+    # COMMITs lost with their connection, and what `pg_xact_status` said.
+    commits_resolved: int = 0
+    commits_unknown: int = 0
+
+
+class _Again(Exception):
+    """The transaction did not commit and the function may run again."""
+
+
+class PostgresStore:
+    """`api.Store` on the PostgreSQL database at `url` (schema created by
+    `effectd migrate`; any other version is refused)."""
+
+    # A test's store without the isolation (the negative control) lowers it.
+    isolation = psycopg.IsolationLevel.SERIALIZABLE
+
+    def __init__(self, url: str, options: PostgresOptions | None = None) -> None:
+        self.options = o = options or PostgresOptions()
+        self.stats = PgStats()
+        self._stats_lock = threading.Lock()
+        self._closing = threading.Lock()
+        self._closed = False
+        self._writes = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=o.writers,
+            kwargs={"autocommit": False, "application_name": o.application_name},
+            configure=self._configure_writer,
+            timeout=o.pool_timeout,
+            name="effectd-writes",
+            open=False,
+        )
+        self._reads = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=o.readers,
+            kwargs={
+                "autocommit": False,
+                "application_name": o.application_name + "/reads",
+            },
+            configure=self._configure_reader,
+            timeout=o.pool_timeout,
+            name="effectd-reads",
+            open=False,
+        )
+        self._executor = ThreadPoolExecutor(o.writers, "effectd-pg-writer")
+        try:
+            self._writes.open(wait=True, timeout=o.pool_timeout)
+            self._reads.open(wait=True, timeout=o.pool_timeout)
+            with self._writes.connection() as conn:
+                pg_schema.check(conn)
+                row = conn.execute("SELECT nextval('effectd_incarnation')").fetchone()
+                conn.commit()
+            assert row is not None
+            self._incarnation = int(str(row[0]))
+            self.submit(usage.ensure_counted).result()
+        except PoolTimeout as exc:
+            self.close()
+            raise unavailable(
+                f"PostgreSQL is not reachable: {exc}", applied=False
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _configure(self, conn: _Conn, *, read_only: bool) -> None:
+        if self.options.statement_timeout is not None:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (f"{int(self.options.statement_timeout * 1000)}ms",),
+            )
+        conn.commit()
+        conn.isolation_level = (
+            psycopg.IsolationLevel.REPEATABLE_READ if read_only else self.isolation
+        )
+        conn.read_only = read_only
+
+    def _configure_writer(self, conn: _Conn) -> None:
+        self._configure(conn, read_only=False)
+
+    def _configure_reader(self, conn: _Conn) -> None:
+        self._configure(conn, read_only=True)
+
+    @property
+    def incarnation(self) -> int:
+        return self._incarnation
+
+    # -- reads ------------------------------------------------------------
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        """`fn` on a snapshot; a connection found broken (the database
+        restarted since it was pooled) is replaced once."""
+        if self._closed:
+            raise ShuttingDown("the store is closed")
+        for attempt in (1, 2):
+            try:
+                with self._reads.connection() as conn:
+                    try:
+                        return fn(PgReadView(conn))
+                    finally:
+                        _rollback(conn)
+            except PoolTimeout:
+                raise unavailable(
+                    "no PostgreSQL connection for a read within "
+                    f"{self.options.pool_timeout} s",
+                    applied=False,
+                ) from None
+            except DatabaseFailed as failed:
+                if attempt == 1 and _connection_lost(failed.error):
+                    continue
+                raise unavailable(
+                    f"a PostgreSQL read failed: {failed.error}", applied=False
+                ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- writes -----------------------------------------------------------
+
+    def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        with self._closing:
+            if self._closed:
+                future: Future[T] = Future()
+                future.set_exception(ShuttingDown("the store is closed"))
+                return future
+            return self._executor.submit(self._write, usage.counted(fn))
+
+    def _write(self, fn: Callable[[WriteView], T]) -> T:
+        o = self.options
+        deadline = time.monotonic() + o.retry_seconds
+        for attempt in range(1, o.max_attempts + 1):
+            try:
+                return self._attempt(fn)
+            except _Again as again:
+                if attempt == o.max_attempts or time.monotonic() > deadline:
+                    raise unavailable(
+                        f"the write did not commit after {attempt} attempts: {again}",
+                        applied=False,
+                    ) from None
+                with self._stats_lock:
+                    self.stats.retries += 1
+                # Contenders spread out, so the next attempt rarely meets them.
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))  # noqa: S311
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _attempt(self, fn: Callable[[WriteView], T]) -> T:
+        try:
+            conn = self._writes.getconn()
+        except PoolTimeout:
+            raise unavailable(
+                "no PostgreSQL connection for a write within "
+                f"{self.options.pool_timeout} s",
+                applied=False,
+            ) from None
+        try:
+            return self._transaction(conn, fn)
+        finally:
+            self._writes.putconn(conn)
+
+    def _transaction(self, conn: _Conn, fn: Callable[[WriteView], T]) -> T:
+        try:
+            view = PgWriteView(conn)
+            value = fn(view)
+            view.flush()
+            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+        except DatabaseFailed as failed:
+            _rollback(conn)
+            raise _before_commit(failed.error) from None
+        except psycopg.Error as exc:
+            _rollback(conn)
+            raise _before_commit(exc) from None
+        except BaseException:
+            _rollback(conn)
+            raise
+        assert row is not None
+        xid = str(row[0])
+        started = time.perf_counter()
+        try:
+            conn.commit()
+        except _CONFLICTS as exc:
+            raise _Again(str(exc)) from None
+        except psycopg.Error as exc:
+            if not _connection_lost(exc):
+                raise unavailable(f"COMMIT failed: {exc}", applied=False) from None
+            if self._committed(xid, exc):
+                return value
+            raise _Again(f"COMMIT lost, the transaction aborted: {exc}") from None
+        self._committed_now(time.perf_counter() - started)
+        return value
+
+    def _committed_now(self, seconds: float) -> None:
+        with self._stats_lock:
+            self.stats.transactions += 1
+        if self.options.on_commit is not None:
+            try:
+                self.options.on_commit(1, seconds)
+            except Exception:  # an observer must never fail a commit
+                log.exception("the commit observer failed")
+
+    def _committed(self, xid: str, lost: psycopg.Error) -> bool:
+        """Whether the transaction `xid`, whose COMMIT was lost, committed.
+
+        Raises:
+            StorageUnavailable: not known (mayHaveBeenApplied=true).
+        """
+        status = self._xact_status(xid)
+        with self._stats_lock:
+            if status is None:
+                self.stats.commits_unknown += 1
+            else:
+                self.stats.commits_resolved += 1
+        if status == "committed":
+            log.warning("a COMMIT was lost with its connection; it committed")
+            self._committed_now(0.0)
+            return True
+        if status == "aborted":
+            return False
+        log.error("a COMMIT was lost with its connection; its outcome is unknown")
+        raise unavailable(
+            f"PostgreSQL did not answer COMMIT ({lost}); the request may have "
+            "been applied",
+            applied=True,
+        )
+
+    def _xact_status(self, xid: str) -> str | None:
+        """'committed' or 'aborted', asked on another connection; None when
+        it cannot be learnt (a backend still committing is waited for, a
+        bounded while)."""
+        for _ in range(20):
+            try:
+                with self._reads.connection() as conn:
+                    row = conn.execute(
+                        "SELECT pg_xact_status(%s::xid8)", (xid,)
+                    ).fetchone()
+                    _rollback(conn)
+            except (psycopg.Error, PoolTimeout):
+                return None
+            status = None if row is None else row[0]
+            if status in ("committed", "aborted"):
+                return str(status)
+            if status != "in progress":
+                return None
+            time.sleep(0.05)
+        return None
+
+    # -- the rest of the protocol -----------------------------------------
+
+    def close(self) -> None:
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+        self._executor.shutdown(wait=True)
+        self._writes.close()
+        self._reads.close()
+
+    def backup(self, path: Path) -> int:
+        raise NotImplementedYet(
+            "the PostgreSQL store is backed up with the database's own tools "
+            "(pg_dump, or continuous archiving); see docs/operations.md"
+        )
+
+
+def _rollback(conn: _Conn) -> None:
+    # A broken connection cannot roll back: the pool drops it.
+    with contextlib.suppress(psycopg.Error):
+        conn.rollback()
+
+
+def _connection_lost(exc: psycopg.Error) -> bool:
+    """The connection is gone (closed by the server, the network, a restart)."""
+    return isinstance(exc, pg_errors.AdminShutdown | pg_errors.CrashShutdown) or (
+        isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+    )
+
+
+def _before_commit(exc: psycopg.Error) -> Exception:
+    """What a failure before COMMIT means: nothing was committed; a conflict
+    or a lost connection is tried again, anything else answered."""
+    if isinstance(exc, _CONFLICTS) or _connection_lost(exc):
+        return _Again(str(exc))
+    if isinstance(exc, pg_errors.QueryCanceled):
+        return unavailable(f"a PostgreSQL statement timed out: {exc}", applied=False)
+    log.error("PostgreSQL refused a write: %s", exc)
+    return unavailable(f"a PostgreSQL write failed: {exc}", applied=False)
+
+
+__all__ = ["MAY_HAVE_BEEN_APPLIED", "PostgresOptions", "PostgresStore", "unavailable"]
