@@ -185,12 +185,16 @@ def test_a_lost_commit_whose_outcome_is_unknown_may_have_been_applied(
     with commit_cutter(pg_url) as (proxy, url):
         store = PostgresStore(url, _options(pool_timeout=0.5))
         try:
-            # The read pool's connection is gone and no new one gets
-            # through: the question asked after the lost COMMIT fails.
+            # As the COMMIT's answer is lost, the database becomes
+            # unreachable: the question asked after it fails.
+            reads = store.options.application_name + "/reads"
+
+            def unreachable() -> None:
+                proxy.refusing = True
+                postgres.terminate(reads, pg_database)
+
+            proxy.on_cut = unreachable
             proxy.arm()
-            proxy.refusing = True
-            name = store.options.application_name + "/reads"
-            assert postgres.terminate(name, pg_database) == 1
             with pytest.raises(StorageUnavailable) as raised:
                 store.submit(_put(b"k", b"maybe")).result(30)
             assert raised.value.metadata == {MAY_HAVE_BEEN_APPLIED: "true"}

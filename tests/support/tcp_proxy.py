@@ -10,7 +10,7 @@ import contextlib
 import socket
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -25,6 +25,9 @@ class CommitCutter:
         self._lock = threading.Lock()
         self._armed = False
         self.refusing = False
+        # Called when a COMMIT's answer is dropped, before the connection
+        # closes (e.g. to make the database unreachable at that moment).
+        self.on_cut: Callable[[], object] | None = None
         self.cuts = 0
         self._stopping = threading.Event()
         self._sockets: list[socket.socket] = []
@@ -79,6 +82,8 @@ class CommitCutter:
                     # The COMMIT's answer: dropped, and the connection with it.
                     with self._lock:
                         self.cuts += 1
+                    if self.on_cut is not None:
+                        self.on_cut()
                     break
                 if up and b"COMMIT" in data and self._take_arm():
                     cut.set()

@@ -1,0 +1,80 @@
+"""A daemon on the shared store whose database fails under a request: the
+RPC answers UNAVAILABLE / STORAGE_UNAVAILABLE with ErrorInfo metadata
+`mayHaveBeenApplied` saying whether the request may have been applied, and
+the daemon serves the next request once the database is back."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
+
+from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
+from sidecar.testing import RunningDaemon, running_daemon
+from tests.rpc.support import expect_refusal, prepare_request
+from tests.support import postgres
+from tests.support.tcp_proxy import CommitCutter, commit_cutter
+
+
+@pytest.fixture
+def through_proxy(
+    config: ServeConfig, pg_url: str, clock: ManualClock
+) -> Iterator[tuple[RunningDaemon, CommitCutter]]:
+    with commit_cutter(pg_url) as (proxy, url):
+        shared = dataclasses.replace(config, store=url)
+        with running_daemon(shared, clock) as daemon:
+            yield daemon, proxy
+
+
+def test_a_lost_commit_answers_unavailable_may_have_been_applied(
+    through_proxy: tuple[RunningDaemon, CommitCutter], pg_database: str
+) -> None:
+    """Prepare-and-start whose COMMIT's answer is lost while the database
+    becomes unreachable: UNAVAILABLE, mayHaveBeenApplied=true, never
+    EXECUTE. Back, a repeat is IN_PROGRESS: it had committed, and its
+    attempt is not given a second time."""
+    daemon, proxy = through_proxy
+
+    def unreachable() -> None:
+        proxy.refusing = True
+        postgres.terminate("effectd/reads", pg_database)
+
+    proxy.on_cut = unreachable
+    proxy.arm()
+    call = prepare_request(call_id=f"c-{secrets.token_hex(4)}", start=True)
+    with grpc.insecure_channel(daemon.target) as channel:
+        stub = ToolLedgerStub(channel)
+        got = expect_refusal(
+            lambda: stub.PrepareTool(call, timeout=60),
+            grpc.StatusCode.UNAVAILABLE,
+            "STORAGE_UNAVAILABLE",
+        )
+        assert got.metadata == {"mayHaveBeenApplied": "true"}
+        proxy.refusing = False
+        again = stub.PrepareTool(call, timeout=60)
+    assert again.decision == pb.DECISION_IN_PROGRESS
+
+
+def test_a_lost_commit_that_committed_answers_execute_once(
+    through_proxy: tuple[RunningDaemon, CommitCutter],
+) -> None:
+    """The COMMIT's answer is lost but the database is still there: the
+    daemon learns it committed and answers EXECUTE; a repeat is IN_PROGRESS."""
+    daemon, proxy = through_proxy
+    proxy.arm()
+    call = prepare_request(call_id=f"c-{secrets.token_hex(4)}", start=True)
+    with grpc.insecure_channel(daemon.target) as channel:
+        stub = ToolLedgerStub(channel)
+        first = stub.PrepareTool(call, timeout=60)
+        again = stub.PrepareTool(call, timeout=60)
+    assert proxy.cuts == 1
+    assert (first.decision, again.decision) == (
+        pb.DECISION_EXECUTE,
+        pb.DECISION_IN_PROGRESS,
+    )
