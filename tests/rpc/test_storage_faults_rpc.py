@@ -8,10 +8,13 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
+from effectd.v1 import admin_pb2
 from effectd.v1 import ledger_pb2 as pb
+from effectd.v1.admin_pb2_grpc import AdminStub
 from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
 from sidecar.clock import ManualClock
@@ -78,3 +81,25 @@ def test_a_lost_commit_that_committed_answers_execute_once(
         pb.DECISION_EXECUTE,
         pb.DECISION_IN_PROGRESS,
     )
+
+
+def test_backup_of_the_shared_store_points_to_the_database_tools(
+    config: ServeConfig, pg_url: str, clock: ManualClock, short_tmp: Path
+) -> None:
+    """`ctl backup` copies LMDB only: on the shared store it answers
+    UNIMPLEMENTED, naming pg_dump, and writes nothing."""
+    shared = dataclasses.replace(config, store=pg_url)
+    target = short_tmp / "backup"
+    with (
+        running_daemon(shared, clock) as daemon,
+        grpc.insecure_channel(daemon.target) as channel,
+    ):
+        got = expect_refusal(
+            lambda: AdminStub(channel).Backup(
+                admin_pb2.BackupRequest(path=str(target)), timeout=30
+            ),
+            grpc.StatusCode.UNIMPLEMENTED,
+            "NOT_IMPLEMENTED",
+        )
+    assert "pg_dump" in got.message
+    assert not target.exists()
