@@ -175,9 +175,14 @@ class PgWriteView(PgReadView):
     def __init__(self, conn: _Conn) -> None:
         super().__init__(conn)
         self._pending: dict[tuple[Table, bytes], bytes | None] = {}
+        # Totals put into Table.USAGE (a recount), written by `flush`.
+        self._totals: dict[bytes, Usage] = {}
         self._shard = conn.info.backend_pid % USAGE_SHARDS
 
     def get(self, table: Table, key: bytes) -> bytes | None:
+        if table is Table.USAGE and key in self._totals:
+            total = self._totals[key]
+            return None if total == Usage() else usage.encode(total)
         if (table, key) in self._pending:
             return self._pending[(table, key)]
         return super().get(table, key)
@@ -185,6 +190,18 @@ class PgWriteView(PgReadView):
     def scan(
         self, table: Table, prefix: bytes, *, after: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
+        if table is Table.USAGE and self._totals:
+            rows = dict(super().scan(table, prefix, after=after))
+            for key, total in self._totals.items():
+                rows.pop(key, None)
+                if (
+                    total != Usage()
+                    and key.startswith(prefix)
+                    and (after is None or key > after)
+                ):
+                    rows[key] = usage.encode(total)
+            yield from sorted(rows.items())
+            return
         mine = sorted(
             (k, v)
             for (t, k), v in self._pending.items()
@@ -204,14 +221,14 @@ class PgWriteView(PgReadView):
         _check_key(key)
         if table is Table.USAGE:
             # A total (a recount): it replaces every shard's row.
-            self._set_usage(key, usage.decode(value))
+            self._totals[key] = usage.decode(value)
             return
         self._pending[(table, key)] = value
 
     def delete(self, table: Table, key: bytes) -> None:
         _check_key(key)
         if table is Table.USAGE:
-            self._set_usage(key, Usage())
+            self._totals[key] = Usage()
             return
         self._pending[(table, key)] = None
 
@@ -248,23 +265,32 @@ class PgWriteView(PgReadView):
             raise DatabaseFailed(exc) from exc
 
     def flush(self) -> int:
-        """Sends the buffered writes; returns how many rows were written."""
+        """Sends the buffered writes; returns how many rows were written.
+        Until then the transaction holds none of them: a function that
+        raises is never flushed, and leaves nothing in a batch."""
+        for namespace, total in self._totals.items():
+            self._set_usage(namespace, total)
         puts = [(t.value, k, v) for (t, k), v in self._pending.items() if v is not None]
         deletes = [(t.value, k) for (t, k), v in self._pending.items() if v is None]
-        try:
-            with self._conn.cursor() as cur:
-                if deletes:
-                    cur.executemany(
-                        "DELETE FROM effectd_kv WHERE tbl = %s AND k = %s", deletes
-                    )
-                if puts:
-                    cur.executemany(
-                        "INSERT INTO effectd_kv (tbl, k, v) VALUES (%s, %s, %s) "
-                        "ON CONFLICT (tbl, k) DO UPDATE SET v = EXCLUDED.v",
-                        puts,
-                    )
-        except psycopg.Error as exc:
-            raise DatabaseFailed(exc) from exc
-        written = len(self._pending)
+        # One statement each, whatever the number of rows: one round trip.
+        if deletes:
+            self._rows_none(
+                "DELETE FROM effectd_kv WHERE (tbl, k) IN "
+                "(SELECT * FROM unnest(%s::text[], %s::bytea[]))",
+                ([t for t, _ in deletes], [k for _, k in deletes]),
+            )
+        if puts:
+            self._rows_none(
+                "INSERT INTO effectd_kv (tbl, k, v) "
+                "SELECT * FROM unnest(%s::text[], %s::bytea[], %s::bytea[]) "
+                "ON CONFLICT (tbl, k) DO UPDATE SET v = EXCLUDED.v",
+                (
+                    [t for t, _, _ in puts],
+                    [k for _, k, _ in puts],
+                    [v for _, _, v in puts],
+                ),
+            )
+        written = len(self._pending) + len(self._totals)
         self._pending.clear()
+        self._totals.clear()
         return written

@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -69,8 +70,11 @@ def unavailable(message: str, *, applied: bool) -> StorageUnavailable:
 class PostgresOptions:
     """Pools, timeouts and retries; see docs/operations.md for sizing."""
 
-    # Writer threads, each with a connection of the write pool.
-    writers: int = 4
+    # Writer threads, each with a connection of the write pool; each commits
+    # what is queued, up to `max_batch` requests, in one transaction. One
+    # writer (LMDB's model) has no conflicts within the daemon.
+    writers: int = 1
+    max_batch: int = 64
     # Connections for reads (listings, scans, the prepare fast path).
     readers: int = 4
     # Seconds a request waits for a pool connection before UNAVAILABLE.
@@ -94,6 +98,8 @@ class PgStats:
     """What the writers have done; read by tests and metrics."""
 
     transactions: int = 0
+    writes: int = 0
+    largest_batch: int = 0
     # Functions run again after a serialization failure or a lost connection.
     retries: int = 0
     # COMMITs lost with their connection, and what `pg_xact_status` said.
@@ -102,7 +108,26 @@ class PgStats:
 
 
 class _Again(Exception):
-    """The transaction did not commit and the function may run again."""
+    """The transaction did not commit and its functions may run again."""
+
+
+class _Failed(Exception):
+    """The batch failed as a whole; each request answers StorageUnavailable."""
+
+    def __init__(self, message: str, *, applied: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.applied = applied
+
+
+_Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
+_Outcome = tuple["Future[Any]", Any, BaseException | None]
+_STOP = object()
+
+
+def _fail(batch: list[_Item], message: str, *, applied: bool) -> None:
+    for _, future in batch:
+        future.set_exception(unavailable(message, applied=applied))
 
 
 class PostgresStore:
@@ -141,8 +166,14 @@ class PostgresStore:
             name="effectd-reads",
             open=False,
         )
-        self._executor = ThreadPoolExecutor(o.writers, "effectd-pg-writer")
+        self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
+        self._writers = [
+            threading.Thread(target=self._run, name="effectd-pg-writer", daemon=True)
+            for _ in range(o.writers)
+        ]
         try:
+            for writer in self._writers:
+                writer.start()
             self._writes.open(wait=True, timeout=o.pool_timeout)
             self._reads.open(wait=True, timeout=o.pool_timeout)
             with self._writes.connection() as conn:
@@ -214,50 +245,95 @@ class PostgresStore:
     # -- writes -----------------------------------------------------------
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        future: Future[T] = Future()
         with self._closing:
             if self._closed:
-                future: Future[T] = Future()
                 future.set_exception(ShuttingDown("the store is closed"))
-                return future
-            return self._executor.submit(self._write, usage.counted(fn))
+            else:
+                self._queue.put((usage.counted(fn), future))
+        return future
 
-    def _write(self, fn: Callable[[WriteView], T]) -> T:
+    def _run(self) -> None:
+        """A writer thread: what is queued, up to `max_batch`, goes into one
+        transaction (group commit, as LMDB's writer does)."""
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                self._queue.put(_STOP)  # for the other writers
+                return
+            batch: list[_Item] = [first]  # type: ignore[list-item]
+            while len(batch) < self.options.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    self._queue.put(_STOP)
+                    break
+                batch.append(item)  # type: ignore[arg-type]
+            live = [(fn, f) for fn, f in batch if f.set_running_or_notify_cancel()]
+            if live:
+                self._write(live)
+
+    def _write(self, batch: list[_Item]) -> None:
         o = self.options
         deadline = time.monotonic() + o.retry_seconds
         for attempt in range(1, o.max_attempts + 1):
             try:
-                return self._attempt(fn)
+                outcomes = self._attempt(batch)
             except _Again as again:
                 if attempt == o.max_attempts or time.monotonic() > deadline:
-                    raise unavailable(
+                    _fail(
+                        batch,
                         f"the write did not commit after {attempt} attempts: {again}",
                         applied=False,
-                    ) from None
+                    )
+                    return
                 with self._stats_lock:
                     self.stats.retries += 1
                 # Contenders spread out, so the next attempt rarely meets them.
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))  # noqa: S311
-        raise AssertionError("unreachable")  # pragma: no cover
+                continue
+            except _Failed as failed:
+                _fail(batch, failed.message, applied=failed.applied)
+                return
+            for future, value, error in outcomes:
+                if error is None:
+                    future.set_result(value)
+                else:
+                    future.set_exception(error)
+            return
 
-    def _attempt(self, fn: Callable[[WriteView], T]) -> T:
+    def _attempt(self, batch: list[_Item]) -> list[_Outcome]:
         try:
             conn = self._writes.getconn()
         except PoolTimeout:
-            raise unavailable(
+            raise _Failed(
                 "no PostgreSQL connection for a write within "
                 f"{self.options.pool_timeout} s",
                 applied=False,
             ) from None
         try:
-            return self._transaction(conn, fn)
+            return self._transaction(conn, batch)
         finally:
             self._writes.putconn(conn)
 
-    def _transaction(self, conn: _Conn, fn: Callable[[WriteView], T]) -> T:
+    def _transaction(self, conn: _Conn, batch: list[_Item]) -> list[_Outcome]:
+        """Runs each function of `batch` in turn in one transaction, each on
+        its own view: one that raises leaves no writes (its view is never
+        flushed) and does not affect the others, which see the writes of
+        those before them. Commits; returns the outcomes."""
+        outcomes: list[_Outcome] = []
         try:
-            view = PgWriteView(conn)
-            value = fn(view)
-            view.flush()
+            for fn, future in batch:
+                view = PgWriteView(conn)
+                try:
+                    value = fn(view)
+                except Exception as exc:  # the request is refused, others go on
+                    outcomes.append((future, None, exc))
+                    continue
+                view.flush()
+                outcomes.append((future, value, None))
             row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
         except DatabaseFailed as failed:
             _rollback(conn)
@@ -277,27 +353,29 @@ class PostgresStore:
             raise _Again(str(exc)) from None
         except psycopg.Error as exc:
             if not _connection_lost(exc):
-                raise unavailable(f"COMMIT failed: {exc}", applied=False) from None
-            if self._committed(xid, exc):
-                return value
+                raise _Failed(f"COMMIT failed: {exc}", applied=False) from None
+            if self._committed(xid, exc, len(batch)):
+                return outcomes
             raise _Again(f"COMMIT lost, the transaction aborted: {exc}") from None
-        self._committed_now(time.perf_counter() - started)
-        return value
+        self._committed_now(len(batch), time.perf_counter() - started)
+        return outcomes
 
-    def _committed_now(self, seconds: float) -> None:
+    def _committed_now(self, size: int, seconds: float) -> None:
         with self._stats_lock:
             self.stats.transactions += 1
+            self.stats.writes += size
+            self.stats.largest_batch = max(self.stats.largest_batch, size)
         if self.options.on_commit is not None:
             try:
-                self.options.on_commit(1, seconds)
+                self.options.on_commit(size, seconds)
             except Exception:  # an observer must never fail a commit
                 log.exception("the commit observer failed")
 
-    def _committed(self, xid: str, lost: psycopg.Error) -> bool:
+    def _committed(self, xid: str, lost: psycopg.Error, size: int) -> bool:
         """Whether the transaction `xid`, whose COMMIT was lost, committed.
 
         Raises:
-            StorageUnavailable: not known (mayHaveBeenApplied=true).
+            _Failed: not known (mayHaveBeenApplied=true).
         """
         status = self._xact_status(xid)
         with self._stats_lock:
@@ -307,12 +385,12 @@ class PostgresStore:
                 self.stats.commits_resolved += 1
         if status == "committed":
             log.warning("a COMMIT was lost with its connection; it committed")
-            self._committed_now(0.0)
+            self._committed_now(size, 0.0)
             return True
         if status == "aborted":
             return False
         log.error("a COMMIT was lost with its connection; its outcome is unknown")
-        raise unavailable(
+        raise _Failed(
             f"PostgreSQL did not answer COMMIT ({lost}); the request may have "
             "been applied",
             applied=True,
@@ -346,7 +424,10 @@ class PostgresStore:
             if self._closed:
                 return
             self._closed = True
-        self._executor.shutdown(wait=True)
+            self._queue.put(_STOP)
+        for writer in self._writers:
+            if writer.is_alive():
+                writer.join()
         self._writes.close()
         self._reads.close()
 
@@ -376,9 +457,9 @@ def _before_commit(exc: psycopg.Error) -> Exception:
     if isinstance(exc, _CONFLICTS) or _connection_lost(exc):
         return _Again(str(exc))
     if isinstance(exc, pg_errors.QueryCanceled):
-        return unavailable(f"a PostgreSQL statement timed out: {exc}", applied=False)
+        return _Failed(f"a PostgreSQL statement timed out: {exc}", applied=False)
     log.error("PostgreSQL refused a write: %s", exc)
-    return unavailable(f"a PostgreSQL write failed: {exc}", applied=False)
+    return _Failed(f"a PostgreSQL write failed: {exc}", applied=False)
 
 
 __all__ = ["MAY_HAVE_BEEN_APPLIED", "PostgresOptions", "PostgresStore", "unavailable"]
