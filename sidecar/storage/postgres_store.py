@@ -46,7 +46,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from sidecar.errors import NotImplementedYet, ShuttingDown, StorageUnavailable
 from sidecar.storage import pg_schema, usage
 from sidecar.storage.api import ReadView, WriteView
-from sidecar.storage.pg_views import DatabaseFailed, PgReadView, PgWriteView
+from sidecar.storage.pg_views import (
+    USAGE_SHARDS,
+    Batch,
+    DatabaseFailed,
+    PgReadView,
+    PgWriteView,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -324,16 +330,18 @@ class PostgresStore:
         flushed) and does not affect the others, which see the writes of
         those before them. Commits; returns the outcomes."""
         outcomes: list[_Outcome] = []
+        written = Batch()
         try:
             for fn, future in batch:
-                view = PgWriteView(conn)
+                view = PgWriteView(conn, written)
                 try:
                     value = fn(view)
                 except Exception as exc:  # the request is refused, others go on
                     outcomes.append((future, None, exc))
                     continue
-                view.flush()
+                view.done()
                 outcomes.append((future, value, None))
+            written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
             row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
         except DatabaseFailed as failed:
             _rollback(conn)

@@ -23,7 +23,7 @@ from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
 from sidecar.storage.views import KeyTooLong
 from tests.support import postgres
 
-OPTIONS = PostgresOptions(writers=3, readers=2)
+OPTIONS = PostgresOptions(readers=2)
 
 
 @pytest.fixture(params=postgres.BOTH)
@@ -150,6 +150,48 @@ def test_a_write_function_reads_its_own_writes(store: Store) -> None:
     seen = store.submit(fn).result(10)
     assert seen == [(b"p1", b"new"), (b"p2", b"two")]
     assert store.read(_scan(Table.META, b"p")) == seen
+
+
+def test_queued_writes_see_each_other_and_a_refused_one_leaves_nothing(
+    store: Store,
+) -> None:
+    """Writes queued behind a busy writer commit together (a group commit):
+    each sees the rows and counters of those before it, and the one that
+    raises among them leaves nothing while the others are kept."""
+    busy, release = threading.Event(), threading.Event()
+
+    class Refused(Exception):
+        pass
+
+    def blocker(view: WriteView) -> None:
+        busy.set()
+        release.wait(10)
+
+    def first(view: WriteView) -> None:
+        view.put(Table.META, b"batch-first", b"1")
+        view.put(Table.CHECKPOINTS, b"ns\x00a", b"12")
+
+    def refused(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, b"ns\x00bad", b"x" * 100)
+        raise Refused
+
+    def second(view: WriteView) -> tuple[bytes | None, Usage]:
+        seen = view.get(Table.META, b"batch-first"), usage.load(view, "ns")
+        view.put(Table.CHECKPOINTS, b"ns\x00b", b"3")
+        return seen
+
+    held = store.submit(blocker)
+    assert busy.wait(10)
+    queued = [store.submit(fn) for fn in (first, refused, second)]
+    release.set()
+    held.result(10)
+    queued[0].result(10)
+    with pytest.raises(Refused):
+        queued[1].result(10)
+    assert queued[2].result(10) == (b"1", Usage(stored_bytes=4 + 2))
+    assert store.read(lambda v: v.get(Table.CHECKPOINTS, b"ns\x00bad")) is None
+    assert store.read(lambda v: usage.load(v, "ns")) == Usage(stored_bytes=6 + 5)
+    assert store.read(usage.recount) == store.read(usage.stored)
 
 
 def test_a_key_longer_than_the_bound_is_refused(store: Store) -> None:
