@@ -1,33 +1,20 @@
 """The PostgreSQL store: the `api.Store` of many daemons sharing one ledger.
 
-Each submitted write function runs in a SERIALIZABLE transaction of its own,
-on a writer thread holding a connection of the write pool: PostgreSQL
-aborts any transaction whose reads and writes could not have run one after
-the other, so every compare-and-swap the rules make on what they read holds
-exactly as under LMDB's single writer, across daemons. An aborted
-transaction (a serialization failure, a deadlock) runs its function again on
-a new snapshot: write functions read everything they decide on from their
-view, so running one again is running it for the first time. The same goes
-for a connection lost before COMMIT was sent. The future resolves only after
-COMMIT returned.
-
-COMMIT itself can be lost with its connection: the transaction may or may
-not have committed. Its id was read before, and `pg_xact_status` on another
-connection tells which: committed (the answer stands), aborted (the function
-runs again), or not known (the database is unreachable): the request fails
-`StorageUnavailable` with `mayHaveBeenApplied=true`, the unknown outcome the
-clients' safe call already handles. Every other failure (a statement
-timeout, the pool exhausted, retries used up) fails it with
-`mayHaveBeenApplied=false`: nothing of it was committed.
-
-Reads run on a REPEATABLE READ, read-only snapshot from a separate pool, so
-writers holding every write connection never starve a read. The daemon's
-incarnation is drawn from a sequence at open: one per daemon, never reused.
+A writer thread commits what is queued (a batch, as LMDB's writer does) in
+one SERIALIZABLE transaction: PostgreSQL aborts any transaction that could
+not have run one after the other, so every compare-and-swap the rules make
+holds exactly as under LMDB's single writer, across daemons. An aborted
+batch, or one whose connection was lost before COMMIT, runs again on a new
+snapshot: write functions read everything they decide on from their view,
+so running one again is running it for the first time. A future resolves
+only after COMMIT returned, or after `pg_xact_status` said a COMMIT whose
+answer was lost committed (`sidecar.storage.pg_faults` says what each
+failure answers). Reads run on REPEATABLE READ read-only snapshots of their
+own pool. The incarnation comes from a sequence: one per daemon, never reused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import random
@@ -40,12 +27,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from sidecar.errors import NotImplementedYet, ShuttingDown, StorageUnavailable
+from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.storage import pg_schema, usage
 from sidecar.storage.api import ReadView, WriteView
+from sidecar.storage.pg_faults import (
+    CONFLICTS,
+    MAY_HAVE_BEEN_APPLIED,
+    Again,
+    Failed,
+    before_commit,
+    connection_lost,
+    rollback,
+    unavailable,
+    xact_status,
+)
 from sidecar.storage.pg_views import (
     USAGE_SHARDS,
     Batch,
@@ -57,19 +54,7 @@ from sidecar.storage.pg_views import (
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# The ErrorInfo metadata key the clients read (as the session stream says it).
-MAY_HAVE_BEEN_APPLIED = "mayHaveBeenApplied"
 _Conn = psycopg.Connection[tuple[object, ...]]
-# Aborted by the database for another transaction: run the function again.
-_CONFLICTS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
-
-
-def unavailable(message: str, *, applied: bool) -> StorageUnavailable:
-    """The failure of a request that was not acknowledged; `applied`: its
-    commit's outcome is unknown."""
-    return StorageUnavailable(
-        message, {MAY_HAVE_BEEN_APPLIED: "true" if applied else "false"}
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +96,6 @@ class PgStats:
     # COMMITs lost with their connection, and what `pg_xact_status` said.
     commits_resolved: int = 0
     commits_unknown: int = 0
-
-
-class _Again(Exception):
-    """The transaction did not commit and its functions may run again."""
-
-
-class _Failed(Exception):
-    """The batch failed as a whole; each request answers StorageUnavailable."""
-
-    def __init__(self, message: str, *, applied: bool) -> None:
-        super().__init__(message)
-        self.message = message
-        self.applied = applied
 
 
 _Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
@@ -233,7 +205,7 @@ class PostgresStore:
                     try:
                         return fn(PgReadView(conn))
                     finally:
-                        _rollback(conn)
+                        rollback(conn)
             except PoolTimeout:
                 raise unavailable(
                     "no PostgreSQL connection for a read within "
@@ -241,7 +213,7 @@ class PostgresStore:
                     applied=False,
                 ) from None
             except DatabaseFailed as failed:
-                if attempt == 1 and _connection_lost(failed.error):
+                if attempt == 1 and connection_lost(failed.error):
                     continue
                 raise unavailable(
                     f"a PostgreSQL read failed: {failed.error}", applied=False
@@ -287,7 +259,7 @@ class PostgresStore:
         for attempt in range(1, o.max_attempts + 1):
             try:
                 outcomes = self._attempt(batch)
-            except _Again as again:
+            except Again as again:
                 if attempt == o.max_attempts or time.monotonic() > deadline:
                     _fail(
                         batch,
@@ -300,7 +272,7 @@ class PostgresStore:
                 # Contenders spread out, so the next attempt rarely meets them.
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))  # noqa: S311
                 continue
-            except _Failed as failed:
+            except Failed as failed:
                 _fail(batch, failed.message, applied=failed.applied)
                 return
             for future, value, error in outcomes:
@@ -314,7 +286,7 @@ class PostgresStore:
         try:
             conn = self._writes.getconn()
         except PoolTimeout:
-            raise _Failed(
+            raise Failed(
                 "no PostgreSQL connection for a write within "
                 f"{self.options.pool_timeout} s",
                 applied=False,
@@ -344,27 +316,27 @@ class PostgresStore:
             written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
             row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
         except DatabaseFailed as failed:
-            _rollback(conn)
-            raise _before_commit(failed.error) from None
+            rollback(conn)
+            raise before_commit(failed.error) from None
         except psycopg.Error as exc:
-            _rollback(conn)
-            raise _before_commit(exc) from None
+            rollback(conn)
+            raise before_commit(exc) from None
         except BaseException:
-            _rollback(conn)
+            rollback(conn)
             raise
         assert row is not None
         xid = str(row[0])
         started = time.perf_counter()
         try:
             conn.commit()
-        except _CONFLICTS as exc:
-            raise _Again(str(exc)) from None
+        except CONFLICTS as exc:
+            raise Again(str(exc)) from None
         except psycopg.Error as exc:
-            if not _connection_lost(exc):
-                raise _Failed(f"COMMIT failed: {exc}", applied=False) from None
+            if not connection_lost(exc):
+                raise Failed(f"COMMIT failed: {exc}", applied=False) from None
             if self._committed(xid, exc, len(batch)):
                 return outcomes
-            raise _Again(f"COMMIT lost, the transaction aborted: {exc}") from None
+            raise Again(f"COMMIT lost, the transaction aborted: {exc}") from None
         self._committed_now(len(batch), time.perf_counter() - started)
         return outcomes
 
@@ -383,9 +355,9 @@ class PostgresStore:
         """Whether the transaction `xid`, whose COMMIT was lost, committed.
 
         Raises:
-            _Failed: not known (mayHaveBeenApplied=true).
+            Failed: not known (mayHaveBeenApplied=true).
         """
-        status = self._xact_status(xid)
+        status = xact_status(self._reads, xid)
         with self._stats_lock:
             if status is None:
                 self.stats.commits_unknown += 1
@@ -398,32 +370,11 @@ class PostgresStore:
         if status == "aborted":
             return False
         log.error("a COMMIT was lost with its connection; its outcome is unknown")
-        raise _Failed(
+        raise Failed(
             f"PostgreSQL did not answer COMMIT ({lost}); the request may have "
             "been applied",
             applied=True,
         )
-
-    def _xact_status(self, xid: str) -> str | None:
-        """'committed' or 'aborted', asked on another connection; None when
-        it cannot be learnt (a backend still committing is waited for, a
-        bounded while)."""
-        for _ in range(20):
-            try:
-                with self._reads.connection() as conn:
-                    row = conn.execute(
-                        "SELECT pg_xact_status(%s::xid8)", (xid,)
-                    ).fetchone()
-                    _rollback(conn)
-            except (psycopg.Error, PoolTimeout):
-                return None
-            status = None if row is None else row[0]
-            if status in ("committed", "aborted"):
-                return str(status)
-            if status != "in progress":
-                return None
-            time.sleep(0.05)
-        return None
 
     # -- the rest of the protocol -----------------------------------------
 
@@ -444,30 +395,6 @@ class PostgresStore:
             "the PostgreSQL store is backed up with the database's own tools "
             "(pg_dump, or continuous archiving); see docs/operations.md"
         )
-
-
-def _rollback(conn: _Conn) -> None:
-    # A broken connection cannot roll back: the pool drops it.
-    with contextlib.suppress(psycopg.Error):
-        conn.rollback()
-
-
-def _connection_lost(exc: psycopg.Error) -> bool:
-    """The connection is gone (closed by the server, the network, a restart)."""
-    return isinstance(exc, pg_errors.AdminShutdown | pg_errors.CrashShutdown) or (
-        isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
-    )
-
-
-def _before_commit(exc: psycopg.Error) -> Exception:
-    """What a failure before COMMIT means: nothing was committed; a conflict
-    or a lost connection is tried again, anything else answered."""
-    if isinstance(exc, _CONFLICTS) or _connection_lost(exc):
-        return _Again(str(exc))
-    if isinstance(exc, pg_errors.QueryCanceled):
-        return _Failed(f"a PostgreSQL statement timed out: {exc}", applied=False)
-    log.error("PostgreSQL refused a write: %s", exc)
-    return _Failed(f"a PostgreSQL write failed: {exc}", applied=False)
 
 
 __all__ = ["MAY_HAVE_BEEN_APPLIED", "PostgresOptions", "PostgresStore", "unavailable"]
