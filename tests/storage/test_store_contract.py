@@ -6,6 +6,7 @@ twice, the audit chain unbroken, a new incarnation per open."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -322,3 +323,92 @@ def test_a_closed_store_refuses_reads_and_writes(opener: Callable[[], Store]) ->
         s.read(lambda v: v.get(Table.META, b"k"))
     with pytest.raises(ShuttingDown):
         s.submit(_put(Table.META, b"k", b"v")).result(10)
+
+
+_Op = tuple[str, bytes, bytes]
+
+
+def _random_ops(rng: random.Random) -> tuple[list[_Op], bool]:
+    keys = [b"ns\x00" + bytes([k]) for k in b"abcdefgh"]
+    ops = [
+        (rng.choice(("put", "delete", "get", "scan")), rng.choice(keys), b"%d" % i)
+        for i in range(rng.randrange(1, 6))
+    ]
+    return ops, rng.random() < 0.2
+
+
+def _apply(view: WriteView | dict[bytes, bytes], ops: list[_Op]) -> list[object]:
+    """Runs `ops` on a store's view, or on a dict (the model); returns what
+    the reads saw."""
+    seen: list[object] = []
+    for op, key, value in ops:
+        if isinstance(view, dict):
+            if op == "put":
+                view[key] = value
+            elif op == "delete":
+                view.pop(key, None)
+            elif op == "get":
+                seen.append(view.get(key))
+            else:
+                seen.append(sorted((k, v) for k, v in view.items() if k > key))
+        elif op == "put":
+            view.put(Table.CHECKPOINTS, key, value)
+        elif op == "delete":
+            view.delete(Table.CHECKPOINTS, key)
+        elif op == "get":
+            seen.append(view.get(Table.CHECKPOINTS, key))
+        else:
+            seen.append(list(view.scan(Table.CHECKPOINTS, b"ns\x00", after=key)))
+    return seen
+
+
+def test_random_batches_of_writes_match_a_model(store: Store) -> None:
+    """Random puts, deletes, gets and scans, in functions queued together
+    (some refused at their end): every read sees what a dict applying the
+    same functions one after the other sees, and so does the store after,
+    counters included."""
+    seed = random.randrange(1 << 32)  # noqa: S311 - a test seed
+    print(f"seed {seed}")
+    rng = random.Random(seed)  # noqa: S311 - a test seed
+    model: dict[bytes, bytes] = {}
+
+    class Refused(Exception):
+        pass
+
+    def function(ops: list[_Op], refuse: bool) -> Callable[[WriteView], object]:
+        def fn(view: WriteView) -> object:
+            seen = _apply(view, ops)
+            if refuse:
+                raise Refused
+            return seen
+
+        return fn
+
+    for _ in range(25):
+        busy, release = threading.Event(), threading.Event()
+
+        def blocker(
+            view: WriteView,
+            busy: threading.Event = busy,
+            release: threading.Event = release,
+        ) -> None:
+            busy.set()
+            release.wait(10)
+
+        held = store.submit(blocker)
+        assert busy.wait(10)
+        batch = [_random_ops(rng) for _ in range(rng.randrange(1, 6))]
+        futures = [store.submit(function(ops, refuse)) for ops, refuse in batch]
+        release.set()
+        held.result(10)
+        for (ops, refuse), future in zip(batch, futures, strict=True):
+            trial = dict(model)
+            expected = _apply(trial, ops)
+            if refuse:
+                with pytest.raises(Refused):
+                    future.result(10)
+                continue
+            assert future.result(10) == expected, seed
+            model = trial
+    assert store.read(_scan(Table.CHECKPOINTS, b"")) == sorted(model.items())
+    assert store.read(usage.recount) == store.read(usage.stored)
