@@ -17,6 +17,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1.admin_pb2_grpc import AdminStub
 from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
+from effectd_client import Client, EffectdError
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
@@ -62,6 +63,34 @@ def test_a_lost_commit_answers_unavailable_may_have_been_applied(
         proxy.refusing = False
         again = stub.PrepareTool(call, timeout=60)
     assert again.decision == pb.DECISION_IN_PROGRESS
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["session", "unary"])
+def test_the_client_sees_an_unknown_commit_as_unknown(
+    through_proxy: tuple[RunningDaemon, CommitCutter],
+    pg_database: str,
+    session: bool,
+) -> None:
+    """Through the Python client, on the session stream as on unary calls:
+    the lost COMMIT is a StorageUnavailable error saying it may have been
+    applied, never a decision."""
+    daemon, proxy = through_proxy
+
+    def unreachable() -> None:
+        proxy.refusing = True
+        postgres.terminate("effectd/reads", pg_database)
+
+    proxy.on_cut = unreachable
+    proxy.arm()
+    call_id = f"c-{secrets.token_hex(4)}"
+    with (
+        Client(daemon.target, session=session) as client,
+        pytest.raises(EffectdError) as raised,
+    ):
+        client.prepare_tool("run", call_id, "t", {}, start=True)
+    assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+    assert raised.value.reason == "STORAGE_UNAVAILABLE"
+    assert raised.value.metadata["mayHaveBeenApplied"] == "true"
 
 
 def test_a_lost_commit_that_committed_answers_execute_once(
