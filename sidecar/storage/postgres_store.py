@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +42,7 @@ from sidecar.storage.pg_faults import (
     unavailable,
     xact_status,
 )
+from sidecar.storage.pg_options import PgStats, PostgresOptions
 from sidecar.storage.pg_views import (
     USAGE_SHARDS,
     Batch,
@@ -55,47 +55,6 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _Conn = psycopg.Connection[tuple[object, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class PostgresOptions:
-    """Pools, timeouts and retries; see docs/operations.md for sizing."""
-
-    # Writer threads, each with a connection of the write pool; each commits
-    # what is queued, up to `max_batch` requests, in one transaction. One
-    # writer (LMDB's model) has no conflicts within the daemon.
-    writers: int = 1
-    max_batch: int = 64
-    # Connections for reads (listings, scans, the prepare fast path).
-    readers: int = 4
-    # Seconds a request waits for a pool connection before UNAVAILABLE.
-    pool_timeout: float = 5.0
-    # Seconds a statement may run (the server cancels it): a stuck database
-    # answers UNAVAILABLE instead of holding requests forever. None: the
-    # server's (or the URL's) setting.
-    statement_timeout: float | None = 10.0
-    # Attempts of one write function (serialization failures, connections
-    # lost before COMMIT), and the seconds they may take together.
-    max_attempts: int = 50
-    retry_seconds: float = 10.0
-    # Shown in pg_stat_activity (the read pool's with "/reads" after it).
-    application_name: str = "effectd"
-    # Called by a writer after each commit with 1 and the seconds COMMIT took.
-    on_commit: Callable[[int, float], None] | None = None
-
-
-@dataclass(slots=True)
-class PgStats:
-    """What the writers have done; read by tests and metrics."""
-
-    transactions: int = 0
-    writes: int = 0
-    largest_batch: int = 0
-    # Functions run again after a serialization failure or a lost connection.
-    retries: int = 0
-    # COMMITs lost with their connection, and what `pg_xact_status` said.
-    commits_resolved: int = 0
-    commits_unknown: int = 0
 
 
 _Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
@@ -171,6 +130,12 @@ class PostgresStore:
             raise
 
     def _configure(self, conn: _Conn, *, read_only: bool) -> None:
+        if not read_only:
+            # Every query here is a key lookup or a key range. Under
+            # SERIALIZABLE a sequential scan (which the planner prefers on a
+            # small table) locks the whole table against every concurrent
+            # writer; an index scan locks only the pages it reads.
+            conn.execute("SELECT set_config('enable_seqscan', 'off', false)")
         if self.options.statement_timeout is not None:
             conn.execute(
                 "SELECT set_config('statement_timeout', %s, false)",
@@ -397,4 +362,10 @@ class PostgresStore:
         )
 
 
-__all__ = ["MAY_HAVE_BEEN_APPLIED", "PostgresOptions", "PostgresStore", "unavailable"]
+__all__ = [
+    "MAY_HAVE_BEEN_APPLIED",
+    "PgStats",
+    "PostgresOptions",
+    "PostgresStore",
+    "unavailable",
+]
