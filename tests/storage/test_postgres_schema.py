@@ -5,6 +5,7 @@ newer one, and the URL's password never shows in what is printed."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +149,19 @@ def test_the_log_never_shows_the_store_password(
     assert opened
     assert all("not-a-real-password" not in line for line in opened)
     assert any("root:***@" in line for line in opened)
+
+
+def test_a_daemon_whose_database_is_unreachable_exits_2(
+    short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens at the URL's port: the daemon says so and exits 2,
+    once its pool gave up (5 s), without a traceback."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    url = f"postgresql://127.0.0.1:{port}/none?connect_timeout=1"
+    argv = ["serve", "--data-dir", str(short_tmp / "d"), "--store", url]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "PostgreSQL is not reachable" in err
+    assert "Traceback" not in err
