@@ -165,3 +165,20 @@ def test_a_daemon_whose_database_is_unreachable_exits_2(
     err = capsys.readouterr().err
     assert "PostgreSQL is not reachable" in err
     assert "Traceback" not in err
+
+
+def test_migrate_refuses_what_is_not_a_reachable_postgresql_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Another scheme exits 2 naming it; an unreachable server exits 1, the
+    password masked in what is printed."""
+    assert main(["migrate", "--store", "sqlite:///x.db"]) == 2
+    assert "is not a postgresql:// URL" in capsys.readouterr().err
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    url = f"postgresql://u:hunter22@127.0.0.1:{port}/none?connect_timeout=1"
+    assert main(["migrate", "--store", url]) == 1
+    err = capsys.readouterr().err
+    assert "u:***@127.0.0.1" in err
+    assert "hunter22" not in err
