@@ -12,15 +12,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from sidecar import __version__, ctl, settings
-from sidecar.config import ConfigError, ServeConfig
-from sidecar.errors import EffectdError
+from sidecar.config import ConfigError, ServeConfig, masked_url, validate_store_url
+from sidecar.errors import EffectdError, StorageUnavailable
 from sidecar.ledger import policy_change
 from sidecar.locking import AlreadyLocked
 from sidecar.observability import logs
 from sidecar.policy_file import PolicyError
 from sidecar.provider.routes import ProvidersError
 from sidecar.server import Daemon
+from sidecar.storage import pg_schema
 from sidecar.storage.lmdb_store import StoreFormatError
+from sidecar.storage.pg_schema import SchemaError
 
 log = logging.getLogger("effectd")
 
@@ -37,8 +39,43 @@ def parser() -> argparse.ArgumentParser:
         "serve", help="run the daemon", epilog=settings.EPILOG, allow_abbrev=False
     )
     settings.add_arguments(s)
+    m = sub.add_parser(
+        "migrate",
+        help="create or upgrade the schema of a shared (PostgreSQL) store",
+        allow_abbrev=False,
+    )
+    m.add_argument(
+        "--store",
+        metavar="URL",
+        help="postgresql://USER@HOST/DB (default: $EFFECTD_STORE)",
+    )
     ctl.add_parser(sub)
     return p
+
+
+def _migrate(url: str | None) -> int:
+    """`effectd migrate`: the schema created or upgraded, or why not."""
+    url = url or os.environ.get("EFFECTD_STORE")
+    if not url:
+        print("effectd migrate: set --store or EFFECTD_STORE", file=sys.stderr)
+        return 2
+    try:
+        validate_store_url(url)
+        found, now = pg_schema.migrate_url(url)
+    except (ConfigError, SchemaError) as exc:
+        print(f"effectd migrate: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the driver's errors: unreachable, refused
+        print(f"effectd migrate: {masked_url(url)}: {exc}", file=sys.stderr)
+        return 1
+    if found == now:
+        print(f"effectd migrate: {masked_url(url)} is at schema version {now}")
+    else:
+        print(
+            f"effectd migrate: {masked_url(url)} upgraded from schema version "
+            f"{found} to {now}"
+        )
+    return 0
 
 
 async def _reload_on_sighup(daemon: Daemon) -> None:
@@ -93,6 +130,8 @@ def main(
     args = parser().parse_args(argv)
     if args.command == "ctl":
         return ctl.run(args)
+    if args.command == "migrate":
+        return _migrate(args.store)
     try:
         resolved = settings.load(args, os.environ)
     except ConfigError as exc:
@@ -149,7 +188,14 @@ def _run(resolved: settings.Resolved, daemon_class: type[Daemon]) -> int:
         # user wrote the setting that points at it.
         print(f"effectd: {settings.label(exc, resolved.sources)}", file=sys.stderr)
         return 2
-    except (PolicyError, ProvidersError, AlreadyLocked, StoreFormatError) as exc:
+    except (
+        PolicyError,
+        ProvidersError,
+        AlreadyLocked,
+        StoreFormatError,
+        SchemaError,
+        StorageUnavailable,
+    ) as exc:
         print(f"effectd: {exc}", file=sys.stderr)
         return 2
     return 0

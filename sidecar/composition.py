@@ -30,7 +30,7 @@ from effectd.v1 import (
 from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
 from sidecar.clock import monotonic_seconds
-from sidecar.config import ConfigError, ServeConfig
+from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
 from sidecar.directories import refuse_unsafe_directory
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
@@ -144,8 +144,11 @@ def load_tracing(cfg: ServeConfig) -> Tracer | None:
 
 
 def open_store(cfg: ServeConfig, metrics: Metrics) -> Store:
-    """The store of `cfg.data_dir`, its commits counted by `metrics`; the
-    caller holds the socket lock (the store takes the data directory's)."""
+    """The store of `cfg.data_dir`, or the shared store `cfg.store` names,
+    its commits counted by `metrics`; the caller holds the socket lock (the
+    LMDB store takes the data directory's)."""
+    if cfg.store is not None:
+        return _open_shared_store(cfg.store, metrics)
     refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
     try:
         restore.refuse_unfinished(cfg.data_dir)
@@ -170,6 +173,20 @@ def daemon_id(cfg: ServeConfig) -> str:
     if cfg.daemon_id is not None:
         return cfg.daemon_id
     return f"{socket.gethostname()}:{cfg.socket_path.resolve()}"
+
+
+def _open_shared_store(url: str, metrics: Metrics) -> Store:
+    # Imported here: a daemon of the LMDB store loads no PostgreSQL driver.
+    from sidecar.storage.postgres_store import (  # noqa: PLC0415
+        PostgresOptions,
+        PostgresStore,
+    )
+
+    password = url_password(url)
+    if password:
+        logs.add_secrets([password])
+    log.info("opening the shared store %s", masked_url(url))
+    return PostgresStore(url, PostgresOptions(on_commit=metrics.commit_observed))
 
 
 def _restore_marker(store: Store) -> Marker | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,9 +130,49 @@ class ServerLimits:
     session_max_in_flight: int = 64
 
 
+STORE_SCHEMES = ("postgresql", "postgres")
+_MASK = "***"
+
+
+def masked_url(url: str) -> str:
+    """`url` with its password (in the user part, or a `password` query
+    parameter) replaced by ***, for printing and logging."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return _MASK
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        if ":" in user:
+            user = user.split(":", 1)[0] + ":" + _MASK
+        netloc = f"{user}@{host}"
+    query = "&".join(
+        f"{name}={_MASK}" if name.lower() == "password" else pair
+        for pair in parts.query.split("&")
+        if pair
+        for name in (pair.split("=", 1)[0],)
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_password(url: str) -> str | None:
+    """The password `url` carries, if any (to mask it in logs)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return None
+    if parts.password:
+        return urllib.parse.unquote(parts.password)
+    found = urllib.parse.parse_qs(parts.query).get("password")
+    return found[0] if found else None
+
+
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     data_dir: Path = Path(".effectd")
+    # The shared store: a postgresql:// URL; None: LMDB under data_dir.
+    store: str | None = None
     # Default: effectd.sock in the data directory.
     socket: Path | None = None
     # "127.0.0.1:PORT" or "[::1]:PORT"; port 0 picks a free port.
@@ -211,6 +252,8 @@ class ServeConfig:
                 "choose a shorter --socket or --data-dir",
             )
         self._validate_listeners()
+        if self.store is not None:
+            validate_store_url(self.store)
         if self.map_size < 1 << 20:
             raise ConfigError("map_size", "must be at least 1 MiB")
         if self.grace_seconds < 0:
@@ -268,6 +311,17 @@ class ServeConfig:
             split_host_port("health_listen", self.health_listen)
         if self.metrics_listen is not None:
             loopback_host(self.metrics_listen, setting="metrics_listen")
+
+
+def validate_store_url(url: str, setting: str = "store") -> None:
+    """Refuses a store URL that is not postgresql://, naming `setting`."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in STORE_SCHEMES:
+        raise ConfigError(
+            setting,
+            f"{masked_url(url)!r} is not a postgresql:// URL (leave it unset "
+            "for LMDB under data-dir)",
+        )
 
 
 def _at_least(setting: str, value: float, least: float) -> None:

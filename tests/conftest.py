@@ -1,4 +1,7 @@
-"""Shared fixtures: a real daemon on a temporary Unix socket, real LMDB."""
+"""Shared fixtures: a real daemon on a temporary Unix socket, real LMDB, or
+the shared PostgreSQL store: `store_kind` says which (LMDB unless
+EFFECTD_TEST_STORE=postgres; a module that overrides it with both runs its
+tests on each)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from effectd_client import Client
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.support import postgres
 
 
 @pytest.fixture
@@ -35,10 +39,39 @@ def clock() -> ManualClock:
 NO_SETTLEMENT_SECONDS = NO_COMPACTION_SECONDS = 1e9
 
 
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A database of this test process, dropped at its end."""
+    with postgres.database() as url:
+        yield url
+
+
 @pytest.fixture
-def config(short_tmp: Path) -> ServeConfig:
+def pg_url(pg_database: str) -> Iterator[str]:
+    """The URL of a new, migrated store of its own (a schema)."""
+    with postgres.schema(pg_database) as url:
+        yield url
+
+
+@pytest.fixture
+def store_kind() -> str:
+    """The store the `config` fixture's daemon serves: "lmdb" or "postgres"."""
+    return postgres.DEFAULT_STORE
+
+
+@pytest.fixture
+def store_url(store_kind: str, request: pytest.FixtureRequest) -> str | None:
+    """`--store` of the `config` fixture: None for LMDB."""
+    if store_kind == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return None
+
+
+@pytest.fixture
+def config(short_tmp: Path, store_url: str | None) -> ServeConfig:
     return ServeConfig(
         data_dir=short_tmp / "data",
+        store=store_url,
         settle_interval_seconds=NO_SETTLEMENT_SECONDS,
         retention_interval_seconds=NO_COMPACTION_SECONDS,
     )

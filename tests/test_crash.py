@@ -20,6 +20,7 @@ from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, Decision, EffectdError, State
 from tests.rpc.sessions import Conversation, message
+from tests.support import postgres
 from tests.support.processes import daemon_process
 
 RESULT = b"\x00receipt-42\xff"
@@ -49,14 +50,20 @@ def durability_violations(client: Client, acknowledged: list[str]) -> list[str]:
     return found
 
 
+def _store_args(store_url: str | None) -> tuple[str, ...]:
+    return () if store_url is None else ("--store", store_url)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("store_kind", postgres.BOTH)
 def test_commits_survive_kill_9_and_started_calls_become_unknown(
-    short_tmp: Path,
+    short_tmp: Path, store_url: str | None
 ) -> None:
-    """After kill -9: committed stays committed, STARTED becomes UNKNOWN."""
+    """After kill -9: committed stays committed, STARTED becomes UNKNOWN
+    (on the shared store too: the restarted daemon is a new incarnation)."""
     data = short_tmp / "data"
-    with daemon_process(data) as d:
+    with daemon_process(data, args=_store_args(store_url)) as d:
         with Client(d.target) as c:
             for i in range(20):
                 _commit_one(c, f"done-{i}")
@@ -65,7 +72,10 @@ def test_commits_survive_kill_9_and_started_calls_become_unknown(
             )
             assert running.attempt_held
         d.kill9()
-    with daemon_process(data) as d, Client(d.target) as c:
+    with (
+        daemon_process(data, args=_store_args(store_url)) as d,
+        Client(d.target) as c,
+    ):
         assert durability_violations(c, [f"done-{i}" for i in range(20)]) == []
         call = c.get_tool_call("run-1", "in-flight")
         assert call.state is State.UNKNOWN
@@ -124,13 +134,17 @@ def _commit_in_session(target: str, call_ids: list[str]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_commits_answered_on_a_session_survive_kill_9(short_tmp: Path) -> None:
+@pytest.mark.parametrize("store_kind", postgres.BOTH)
+def test_commits_answered_on_a_session_survive_kill_9(
+    short_tmp: Path, store_url: str | None
+) -> None:
     """Commits answered as session messages are COMMITTED after kill -9."""
     data = short_tmp / "data"
-    with daemon_process(data) as d:
+    args = _store_args(store_url)
+    with daemon_process(data, args=args) as d:
         acknowledged = _commit_in_session(d.target, [f"s-{i}" for i in range(20)])
         d.kill9()
-    with daemon_process(data) as d, Client(d.target) as c:
+    with daemon_process(data, args=args) as d, Client(d.target) as c:
         assert durability_violations(c, acknowledged) == []
 
 

@@ -21,6 +21,7 @@ from sidecar.config import ServeConfig
 from sidecar.ledger.quota import Quotas
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import prepare_request
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 OPEN_CALLS = 3
 

@@ -75,6 +75,13 @@ class Quotas:
     requests_per_second: float = 0.0
     burst: int = 0
 
+    @property
+    def limits_storage(self) -> bool:
+        """Whether a write must read its namespace's usage to be decided: a
+        store shared by many writers (PostgreSQL) then serializes the writes
+        that grow one namespace, and with both limits 0 it need not."""
+        return self.open_calls > 0 or self.stored_bytes > 0
+
 
 def refuse_growth(
     namespace: str, before: Usage, after: Usage, quotas: Quotas

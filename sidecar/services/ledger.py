@@ -338,7 +338,9 @@ def _prepare_one(
     else:
         spec = _in_scheme(spec, old.fingerprint_scheme)
     step = rules.prepare(old, spec, now, policy)
-    if old is None:
+    if old is None and not quotas.limits_storage:
+        records.save_call(view, old, step.call)
+    elif old is None:
         namespace = spec.ref.namespace
         before = usage.load(view, namespace)
         records.save_call(view, old, step.call)

@@ -6,7 +6,7 @@ leaves them unset.
 
 from __future__ import annotations
 
-from sidecar.config import Layer, Source
+from sidecar.config import Layer, Source, masked_url
 from sidecar.settings.layers import Resolved
 from sidecar.settings.table import SETTINGS, Kind, Setting, value_of
 from sidecar.settings.values import format_size
@@ -30,6 +30,9 @@ def render(resolved: Resolved) -> str:
         elif s.secret:
             entry = f"# {s.key} = {toml_string(MASK)}"
             comment += ", masked" + (" (environment only)" if s.env_only else "")
+        elif s.url and isinstance(value, str) and masked_url(value) != value:
+            entry = f"# {s.key} = {toml_string(masked_url(value))}"
+            comment += ", password masked"
         elif s.env_only:
             entry = f"# {s.key} = {_toml(s, value)}"
             comment += " (environment only)"

@@ -53,6 +53,8 @@ class Setting:
     # (other users see it in ps): the environment only.
     env_only: bool = False
     maximum: int | None = None
+    # A URL printed with its password masked (`config.masked_url`).
+    url: bool = False
 
     @property
     def field(self) -> str:
@@ -98,7 +100,20 @@ def value_of(config: ServeConfig, field: str) -> object:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("data_dir", Kind.PATH, "LMDB data directory", metavar="DIR"),
+    Setting(
+        "data_dir",
+        Kind.PATH,
+        "LMDB data directory (with --store: where the socket and its lock are)",
+        metavar="DIR",
+    ),
+    Setting(
+        "store",
+        Kind.TEXT,
+        "the shared store, postgresql://USER@HOST/DB (create its schema with "
+        "`effectd migrate`); unset: LMDB under data-dir",
+        metavar="URL",
+        url=True,
+    ),
     Setting(
         "socket",
         Kind.PATH,

@@ -103,6 +103,17 @@ class Store(Protocol):
 
 
 @runtime_checkable
+class IssuesRevisions(Protocol):
+    """A write view whose store gives checkpoint revisions from a sequence of
+    its own (PostgreSQL), instead of a counter row in META that every
+    concurrent checkpoint write would contend on."""
+
+    def issued_revision(self) -> int | None:
+        """A revision never given before; None: use the counter in META."""
+        ...
+
+
+@runtime_checkable
 class ReportsFill(Protocol):
     """A store that knows how full it is (LMDB)."""
 

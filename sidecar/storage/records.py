@@ -20,7 +20,7 @@ from sidecar.ledger import audit
 from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.storage import keys, retention_times
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.api import IssuesRevisions, ReadView, Table, WriteView
 from sidecar.storage.call_documents import decode_call, encode_call
 
 _SEP = b"\x00"
@@ -168,6 +168,10 @@ def skip_checkpoint_revisions(view: WriteView, gap: int) -> None:
 
 def next_checkpoint_revision(view: WriteView) -> int:
     """The store-wide checkpoint revision counter: never reused, so no ABA."""
+    if isinstance(view, IssuesRevisions):
+        issued = view.issued_revision()
+        if issued is not None:
+            return issued
     revision = int(view.get(Table.META, _REVISION_KEY) or b"0") + 1
     view.put(Table.META, _REVISION_KEY, str(revision).encode())
     return revision

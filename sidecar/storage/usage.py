@@ -10,7 +10,10 @@ same transaction. No save path can forget them, and any store that runs its
 write functions through `counted` (LMDB now, another backend later) keeps
 them the same way. A store that holds records from before the table existed,
 or from before tombstones were counted apart, is recounted once when it is
-opened (`ensure_counted`).
+opened (`ensure_counted`). A store whose view adds the changes itself
+(`AddsUsage`: PostgreSQL's counter rows sharded per connection, so that
+concurrent writers of one namespace never update the same row) gets them
+as changes rather than as new totals.
 
 Keys of the counted tables start with `namespace NUL` (see
 `records.call_key`, `records.checkpoint_key`); index keys of CALL_STATES
@@ -21,12 +24,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from sidecar.ledger.model import State
 from sidecar.ledger.quota import Usage
 from sidecar.storage import records
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.api import IssuesRevisions, ReadView, Table, WriteView
 
 T = TypeVar("T")
 
@@ -43,6 +46,23 @@ _COMMITTED_CODE = records.state_prefix(State.COMMITTED)[0]
 
 def _namespace_of(key: bytes) -> bytes:
     return key.split(_SEP, 1)[0]
+
+
+@runtime_checkable
+class AddsUsage(Protocol):
+    """A write view that adds counter changes itself, in its transaction."""
+
+    def add_usage(self, namespace: bytes, change: Usage) -> None: ...
+
+
+def decode(raw: bytes | None) -> Usage:
+    """The counters of a stored `Table.USAGE` value (None: all zero)."""
+    return _decode(raw)
+
+
+def encode(usage: Usage) -> bytes:
+    """The stored `Table.USAGE` value of `usage`."""
+    return _encode(usage)
 
 
 def _decode(raw: bytes | None) -> Usage:
@@ -103,6 +123,7 @@ class Counting:
     def __init__(self, view: WriteView) -> None:
         self._view = view
         self._pending: dict[bytes, Usage] = {}
+        self._adds = view if isinstance(view, AddsUsage) else None
 
     def pending(self, namespace: bytes) -> Usage:
         """The changes of `namespace` not yet written to `Table.USAGE`."""
@@ -122,9 +143,17 @@ class Counting:
     def flush(self) -> None:
         """Writes the summed changes to `Table.USAGE`."""
         for namespace, change in self._pending.items():
-            if change != Usage():
+            if change == Usage():
+                continue
+            if self._adds is not None:
+                self._adds.add_usage(namespace, change)
+            else:
                 _add(self._view, namespace, change)
         self._pending.clear()
+
+    def issued_revision(self) -> int | None:
+        view = self._view
+        return view.issued_revision() if isinstance(view, IssuesRevisions) else None
 
     def get(self, table: Table, key: bytes) -> bytes | None:
         return self._view.get(table, key)

@@ -12,6 +12,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
 from tests.rpc.support import expect_refusal, prepare_request, ref, refused
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 INPUT = '{"to": "a@example.com", "amount": 100}'

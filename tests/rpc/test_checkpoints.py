@@ -13,6 +13,7 @@ from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1.checkpoints_pb2_grpc import CheckpointsStub
 
 from tests.rpc.support import decode, expect_refusal
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 ABORTED = grpc.StatusCode.ABORTED
 CONFLICT = "REVISION_CONFLICT"

@@ -19,6 +19,7 @@ from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
 from tests.rpc.support import DOMAIN, expect_refusal, prepare_request, ref, refused
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 SECOND_NS = 1_000_000_000

@@ -37,6 +37,7 @@ from sidecar.storage import records
 from sidecar.storage.api import Store, WriteView
 from sidecar.testing import running_daemon
 from tests.rpc.support import expect_refusal, prepare_request, ref, refused
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 FOUND = pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json='{"id": "tx-42"}'))

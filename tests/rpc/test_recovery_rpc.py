@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar.clock import ManualClock
 from sidecar.ledger.recovery import RecoveryAction
 from tests.rpc.support import expect_refusal, prepare_request, ref, refused
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
 RESULT = b"\x00receipt\xff"

@@ -25,6 +25,7 @@ from sidecar.services.retention import PassResult, RetentionService
 from sidecar.settings import load
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import assert_serving, expect_refusal, prepare_request, ref
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION

@@ -18,6 +18,7 @@ from sidecar.ledger.retry import Reason, RetryContext
 from sidecar.seams import Seams
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import expect_refusal, prepare_request, ref, refused
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
 Retry = retry_pb2_grpc.RetryPolicyStub

@@ -35,6 +35,7 @@ from sidecar.storage.lmdb_store import LmdbStore
 from sidecar.testing import running_daemon
 from tests.ledger.builders import started
 from tests.rpc.support import prepare_request, ref
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
 INTERVAL = 5.0

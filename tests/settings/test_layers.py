@@ -127,6 +127,7 @@ def test_an_empty_value_unsets_an_optional_setting() -> None:
 SAMPLES: dict[str, tuple[str, object]] = {
     "data_dir": ("/srv/effectd", Path("/srv/effectd")),
     "socket": ("/run/effectd/e.sock", Path("/run/effectd/e.sock")),
+    "store": ("postgresql://db/ledger", "postgresql://db/ledger"),
     "listen": ("[::1]:7000", "[::1]:7000"),
     "map_size": ("2GiB", 2 << 30),
     "sync": ("false", False),

@@ -1,0 +1,91 @@
+"""How the PostgreSQL store reads a database failure
+(`sidecar.storage.postgres_store`): whether the transaction may run again
+(a serialization failure, a deadlock, a connection lost before COMMIT), or
+the request answers `StorageUnavailable` with ErrorInfo metadata
+`mayHaveBeenApplied`, the key the clients read (as the session stream says
+it): true only when a COMMIT was sent and its outcome could not be learnt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from sidecar.errors import StorageUnavailable
+
+log = logging.getLogger(__name__)
+_Conn = psycopg.Connection[tuple[object, ...]]
+
+MAY_HAVE_BEEN_APPLIED = "mayHaveBeenApplied"
+# Aborted by the database for another transaction: run the function again.
+CONFLICTS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+
+
+def unavailable(message: str, *, applied: bool) -> StorageUnavailable:
+    """The failure of a request that was not acknowledged; `applied`: its
+    commit's outcome is unknown."""
+    return StorageUnavailable(
+        message, {MAY_HAVE_BEEN_APPLIED: "true" if applied else "false"}
+    )
+
+
+class Again(Exception):
+    """The transaction did not commit and its functions may run again."""
+
+
+class Failed(Exception):
+    """The batch failed as a whole; each request answers StorageUnavailable."""
+
+    def __init__(self, message: str, *, applied: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.applied = applied
+
+
+def rollback(conn: _Conn) -> None:
+    # A broken connection cannot roll back: the pool drops it.
+    with contextlib.suppress(psycopg.Error):
+        conn.rollback()
+
+
+def connection_lost(exc: psycopg.Error) -> bool:
+    """The connection is gone (closed by the server, the network, a restart)."""
+    return isinstance(exc, pg_errors.AdminShutdown | pg_errors.CrashShutdown) or (
+        isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+    )
+
+
+def before_commit(exc: psycopg.Error) -> Exception:
+    """What a failure before COMMIT means: nothing was committed; a conflict
+    or a lost connection is tried again, anything else answered."""
+    if isinstance(exc, CONFLICTS) or connection_lost(exc):
+        return Again(str(exc))
+    if isinstance(exc, pg_errors.QueryCanceled):
+        return Failed(f"a PostgreSQL statement timed out: {exc}", applied=False)
+    log.error("PostgreSQL refused a write: %s", exc)
+    return Failed(f"a PostgreSQL write failed: {exc}", applied=False)
+
+
+def xact_status(pool: ConnectionPool[_Conn], xid: str) -> str | None:
+    """'committed' or 'aborted': what became of the transaction `xid`, asked
+    on a connection of `pool`; None when it cannot be learnt (a backend
+    still committing is waited for, a bounded while)."""
+    for _ in range(20):
+        try:
+            with pool.connection() as conn:
+                row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+                rollback(conn)
+        except (psycopg.Error, PoolTimeout):
+            return None
+        status = None if row is None else row[0]
+        if status in ("committed", "aborted"):
+            return str(status)
+        if status != "in progress":
+            return None
+        time.sleep(0.05)
+    return None

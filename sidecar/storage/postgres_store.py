@@ -1,0 +1,376 @@
+"""The PostgreSQL store: the `api.Store` of many daemons sharing one ledger.
+
+A writer thread commits what is queued (a batch, as LMDB's writer does) in
+one SERIALIZABLE transaction: PostgreSQL aborts any transaction that could
+not have run one after the other, so every compare-and-swap the rules make
+holds exactly as under LMDB's single writer, across daemons. An aborted
+batch, or one whose connection was lost before COMMIT, runs again on a new
+snapshot: write functions read everything they decide on from their view,
+so running one again is running it for the first time. A future resolves
+only after COMMIT returned, or after `pg_xact_status` said a COMMIT whose
+answer was lost committed (`sidecar.storage.pg_faults` says what each
+failure answers). Reads run on REPEATABLE READ read-only snapshots of their
+own pool. The incarnation comes from a sequence: one per daemon, never reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from sidecar.errors import NotImplementedYet, ShuttingDown
+from sidecar.storage import pg_schema, usage
+from sidecar.storage.api import ReadView, WriteView
+from sidecar.storage.pg_faults import (
+    CONFLICTS,
+    MAY_HAVE_BEEN_APPLIED,
+    Again,
+    Failed,
+    before_commit,
+    connection_lost,
+    rollback,
+    unavailable,
+    xact_status,
+)
+from sidecar.storage.pg_options import PgStats, PostgresOptions
+from sidecar.storage.pg_views import (
+    USAGE_SHARDS,
+    Batch,
+    DatabaseFailed,
+    PgReadView,
+    PgWriteView,
+)
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+_Conn = psycopg.Connection[tuple[object, ...]]
+
+
+_Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
+_Outcome = tuple["Future[Any]", Any, BaseException | None]
+_STOP = object()
+
+
+def _fail(batch: list[_Item], message: str, *, applied: bool) -> None:
+    for _, future in batch:
+        future.set_exception(unavailable(message, applied=applied))
+
+
+class PostgresStore:
+    """`api.Store` on the PostgreSQL database at `url` (schema created by
+    `effectd migrate`; any other version is refused)."""
+
+    # A test's store without the isolation (the negative control) lowers it.
+    isolation = psycopg.IsolationLevel.SERIALIZABLE
+
+    def __init__(self, url: str, options: PostgresOptions | None = None) -> None:
+        self.options = o = options or PostgresOptions()
+        self.stats = PgStats()
+        self._stats_lock = threading.Lock()
+        self._closing = threading.Lock()
+        self._closed = False
+        self._writes = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=o.writers,
+            kwargs={"autocommit": False, "application_name": o.application_name},
+            configure=self._configure_writer,
+            timeout=o.pool_timeout,
+            name="effectd-writes",
+            open=False,
+        )
+        self._reads = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=o.readers,
+            kwargs={
+                "autocommit": False,
+                "application_name": o.application_name + "/reads",
+            },
+            configure=self._configure_reader,
+            timeout=o.pool_timeout,
+            name="effectd-reads",
+            open=False,
+        )
+        self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
+        self._writers = [
+            threading.Thread(target=self._run, name="effectd-pg-writer", daemon=True)
+            for _ in range(o.writers)
+        ]
+        try:
+            for writer in self._writers:
+                writer.start()
+            self._writes.open(wait=True, timeout=o.pool_timeout)
+            self._reads.open(wait=True, timeout=o.pool_timeout)
+            with self._writes.connection() as conn:
+                pg_schema.check(conn)
+                row = conn.execute("SELECT nextval('effectd_incarnation')").fetchone()
+                conn.commit()
+            assert row is not None
+            self._incarnation = int(str(row[0]))
+            self.submit(usage.ensure_counted).result()
+        except PoolTimeout as exc:
+            self.close()
+            raise unavailable(
+                f"PostgreSQL is not reachable: {exc}", applied=False
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _configure(self, conn: _Conn, *, read_only: bool) -> None:
+        if not read_only:
+            # Every query here is a key lookup or a key range. Under
+            # SERIALIZABLE a sequential scan (which the planner prefers on a
+            # small table) locks the whole table against every concurrent
+            # writer; an index scan locks only the pages it reads.
+            conn.execute("SELECT set_config('enable_seqscan', 'off', false)")
+        if self.options.statement_timeout is not None:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (f"{int(self.options.statement_timeout * 1000)}ms",),
+            )
+        conn.commit()
+        conn.isolation_level = (
+            psycopg.IsolationLevel.REPEATABLE_READ if read_only else self.isolation
+        )
+        conn.read_only = read_only
+
+    def _configure_writer(self, conn: _Conn) -> None:
+        self._configure(conn, read_only=False)
+
+    def _configure_reader(self, conn: _Conn) -> None:
+        self._configure(conn, read_only=True)
+
+    @property
+    def incarnation(self) -> int:
+        return self._incarnation
+
+    @property
+    def exclusive(self) -> bool:
+        """Never: every daemon given the same URL serves this store."""
+        return False
+
+    # -- reads ------------------------------------------------------------
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        """`fn` on a snapshot; a connection found broken (the database
+        restarted since it was pooled) is replaced once."""
+        if self._closed:
+            raise ShuttingDown("the store is closed")
+        for attempt in (1, 2):
+            try:
+                with self._reads.connection() as conn:
+                    try:
+                        return fn(PgReadView(conn))
+                    finally:
+                        rollback(conn)
+            except PoolTimeout:
+                raise unavailable(
+                    "no PostgreSQL connection for a read within "
+                    f"{self.options.pool_timeout} s",
+                    applied=False,
+                ) from None
+            except DatabaseFailed as failed:
+                if attempt == 1 and connection_lost(failed.error):
+                    continue
+                raise unavailable(
+                    f"a PostgreSQL read failed: {failed.error}", applied=False
+                ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- writes -----------------------------------------------------------
+
+    def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        future: Future[T] = Future()
+        with self._closing:
+            if self._closed:
+                future.set_exception(ShuttingDown("the store is closed"))
+            else:
+                self._queue.put((usage.counted(fn), future))
+        return future
+
+    def _run(self) -> None:
+        """A writer thread: what is queued, up to `max_batch`, goes into one
+        transaction (group commit, as LMDB's writer does)."""
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                self._queue.put(_STOP)  # for the other writers
+                return
+            batch: list[_Item] = [first]  # type: ignore[list-item]
+            while len(batch) < self.options.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    self._queue.put(_STOP)
+                    break
+                batch.append(item)  # type: ignore[arg-type]
+            live = [(fn, f) for fn, f in batch if f.set_running_or_notify_cancel()]
+            if live:
+                self._write(live)
+
+    def _write(self, batch: list[_Item]) -> None:
+        o = self.options
+        deadline = time.monotonic() + o.retry_seconds
+        for attempt in range(1, o.max_attempts + 1):
+            try:
+                outcomes = self._attempt(batch)
+            except Again as again:
+                if attempt == o.max_attempts or time.monotonic() > deadline:
+                    _fail(
+                        batch,
+                        f"the write did not commit after {attempt} attempts: {again}",
+                        applied=False,
+                    )
+                    return
+                with self._stats_lock:
+                    self.stats.retries += 1
+                # Contenders spread out, so the next attempt rarely meets them.
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))  # noqa: S311
+                continue
+            except Failed as failed:
+                _fail(batch, failed.message, applied=failed.applied)
+                return
+            for future, value, error in outcomes:
+                if error is None:
+                    future.set_result(value)
+                else:
+                    future.set_exception(error)
+            return
+
+    def _attempt(self, batch: list[_Item]) -> list[_Outcome]:
+        try:
+            conn = self._writes.getconn()
+        except PoolTimeout:
+            raise Failed(
+                "no PostgreSQL connection for a write within "
+                f"{self.options.pool_timeout} s",
+                applied=False,
+            ) from None
+        try:
+            return self._transaction(conn, batch)
+        finally:
+            self._writes.putconn(conn)
+
+    def _transaction(self, conn: _Conn, batch: list[_Item]) -> list[_Outcome]:
+        """Runs each function of `batch` in turn in one transaction, each on
+        its own view: one that raises leaves no writes (its view is never
+        flushed) and does not affect the others, which see the writes of
+        those before them. Commits; returns the outcomes."""
+        outcomes: list[_Outcome] = []
+        written = Batch()
+        try:
+            for fn, future in batch:
+                view = PgWriteView(conn, written)
+                try:
+                    value = fn(view)
+                except Exception as exc:  # the request is refused, others go on
+                    outcomes.append((future, None, exc))
+                    continue
+                view.done()
+                outcomes.append((future, value, None))
+            written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
+            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+        except DatabaseFailed as failed:
+            rollback(conn)
+            raise before_commit(failed.error) from None
+        except psycopg.Error as exc:
+            rollback(conn)
+            raise before_commit(exc) from None
+        except BaseException:
+            rollback(conn)
+            raise
+        assert row is not None
+        xid = str(row[0])
+        started = time.perf_counter()
+        try:
+            conn.commit()
+        except CONFLICTS as exc:
+            raise Again(str(exc)) from None
+        except psycopg.Error as exc:
+            if not connection_lost(exc):
+                raise Failed(f"COMMIT failed: {exc}", applied=False) from None
+            if self._committed(xid, exc, len(batch)):
+                return outcomes
+            raise Again(f"COMMIT lost, the transaction aborted: {exc}") from None
+        self._committed_now(len(batch), time.perf_counter() - started)
+        return outcomes
+
+    def _committed_now(self, size: int, seconds: float) -> None:
+        with self._stats_lock:
+            self.stats.transactions += 1
+            self.stats.writes += size
+            self.stats.largest_batch = max(self.stats.largest_batch, size)
+        if self.options.on_commit is not None:
+            try:
+                self.options.on_commit(size, seconds)
+            except Exception:  # an observer must never fail a commit
+                log.exception("the commit observer failed")
+
+    def _committed(self, xid: str, lost: psycopg.Error, size: int) -> bool:
+        """Whether the transaction `xid`, whose COMMIT was lost, committed.
+
+        Raises:
+            Failed: not known (mayHaveBeenApplied=true).
+        """
+        status = xact_status(self._reads, xid)
+        with self._stats_lock:
+            if status is None:
+                self.stats.commits_unknown += 1
+            else:
+                self.stats.commits_resolved += 1
+        if status == "committed":
+            log.warning("a COMMIT was lost with its connection; it committed")
+            self._committed_now(size, 0.0)
+            return True
+        if status == "aborted":
+            return False
+        log.error("a COMMIT was lost with its connection; its outcome is unknown")
+        raise Failed(
+            f"PostgreSQL did not answer COMMIT ({lost}); the request may have "
+            "been applied",
+            applied=True,
+        )
+
+    # -- the rest of the protocol -----------------------------------------
+
+    def close(self) -> None:
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        for writer in self._writers:
+            if writer.is_alive():
+                writer.join()
+        self._writes.close()
+        self._reads.close()
+
+    def backup(self, path: Path) -> int:
+        raise NotImplementedYet(
+            "the PostgreSQL store is backed up with the database's own tools "
+            "(pg_dump, or continuous archiving); see docs/operations.md"
+        )
+
+
+__all__ = [
+    "MAY_HAVE_BEEN_APPLIED",
+    "PgStats",
+    "PostgresOptions",
+    "PostgresStore",
+    "unavailable",
+]

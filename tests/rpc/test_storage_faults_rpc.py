@@ -1,0 +1,134 @@
+"""A daemon on the shared store whose database fails under a request: the
+RPC answers UNAVAILABLE / STORAGE_UNAVAILABLE with ErrorInfo metadata
+`mayHaveBeenApplied` saying whether the request may have been applied, and
+the daemon serves the next request once the database is back."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from effectd.v1 import admin_pb2
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1.admin_pb2_grpc import AdminStub
+from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
+
+from effectd_client import Client, EffectdError
+from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
+from sidecar.testing import RunningDaemon, running_daemon
+from tests.rpc.support import expect_refusal, prepare_request
+from tests.support import postgres
+from tests.support.tcp_proxy import CommitCutter, commit_cutter
+
+
+@pytest.fixture
+def through_proxy(
+    config: ServeConfig, pg_url: str, clock: ManualClock
+) -> Iterator[tuple[RunningDaemon, CommitCutter]]:
+    with commit_cutter(pg_url) as (proxy, url):
+        shared = dataclasses.replace(config, store=url)
+        with running_daemon(shared, clock) as daemon:
+            yield daemon, proxy
+
+
+def test_a_lost_commit_answers_unavailable_may_have_been_applied(
+    through_proxy: tuple[RunningDaemon, CommitCutter], pg_database: str
+) -> None:
+    """Prepare-and-start whose COMMIT's answer is lost while the database
+    becomes unreachable: UNAVAILABLE, mayHaveBeenApplied=true, never
+    EXECUTE. Back, a repeat is IN_PROGRESS: it had committed, and its
+    attempt is not given a second time."""
+    daemon, proxy = through_proxy
+
+    def unreachable() -> None:
+        proxy.refusing = True
+        postgres.terminate("effectd/reads", pg_database)
+
+    proxy.on_cut = unreachable
+    proxy.arm()
+    call = prepare_request(call_id=f"c-{secrets.token_hex(4)}", start=True)
+    with grpc.insecure_channel(daemon.target) as channel:
+        stub = ToolLedgerStub(channel)
+        got = expect_refusal(
+            lambda: stub.PrepareTool(call, timeout=60),
+            grpc.StatusCode.UNAVAILABLE,
+            "STORAGE_UNAVAILABLE",
+        )
+        assert got.metadata == {"mayHaveBeenApplied": "true"}
+        proxy.refusing = False
+        again = stub.PrepareTool(call, timeout=60)
+    assert again.decision == pb.DECISION_IN_PROGRESS
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["session", "unary"])
+def test_the_client_sees_an_unknown_commit_as_unknown(
+    through_proxy: tuple[RunningDaemon, CommitCutter],
+    pg_database: str,
+    session: bool,
+) -> None:
+    """Through the Python client, on the session stream as on unary calls:
+    the lost COMMIT is a StorageUnavailable error saying it may have been
+    applied, never a decision."""
+    daemon, proxy = through_proxy
+
+    def unreachable() -> None:
+        proxy.refusing = True
+        postgres.terminate("effectd/reads", pg_database)
+
+    proxy.on_cut = unreachable
+    proxy.arm()
+    call_id = f"c-{secrets.token_hex(4)}"
+    with (
+        Client(daemon.target, session=session) as client,
+        pytest.raises(EffectdError) as raised,
+    ):
+        client.prepare_tool("run", call_id, "t", {}, start=True)
+    assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+    assert raised.value.reason == "STORAGE_UNAVAILABLE"
+    assert raised.value.metadata["mayHaveBeenApplied"] == "true"
+
+
+def test_a_lost_commit_that_committed_answers_execute_once(
+    through_proxy: tuple[RunningDaemon, CommitCutter],
+) -> None:
+    """The COMMIT's answer is lost but the database is still there: the
+    daemon learns it committed and answers EXECUTE; a repeat is IN_PROGRESS."""
+    daemon, proxy = through_proxy
+    proxy.arm()
+    call = prepare_request(call_id=f"c-{secrets.token_hex(4)}", start=True)
+    with grpc.insecure_channel(daemon.target) as channel:
+        stub = ToolLedgerStub(channel)
+        first = stub.PrepareTool(call, timeout=60)
+        again = stub.PrepareTool(call, timeout=60)
+    assert proxy.cuts == 1
+    assert (first.decision, again.decision) == (
+        pb.DECISION_EXECUTE,
+        pb.DECISION_IN_PROGRESS,
+    )
+
+
+def test_backup_of_the_shared_store_points_to_the_database_tools(
+    config: ServeConfig, pg_url: str, clock: ManualClock, short_tmp: Path
+) -> None:
+    """`ctl backup` copies LMDB only: on the shared store it answers
+    UNIMPLEMENTED, naming pg_dump, and writes nothing."""
+    shared = dataclasses.replace(config, store=pg_url)
+    target = short_tmp / "backup"
+    with (
+        running_daemon(shared, clock) as daemon,
+        grpc.insecure_channel(daemon.target) as channel,
+    ):
+        got = expect_refusal(
+            lambda: AdminStub(channel).Backup(
+                admin_pb2.BackupRequest(path=str(target)), timeout=30
+            ),
+            grpc.StatusCode.UNIMPLEMENTED,
+            "NOT_IMPLEMENTED",
+        )
+    assert "pg_dump" in got.message
+    assert not target.exists()
