@@ -1,8 +1,9 @@
 """Several daemons on one store (`ledger.ownership`, `services.membership`):
 each daemon is the ledger, settlement and membership services over its own
-incarnation of one real LMDB environment, which it shares with the others
-(`SharedIdentity`: the store's own incarnation counter, `exclusive` off),
-each on its own clock whose monotonic time means nothing to the others.
+incarnation of one real store it shares with the others, each on its own
+clock whose monotonic time means nothing to the others: a PostgreSQL store
+opened by each daemon, or one LMDB environment with an identity per daemon
+(`SharedIdentity`: the store's own incarnation counter, `exclusive` off).
 
 The property: another daemon's restart, start-time settlement or periodic
 settlement pass never turns daemon A's live STARTED call into UNKNOWN; A's
@@ -43,6 +44,8 @@ from sidecar.services.membership import KEEP_GONE_NS, SETTLEMENT, MembershipServ
 from sidecar.services.settlement import SettlementService
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.pg_options import PostgresOptions
+from sidecar.storage.postgres_store import PostgresStore
 from tests.ledger.builders import ok_result
 
 T = TypeVar("T")
@@ -138,6 +141,20 @@ class SharedLmdb:
         return SharedIdentity(self.env)
 
 
+class SharedPostgres:
+    """One PostgreSQL store, opened by each daemon incarnation as a daemon
+    opens it (its own pools, an incarnation from the store's sequence)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.opened: list[PostgresStore] = []
+
+    def open(self) -> Store:
+        store = PostgresStore(self.url, PostgresOptions(readers=1))
+        self.opened.append(store)
+        return store
+
+
 @dataclass
 class Daemon:
     daemon_id: str
@@ -192,8 +209,16 @@ class Clocks:
         self.b.advance(seconds)
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Shared]:
+@pytest.fixture(params=["lmdb", "postgres"])
+def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Shared]:
+    """The shared store: one LMDB environment, or a PostgreSQL store (which
+    fails, never skips, when PostgreSQL cannot be reached)."""
+    if request.param == "postgres":
+        shared = SharedPostgres(str(request.getfixturevalue("pg_url")))
+        yield shared
+        for opened in shared.opened:
+            opened.close()
+        return
     store = LmdbStore(tmp_path / "data", LmdbOptions(map_size=64 << 20, sync=False))
     yield SharedLmdb(store)
     store.close()
