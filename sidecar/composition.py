@@ -12,6 +12,7 @@ the lifecycle of `sidecar.server.Daemon`, which calls these at start.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,7 @@ from sidecar.rpc.session import Draining, LedgerSession
 from sidecar.seams import Seams
 from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
+from sidecar.services.membership import MembershipService
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
 from sidecar.services.recovery import RecoveryService
@@ -164,6 +166,15 @@ def open_store(cfg: ServeConfig, metrics: Metrics) -> Store:
     return LmdbStore(cfg.data_dir, options)
 
 
+def daemon_id(cfg: ServeConfig) -> str:
+    """The configured daemon id, else this host's name and the socket path:
+    no two live daemons share both, since the socket's lock is held while a
+    daemon serves, and a daemon restarted in place keeps them."""
+    if cfg.daemon_id is not None:
+        return cfg.daemon_id
+    return f"{socket.gethostname()}:{cfg.socket_path.resolve()}"
+
+
 def _open_shared_store(url: str, metrics: Metrics) -> Store:
     # Imported here: a daemon of the LMDB store loads no PostgreSQL driver.
     from sidecar.storage.postgres_store import (  # noqa: PLC0415
@@ -215,6 +226,8 @@ class Services:
     policies: PolicyService
     retention: RetentionService
     settlement: SettlementService
+    # This daemon's registration among those sharing the store.
+    membership: MembershipService
     monitor: ProviderMonitor
     provider: ProviderClient
     # Closed by the daemon when it stops.
@@ -275,6 +288,12 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
         policies=PolicyService(store, clock, policy),
         retention=RetentionService(store, clock, policy, scans=scans),
         settlement=SettlementService(store, clock),
+        membership=MembershipService(
+            store,
+            clock,
+            daemon_id=daemon_id(cfg),
+            ttl_seconds=cfg.registration_ttl_seconds,
+        ),
         monitor=monitor,
         provider=ProviderClient(
             routes,

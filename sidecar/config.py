@@ -20,6 +20,7 @@ DEFAULT_MAP_SIZE = 8 << 30
 DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_RETENTION_INTERVAL_SECONDS = 600.0
 DEFAULT_SETTLE_INTERVAL_SECONDS = 10.0
+DEFAULT_REGISTRATION_TTL_SECONDS = 15.0
 
 
 class Layer(enum.Enum):
@@ -216,6 +217,12 @@ class ServeConfig:
     # Seconds between passes that turn STARTED calls whose lease ran out into
     # UNKNOWN, so listings and stats show them as waiting for a person.
     settle_interval_seconds: float = DEFAULT_SETTLE_INTERVAL_SECONDS
+    # Names this daemon among those sharing its store, across its restarts
+    # (`ledger.ownership`); None: this host's name and the socket path.
+    daemon_id: str | None = None
+    # Seconds a daemon's registration vouches for the leases it granted
+    # without being renewed: how long after it died other daemons settle them.
+    registration_ttl_seconds: float = DEFAULT_REGISTRATION_TTL_SECONDS
     limits: Limits = field(default_factory=Limits)
 
     @property
@@ -257,6 +264,12 @@ class ServeConfig:
             )
         if not self.settle_interval_seconds > 0:
             raise ConfigError("settle_interval", "must be a positive number of seconds")
+        if not self.registration_ttl_seconds > 0:
+            raise ConfigError(
+                "registration_ttl", "must be a positive number of seconds"
+            )
+        if self.daemon_id is not None and not self.daemon_id.strip():
+            raise ConfigError("daemon_id", "must not be blank")
         if self.log_format not in ("json", "text"):
             raise ConfigError("log_format", "must be json or text")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

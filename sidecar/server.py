@@ -1,11 +1,14 @@
 """The daemon's lifecycle.
 
 Start: lock the socket, open the store (which locks the data directory),
-wire the services (`sidecar.composition`), settle calls left STARTED by an
-earlier incarnation, compact, bind, then report SERVING and start the
-periodic passes on the injected clock. Stop: health NOT_SERVING, stop
-accepting, let in-flight calls finish within the grace period, then close
-what start opened. Constructing a `Daemon` does no I/O.
+wire the services (`sidecar.composition`), register this daemon's
+incarnation (`services.membership`), settle calls left STARTED by an
+incarnation that restarted, compact, bind, then report SERVING and start the
+periodic work on the injected clock: renewing the registration, and the
+settlement and retention passes, each run by whichever daemon sharing the
+store claims it for the interval. Stop: health NOT_SERVING, stop accepting,
+let in-flight calls finish within the grace period, end the registration,
+then close what start opened. Constructing a `Daemon` does no I/O.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sidecar.locking import ExclusiveLock
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
 from sidecar.rpc import tls
 from sidecar.seams import Seams
+from sidecar.services.membership import RETENTION, SETTLEMENT
 from sidecar.services.policy import Reload
 from sidecar.services.retention import PassResult
 from sidecar.services.settlement import SettlePass
@@ -86,6 +90,7 @@ class Daemon:
         self._socket_lock: ExclusiveLock | None = None
         self._unwatch: list[Callable[[], None]] = []
         self._passes: list[asyncio.Task[None]] = []
+        self._registered = False
 
     @property
     def tracing(self) -> Tracer | None:
@@ -123,6 +128,16 @@ class Daemon:
         self._unwatch.append(self.metrics.watch_store(store))
         services = self.services = self.compose(store)
         self._unwatch.append(self.metrics.watch_provider(services.monitor))
+        registered = await services.membership.register()
+        self._registered = True
+        for gone in registered.ended:
+            if gone.ended_ns != registered.registration.registered_ns:
+                continue  # it had stopped cleanly before
+            log.info(
+                "daemon %s (incarnation %d) ended by this start",
+                gone.daemon_id,
+                gone.incarnation,
+            )
         settled = await services.ledger.settle_earlier_incarnations()
         if settled:
             log.warning("%d calls started before the restart are now UNKNOWN", settled)
@@ -169,19 +184,25 @@ class Daemon:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.endpoints = Endpoints(f"unix:{sock}", tcp)
         log.info(
-            "effectd serving on %s%s (incarnation %d)",
+            "effectd serving on %s%s (daemon %s, incarnation %d)",
             self.endpoints.unix,
             f" and {tcp}" if tcp else "",
+            services.membership.daemon_id,
             store.incarnation,
         )
-        self._start_periodic_passes()
+        self._start_periodic_passes(services)
         return self.endpoints
 
-    def _start_periodic_passes(self) -> None:
+    def _start_periodic_passes(self, services: Services) -> None:
         # On the injected clock, as the leases and the retention window are.
         clock = self.seams.clock
         cfg = self.config
+        membership = services.membership
         self._passes = [
+            asyncio.create_task(
+                every(clock, membership.renew_interval_seconds, self.renew),
+                name="effectd-registration",
+            ),
             asyncio.create_task(
                 every(clock, cfg.retention_interval_seconds, self.compact_expired),
                 name="effectd-retention",
@@ -206,11 +227,35 @@ class Daemon:
         await server.start()
         return f"{host}:{port}"
 
-    async def compact_expired(self) -> PassResult | None:
-        """One compaction pass of the retention window (DESIGN §4); a failure
-        is logged and leaves every record in place."""
+    async def _claim(self, name: str, interval_seconds: float) -> bool:
+        """Whether this daemon runs the pass `name` now (one daemon sharing
+        the store runs it per interval); a failure to claim is logged."""
         if self.services is None:
+            return False
+        try:
+            return await self.services.membership.claim(name, interval_seconds)
+        except Exception:
+            log.exception("claiming the %s pass failed; it is skipped", name)
+            return False
+
+    async def renew(self) -> None:
+        """Renews this daemon's registration; a failure is logged, and the
+        next renewal tries again (the registration lapses if none succeeds
+        within its lifetime)."""
+        if self.services is None:
+            return
+        try:
+            await self.services.membership.renew()
+        except Exception:
+            log.exception("renewing this daemon's registration failed")
+
+    async def compact_expired(self) -> PassResult | None:
+        """One compaction pass of the retention window (DESIGN §4), unless
+        another daemon sharing the store runs it this interval (None then);
+        a failure is logged and leaves every record in place."""
+        if not await self._claim(RETENTION, self.config.retention_interval_seconds):
             return None
+        assert self.services is not None
         try:
             done = await self.services.retention.compact()
         except Exception:
@@ -229,20 +274,39 @@ class Daemon:
         return done
 
     async def settle_expired(self) -> SettlePass | None:
-        """One settlement pass: STARTED calls whose lease ran out become
-        UNKNOWN; a failure is logged, and the next pass tries again."""
-        if self.services is None:
+        """One settlement pass, unless another daemon sharing the store runs
+        it this interval (None then): STARTED calls whose lease ran out, or
+        whose daemon's registration lapsed, become UNKNOWN; registrations gone
+        for long are deleted. A failure is logged, and the next pass tries
+        again."""
+        if not await self._claim(SETTLEMENT, self.config.settle_interval_seconds):
             return None
+        assert self.services is not None
         try:
             done = await self.services.settlement.settle()
         except Exception:
             log.exception("the settlement pass failed; no call was settled")
             return None
+        try:
+            await self.services.membership.forget_gone()
+        except Exception:
+            log.exception("deleting the registrations gone for long failed")
         if done.settled:
             log.warning(
                 "%d STARTED calls whose lease ran out are now UNKNOWN", done.settled
             )
         return done
+
+    async def _deregister(self, services: Services) -> None:
+        """Ends this daemon's registration, once, if start made it: from now
+        the calls it held are settled by the next daemon that touches them."""
+        if not self._registered:
+            return
+        self._registered = False
+        try:
+            await services.membership.deregister()
+        except Exception:
+            log.exception("ending this daemon's registration failed")
 
     async def reload_policy(self, actor: str, reason: str = "") -> Reload:
         """Reloads the policy file with its audit entry (ADR-010 R2); see
@@ -279,6 +343,7 @@ class Daemon:
             await self._health_server.stop(0)
             self._health_server = None
         if services is not None:
+            await self._deregister(services)
             await services.http.aclose()
         if self.metrics_server is not None:
             await asyncio.to_thread(self.metrics_server.close)

@@ -12,9 +12,9 @@ from sidecar.config import ServeConfig
 from sidecar.seams import Seams
 from sidecar.server import Daemon, Endpoints
 
-# The tasks a serving daemon keeps asleep on its clock: the compaction pass
-# and the settlement pass.
-PERIODIC_TASKS = 2
+# The tasks a serving daemon keeps asleep on its clock: the renewal of its
+# registration, the compaction pass and the settlement pass.
+PERIODIC_TASKS = 3
 
 
 class RunningDaemon:

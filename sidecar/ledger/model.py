@@ -150,18 +150,19 @@ class Result:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A lease on the monotonic clock of one daemon incarnation.
+    """A lease granted by one daemon incarnation: its end on that
+    incarnation's monotonic clock, which only the holder can read, and on the
+    wall clock, which every daemon sharing the store judges it by
+    (`ledger.ownership.judge`).
 
     Monotonic time means nothing across restarts, so a lease of an earlier
-    incarnation is never live (its holder cannot be trusted to still run).
+    incarnation is never live to a later one (its holder cannot be trusted
+    to still run).
     """
 
     incarnation: int
     deadline_ns: int
     expires_wall_ns: int
-
-    def is_live(self, incarnation: int, now_monotonic_ns: int) -> bool:
-        return self.incarnation == incarnation and now_monotonic_ns < self.deadline_ns
 
 
 @dataclass(frozen=True, slots=True)

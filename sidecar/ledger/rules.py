@@ -31,6 +31,7 @@ from sidecar.ledger.steps import (
     Step,
     decide,
     enforce,
+    holder_restarted,
     settle,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "delivered",
     "enforce",
     "heartbeat",
+    "holder_restarted",
     "prepare",
     "report_unknown",
     "settle",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.errors import EffectdError, RevisionConflict, StaleAttempt
-from sidecar.ledger import machine
+from sidecar.ledger import machine, ownership
 from sidecar.ledger.model import (
     Decision,
     Effect,
@@ -28,11 +28,15 @@ DAEMON = "effectd"
 
 @dataclass(frozen=True, slots=True)
 class Now:
-    """The moment a rule runs: both clocks and the daemon's incarnation."""
+    """The moment a rule runs: both clocks, the daemon's incarnation and, on
+    a store other daemons share, their registrations (`ledger.ownership`)."""
 
     wall_ns: int
     monotonic_ns: int
     incarnation: int
+    # None: the store is exclusive, every other incarnation is an earlier
+    # one, gone.
+    peers: ownership.Peers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,19 +72,31 @@ def new_lease(now: Now, lease_ms: int) -> Lease:
 def settle(call: ToolCall, now: Now) -> ToolCall:
     """A STARTED call whose lease is no longer live becomes UNKNOWN.
 
-    A lease of an earlier daemon incarnation is never live: whoever held it
-    may have executed the call (ADR-010 D3).
+    A lease whose holder is gone is never live: an earlier incarnation of an
+    exclusive store's daemon, or, on a shared store, a holder that restarted
+    or whose registration lapsed or ended. Whoever held it may have executed
+    the call (ADR-010 D3). Who judges what is `ownership.judge`.
     """
     if call.state is not State.STARTED or call.lease is None:
         return call
-    if call.lease.is_live(now.incarnation, now.monotonic_ns):
-        return call
-    if call.lease.incarnation != now.incarnation:
-        event, reason = Event.RESTART, "started under an earlier daemon incarnation"
-    else:
-        event, reason = Event.EXPIRE, "lease expired"
-    # The outcome is unknown from the lease's end, however late it is noticed.
-    since = min(now.wall_ns, call.lease.expires_wall_ns)
+    verdict = _judge(call.lease, now)
+    match verdict.verdict:
+        case ownership.Verdict.LIVE:
+            return call
+        case ownership.Verdict.RESTARTED:
+            event, reason = (
+                Event.RESTART,
+                "started under an earlier daemon incarnation",
+            )
+        case ownership.Verdict.LAPSED:
+            event, reason = (
+                Event.EXPIRE,
+                "the registration of the daemon that started it lapsed",
+            )
+        case ownership.Verdict.EXPIRED:
+            event, reason = Event.EXPIRE, "lease expired"
+    # The outcome is unknown from the lease's end (or its holder's), however
+    # late it is noticed.
     return machine.apply(
         call,
         event,
@@ -88,7 +104,25 @@ def settle(call: ToolCall, now: Now) -> ToolCall:
         actor=DAEMON,
         reason=reason,
         lease=None,
-        unknown_since_ns=since,
+        unknown_since_ns=verdict.since_ns,
+    )
+
+
+def holder_restarted(call: ToolCall, now: Now) -> bool:
+    """Whether `call` is STARTED under a lease whose holder restarted (an
+    earlier incarnation, on an exclusive store)."""
+    if call.state is not State.STARTED or call.lease is None:
+        return False
+    return _judge(call.lease, now).verdict is ownership.Verdict.RESTARTED
+
+
+def _judge(lease: Lease, now: Now) -> ownership.Judgement:
+    return ownership.judge(
+        lease,
+        incarnation=now.incarnation,
+        wall_ns=now.wall_ns,
+        monotonic_ns=now.monotonic_ns,
+        peers=now.peers,
     )
 
 

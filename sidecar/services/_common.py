@@ -10,14 +10,18 @@ from typing import TypeVar
 from sidecar.clock import Clock
 from sidecar.errors import EffectdError
 from sidecar.ledger.rules import Answer, Now
-from sidecar.storage.api import Store, WriteView
+from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.daemons import StoredPeers
 
 T = TypeVar("T")
 
 
-def moment(clock: Clock, store: Store) -> Now:
-    """Both clocks and the store's incarnation, read together."""
-    return Now(clock.wall_ns(), clock.monotonic_ns(), store.incarnation)
+def moment(clock: Clock, store: Store, view: ReadView) -> Now:
+    """Both clocks and the store's incarnation, read together; on a store
+    other daemons share, their registrations as `view` holds them, for a
+    rule that judges a lease of another incarnation (valid while `view` is)."""
+    peers = None if store.exclusive else StoredPeers(view)
+    return Now(clock.wall_ns(), clock.monotonic_ns(), store.incarnation, peers)
 
 
 async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:

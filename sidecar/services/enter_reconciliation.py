@@ -25,7 +25,7 @@ from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.rules import Now
 from sidecar.services._common import committed
 from sidecar.storage import records
-from sidecar.storage.api import Store, Table, WriteView
+from sidecar.storage.api import ReadView, Store, Table, WriteView
 
 # Changed calls per transaction (each with its audit entry, about 0.7 ms a
 # call with fsync on: the writer is held for about 0.1 s), and records
@@ -124,7 +124,7 @@ def _batch(
 
 async def enter_reconciliation(
     store: Store,
-    now: Callable[[], Now],
+    now: Callable[[ReadView], Now],
     *,
     tool_name: str,
     namespace: str | None,
@@ -144,7 +144,7 @@ async def enter_reconciliation(
         def apply(view: WriteView, start: bytes | None = start) -> _Batch:
             return _batch(
                 view,
-                now(),
+                now(view),
                 prefix=prefix,
                 after=start,
                 tool_name=tool_name,

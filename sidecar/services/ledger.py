@@ -65,8 +65,8 @@ class LedgerService:
         # Listings read many rows: off the event loop.
         self._scans = scans or Scans(store)
 
-    def now(self) -> Now:
-        return moment(self._clock, self._store)
+    def now(self, view: ReadView) -> Now:
+        return moment(self._clock, self._store, view)
 
     async def _write(self, fn: Callable[[WriteView], Answer | EffectdError]) -> Answer:
         return await answered(self._store, fn)
@@ -80,7 +80,7 @@ class LedgerService:
                 raise _not_found(ref, tombstones.load(view, ref))
             # Read in the write transaction: a reload that took effect before
             # this write decides it (the reload's audit entry comes first).
-            step = rule(old, self.now(), self._policy.current())
+            step = rule(old, self.now(view), self._policy.current())
             if step.call.revision != old.revision:
                 records.save_call(view, old, step.call)
             return step.reply
@@ -95,7 +95,7 @@ class LedgerService:
         # change the record (a lease ran out, a forced effect) is left to the
         # write transaction below, which decides again.
         unchanged = self._store.read(
-            lambda view: _unchanged_answer(view, spec, self.now(), self._policy)
+            lambda view: _unchanged_answer(view, spec, self.now(view), self._policy)
         )
         if isinstance(unchanged, EffectdError):
             raise unchanged
@@ -105,7 +105,7 @@ class LedgerService:
         def apply(view: WriteView) -> Answer | EffectdError:
             policy = self._policy.current()
             resolved = _with_lease(spec, policy)
-            return _prepare_one(view, resolved, self.now(), policy, self._quotas)
+            return _prepare_one(view, resolved, self.now(view), policy, self._quotas)
 
         return await self._write(apply)
 
@@ -113,7 +113,7 @@ class LedgerService:
         """All in one transaction; one refusal and nothing is written."""
 
         def apply(view: WriteView) -> list[Answer]:
-            now = self.now()
+            now = self.now(view)
             policy = self._policy.current()
             answers = []
             for index, asked in enumerate(specs):
@@ -278,11 +278,16 @@ class LedgerService:
         return await self._scans.read(scan)
 
     async def settle_earlier_incarnations(self) -> int:
-        """At start: every STARTED record of an earlier incarnation becomes
-        UNKNOWN, so a side effect there answers RECONCILE (ADR-010 D3)."""
+        """At start: every STARTED record whose holder restarted becomes
+        UNKNOWN, so a side effect there answers RECONCILE (ADR-010 D3). On an
+        exclusive store that is every earlier incarnation; on a shared one,
+        the earlier incarnations of this daemon (`ownership.register` ended
+        them) and of any other daemon that restarted: a live daemon's calls
+        are never settled here, and a lapsed one's are left to the
+        settlement pass."""
 
         def apply(view: WriteView) -> int:
-            now = self.now()
+            now = self.now(view)
             settled = 0
             keys = [
                 k
@@ -295,11 +300,7 @@ class LedgerService:
                     old = records.load_call_at(view, key[1:])
                 except UnsupportedKeyScheme:
                     continue  # a newer daemon's call: refused whenever touched
-                if (
-                    old is None
-                    or old.lease is None
-                    or old.lease.incarnation == now.incarnation
-                ):
+                if old is None or not rules.holder_restarted(old, now):
                     continue
                 records.save_call(view, old, rules.settle(old, now))
                 settled += 1

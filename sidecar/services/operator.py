@@ -68,14 +68,14 @@ class OperatorService:
         # off the event loop.
         self._scans = scans or Scans(store)
 
-    def now(self) -> Now:
-        return moment(self._clock, self._store)
+    def now(self, view: ReadView) -> Now:
+        return moment(self._clock, self._store, view)
 
     async def _write(
         self, apply: Callable[[WriteView, Now], Answer | EffectdError]
     ) -> Answer:
         def run(view: WriteView) -> Answer | EffectdError:
-            return apply(view, self.now())
+            return apply(view, self.now(view))
 
         return await answered(self._store, run)
 

@@ -28,7 +28,7 @@ as `recover_page` does; a record without a row is too.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -83,18 +83,29 @@ class _Read:
     rows: list[tuple[bytes, ToolCall | bytes]]
     # The last key of the page when the run has more calls.
     more_after: bytes | None
+    # The keys of the rows recovery would change, judged on the same snapshot.
+    changing: list[bytes]
 
 
 def _read_page(
-    view: ReadView, *, prefix: bytes, after: bytes | None, size: int, stored: bool
+    view: ReadView,
+    *,
+    prefix: bytes,
+    after: bytes | None,
+    size: int,
+    stored: bool,
+    now: Callable[[ReadView], Now],
+    policy: Policy,
 ) -> _Read:
     rows: list[tuple[bytes, ToolCall | bytes]] = []
+    more_after = None
     # The plan rows of the same range, walked beside the records.
     planned = iter(view.scan(Table.PLAN_ROWS, prefix, after=after) if stored else ())
     row = next(planned, None)
     for key, raw in view.scan(Table.CALLS, prefix, after=after):
         if len(rows) == size:
-            return _Read(rows, rows[-1][0])
+            more_after = rows[-1][0]
+            break
         while row is not None and row[0] < key:
             row = next(planned, None)
         if row is not None and row[0] == key and plan_rows.is_current(row[1]):
@@ -103,7 +114,15 @@ def _read_page(
         # The plan shows no history; a call that recovery changes is read
         # again, whole, by the write.
         rows.append((key, records.decode_call(raw, history=False)))
-    return _Read(rows, None)
+    at = now(view)
+    # A plan row is a COMMITTED record's, which recovery never changes.
+    changing = [
+        key
+        for key, call in rows
+        if not isinstance(call, bytes)
+        and _recovered(call, at, policy)[0].revision != call.revision
+    ]
+    return _Read(rows, more_after, changing)
 
 
 def _recovered(call: ToolCall, now: Now, policy: Policy) -> tuple[ToolCall, bool]:
@@ -129,8 +148,8 @@ class RecoveryService:
         self._policy = policy
         self._scans = scans or Scans(store)
 
-    def now(self) -> Now:
-        return moment(self._clock, self._store)
+    def now(self, view: ReadView) -> Now:
+        return moment(self._clock, self._store, view)
 
     async def recover(self, namespace: str, run_id: str) -> Recovered:
         """The whole plan of a run, made page by page (each page its own
@@ -217,28 +236,26 @@ class RecoveryService:
         next page's token."""
         prefix = records.run_prefix(namespace, run_id)
         after = paging.decode(page_token, prefix)
+        policy = self._policy.current()
         read = await self._scans.read(
             functools.partial(
-                _read_page, prefix=prefix, after=after, size=page_size, stored=stored
+                _read_page,
+                prefix=prefix,
+                after=after,
+                size=page_size,
+                stored=stored,
+                now=self.now,
+                policy=policy,
             )
         )
-        policy = self._policy.current()
-        now = self.now()
-        # A plan row is a COMMITTED record's, which recovery never changes.
-        changing = [
-            key
-            for key, call in read.rows
-            if not isinstance(call, bytes)
-            and _recovered(call, now, policy)[0].revision != call.revision
-        ]
         rows = read.rows
         settled = 0
-        if changing:
+        if read.changing:
 
             def apply(view: WriteView) -> tuple[dict[bytes, ToolCall], int, Policy]:
                 # In the write transaction: a reload that took effect, and
                 # each record as it is now, decide.
-                now = self.now()
+                now = self.now(view)
                 policy = self._policy.current()
                 changed: dict[bytes, ToolCall] = {}
                 settled = 0
@@ -269,7 +286,7 @@ class RecoveryService:
         """Marks committed calls as delivered; all of them or none."""
 
         def apply(view: WriteView) -> list[ToolCall]:
-            now = self.now()
+            now = self.now(view)
             done = []
             for index, call_id in enumerate(call_ids):
                 try:

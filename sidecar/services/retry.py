@@ -17,12 +17,11 @@ from collections.abc import Callable
 from sidecar.clock import Clock
 from sidecar.errors import NotFound
 from sidecar.ledger import retry, rules
-from sidecar.ledger.model import CallRef, Channel, State
+from sidecar.ledger.model import CallRef, Channel, State, ToolCall
 from sidecar.ledger.policy import PolicySource
-from sidecar.ledger.rules import Now
 from sidecar.services._common import moment
 from sidecar.storage import records
-from sidecar.storage.api import Store
+from sidecar.storage.api import ReadView, Store
 
 
 class RetryService:
@@ -41,14 +40,18 @@ class RetryService:
         self._random = random
         self._backoff = backoff or retry.Backoff()
 
-    def _now(self) -> Now:
-        return moment(self._clock, self._store)
-
     def facts_of(
         self, ref: CallRef, question: retry.RetryQuestion
     ) -> retry.RetryQuestion:
         """`question` with the facts and attempts of the recorded call `ref`."""
-        call = self._store.read(lambda view: records.load_call(view, ref))
+
+        def settled(view: ReadView) -> ToolCall | None:
+            found = records.load_call(view, ref)
+            if found is None:
+                return None
+            return rules.settle(found, moment(self._clock, self._store, view))
+
+        call = self._store.read(settled)
         if call is None:
             raise NotFound(
                 f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",
@@ -58,7 +61,6 @@ class RetryService:
                     "callId": ref.call_id,
                 },
             )
-        call = rules.settle(call, self._now())
         facts = retry.Facts(
             # A SIDE_EFFECT forced on the call stays one (ADR-010 R2).
             call.recorded_effect,

@@ -54,7 +54,7 @@ class SettlementService:
         self._batch = batch
 
     def _settle_batch(self, view: WriteView, *, after: bytes | None) -> _Batch:
-        now = moment(self._clock, self._store)
+        now = moment(self._clock, self._store, view)
         prefix = records.state_prefix(State.STARTED)
         keys = []
         for key, _ in view.scan(Table.CALL_STATES, prefix, after=after):

@@ -179,6 +179,22 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS",
     ),
     Setting(
+        "daemon_id",
+        Kind.TEXT,
+        "names this daemon, across its restarts, among the daemons sharing its "
+        "store; default: the host name and the socket path",
+        metavar="ID",
+    ),
+    Setting(
+        "registration_ttl",
+        Kind.FLOAT,
+        "seconds a daemon's registration vouches for the calls it started "
+        "without being renewed (renewed every third of it): how long after a "
+        "daemon died the others settle its calls",
+        into="registration_ttl_seconds",
+        metavar="SECONDS",
+    ),
+    Setting(
         "tokens_file",
         Kind.PATH,
         "bearer tokens: a TOML file of [[token]] tables, mode 0600; without "

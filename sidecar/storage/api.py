@@ -46,6 +46,12 @@ class Table(enum.Enum):
     # Record key -> the plan row of a COMMITTED record with a result: what a
     # recovery plan shows of it, ready to answer (`sidecar.storage.plan_rows`).
     PLAN_ROWS = "plan_rows"
+    # Incarnation, 8 bytes big-endian -> the registration of the daemon that
+    # opened the store under it (`sidecar.storage.daemons`).
+    DAEMONS = "daemons"
+    # Name of a periodic pass -> the lock of the daemon that runs it
+    # (`sidecar.storage.daemons`).
+    PASSES = "passes"
 
 
 class ReadView(Protocol):
@@ -67,7 +73,16 @@ class WriteView(ReadView, Protocol):
 class Store(Protocol):
     @property
     def incarnation(self) -> int:
-        """How many times a daemon opened this store, this one included."""
+        """This open of the store: a number no other open of the same store,
+        by any daemon, ever had (LMDB: how many times a daemon opened it,
+        this one included)."""
+        ...
+
+    @property
+    def exclusive(self) -> bool:
+        """True when no other daemon can serve this store while this one has
+        it open (LMDB, by the data directory's lock): every other incarnation
+        is then an earlier one, gone (`ledger.ownership`)."""
         ...
 
     def read(self, fn: Callable[[ReadView], T]) -> T:

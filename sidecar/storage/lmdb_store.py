@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 # 4: the retention index (`storage.retention_times`); 5: the plan rows
 # (`storage.plan_rows`). A daemon of the format before would leave them stale
 # (a row would answer for an older record): it must not open the store.
-# Formats 1 to 4 are upgraded at open (`storage.migration`).
+# Formats 1 to 4 are upgraded at open (`storage.migration`);
+# `storage.daemons` changes no format.
 FORMAT_VERSION = b"5"
 _UPGRADABLE = frozenset({b"1", b"2", b"3", b"4"})
 _FORMAT_KEY = b"format_version"
@@ -96,6 +97,8 @@ _STOP = object()
 
 class LmdbStore:
     """`api.Store` on an LMDB environment in `path` (created 0700, files 0600)."""
+
+    exclusive = True  # one daemon at a time: the data directory's lock
 
     def __init__(self, path: Path, options: LmdbOptions | None = None) -> None:
         self.options = options or LmdbOptions()

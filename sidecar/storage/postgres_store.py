@@ -157,6 +157,11 @@ class PostgresStore:
     def incarnation(self) -> int:
         return self._incarnation
 
+    @property
+    def exclusive(self) -> bool:
+        """Never: every daemon given the same URL serves this store."""
+        return False
+
     # -- reads ------------------------------------------------------------
 
     def read(self, fn: Callable[[ReadView], T]) -> T:

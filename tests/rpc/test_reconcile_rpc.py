@@ -389,7 +389,7 @@ class RacyOperatorService(OperatorService):
         assert old is not None
         # A real pause between the read and the write: the window the race needs.
         await asyncio.sleep(0.01)
-        step = operator_rules.reconcile(old, self.now(), order)
+        step = operator_rules.reconcile(old, self._store.read(self.now), order)
 
         def blind_write(view: WriteView) -> Answer | EffectdError:
             records.save_call(view, old, step.call)

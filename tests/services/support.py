@@ -43,6 +43,10 @@ class ReloadBeforeWrite:
     def incarnation(self) -> int:
         return self._inner.incarnation
 
+    @property
+    def exclusive(self) -> bool:
+        return self._inner.exclusive
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         if self.reload is not None:
             self.reload()

@@ -166,7 +166,7 @@ async def _first_batch_only(w: World, store: LmdbStore, batch: int) -> None:
     def apply(view: WriteView) -> object:
         return entering._batch(
             view,
-            w.operator.now(),
+            w.operator.now(view),
             prefix=records.namespace_prefix("default"),
             after=None,
             tool_name=TOOL,
@@ -223,7 +223,9 @@ def test_an_entered_call_answers_are_decisions(store: LmdbStore) -> None:
     async def scenario() -> None:
         await _seed(w)
         call = next(c for c in _calls(store) if c.ref.call_id == "unknown-1")
-        step = operator_rules.enter_reconciliation(call, w.operator.now(), "o", "r")
+        step = operator_rules.enter_reconciliation(
+            call, store.read(w.operator.now), "o", "r"
+        )
         assert isinstance(step.reply, Answer)
         assert step.reply.decision is Decision.RECONCILE
 

@@ -64,6 +64,10 @@ class _Watched:
     def incarnation(self) -> int:
         return self._inner.incarnation
 
+    @property
+    def exclusive(self) -> bool:
+        return self._inner.exclusive
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self._inner.read(fn)
 
@@ -155,7 +159,7 @@ def test_negative_control_a_whole_run_transaction_is_caught(
     watched = _Watched(lmdb)
 
     def whole_run(view: WriteView) -> None:
-        now = moment(clock, lmdb)
+        now = moment(clock, lmdb, view)
         prefix = records.run_prefix("default", "run-1")
         for _, raw in list(view.scan(Table.CALLS, prefix)):
             old = records.decode_call(raw)

@@ -137,6 +137,8 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "providers": ("providers.toml", Path("providers.toml")),
     "retention_interval": ("30", 30.0),
     "settle_interval": ("2.5", 2.5),
+    "daemon_id": ("agent-7", "agent-7"),
+    "registration_ttl": ("20", 20.0),
     "tokens_file": ("tokens.toml", Path("tokens.toml")),
     "tokens": ("[[token]]\n", "[[token]]\n"),
     "tls_cert": ("cert.pem", Path("cert.pem")),

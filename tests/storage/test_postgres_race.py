@@ -90,6 +90,10 @@ class Racing:
     def incarnation(self) -> int:
         return self.inner.incarnation
 
+    @property
+    def exclusive(self) -> bool:
+        return self.inner.exclusive
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self.inner.read(fn)
 

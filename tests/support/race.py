@@ -94,7 +94,7 @@ class RacyLedger(LedgerService):
         old = self._store.read(lambda view: records.load_call(view, spec.ref))
         # A real pause between the read and the write: the window the race needs.
         await asyncio.sleep(0.001)
-        step = rules.prepare(old, spec, self.now())
+        step = rules.prepare(old, spec, self._store.read(self.now))
 
         def blind_write(view: WriteView) -> Answer | EffectdError:
             records.save_call(view, old, step.call)
@@ -117,7 +117,7 @@ class RacyLedger(LedgerService):
         policy = self._policy.current()
         step = rules.start(
             old,
-            self.now(),
+            self._store.read(self.now),
             lease_ms=lease_ms or policy.default_lease_ms,
             retry=retry,
             policy=policy,

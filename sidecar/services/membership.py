@@ -1,0 +1,189 @@
+"""This daemon among the daemons that serve one store (`ledger.ownership`).
+
+At start the daemon registers its incarnation under its daemon id, in the
+transaction that ends the registrations its start supersedes (its own
+earlier incarnations; on an exclusive store, every other one). While it
+serves it renews the registration's wall-clock expiry (`sidecar.server`
+every third of the registration's lifetime), and at a clean stop it ends
+it: from then on, or once the registration lapses because the daemon died,
+the calls it held are settled to UNKNOWN by whichever daemon touches them
+first. A periodic pass runs under its `PassLock`, claimed in a write
+transaction of its own, so that one daemon runs it per interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sidecar.clock import Clock
+from sidecar.ledger import ownership
+from sidecar.ledger.ownership import Registration
+from sidecar.services._common import committed, moment
+from sidecar.storage import daemons
+from sidecar.storage.api import Store, WriteView
+
+log = logging.getLogger(__name__)
+
+SETTLEMENT = "settlement"
+RETENTION = "retention"
+# How long a registration is kept after it ended or lapsed, for whoever
+# reads the table; a deleted one judges its leases as a lapsed one does.
+KEEP_GONE_NS = 24 * 3600 * 1_000_000_000
+DEFAULT_TTL_SECONDS = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """What a start found: this daemon's registration, and those it ended."""
+
+    registration: Registration
+    ended: tuple[Registration, ...]
+
+
+class MembershipService:
+    """The registration of this daemon in `store`, and its pass locks.
+
+    Args:
+        daemon_id: names this daemon across its restarts; no two daemons
+            serving the same store at once may share it.
+        ttl_seconds: how long a registration vouches for its leases without
+            being renewed (the longest another daemon waits after this one
+            died before it settles its calls).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        daemon_id: str,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+    ) -> None:
+        if not ttl_seconds > 0:
+            raise ValueError("ttl_seconds: must be positive")
+        self._store = store
+        self._clock = clock
+        self.daemon_id = daemon_id
+        self.ttl_seconds = ttl_seconds
+        self._ttl_ns = int(ttl_seconds * 1e9)
+
+    @property
+    def renew_interval_seconds(self) -> float:
+        """How often `renew` runs: three renewals fit in one lifetime."""
+        return self.ttl_seconds / 3
+
+    async def register(self) -> Registered:
+        """Registers this incarnation; ends the registrations it supersedes."""
+
+        def apply(view: WriteView) -> Registered:
+            mine, ended = ownership.register(
+                daemons.every(view),
+                daemon_id=self.daemon_id,
+                incarnation=self._store.incarnation,
+                wall_ns=self._clock.wall_ns(),
+                ttl_ns=self._ttl_ns,
+                exclusive=self._store.exclusive,
+            )
+            for reg in ended:
+                daemons.save(view, reg)
+            daemons.save(view, mine)
+            return Registered(mine, tuple(ended))
+
+        return await committed(self._store, apply)
+
+    async def renew(self) -> Registration:
+        """Moves this registration's expiry a lifetime ahead. One that had
+        lapsed or ended serves again (logged: other daemons may have settled
+        calls of this one meanwhile); one superseded by a start under the same
+        daemon id stays superseded (logged: two daemons share an id)."""
+
+        def apply(view: WriteView) -> tuple[Registration | None, Registration, int]:
+            now_ns = self._clock.wall_ns()
+            old = daemons.load(view, self._store.incarnation)
+            if old is None:
+                new = Registration(
+                    self.daemon_id,
+                    self._store.incarnation,
+                    now_ns,
+                    now_ns + self._ttl_ns,
+                )
+            else:
+                new = ownership.renew(old, wall_ns=now_ns, ttl_ns=self._ttl_ns)
+            if new != old:
+                daemons.save(view, new)
+            return old, new, now_ns
+
+        old, new, now_ns = await committed(self._store, apply)
+        if new.superseded_by:
+            log.error(
+                "daemon %s (incarnation %d) was superseded by incarnation %d "
+                "under the same daemon id, so the other daemons settle its calls "
+                "to UNKNOWN: give every daemon its own daemon-id",
+                self.daemon_id,
+                new.incarnation,
+                new.superseded_by,
+            )
+        elif old is None or not old.live(now_ns):
+            log.error(
+                "the registration of daemon %s (incarnation %d) had lapsed: other "
+                "daemons may have settled its STARTED calls to UNKNOWN; renewed",
+                self.daemon_id,
+                new.incarnation,
+            )
+        return new
+
+    async def deregister(self) -> None:
+        """Ends this registration at a clean stop."""
+
+        def apply(view: WriteView) -> None:
+            old = daemons.load(view, self._store.incarnation)
+            if old is not None and not old.ended_ns:
+                daemons.save(view, ownership.end(old, wall_ns=self._clock.wall_ns()))
+
+        await committed(self._store, apply)
+
+    async def claim(self, name: str, interval_seconds: float) -> bool:
+        """Whether this daemon runs the pass `name` now; if so, the pass is
+        its own for `interval_seconds` (the other daemons skip it)."""
+
+        def apply(view: WriteView) -> bool:
+            now = moment(self._clock, self._store, view)
+            lock = daemons.load_lock(view, name)
+            if not ownership.may_run(
+                lock, incarnation=now.incarnation, wall_ns=now.wall_ns, peers=now.peers
+            ):
+                return False
+            daemons.save_lock(
+                view,
+                name,
+                ownership.claim(
+                    incarnation=now.incarnation,
+                    daemon_id=self.daemon_id,
+                    wall_ns=now.wall_ns,
+                    interval_ns=int(interval_seconds * 1e9),
+                ),
+            )
+            return True
+
+        return await committed(self._store, apply)
+
+    async def forget_gone(self) -> int:
+        """Deletes the registrations gone for longer than `KEEP_GONE_NS`."""
+
+        def apply(view: WriteView) -> int:
+            now_ns = self._clock.wall_ns()
+            gone = [
+                reg.incarnation
+                for reg in daemons.every(view)
+                if ownership.forgettable(reg, wall_ns=now_ns, keep_ns=KEEP_GONE_NS)
+            ]
+            for incarnation in gone:
+                daemons.forget(view, incarnation)
+            return len(gone)
+
+        return await committed(self._store, apply)
+
+    def registrations(self) -> list[Registration]:
+        """Every registration the store keeps, oldest incarnation first."""
+        return self._store.read(lambda view: list(daemons.every(view)))
