@@ -3,7 +3,6 @@ wait for a write function's durable commit."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -22,7 +21,7 @@ def moment(clock: Clock, store: Store) -> Now:
 
 async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:
     """Runs `fn` in the writer; returns its value once the commit is durable."""
-    return await asyncio.wrap_future(store.submit(fn))
+    return await store.write(fn)
 
 
 async def answered(

@@ -80,6 +80,12 @@ class Store(Protocol):
         the same transaction as the records they count."""
         ...
 
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        """`submit`, awaited on the running event loop: `fn`'s value once
+        the commit is durable (raises what `fn` raised, or the store's
+        error). Cancelled before the writer takes it, `fn` is not run."""
+        ...
+
     def close(self) -> None:
         """Finishes queued writes, then closes; later submits fail."""
         ...

@@ -3,7 +3,7 @@
 Every write function is queued to one writer thread, which owns all write
 transactions (LMDB write transactions are bound to their thread). The writer
 drains what is queued into one transaction, commits it once (one fsync for
-many requests), and only then resolves the futures: no answer leaves before
+many requests), and only then answers them (`storage.answers`): no answer leaves before
 its data is durable. Reads use their own read-only transactions on the
 caller's thread and never wait for the writer (MVCC); a read sees a commit
 only once it is durable (LMDB shows it to readers after its synced meta page).
@@ -11,6 +11,7 @@ only once it is durable (LMDB shows it to readers after its synced meta page).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -32,7 +33,7 @@ from sidecar.errors import (
 )
 from sidecar.ledger.quota import StoreFill
 from sidecar.locking import ExclusiveLock
-from sidecar.storage import migration, usage
+from sidecar.storage import answers, migration, usage
 from sidecar.storage.api import (
     ReadView,
     Table,
@@ -90,7 +91,7 @@ class WriterStats:
     largest_batch: int = 0
 
 
-_Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
+_Item = tuple[Callable[[WriteView], Any], answers.Waiter]
 _STOP = object()
 
 
@@ -177,6 +178,15 @@ class LmdbStore:
                 self._queue.put((usage.counted(fn), future))
         return future
 
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        waiter = answers.LoopWaiter(asyncio.get_running_loop())
+        with self._closing:
+            if self._closed:
+                raise ShuttingDown("the store is closed")
+            self._queue.put((usage.counted(fn), waiter))
+        value: T = await waiter.future
+        return value
+
     def close(self) -> None:
         with self._closing:
             if self._closed:
@@ -261,7 +271,7 @@ class LmdbStore:
                     stopping = True
                     break
                 batch.append(item)  # type: ignore[arg-type]
-            live = [(fn, f) for fn, f in batch if f.set_running_or_notify_cancel()]
+            live = [(fn, w) for fn, w in batch if answers.claim(w)]
             if live:
                 self._commit(live)
 
@@ -281,27 +291,24 @@ class LmdbStore:
                     applied = time.perf_counter()
                 committed = time.perf_counter() - applied
             except _RequestFailed as failed:
-                _, future = pending.pop(failed.index)
+                _, waiter = pending.pop(failed.index)
                 log.error("LMDB refused a request's writes: %s", failed.error)
-                future.set_exception(
-                    StorageUnavailable(f"storage write failed: {failed.error}")
-                )
+                error = StorageUnavailable(f"storage write failed: {failed.error}")
+                answers.settle([(waiter, None, error)])
                 continue
             except (lmdb.MapFullError, lmdb.TxnFullError) as exc:
                 self._commit_too_big(pending, exc)
                 return
             except lmdb.Error as exc:
                 log.error("LMDB commit failed: %s", exc)
-                for _, future in pending:
-                    future.set_exception(
-                        StorageUnavailable(f"storage commit failed: {exc}")
-                    )
+                error = StorageUnavailable(f"storage commit failed: {exc}")
+                answers.settle([(waiter, None, error) for _, waiter in pending])
                 return
             # Durable now: answer.
             self.stats.transactions += 1
             self.stats.writes += writes
             self.stats.largest_batch = max(self.stats.largest_batch, len(pending))
-            _resolve(outcomes)
+            answers.settle(outcomes)
             if self.options.on_commit is not None:
                 try:
                     self.options.on_commit(len(pending), committed)
@@ -323,11 +330,11 @@ class LmdbStore:
             message = f"the storage map of {size} bytes is full"
         else:
             message = "the request writes more than one transaction holds"
-        batch[0][1].set_exception(StorageFull(message))
+        answers.settle([(batch[0][1], None, StorageFull(message))])
 
     def _apply(
         self, txn: lmdb.Transaction, batch: list[_Item]
-    ) -> tuple[list[_Outcome], int]:
+    ) -> tuple[list[answers.Outcome], int]:
         """Runs each write function on its own buffered view; a function
         that raises leaves no writes behind and does not affect the others.
         Returns the outcomes and how many rows were written.
@@ -337,10 +344,10 @@ class LmdbStore:
             lmdb.MapFullError: the map is full.
             lmdb.TxnFullError: the transaction holds as much as it can.
         """
-        outcomes: list[_Outcome] = []
+        outcomes: list[answers.Outcome] = []
         writes = 0
         base = TxnView(txn, self._dbs)
-        for index, (fn, future) in enumerate(batch):
+        for index, (fn, waiter) in enumerate(batch):
             view = BufferedView(base, txn, self._dbs)
             try:
                 value = fn(view)
@@ -349,7 +356,7 @@ class LmdbStore:
             except lmdb.Error as exc:
                 raise _RequestFailed(index, exc) from exc
             except Exception as exc:  # the request is refused, others go on
-                outcomes.append((future, None, exc))
+                outcomes.append((waiter, None, exc))
                 continue
             try:
                 writes += view.flush()
@@ -357,7 +364,7 @@ class LmdbStore:
                 raise
             except Exception as exc:  # part of its writes may be in the txn
                 raise _RequestFailed(index, exc) from exc
-            outcomes.append((future, value, None))
+            outcomes.append((waiter, value, None))
         return outcomes, writes
 
 
@@ -368,17 +375,6 @@ class _RequestFailed(Exception):
         super().__init__(index, error)
         self.index = index
         self.error = error
-
-
-_Outcome = tuple["Future[Any]", Any, BaseException | None]
-
-
-def _resolve(outcomes: list[_Outcome]) -> None:
-    for future, value, error in outcomes:
-        if error is None:
-            future.set_result(value)
-        else:
-            future.set_exception(error)
 
 
 def _open_incarnation(view: WriteView) -> int:

@@ -3,6 +3,7 @@ refused writes, reads that never wait, a clear answer when the map is full."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
@@ -359,3 +360,109 @@ def test_a_full_transaction_is_split_and_every_request_commits(
         assert s.stats.largest_batch <= _SmallTransactions.limit
     finally:
         s.close()
+
+
+# -- writes awaited on an event loop (`LmdbStore.write`) ---------------------
+
+
+def _held(store: LmdbStore) -> tuple[Future[None], threading.Event]:
+    """Holds the writer busy until the returned event is set."""
+    busy, release = threading.Event(), threading.Event()
+
+    def holding(view: WriteView) -> None:
+        busy.set()
+        release.wait(10)
+
+    gate = store.submit(holding)
+    assert busy.wait(10)
+    return gate, release
+
+
+def test_loop_writes_are_answered_after_their_commit_in_one_wake(
+    store: LmdbStore,
+) -> None:
+    """Each awaited write returns its value once its commit is readable, and
+    the writes of one batch wake their loop once (a wrapped concurrent
+    future woke it once per write)."""
+
+    async def main() -> tuple[list[bool], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wakes
+            wakes += 1
+            return threadsafe(*args, **kwargs)
+
+        setattr(loop, "call_soon_threadsafe", counted)  # noqa: B010
+        gate, release = _held(store)
+
+        async def one(i: int) -> bool:
+            key = b"w%d" % i
+            await store.write(_put(key, b"v"))
+            return store.read(lambda v: v.get(Table.CHECKPOINTS, key)) == b"v"
+
+        tasks = [asyncio.create_task(one(i)) for i in range(20)]
+        await asyncio.sleep(0.05)  # every write queued behind the held one
+        release.set()
+        seen = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        gate.result(10)
+        return seen, wakes
+
+    seen, wakes = asyncio.run(main())
+    assert seen == [True] * 20
+    assert wakes == 1
+
+
+def test_a_loop_write_cancelled_before_the_writer_takes_it_is_not_applied(
+    store: LmdbStore,
+) -> None:
+    """A message cancelled while its write waits in the queue writes nothing."""
+
+    async def main() -> None:
+        gate, release = _held(store)
+        task = asyncio.create_task(store.write(_put(b"gone", b"v")))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await store.write(_put(b"after", b"v"))
+        gate.result(10)
+
+    asyncio.run(main())
+    assert store.read(lambda v: v.get(Table.CHECKPOINTS, b"gone")) is None
+    assert store.read(lambda v: v.get(Table.CHECKPOINTS, b"after")) == b"v"
+
+
+def test_a_refused_loop_write_raises_and_spares_its_batch(store: LmdbStore) -> None:
+    """What a write function raises is raised where it is awaited; the
+    others of its batch commit."""
+
+    def refused(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, b"bad", b"x")
+        raise NotFound("refused")
+
+    async def main() -> None:
+        gate, release = _held(store)
+        ok = asyncio.create_task(store.write(_put(b"a", b"1")))
+        bad = asyncio.create_task(store.write(refused))
+        await asyncio.sleep(0.05)
+        release.set()
+        await ok
+        with pytest.raises(NotFound):
+            await bad
+        gate.result(10)
+
+    asyncio.run(main())
+    values = store.read(lambda v: [v.get(Table.CHECKPOINTS, k) for k in (b"a", b"bad")])
+    assert values == [b"1", None]
+
+
+def test_closed_store_refuses_loop_writes(tmp_path: Path) -> None:
+    """After close, an awaited write raises ShuttingDown instead of hanging."""
+    s = LmdbStore(tmp_path / "data")
+    s.close()
+    with pytest.raises(ShuttingDown):
+        asyncio.run(s.write(lambda view: None))

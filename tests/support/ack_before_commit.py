@@ -10,15 +10,16 @@ from __future__ import annotations
 import time
 
 from sidecar import cli, server
+from sidecar.storage import answers
 from sidecar.storage.api import Store
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item, _resolve
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
 
 
 class AckBeforeCommitStore(LmdbStore):
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            _resolve(outcomes)  # the reply leaves before the commit
+            answers.settle(outcomes)  # the reply leaves before the commit
             # A real window between the reply and the commit, for kill -9 to land in.
             time.sleep(3.0)
 
