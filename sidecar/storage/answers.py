@@ -1,11 +1,12 @@
-"""How the LMDB writer thread answers the requests of a committed batch.
+"""How the LMDB store answers the requests of a committed batch.
 
 A request queued by `LmdbStore.submit` waits on a `concurrent.futures.Future`
 (a thread, or `asyncio.wrap_future`); one queued by `LmdbStore.write` waits
-on a future of its event loop (`LoopWaiter`). The writer answers a batch
-only after its commit, and the loop's futures of a batch are settled by one
-callback on that loop (`settle`): one wake of the loop per batch, where a
-wrapped concurrent future costs a wake (and its chaining) per request.
+on a future of its event loop (`LoopWaiter`). A batch is answered only after
+its commit: on the loop that committed it, at once; from the writer thread,
+the loop's futures of a batch by one callback on that loop (`settle`), one
+wake of the loop per batch, where a wrapped concurrent future costs a wake
+(and its chaining) per request.
 """
 
 from __future__ import annotations
@@ -57,10 +58,20 @@ def settle(outcomes: list[Outcome]) -> None:
         else:
             waiter.set_exception(error)
     for loop, answers in by_loop.items():
+        if _running() is loop:  # committed on the loop itself
+            _settle_on_loop(answers)
+            continue
         try:
             loop.call_soon_threadsafe(_settle_on_loop, answers)
         except RuntimeError:  # the loop is closed: nobody awaits them
             log.debug("%d answers for a closed event loop dropped", len(answers))
+
+
+def _running() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _settle_on_loop(outcomes: list[Outcome]) -> None:

@@ -83,7 +83,9 @@ class Store(Protocol):
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         """`submit`, awaited on the running event loop: `fn`'s value once
         the commit is durable (raises what `fn` raised, or the store's
-        error). Cancelled before the writer takes it, `fn` is not run."""
+        error). `fn` may run on the loop's own thread, gathered with the
+        loop's other writes: a write of a few records (many: `submit`).
+        Cancelled before its transaction begins, `fn` is not run."""
         ...
 
     def close(self) -> None:

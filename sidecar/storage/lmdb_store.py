@@ -1,12 +1,22 @@
-"""The LMDB store: one writer thread, group commit, durable by default.
+"""The LMDB store: group commit, durable by default.
 
-Every write function is queued to one writer thread, which owns all write
-transactions (LMDB write transactions are bound to their thread). The writer
-drains what is queued into one transaction, commits it once (one fsync for
-many requests), and only then answers them (`storage.answers`): no answer leaves before
-its data is durable. Reads use their own read-only transactions on the
-caller's thread and never wait for the writer (MVCC); a read sees a commit
-only once it is durable (LMDB shows it to readers after its synced meta page).
+A write function submitted from a thread (`submit`) is queued to one writer
+thread; the writer drains what is queued into one transaction, commits it
+once (one fsync for many requests), and only then answers them
+(`storage.answers`): no answer leaves before its data is durable. A write
+awaited on the event loop (`write`) is committed on the loop itself: the
+writes of one pass of the loop are gathered and committed together, once,
+at the start of its next pass (group commit across every message of the
+pass), which spares each write two thread hand-offs (to the writer and back)
+and the interpreter lock the two threads would share; if the writer thread
+holds the transaction then, they go to its queue instead. One transaction
+at a time either way (`_txn`), begun and committed on one thread, as LMDB
+wants. Reads use their own read-only transactions on the caller's thread
+and never wait for a writer (MVCC); a read sees a commit only once it is
+durable (LMDB shows it to readers after its synced meta page).
+
+Over 400 lines on purpose: both ways of writing share one commit, with its
+handling of a request LMDB refuses and of a batch too big for the map.
 """
 
 from __future__ import annotations
@@ -111,6 +121,11 @@ class LmdbStore:
             self._lock.release()
             raise
         self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
+        # Held by whoever has a write transaction open: the writer thread or
+        # the event loop.
+        self._txn = threading.Lock()
+        # The writes awaited on the loop, gathered until the loop's next pass.
+        self._gathered: list[_Item] | None = None
         self._closing = threading.Lock()
         self._closed = False
         self._writer = threading.Thread(
@@ -179,13 +194,42 @@ class LmdbStore:
         return future
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
-        waiter = answers.LoopWaiter(asyncio.get_running_loop())
-        with self._closing:
-            if self._closed:
-                raise ShuttingDown("the store is closed")
-            self._queue.put((usage.counted(fn), waiter))
+        loop = asyncio.get_running_loop()
+        waiter = answers.LoopWaiter(loop)
+        if self._closed:
+            raise ShuttingDown("the store is closed")
+        if self._gathered is None:
+            self._gathered = []
+            loop.call_soon(self._commit_gathered)
+        self._gathered.append((usage.counted(fn), waiter))
         value: T = await waiter.future
         return value
+
+    def _commit_gathered(self) -> None:
+        """On the loop: commits the writes of its last pass, or hands them to
+        the writer thread when it holds the transaction."""
+        batch, self._gathered = self._gathered or [], None
+        if not self._txn.acquire(blocking=False):
+            with self._closing:
+                if not self._closed:  # else the writer has stopped
+                    for item in batch:
+                        self._queue.put(item)
+                    return
+            error = ShuttingDown("the store is closed")
+            answers.settle([(w, None, error) for _, w in batch])
+            return
+        try:
+            if self._closed:
+                error = ShuttingDown("the store is closed")
+                answers.settle([(w, None, error) for _, w in batch])
+                return
+            for start in range(0, len(batch), self.options.max_batch):
+                part = batch[start : start + self.options.max_batch]
+                live = [(fn, w) for fn, w in part if answers.claim(w)]
+                if live:
+                    self._commit(live)
+        finally:
+            self._txn.release()
 
     def close(self) -> None:
         with self._closing:
@@ -194,7 +238,8 @@ class LmdbStore:
             self._closed = True
             self._queue.put(_STOP)
         self._writer.join()
-        self._env.close()
+        with self._txn:  # a commit on the loop finishes first
+            self._env.close()
         self._lock.release()
 
     def entries(self, table: Table) -> int:
@@ -271,9 +316,10 @@ class LmdbStore:
                     stopping = True
                     break
                 batch.append(item)  # type: ignore[arg-type]
-            live = [(fn, w) for fn, w in batch if answers.claim(w)]
-            if live:
-                self._commit(live)
+            with self._txn:
+                live = [(fn, w) for fn, w in batch if answers.claim(w)]
+                if live:
+                    self._commit(live)
 
     def _commit(self, batch: list[_Item]) -> None:
         """Applies a batch in one transaction, commits, then answers.

@@ -466,3 +466,90 @@ def test_closed_store_refuses_loop_writes(tmp_path: Path) -> None:
     s.close()
     with pytest.raises(ShuttingDown):
         asyncio.run(s.write(lambda view: None))
+
+
+def test_the_writes_of_one_pass_of_the_loop_commit_together_on_it(
+    store: LmdbStore,
+) -> None:
+    """Writes awaited in one pass of the loop share one transaction,
+    committed on the loop's own thread, and wake no thread to answer."""
+
+    async def main() -> tuple[list[bool], set[str], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wakes
+            wakes += 1
+            return threadsafe(*args, **kwargs)
+
+        setattr(loop, "call_soon_threadsafe", counted)  # noqa: B010
+        threads: set[str] = set()
+
+        def put(key: bytes) -> Callable[[WriteView], None]:
+            def fn(view: WriteView) -> None:
+                threads.add(threading.current_thread().name)
+                view.put(Table.CHECKPOINTS, key, b"v")
+
+            return fn
+
+        async def one(i: int) -> bool:
+            key = b"p%d" % i
+            await store.write(put(key))
+            return store.read(lambda v: v.get(Table.CHECKPOINTS, key)) == b"v"
+
+        seen = await asyncio.gather(*(one(i) for i in range(20)))
+        return seen, threads, wakes
+
+    before = store.stats.transactions
+    seen, threads, wakes = asyncio.run(main())
+    assert seen == [True] * 20
+    assert store.stats.transactions - before == 1
+    assert threads == {threading.current_thread().name}
+    assert wakes == 0
+
+
+def test_a_refused_write_on_the_loop_raises_and_spares_its_batch(
+    store: LmdbStore,
+) -> None:
+    """The isolation of a refused request holds for a batch of the loop."""
+
+    def refused(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, b"bad", b"x")
+        raise NotFound("refused")
+
+    async def main() -> list[BaseException | None]:
+        got = await asyncio.gather(
+            store.write(_put(b"a", b"1")),
+            store.write(refused),
+            store.write(_put(b"b", b"2")),
+            return_exceptions=True,
+        )
+        return [g if isinstance(g, BaseException) else None for g in got]
+
+    before = store.stats.transactions
+    a, bad, b = asyncio.run(main())
+    assert a is None
+    assert b is None
+    assert isinstance(bad, NotFound)
+    assert store.stats.transactions - before == 1
+    values = store.read(
+        lambda v: [v.get(Table.CHECKPOINTS, k) for k in (b"a", b"bad", b"b")]
+    )
+    assert values == [b"1", None, b"2"]
+
+
+def test_writes_gathered_when_the_store_closes_are_refused(tmp_path: Path) -> None:
+    """A write gathered on the loop when the store closes before its pass
+    ends answers ShuttingDown, never hangs."""
+    s = LmdbStore(tmp_path / "data")
+
+    async def main() -> None:
+        pending = asyncio.ensure_future(s.write(_put(b"k", b"v")))
+        await asyncio.sleep(0)  # gathered; its commit is due next pass
+        s.close()
+        with pytest.raises(ShuttingDown):
+            await asyncio.wait_for(pending, 10)
+
+    asyncio.run(main())

@@ -7,15 +7,26 @@ missing after kill -9 and restart.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from sidecar import cli, server
 from sidecar.storage import answers
-from sidecar.storage.api import Store
+from sidecar.storage.api import Store, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+
+T = TypeVar("T")
 
 
 class AckBeforeCommitStore(LmdbStore):
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        # Every write through the writer thread, so that the reply leaves
+        # while the loop is free to send it (a commit on the loop would hold
+        # the loop, and the reply, until it ends).
+        return await asyncio.wrap_future(self.submit(fn))
+
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
