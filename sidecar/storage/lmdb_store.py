@@ -124,8 +124,9 @@ class LmdbStore:
         # Held by whoever has a write transaction open: the writer thread or
         # the event loop.
         self._txn = threading.Lock()
-        # The writes awaited on the loop, gathered until the loop's next pass.
-        self._gathered: list[_Item] | None = None
+        # The writes awaited on each loop, gathered until its next pass (a
+        # loop commits its own, on its own thread).
+        self._gathered: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
         self._closing = threading.Lock()
         self._closed = False
         self._writer = threading.Thread(
@@ -198,17 +199,18 @@ class LmdbStore:
         waiter = answers.LoopWaiter(loop)
         if self._closed:
             raise ShuttingDown("the store is closed")
-        if self._gathered is None:
-            self._gathered = []
-            loop.call_soon(self._commit_gathered)
-        self._gathered.append((usage.counted(fn), waiter))
+        gathered = self._gathered.get(loop)
+        if gathered is None:
+            gathered = self._gathered[loop] = []
+            loop.call_soon(self._commit_gathered, loop)
+        gathered.append((usage.counted(fn), waiter))
         value: T = await waiter.future
         return value
 
-    def _commit_gathered(self) -> None:
+    def _commit_gathered(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the loop: commits the writes of its last pass, or hands them to
         the writer thread when it holds the transaction."""
-        batch, self._gathered = self._gathered or [], None
+        batch = self._gathered.pop(loop, [])
         if not self._txn.acquire(blocking=False):
             with self._closing:
                 if not self._closed:  # else the writer has stopped

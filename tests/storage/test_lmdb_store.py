@@ -553,3 +553,30 @@ def test_writes_gathered_when_the_store_closes_are_refused(tmp_path: Path) -> No
             await asyncio.wait_for(pending, 10)
 
     asyncio.run(main())
+
+
+def test_loops_in_two_threads_each_commit_their_own_writes(store: LmdbStore) -> None:
+    """Two event loops writing at once, each in its own thread: every write
+    is answered and committed once (each loop gathers its own)."""
+    results: dict[int, list[int]] = {}
+
+    def run(n: int) -> None:
+        async def main() -> list[int]:
+            return await asyncio.gather(
+                *(store.write(_increment(b"loops-%d" % (i % 5))) for i in range(50))
+            )
+
+        results[n] = asyncio.run(main())
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [0, 1]
+    totals = store.read(
+        lambda v: [
+            int(v.get(Table.CHECKPOINTS, b"loops-%d" % k) or b"0") for k in range(5)
+        ]
+    )
+    assert totals == [20] * 5
