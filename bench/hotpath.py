@@ -175,6 +175,8 @@ def harness(  # noqa: PLR0917 (a script's helper)
         profiles.pids["caller"] = proc.pid
     last = ""
     cpu: dict[str, float] = {}
+    # With one caller, the harness process is the caller: its CPU too.
+    client_cpu: dict[str, float] = {}
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -183,6 +185,10 @@ def harness(  # noqa: PLR0917 (a script's helper)
                 phase, _, edge = mark.partition(" ")
                 now = cpu_seconds(daemon_pid)
                 cpu[phase] = now - cpu[phase] if edge == "end" else now
+                if args.callers == 1:
+                    mine = cpu_seconds(proc.pid)
+                    started = client_cpu.get(phase, 0.0)
+                    client_cpu[phase] = mine - started if edge == "end" else mine
                 if profiles is not None:
                     profiles.on_mark(mark)
             elif line.strip():
@@ -200,6 +206,7 @@ def harness(  # noqa: PLR0917 (a script's helper)
     for phase, numbers in result.items():
         calls = args.callers * args.ops
         numbers["daemon_cpu_ms"] = 1000 * cpu.get(phase, float("nan")) / calls
+        numbers["client_cpu_ms"] = 1000 * client_cpu.get(phase, float("nan")) / calls
     return result
 
 
@@ -266,7 +273,8 @@ def progress(name: str, run: int, phase: str, numbers: dict[str, Any]) -> str:
         f"{numbers.get('calls_s', 0):8.1f} calls/s "
         f"p50 {numbers.get('p50_ms', 0):6.2f} ms "
         f"p99 {numbers.get('p99_ms', 0):6.2f} ms "
-        f"daemon CPU {numbers['daemon_cpu_ms']:5.2f} ms/call"
+        f"daemon CPU {numbers['daemon_cpu_ms']:5.2f} ms/call "
+        f"client CPU {numbers['client_cpu_ms']:5.2f}"
         + ("" if numbers["valid"] else " INVALID")
     )
 
@@ -285,7 +293,9 @@ def report(
                 f"{statistics.median(r['calls_s'] for r in own):8.1f} calls/s "
                 f"p50 {statistics.median(r['p50_ms'] for r in own):6.2f} ms "
                 f"daemon CPU "
-                f"{statistics.median(r['daemon_cpu_ms'] for r in own):5.2f} ms/call"
+                f"{statistics.median(r['daemon_cpu_ms'] for r in own):5.2f} ms/call "
+                f"client CPU "
+                f"{statistics.median(r['client_cpu_ms'] for r in own):5.2f}"
             )
             if name != base:
                 ratios = [
@@ -298,10 +308,16 @@ def report(
                     for r in own
                     if (base, r["run"]) in by
                 ]
+                client = [
+                    r["client_cpu_ms"] / by[(base, r["run"])]["client_cpu_ms"]
+                    for r in own
+                    if (base, r["run"]) in by
+                ]
                 line += (
                     f"  calls/s x{statistics.median(ratios):.2f} of {base} "
                     f"[{min(ratios):.2f}-{max(ratios):.2f}], "
-                    f"CPU/call x{statistics.median(cpu):.2f}"
+                    f"CPU/call x{statistics.median(cpu):.2f}, "
+                    f"client x{statistics.median(client):.2f}"
                 )
             print(line)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -96,7 +97,9 @@ async def _reload_on_sighup(daemon: Daemon) -> None:
     )
 
 
-async def _serve(config: ServeConfig, daemon_class: type[Daemon]) -> None:
+async def _serve(
+    config: ServeConfig, daemon_class: type[Daemon], *, freeze: bool = False
+) -> None:
     daemon = daemon_class(config)
     loop = asyncio.get_running_loop()
     reloads: set[asyncio.Task[None]] = set()
@@ -113,6 +116,8 @@ async def _serve(config: ServeConfig, daemon_class: type[Daemon]) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if freeze:
+        _freeze_startup_objects()
     print(
         f"effectd {__version__} ready on {endpoints.unix}"
         + (f" and {endpoints.tcp}" if endpoints.tcp else ""),
@@ -147,7 +152,7 @@ def main(
     with _logging(resolved.config, native_stderr=argv is None):
         for warning in resolved.warnings:
             log.warning("%s", warning)
-        return _run(resolved, daemon_class)
+        return _run(resolved, daemon_class, freeze=argv is None)
 
 
 @contextmanager
@@ -178,11 +183,24 @@ def _logging(config: ServeConfig, *, native_stderr: bool) -> Iterator[None]:
             native.close()
 
 
-def _run(resolved: settings.Resolved, daemon_class: type[Daemon]) -> int:
+def _freeze_startup_objects() -> None:
+    """Keeps what start-up made (modules, the servicers, gRPC's and
+    Prometheus' objects: some 45,000) out of the cyclic garbage collector's
+    full passes. A full pass walked them all, 20-120 ms with the event loop
+    stopped, the worst latency a message saw under load; after the freeze
+    it walks only what the daemon made since. Only as the program: tests
+    that run daemons in their own process keep their collector as it is."""
+    gc.collect()
+    gc.freeze()
+
+
+def _run(
+    resolved: settings.Resolved, daemon_class: type[Daemon], *, freeze: bool = False
+) -> int:
     # Everything the daemon creates (data files, socket, locks) is private.
     os.umask(0o077)
     try:
-        asyncio.run(_serve(resolved.config, daemon_class))
+        asyncio.run(_serve(resolved.config, daemon_class, freeze=freeze))
     except ConfigError as exc:
         # Raised while starting (a tokens file, a certificate): named as the
         # user wrote the setting that points at it.

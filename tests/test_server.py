@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import stat
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -19,7 +21,7 @@ from sidecar.config import ConfigError, ServeConfig
 from sidecar.policy_file import PolicyError
 from sidecar.provider.routes import ProvidersError
 from sidecar.server import Daemon
-from sidecar.storage.api import Store
+from sidecar.storage.api import Store, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.support.events import health_changes
@@ -123,6 +125,9 @@ def test_socket_path_length_is_checked(short_tmp: Path) -> None:
         ServeConfig(data_dir=short_tmp / ("d" * 120)).validate()
 
 
+T = TypeVar("T")
+
+
 class _HeldStore(LmdbStore):
     """Once armed, holds each commit until the test releases it."""
 
@@ -131,6 +136,11 @@ class _HeldStore(LmdbStore):
         self.holding = threading.Event()
         self.release = threading.Event()
         super().__init__(path, options)  # starts the writer
+
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        # Through the writer thread: a commit held on the loop would hold
+        # the loop itself, and the stop could not begin while it waits.
+        return await asyncio.wrap_future(self.submit(fn))
 
     def _commit(self, batch: list[_Item]) -> None:
         if self.armed:

@@ -115,6 +115,11 @@ COMMIT_BUCKETS = (
 )
 
 
+# Methods not served fall into `other`: their names, which a client picks,
+# must not grow the table of children without bound.
+_MAX_CHILDREN = 1024
+
+
 class Metrics:
     """The metrics of one daemon; `registry` is what `/metrics` serves.
 
@@ -156,6 +161,8 @@ class Metrics:
             buckets=COMMIT_BUCKETS,
             registry=self.registry,
         )
+        # The children of _requests and _duration, by full method and code.
+        self._children: dict[tuple[str, grpc.StatusCode], tuple[Any, Any]] = {}
         self._refusals = Counter(
             "effectd_refusals",
             "Refusals answered, by ErrorReason.",
@@ -170,9 +177,21 @@ class Metrics:
 
     def rpc_finished(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """Counts one finished RPC; `method` is the full gRPC method name."""
-        label = self.method_label(method)
-        self._requests.labels(label, code.name).inc()
-        self._duration.labels(label).observe(max(0.0, seconds))
+        children = self._children.get((method, code))
+        if children is None:
+            # Looked up once per method and code (a few dozen at most: the
+            # methods served, `other`, the codes): `labels` builds its key
+            # and takes a lock on every call, as much as the count itself.
+            label = self.method_label(method)
+            children = (
+                self._requests.labels(label, code.name),
+                self._duration.labels(label),
+            )
+            if len(self._children) < _MAX_CHILDREN:
+                self._children[(method, code)] = children
+        requests, duration = children
+        requests.inc()
+        duration.observe(max(0.0, seconds))
 
     def refused(self, reason: str) -> None:
         """Counts one refusal by its `ErrorReason` name (others: `other`)."""

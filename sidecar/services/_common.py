@@ -25,7 +25,17 @@ def moment(clock: Clock, store: Store, view: ReadView) -> Now:
 
 
 async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:
-    """Runs `fn` in the writer; returns its value once the commit is durable."""
+    """Runs `fn` in a write transaction (on the event loop, gathered with
+    the other writes of its pass: `Store.write`); returns its value once the
+    commit is durable. For writes of a few records: the loop serves nothing
+    else while they are applied."""
+    return await store.write(fn)
+
+
+async def bulk_committed(store: Store, fn: Callable[[WriteView], T]) -> T:
+    """`committed`, for a write of many records (a page of recovery, a
+    retention or settlement pass): run by the writer thread, so the event
+    loop goes on serving while it is applied."""
     return await asyncio.wrap_future(store.submit(fn))
 
 

@@ -39,7 +39,7 @@ from sidecar.ledger.model import CallRef, Effect, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Now
 from sidecar.ledger.validation import Limits
-from sidecar.services._common import committed, moment
+from sidecar.services._common import bulk_committed, committed, moment
 from sidecar.storage import plan_rows, records
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
@@ -274,7 +274,7 @@ class RecoveryService:
                     changed[key] = new
                 return changed, settled, policy
 
-            changed, settled, policy = await committed(self._store, apply)
+            changed, settled, policy = await bulk_committed(self._store, apply)
             rows = [(key, changed.get(key, row)) for key, row in rows]
         # Under the policy the page was judged by, as recovery recorded it.
         token = "" if read.more_after is None else paging.encode(read.more_after)

@@ -25,7 +25,7 @@ from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import retention
 from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
-from sidecar.services._common import committed
+from sidecar.services._common import bulk_committed
 from sidecar.storage import records, retention_times, tombstones
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
@@ -135,7 +135,7 @@ class RetentionService:
                 examined += chunk.examined
                 for start in range(0, len(chunk.due), self._batch):
                     keys = chunk.due[start : start + self._batch]
-                    compacted += await committed(
+                    compacted += await bulk_committed(
                         self._store,
                         functools.partial(self._compact_keys, policy=policy, keys=keys),
                     )
@@ -145,7 +145,7 @@ class RetentionService:
                 after = chunk.resume
         more = True
         while more:
-            deleted, more = await committed(
+            deleted, more = await bulk_committed(
                 self._store, functools.partial(self._expire_batch, policy=policy)
             )
             expired += deleted

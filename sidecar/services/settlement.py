@@ -19,7 +19,7 @@ from sidecar.clock import Clock
 from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import rules
 from sidecar.ledger.model import State
-from sidecar.services._common import committed, moment
+from sidecar.services._common import bulk_committed, moment
 from sidecar.storage import records
 from sidecar.storage.api import Store, Table, WriteView
 
@@ -81,7 +81,7 @@ class SettlementService:
         after: bytes | None = None
         examined = settled = transactions = 0
         while True:
-            batch = await committed(
+            batch = await bulk_committed(
                 self._store, functools.partial(self._settle_batch, after=after)
             )
             examined += batch.examined

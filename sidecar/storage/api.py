@@ -95,6 +95,14 @@ class Store(Protocol):
         the same transaction as the records they count."""
         ...
 
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        """`submit`, awaited on the running event loop: `fn`'s value once
+        the commit is durable (raises what `fn` raised, or the store's
+        error). `fn` may run on the loop's own thread, gathered with the
+        loop's other writes: a write of a few records (many: `submit`).
+        Cancelled before its transaction begins, `fn` is not run."""
+        ...
+
     def close(self) -> None:
         """Finishes queued writes, then closes; later submits fail."""
         ...

@@ -15,6 +15,7 @@ own pool. The incarnation comes from a sequence: one per daemon, never reused.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import random
@@ -200,6 +201,12 @@ class PostgresStore:
             else:
                 self._queue.put((usage.counted(fn), future))
         return future
+
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        """`submit`, awaited: always through the writer threads, since a
+        transaction on PostgreSQL is network round trips the event loop
+        must not wait for."""
+        return await asyncio.wrap_future(self.submit(fn))
 
     def _run(self) -> None:
         """A writer thread: what is queued, up to `max_batch`, goes into one

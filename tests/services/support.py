@@ -57,6 +57,11 @@ class ReloadBeforeWrite:
             self.reload()
         return self._inner.submit(fn)
 
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        if self.reload is not None:
+            self.reload()
+        return await self._inner.write(fn)
+
     def close(self) -> None:
         self._inner.close()
 

@@ -72,6 +72,12 @@ class _Watched:
         return self._inner.read(fn)
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        return self._inner.submit(self._counted(fn))
+
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        return await self._inner.write(self._counted(fn))
+
+    def _counted(self, fn: Callable[[WriteView], T]) -> Callable[[WriteView], T]:
         def counted(view: WriteView) -> T:
             counting = _CountingView(view)
             try:
@@ -79,7 +85,7 @@ class _Watched:
             finally:
                 self.writes.append(counting.records)
 
-        return self._inner.submit(counted)
+        return counted
 
     def close(self) -> None:
         self._inner.close()

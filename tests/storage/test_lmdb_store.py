@@ -3,6 +3,7 @@ refused writes, reads that never wait, a clear answer when the map is full."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
@@ -359,3 +360,223 @@ def test_a_full_transaction_is_split_and_every_request_commits(
         assert s.stats.largest_batch <= _SmallTransactions.limit
     finally:
         s.close()
+
+
+# -- writes awaited on an event loop (`LmdbStore.write`) ---------------------
+
+
+def _held(store: LmdbStore) -> tuple[Future[None], threading.Event]:
+    """Holds the writer busy until the returned event is set."""
+    busy, release = threading.Event(), threading.Event()
+
+    def holding(view: WriteView) -> None:
+        busy.set()
+        release.wait(10)
+
+    gate = store.submit(holding)
+    assert busy.wait(10)
+    return gate, release
+
+
+def test_loop_writes_are_answered_after_their_commit_in_one_wake(
+    store: LmdbStore,
+) -> None:
+    """Each awaited write returns its value once its commit is readable, and
+    the writes of one batch wake their loop once (a wrapped concurrent
+    future woke it once per write)."""
+
+    async def main() -> tuple[list[bool], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wakes
+            wakes += 1
+            return threadsafe(*args, **kwargs)
+
+        setattr(loop, "call_soon_threadsafe", counted)  # noqa: B010
+        gate, release = _held(store)
+
+        async def one(i: int) -> bool:
+            key = b"w%d" % i
+            await store.write(_put(key, b"v"))
+            return store.read(lambda v: v.get(Table.CHECKPOINTS, key)) == b"v"
+
+        tasks = [asyncio.create_task(one(i)) for i in range(20)]
+        await asyncio.sleep(0.05)  # every write queued behind the held one
+        release.set()
+        seen = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        gate.result(10)
+        return seen, wakes
+
+    seen, wakes = asyncio.run(main())
+    assert seen == [True] * 20
+    assert wakes == 1
+
+
+def test_a_loop_write_cancelled_before_the_writer_takes_it_is_not_applied(
+    store: LmdbStore,
+) -> None:
+    """A message cancelled while its write waits in the queue writes nothing."""
+
+    async def main() -> None:
+        gate, release = _held(store)
+        task = asyncio.create_task(store.write(_put(b"gone", b"v")))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await store.write(_put(b"after", b"v"))
+        gate.result(10)
+
+    asyncio.run(main())
+    assert store.read(lambda v: v.get(Table.CHECKPOINTS, b"gone")) is None
+    assert store.read(lambda v: v.get(Table.CHECKPOINTS, b"after")) == b"v"
+
+
+def test_a_refused_loop_write_raises_and_spares_its_batch(store: LmdbStore) -> None:
+    """What a write function raises is raised where it is awaited; the
+    others of its batch commit."""
+
+    def refused(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, b"bad", b"x")
+        raise NotFound("refused")
+
+    async def main() -> None:
+        gate, release = _held(store)
+        ok = asyncio.create_task(store.write(_put(b"a", b"1")))
+        bad = asyncio.create_task(store.write(refused))
+        await asyncio.sleep(0.05)
+        release.set()
+        await ok
+        with pytest.raises(NotFound):
+            await bad
+        gate.result(10)
+
+    asyncio.run(main())
+    values = store.read(lambda v: [v.get(Table.CHECKPOINTS, k) for k in (b"a", b"bad")])
+    assert values == [b"1", None]
+
+
+def test_closed_store_refuses_loop_writes(tmp_path: Path) -> None:
+    """After close, an awaited write raises ShuttingDown instead of hanging."""
+    s = LmdbStore(tmp_path / "data")
+    s.close()
+    with pytest.raises(ShuttingDown):
+        asyncio.run(s.write(lambda view: None))
+
+
+def test_the_writes_of_one_pass_of_the_loop_commit_together_on_it(
+    store: LmdbStore,
+) -> None:
+    """Writes awaited in one pass of the loop share one transaction,
+    committed on the loop's own thread, and wake no thread to answer."""
+
+    async def main() -> tuple[list[bool], set[str], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wakes
+            wakes += 1
+            return threadsafe(*args, **kwargs)
+
+        setattr(loop, "call_soon_threadsafe", counted)  # noqa: B010
+        threads: set[str] = set()
+
+        def put(key: bytes) -> Callable[[WriteView], None]:
+            def fn(view: WriteView) -> None:
+                threads.add(threading.current_thread().name)
+                view.put(Table.CHECKPOINTS, key, b"v")
+
+            return fn
+
+        async def one(i: int) -> bool:
+            key = b"p%d" % i
+            await store.write(put(key))
+            return store.read(lambda v: v.get(Table.CHECKPOINTS, key)) == b"v"
+
+        seen = await asyncio.gather(*(one(i) for i in range(20)))
+        return seen, threads, wakes
+
+    before = store.stats.transactions
+    seen, threads, wakes = asyncio.run(main())
+    assert seen == [True] * 20
+    assert store.stats.transactions - before == 1
+    assert threads == {threading.current_thread().name}
+    assert wakes == 0
+
+
+def test_a_refused_write_on_the_loop_raises_and_spares_its_batch(
+    store: LmdbStore,
+) -> None:
+    """The isolation of a refused request holds for a batch of the loop."""
+
+    def refused(view: WriteView) -> None:
+        view.put(Table.CHECKPOINTS, b"bad", b"x")
+        raise NotFound("refused")
+
+    async def main() -> list[BaseException | None]:
+        got = await asyncio.gather(
+            store.write(_put(b"a", b"1")),
+            store.write(refused),
+            store.write(_put(b"b", b"2")),
+            return_exceptions=True,
+        )
+        return [g if isinstance(g, BaseException) else None for g in got]
+
+    before = store.stats.transactions
+    a, bad, b = asyncio.run(main())
+    assert a is None
+    assert b is None
+    assert isinstance(bad, NotFound)
+    assert store.stats.transactions - before == 1
+    values = store.read(
+        lambda v: [v.get(Table.CHECKPOINTS, k) for k in (b"a", b"bad", b"b")]
+    )
+    assert values == [b"1", None, b"2"]
+
+
+def test_writes_gathered_when_the_store_closes_are_refused(tmp_path: Path) -> None:
+    """A write gathered on the loop when the store closes before its pass
+    ends answers ShuttingDown, never hangs."""
+    s = LmdbStore(tmp_path / "data")
+
+    async def main() -> None:
+        pending = asyncio.ensure_future(s.write(_put(b"k", b"v")))
+        await asyncio.sleep(0)  # gathered; its commit is due next pass
+        s.close()
+        with pytest.raises(ShuttingDown):
+            await asyncio.wait_for(pending, 10)
+
+    asyncio.run(main())
+
+
+def test_loops_in_two_threads_each_commit_their_own_writes(store: LmdbStore) -> None:
+    """Two event loops writing at once, each in its own thread: every write
+    is answered and committed once (each loop gathers its own)."""
+    results: dict[int, list[int]] = {}
+
+    def run(n: int) -> None:
+        async def main() -> list[int]:
+            return await asyncio.gather(
+                *(store.write(_increment(b"loops-%d" % (i % 5))) for i in range(50))
+            )
+
+        results[n] = asyncio.run(main())
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [0, 1]
+    totals = store.read(
+        lambda v: [
+            int(v.get(Table.CHECKPOINTS, b"loops-%d" % k) or b"0") for k in range(5)
+        ]
+    )
+    assert totals == [20] * 5

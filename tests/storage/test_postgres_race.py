@@ -101,6 +101,10 @@ class Racing:
         rendezvous = self.rendezvous
         return self.inner.submit(lambda view: fn(_MeetingView(view, rendezvous)))
 
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        rendezvous = self.rendezvous
+        return await self.inner.write(lambda view: fn(_MeetingView(view, rendezvous)))
+
     def close(self) -> None:
         self.inner.close()
 

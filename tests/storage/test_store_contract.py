@@ -6,6 +6,7 @@ twice, the audit chain unbroken, a new incarnation per open."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -412,3 +413,23 @@ def test_random_batches_of_writes_match_a_model(store: Store) -> None:
             model = trial
     assert store.read(_scan(Table.CHECKPOINTS, b"")) == sorted(model.items())
     assert store.read(usage.recount) == store.read(usage.stored)
+
+
+def test_an_awaited_write_is_read_back_and_a_refused_one_leaves_nothing(
+    store: Store,
+) -> None:
+    """`write`, awaited on a loop, answers after its commit (a read sees
+    it), and one that raises raises where it is awaited, leaving nothing."""
+
+    def refused(view: WriteView) -> None:
+        view.put(Table.META, b"aw-bad", b"x")
+        raise ValueError("refused")
+
+    async def main() -> list[bytes | None]:
+        await store.write(_put(Table.META, b"aw-1", b"1"))
+        after = store.read(lambda v: v.get(Table.META, b"aw-1"))
+        with pytest.raises(ValueError, match="refused"):
+            await store.write(refused)
+        return [after, store.read(lambda v: v.get(Table.META, b"aw-bad"))]
+
+    assert asyncio.run(main()) == [b"1", None]

@@ -7,18 +7,30 @@ missing after kill -9 and restart.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from sidecar import cli, server
-from sidecar.storage.api import Store
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item, _resolve
+from sidecar.storage import answers
+from sidecar.storage.api import Store, WriteView
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+
+T = TypeVar("T")
 
 
 class AckBeforeCommitStore(LmdbStore):
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        # Every write through the writer thread, so that the reply leaves
+        # while the loop is free to send it (a commit on the loop would hold
+        # the loop, and the reply, until it ends).
+        return await asyncio.wrap_future(self.submit(fn))
+
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            _resolve(outcomes)  # the reply leaves before the commit
+            answers.settle(outcomes)  # the reply leaves before the commit
             # A real window between the reply and the commit, for kill -9 to land in.
             time.sleep(3.0)
 

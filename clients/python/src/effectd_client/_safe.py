@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Generic
@@ -369,6 +370,7 @@ class SafeTool(Generic[P, R]):
         options: CallOptions,
     ) -> None:
         self.run, self.fn, self.name, self.options = run, fn, name, options
+        self._signature = inspect.signature(fn)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -382,7 +384,7 @@ class SafeTool(Generic[P, R]):
             o = self.options
             with self.run._step(
                 self.name,
-                input_of(self.fn, args, kwargs, o),
+                input_of(self.fn, args, kwargs, o, self._signature),
                 call_id,
                 o,
                 enforced=True,

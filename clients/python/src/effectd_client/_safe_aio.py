@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import Any, Generic
@@ -293,6 +294,7 @@ class AsyncSafeTool(Generic[P, R]):
         options: CallOptions,
     ) -> None:
         self.run, self.fn, self.name, self.options = run, fn, name, options
+        self._signature = inspect.signature(fn)
         functools.update_wrapper(self, fn)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -305,7 +307,10 @@ class AsyncSafeTool(Generic[P, R]):
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
             o = self.options
             async with self.run._step(
-                self.name, input_of(self.fn, args, kwargs, o), call_id, o
+                self.name,
+                input_of(self.fn, args, kwargs, o, self._signature),
+                call_id,
+                o,
             ) as step:
                 if not step.execute:
                     return step.result  # type: ignore[no-any-return]

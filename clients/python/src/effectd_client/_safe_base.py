@@ -209,15 +209,21 @@ def check_tool(fn: Callable[..., Any], options: CallOptions) -> None:
 
 
 def input_of(
-    fn: Callable[..., Any], args: Any, kwargs: Any, options: CallOptions
+    fn: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    options: CallOptions,
+    sig: inspect.Signature | None = None,
 ) -> dict[str, Any]:
-    """The call's input: its bound arguments, without the idempotency key.
+    """The call's input: its bound arguments, without the idempotency key
+    (`sig`: `fn`'s signature, when the caller has read it already: reading
+    it costs more than the rest of building the input).
 
     For an IDEMPOTENT_WRITE the key is the safe call's to give: a caller that
     passes one is refused, and a key parameter without a default is bound to
     the key when the tool runs.
     """
-    sig = inspect.signature(fn)
+    sig = sig or inspect.signature(fn)
     params = list(sig.parameters)
     key = sig.parameters.get(KEY_PARAMETER)
     extra: dict[str, Any] = {}

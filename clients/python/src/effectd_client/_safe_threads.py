@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,10 @@ class Watcher:
         self._due: list[tuple[float, int, Watch]] = []
         self._order = itertools.count()
         self._running = False
+        # When the thread wakes by itself next (monotonic; inf: it waits for
+        # a notify): a call due later needs no notify, which would cost a
+        # thread switch per call for a wake that finds nothing due.
+        self._wakes_at = math.inf
 
     def watch(self, w: Watch, at: float) -> None:
         """Wakes `w` at monotonic time `at` (its next beat or deadline)."""
@@ -51,7 +56,7 @@ class Watcher:
                 threading.Thread(
                     target=self._run, name="effectd-watcher", daemon=True
                 ).start()
-            elif self._due[0][2] is w:
+            elif self._due[0][2] is w and at < self._wakes_at:
                 self._cond.notify()
 
     def _prune(self) -> None:
@@ -65,14 +70,19 @@ class Watcher:
             while True:
                 self._prune()
                 if not self._due:
-                    if not self._cond.wait(WATCHER_LINGER_S) and not self._due:
+                    self._wakes_at = time.monotonic() + WATCHER_LINGER_S
+                    woken = self._cond.wait(WATCHER_LINGER_S)
+                    self._wakes_at = math.inf
+                    if not woken and not self._due:
                         self._running = False
                         return
                     continue
                 at, _, w = self._due[0]
                 wait = at - time.monotonic()
                 if wait > 0:
+                    self._wakes_at = at
                     self._cond.wait(wait)
+                    self._wakes_at = math.inf
                     continue
                 heapq.heappop(self._due)
                 w.wake(time.monotonic())
