@@ -82,6 +82,9 @@ class SharedIdentity:
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
         return self._inner.submit(fn)
 
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        return await self._inner.write(fn)
+
     def close(self) -> None:
         pass
 
@@ -108,6 +111,9 @@ class JudgedExclusive:
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
         return self._inner.submit(fn)
+
+    async def write(self, fn: Callable[[WriteView], T]) -> T:
+        return await self._inner.write(fn)
 
     def close(self) -> None:
         self._inner.close()
