@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,22 +49,32 @@ from tests.torture.harness import (
 NAMESPACES = ("default", "ns2")
 RUNS = ("r1", "r2")
 CALLS = ("c1", "c2", "c3")
-REFS = st.tuples(
-    st.sampled_from(NAMESPACES), st.sampled_from(RUNS), st.sampled_from(CALLS)
+# Few identities, so that operations meet: two calls of one run, a call of
+# another run, and one of the same name in another namespace.
+KNOWN = (
+    ("default", "r1", "c1"),
+    ("default", "r1", "c2"),
+    ("default", "r2", "c1"),
+    ("ns2", "r1", "c1"),
 )
+REFS = st.sampled_from(KNOWN)
+RARELY = st.sampled_from((False, False, False, True))
+MOSTLY = st.sampled_from((True, True, True, False))
 TOOLS = st.sampled_from(("t1", "t2"))
 EFFECTS = st.sampled_from((m.READ, m.IDEMPOTENT_WRITE, m.SIDE_EFFECT))
 CHANNELS = st.sampled_from(("TOOL", "MCP", "DURABLE_BACKGROUND"))
 # Two spellings of one JSON input, another JSON input, and the first one's
 # bytes as raw input (never the same input as the JSON, issue 15).
-INPUTS = st.sampled_from(
-    (
-        m.Input("json", '{"a":1}', "A"),
-        m.Input("json", '{ "a": 1.0 }', "A"),
-        m.Input("json", '{"a":2}', "B"),
-        m.Input("raw", '{"a":1}', "RAW"),
-    )
+ALL_INPUTS = (
+    m.Input("json", '{"a":1}', "A"),
+    m.Input("json", '{ "a": 1.0 }', "A"),
+    m.Input("json", '{"a":2}', "B"),
+    m.Input("raw", '{"a":1}', "RAW"),
 )
+INPUTS = st.sampled_from(ALL_INPUTS)
+SPELLINGS = {
+    same: [i for i in ALL_INPUTS if i.same_as == same] for same in ("A", "B", "RAW")
+}
 RESULTS = st.sampled_from(
     (
         m.Result("OK", m.Input("json", '{"r":1}', "R1")),
@@ -136,6 +147,9 @@ class TortureMachine(RuleBasedStateMachine):
 
     backend: ClassVar[Backend] = LmdbBackend()
     bugs: m.Bugs = m.Bugs()
+    # The answers seen, by operation and kind, over every example of a run
+    # (`run`): what the random operations reached.
+    tally: ClassVar[Counter[str]] = Counter()
 
     def __init__(self) -> None:
         super().__init__()
@@ -146,6 +160,7 @@ class TortureMachine(RuleBasedStateMachine):
         self.before: dict[m.Ref, m.Call] = {}
 
     def teardown(self) -> None:
+        self.tally["examples"] += 1
         try:
             self.daemon.down()
         finally:
@@ -190,6 +205,7 @@ class TortureMachine(RuleBasedStateMachine):
 
     def same_answer(self, what: str, got: Any, expected: m.Ok | m.Err) -> bool:
         """Compares the kind of answer; True when both are Ok."""
+        self.tally[f"{what.split(maxsplit=1)[0]}: {_label(expected)}"] += 1
         if isinstance(got, m.Err) or isinstance(expected, m.Err):
             self.same(what, got, expected)
             return False
@@ -229,7 +245,7 @@ class TortureMachine(RuleBasedStateMachine):
         effect=EFFECTS,
         given=INPUTS,
         channel=CHANNELS,
-        approval=st.booleans(),
+        approval=RARELY,
         start=st.booleans(),
         lease=LEASES,
         retry=st.booleans(),
@@ -247,13 +263,48 @@ class TortureMachine(RuleBasedStateMachine):
         lease: int,
         retry: bool,
     ) -> None:
-        p = m.Prepare(*ref, tool, effect, given, channel, approval, start, lease, retry)
+        self.prepare_one(
+            m.Prepare(*ref, tool, effect, given, channel, approval, start, lease, retry)
+        )
+
+    @rule(
+        ref=REFS,
+        spelling=st.integers(0, 1),
+        approval=RARELY,
+        start=st.booleans(),
+        lease=LEASES,
+        retry=st.booleans(),
+    )
+    def prepare_again(
+        self,
+        *,
+        ref: m.Ref,
+        spelling: int,
+        approval: bool,
+        start: bool,
+        lease: int,
+        retry: bool,
+    ) -> None:
+        """A repeat of a recorded call (as an agent that resumes sends it),
+        its input maybe spelled another way; a new READ call if none."""
+        c = self.current(ref)
+        given = c.input if c else SPELLINGS["A"][0]
+        given = SPELLINGS.get(given.same_as, [given])[spelling % 2 and -1]
+        tool, effect, channel = (
+            (c.tool, c.effect, c.channel) if c else ("t1", m.READ, "TOOL")
+        )
+        self.prepare_one(
+            m.Prepare(*ref, tool, effect, given, channel, approval, start, lease, retry)
+        )
+
+    def prepare_one(self, p: m.Prepare) -> None:
+        ref = (p.ns, p.run, p.call)
         got = call(self.daemon.ledger.PrepareTool, self.prepare_message(p))
         expected = self.model.prepare(p)
-        if self.same_answer(f"prepare {p}", got, expected):
+        if self.same_answer(f"PrepareTool {p}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
-            self.same(f"prepare {p}", self.decision_view(got), expected.value)
+            self.same(f"PrepareTool {p}", self.decision_view(got), expected.value)
             self.same_record(ref, got.call)
         else:
             self.same_record(ref)
@@ -276,7 +327,7 @@ class TortureMachine(RuleBasedStateMachine):
             pb.PrepareToolsRequest(calls=[self.prepare_message(p) for p in specs]),
         )
         expected = self.model.prepare_batch(specs)
-        if self.same_answer(f"prepare batch {specs}", got, expected):
+        if self.same_answer(f"PrepareTools {specs}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same(
@@ -308,10 +359,10 @@ class TortureMachine(RuleBasedStateMachine):
             ),
         )
         expected = self.model.start(ref, expected_revision, lease, retry)
-        if self.same_answer(f"start {ref}", got, expected):
+        if self.same_answer(f"StartTool {ref}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
-            self.same(f"start {ref}", self.decision_view(got), expected.value)
+            self.same(f"StartTool {ref}", self.decision_view(got), expected.value)
             self.same_record(ref, got.call)
         else:
             self.same_record(ref)
@@ -353,7 +404,9 @@ class TortureMachine(RuleBasedStateMachine):
         expected = self.model.commit(
             ref, attempt, result, expected_revision, acknowledge
         )
-        if self.same_answer(f"commit {ref} attempt {attempt} {result}", got, expected):
+        if self.same_answer(
+            f"CommitTool {ref} attempt {attempt} {result}", got, expected
+        ):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same_record(ref, got.call)
@@ -368,7 +421,7 @@ class TortureMachine(RuleBasedStateMachine):
             pb.ReportUnknownRequest(ref=call_ref(ref), attempt=attempt, reason="lost"),
         )
         expected = self.model.report_unknown(ref, attempt)
-        if self.same_answer(f"report unknown {ref} attempt {attempt}", got, expected):
+        if self.same_answer(f"ReportUnknown {ref} attempt {attempt}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same_record(ref, got.call)
@@ -383,7 +436,7 @@ class TortureMachine(RuleBasedStateMachine):
             pb.HeartbeatRequest(ref=call_ref(ref), attempt=attempt, lease_ms=lease),
         )
         expected = self.model.heartbeat(ref, attempt, lease)
-        if self.same_answer(f"heartbeat {ref} attempt {attempt}", got, expected):
+        if self.same_answer(f"Heartbeat {ref} attempt {attempt}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same_record(ref, got.call)
@@ -394,7 +447,7 @@ class TortureMachine(RuleBasedStateMachine):
         ref=REFS,
         approve=st.booleans(),
         rev=st.sampled_from((0, -1)),
-        right=st.booleans(),
+        right=MOSTLY,
     )
     def decide_approval(self, ref: m.Ref, approve: bool, rev: int, right: bool) -> None:
         c = self.current(ref)
@@ -418,7 +471,7 @@ class TortureMachine(RuleBasedStateMachine):
         expected = self.model.decide_approval(
             ref, approve, expected_revision, fingerprint != WRONG_FINGERPRINT
         )
-        if self.same_answer(f"decide approval {ref} {approve}", got, expected):
+        if self.same_answer(f"DecideApproval {ref} {approve}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same_record(ref, got.call)
@@ -452,7 +505,7 @@ class TortureMachine(RuleBasedStateMachine):
         got = call(self.daemon.ledger.Reconcile, request)
         expected = self.model.reconcile(ref, expected_revision, result, confirmed)
         if self.same_answer(
-            f"reconcile {ref} {result} dead {confirmed}", got, expected
+            f"Reconcile {ref} {result} dead {confirmed}", got, expected
         ):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
@@ -526,7 +579,7 @@ class TortureMachine(RuleBasedStateMachine):
             rpb.AcknowledgeRecoveryRequest(namespace=ns, run_id=run, call_ids=ids),
         )
         expected = self.model.acknowledge(ns, run, ids)
-        self.same_answer(f"acknowledge {ns}/{run} {ids}", got, expected)
+        self.same_answer(f"AcknowledgeRecovery {ns}/{run} {ids}", got, expected)
         for call_id in ids:
             self.same_record((ns, run, call_id))
 
@@ -555,7 +608,7 @@ class TortureMachine(RuleBasedStateMachine):
             ),
         )
         expected = self.model.decide_retry_call(ref, context, kind, used, budget)
-        if self.same_answer(f"decide retry {ref} {context} {kind}", got, expected):
+        if self.same_answer(f"DecideRetry {ref} {context} {kind}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             reason = "" if got.reason == 0 else _reason_name(got.reason)
@@ -665,7 +718,7 @@ class TortureMachine(RuleBasedStateMachine):
             request.expected_revision = expected_revision
         got = call(self.daemon.checkpoints.Put, request)
         expected = self.model.cp_put(ns, key, value, expected_revision)
-        if self.same_answer(f"put {ns}/{key}", got, expected):
+        if self.same_answer(f"Put {ns}/{key}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same(f"put {ns}/{key} revision", got.revision, expected.value)
@@ -682,7 +735,7 @@ class TortureMachine(RuleBasedStateMachine):
             ),
         )
         expected = self.model.cp_delete(ns, key, expected_revision)
-        self.same_answer(f"delete {ns}/{key}", got, expected)
+        self.same_answer(f"Delete {ns}/{key}", got, expected)
         self.same_checkpoints(ns)
 
     @rule(
@@ -722,7 +775,7 @@ class TortureMachine(RuleBasedStateMachine):
         )
         got = call(self.daemon.checkpoints.Txn, request)
         answer = self.model.cp_txn(ns, compares, [(k, v) for k, v, _ in ops])
-        if self.same_answer(f"txn {ns} {compares} {ops}", got, answer):
+        if self.same_answer(f"Txn {ns} {compares} {ops}", got, answer):
             assert not isinstance(got, m.Err)
             assert isinstance(answer, m.Ok)
             self.same(f"txn {ns} revision", got.revision, answer.value)
@@ -734,7 +787,7 @@ class TortureMachine(RuleBasedStateMachine):
             self.daemon.checkpoints.Get, cpb.GetCheckpointRequest(namespace=ns, key=key)
         )
         expected = self.model.cp_get(ns, key)
-        if self.same_answer(f"get {ns}/{key}", got, expected):
+        if self.same_answer(f"Get {ns}/{key}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             c = got.checkpoint
@@ -748,19 +801,26 @@ class TortureMachine(RuleBasedStateMachine):
 
     @rule(seconds=ADVANCES)
     def advance(self, seconds: float) -> None:
+        self.tally["advance"] += 1
         self.daemon.clock.advance(seconds)
         self.model.advance(seconds)
 
     @rule()
     def restart(self) -> None:
+        self.tally["restart"] += 1
         self.daemon.restart()
+        before = len(self.model.tombstones)
         self.model.restart()
+        self.tally["tombstones made"] += max(0, len(self.model.tombstones) - before)
         self.same_everything()
 
     @rule()
     def compact(self) -> None:
+        self.tally["compaction pass"] += 1
         self.daemon.compact()
+        before = len(self.model.tombstones)
         self.model.compact()
+        self.tally["tombstones made"] += max(0, len(self.model.tombstones) - before)
         self.same_everything()
 
     @rule()
@@ -784,20 +844,38 @@ class TortureMachine(RuleBasedStateMachine):
         self.before = {r: m._copy_call(c) for r, c in self.model.calls.items()}
 
 
+def _label(answer: m.Ok | m.Err) -> str:
+    """What an answer was, for Hypothesis's statistics."""
+    if isinstance(answer, m.Err):
+        return answer.reason.split(":")[0].split("@")[0]
+    value = answer.value
+    if isinstance(value, dict):
+        return str(value["decision"]) + (" held" if value["held"] else "")
+    return "ok"
+
+
 def _reason_name(value: int) -> str:
     return str(errors_pb2.ErrorReason.Name(value))  # type: ignore[arg-type]
 
 
-def settings(default_examples: int) -> hypothesis.settings:
+def settings(
+    default_examples: int, *, deep: bool = True, shrink: bool = True
+) -> hypothesis.settings:
+    """The run's settings: `default_examples` examples unless
+    `TORTURE_EXAMPLES` says otherwise (`deep`), shrinking a failure to a
+    short sequence unless `shrink` is off or `TORTURE_NO_SHRINK` is set."""
+    shrink = shrink and not os.environ.get("TORTURE_NO_SHRINK")
+    extra: dict[str, Any] = {} if shrink else {"database": None}
     return hypothesis.settings(
-        max_examples=examples(default_examples),
+        **extra,
+        max_examples=examples(default_examples) if deep else default_examples,
         stateful_step_count=int(os.environ.get("TORTURE_STEPS", "40")),
         deadline=None,
         suppress_health_check=list(hypothesis.HealthCheck),
         print_blob=True,
         phases=(
-            [hypothesis.Phase.generate]
-            if os.environ.get("TORTURE_NO_SHRINK")
-            else list(hypothesis.Phase)
+            list(hypothesis.Phase)
+            if shrink
+            else [hypothesis.Phase.explicit, hypothesis.Phase.generate]
         ),
     )

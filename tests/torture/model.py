@@ -137,7 +137,8 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Tombstone:
-    fingerprint: str
+    # The call's identity check: tool, effect, channel and input.
+    identity: tuple[str, str, str, str]
     outcome: str
     acknowledged: bool
     made_wall: int
@@ -226,7 +227,10 @@ class Model:
             if self.wall - c.updated_wall >= window:
                 assert c.result is not None
                 self.tombstones[ref] = Tombstone(
-                    c.fingerprint, c.result.outcome, c.acknowledged, self.wall
+                    (c.tool, c.effect, c.channel, c.fingerprint),
+                    c.result.outcome,
+                    c.acknowledged,
+                    self.wall,
                 )
                 del self.calls[ref]
         for ref, t in list(self.tombstones.items()):
@@ -370,7 +374,7 @@ class Model:
         ref = (p.ns, p.run, p.call)
         if ref in self.tombstones:
             t = self.tombstones[ref]
-            if t.fingerprint != p.input.same_as:
+            if t.identity != (p.tool, p.effect, p.channel, p.input.same_as):
                 return Err(FAILED_PRECONDITION, "INPUT_MISMATCH")
             return Err(FAILED_PRECONDITION, "RESULT_COMPACTED")
         c = self.calls.get(ref)
@@ -560,9 +564,9 @@ class Model:
         c = self._find(ref)
         if isinstance(c, Err):
             return c
+        # Only a call awaiting approval changes; nothing else is settled.
         if expected_revision != c.revision:
             return Err(ABORTED, f"REVISION_CONFLICT:{c.revision}")
-        self._settle(c)
         if not right_fingerprint:
             return Err(FAILED_PRECONDITION, "INPUT_MISMATCH")
         if c.state != AWAITING:
@@ -587,10 +591,11 @@ class Model:
             return c
         if expected_revision != c.revision:
             return Err(ABORTED, f"REVISION_CONFLICT:{c.revision}")
+        # The state and revision the operator saw (ReconcileRequest).
+        seen = (c.state, c.revision, c.attempt)
         self._settle(c)
         if c.state not in OPEN_ATTEMPT:
             return Err(FAILED_PRECONDITION, "INVALID_TRANSITION")
-        seen = (c.state, c.revision, c.attempt)
         if result is not None:
             c.reconciliations.append(("COMMITTED", *seen))
             self._commit(c, result, "reconcile_committed")
