@@ -30,7 +30,7 @@ from effectd.v1 import recovery_pb2 as rpb
 from effectd.v1 import retry_pb2 as tpb
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tests.torture import model as m
 from tests.torture.harness import (
@@ -297,6 +297,22 @@ class TortureMachine(RuleBasedStateMachine):
             m.Prepare(*ref, tool, effect, given, channel, approval, start, lease, retry)
         )
 
+    @initialize(
+        plan=st.lists(
+            st.tuples(EFFECTS, CHANNELS, RARELY, st.booleans()),
+            min_size=len(KNOWN),
+            max_size=len(KNOWN),
+        )
+    )
+    def prepare_all(self, plan: list[tuple[str, str, bool, bool]]) -> None:
+        """Every identity starts recorded (most steps then meet a record),
+        each with its effect, channel, approval and start drawn."""
+        for ref, (effect, channel, approval, start) in zip(KNOWN, plan, strict=True):
+            given = ALL_INPUTS[0]
+            self.prepare_one(
+                m.Prepare(*ref, "t1", effect, given, channel, approval, start)
+            )
+
     def prepare_one(self, p: m.Prepare) -> None:
         ref = (p.ns, p.run, p.call)
         got = call(self.daemon.ledger.PrepareTool, self.prepare_message(p))
@@ -412,6 +428,11 @@ class TortureMachine(RuleBasedStateMachine):
             self.same_record(ref, got.call)
         else:
             self.same_record(ref)
+
+    @rule(ref=REFS, result=RESULTS, acknowledge=st.booleans())
+    def commit_held(self, ref: m.Ref, result: m.Result, acknowledge: bool) -> None:
+        """The attempt that holds the call commits, as an agent does."""
+        self.commit(ref=ref, skew=0, result=result, rev=None, acknowledge=acknowledge)
 
     @rule(ref=REFS, skew=SKEWS)
     def report_unknown(self, ref: m.Ref, skew: int) -> None:

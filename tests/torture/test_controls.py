@@ -95,3 +95,29 @@ def test_random_operations_find_a_planted_bug(bug: str) -> None:
         run_state_machine_as_test(
             _planted(bug), settings=settings(1000, deep=False, shrink=False)
         )
+
+
+def test_the_machine_reaches_a_tombstone_and_its_end() -> None:
+    """A committed, acknowledged call past its window becomes a tombstone in
+    both (a duplicate prepare refused alike), and is forgotten after the
+    tombstone's lifetime: the retention steps compare something."""
+    machine = TortureMachine()
+    try:
+        _execute_without_attempt(machine)  # STARTED, then UNKNOWN, READ
+        machine.prepare_again(
+            ref=REF, spelling=0, approval=False, start=True, lease=0, retry=True
+        )
+        result = m.Result("OK", m.Input("json", '{"r":1}', "R1"))
+        machine.commit_held(ref=REF, result=result, acknowledge=True)
+        machine.advance(seconds=8 * 86_400.0)
+        machine.compact()
+        assert REF in machine.model.tombstones
+        machine.prepare_again(
+            ref=REF, spelling=1, approval=False, start=False, lease=0, retry=False
+        )
+        machine.advance(seconds=31 * 86_400.0)
+        machine.restart()
+        assert REF not in machine.model.tombstones
+        assert REF not in machine.model.calls
+    finally:
+        machine.teardown()
