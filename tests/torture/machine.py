@@ -211,7 +211,7 @@ class TortureMachine(RuleBasedStateMachine):
             return False
         return True
 
-    def decision_view(self, answer: Any, with_retry: bool = True) -> dict[str, Any]:
+    def decision_view(self, answer: Any) -> dict[str, Any]:
         return {
             "decision": enum_name(pb.Decision, answer.decision, "DECISION_"),
             "key": answer.idempotency_key,
@@ -847,9 +847,7 @@ class TortureMachine(RuleBasedStateMachine):
     @rule()
     def settle(self) -> None:
         self.daemon.settle()
-        for c in self.model.calls.values():
-            if self.model._expired(c):
-                self.model._settle(c)
+        self.model.settle_expired()
         self.same_everything()
 
     def same_everything(self) -> None:

@@ -237,6 +237,13 @@ class Model:
             if self.wall - t.made_wall >= TOMBSTONE_NS:
                 del self.tombstones[ref]
 
+    def settle_expired(self) -> None:
+        """The settlement pass: every STARTED call whose lease ran out
+        becomes UNKNOWN, untouched by any request (docs/ledger.md)."""
+        for c in self.calls.values():
+            if self._expired(c):
+                self._settle(c)
+
     # -- record changes ------------------------------------------------
 
     def _move(self, c: Call, to: str, event: str) -> None:
