@@ -55,14 +55,17 @@ node-test: $(INSTALLED)
 	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=0 npm test
 
 ## torture-deep: the model-based torture test (tests/torture) in its deep setting:
-## TORTURE_EXAMPLES random operation sequences of TORTURE_STEPS steps, and a random
+## TORTURE_EXAMPLES random operation sequences of TORTURE_STEPS steps on LMDB
+## (TORTURE_PG_EXAMPLES on PostgreSQL), and a random
 ## search for each planted bug of its negative controls; the answers reached go to
 ## TORTURE_REPORT (`make test` runs the fast setting)
 TORTURE_EXAMPLES ?= 2000
+TORTURE_PG_EXAMPLES ?= 300
 TORTURE_STEPS ?= 60
 TORTURE_REPORT ?= torture-report.json
 torture-deep: $(DEV_INSTALLED)
-	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_STEPS=$(TORTURE_STEPS) \
+	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_PG_EXAMPLES=$(TORTURE_PG_EXAMPLES) \
+	  TORTURE_STEPS=$(TORTURE_STEPS) \
 	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
 

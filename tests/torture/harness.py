@@ -2,14 +2,14 @@
 reached over gRPC with the generated stubs, restarted on the same store, and
 its answers and records reduced to the plain values the model gives.
 
-A `Backend` says how a daemon's store is made; LMDB in a temporary
-directory today, and a shared store can be added as another backend without
-touching the state machine.
+A `Backend` says how a daemon's store is made: LMDB in a temporary
+directory, or a schema of PostgreSQL; the state machine is the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -33,6 +33,7 @@ from grpc_status import rpc_status
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.support import postgres
 from tests.torture.model import Err, Input, Ok, Result
 
 T = TypeVar("T")
@@ -62,6 +63,30 @@ class LmdbBackend:
             settle_interval_seconds=NEVER,
             retention_interval_seconds=NEVER,
         )
+
+
+class PostgresBackend:
+    """The shared store: one schema per daemon data directory, made by the
+    migrations, in a database the test owns (`tests.support.postgres`)."""
+
+    name = "postgres"
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._schemas: dict[Path, str] = {}
+        self._stack = ExitStack()
+
+    def config(self, workdir: Path) -> ServeConfig:
+        if workdir not in self._schemas:
+            self._schemas[workdir] = self._stack.enter_context(
+                postgres.schema(self.database_url)
+            )
+        return dataclasses.replace(
+            LmdbBackend().config(workdir), store=self._schemas[workdir]
+        )
+
+    def close(self) -> None:
+        self._stack.close()
 
 
 def ts_ns(stamp: Timestamp) -> int:

@@ -97,9 +97,9 @@ STATES = (m.PREPARED, m.AWAITING, m.STARTED, m.UNKNOWN, m.COMMITTED)
 WRONG_FINGERPRINT = "sha256:" + "0" * 64
 
 
-def examples(default: int) -> int:
-    """The number of examples: `TORTURE_EXAMPLES` for a deep run."""
-    return int(os.environ.get("TORTURE_EXAMPLES", str(default)))
+def examples(default: int, variable: str = "TORTURE_EXAMPLES") -> int:
+    """The number of examples: `variable` for a deep run."""
+    return int(os.environ.get(variable, str(default)))
 
 
 def model_view(c: m.Call) -> dict[str, Any]:
@@ -878,7 +878,11 @@ def _reason_name(value: int) -> str:
 
 
 def settings(
-    default_examples: int, *, deep: bool = True, shrink: bool = True
+    default_examples: int,
+    *,
+    deep: bool = True,
+    shrink: bool = True,
+    variable: str = "TORTURE_EXAMPLES",
 ) -> hypothesis.settings:
     """The run's settings: `default_examples` examples unless
     `TORTURE_EXAMPLES` says otherwise (`deep`), shrinking a failure to a
@@ -887,7 +891,7 @@ def settings(
     extra: dict[str, Any] = {} if shrink else {"database": None}
     return hypothesis.settings(
         **extra,
-        max_examples=examples(default_examples) if deep else default_examples,
+        max_examples=examples(default_examples, variable) if deep else default_examples,
         stateful_step_count=int(os.environ.get("TORTURE_STEPS", "40")),
         deadline=None,
         suppress_health_check=list(hypothesis.HealthCheck),

@@ -607,11 +607,11 @@ class Model:
             c.reconciliations.append(("COMMITTED", *seen))
             self._commit(c, result, "reconcile_committed")
             return Ok(None)
+        if confirmed_dead and confirmed_dead != c.attempt:
+            return Err(FAILED_PRECONDITION, "STALE_ATTEMPT")
         # A live lease: the attempt may yet execute, confirmed dead or not.
         if c.state == STARTED:
             return Err(FAILED_PRECONDITION, "INVALID_TRANSITION")
-        if confirmed_dead and confirmed_dead != c.attempt:
-            return Err(FAILED_PRECONDITION, "STALE_ATTEMPT")
         if not confirmed_dead:
             quarantine = QUARANTINE_LEASES * (c.lease_ms or DEFAULT_LEASE_MS) * MS
             if self.wall - c.unknown_since_wall < quarantine:
