@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check node-test protos bench bench-node bench-peers bench-scale image-test clean
+.PHONY: help run test test-fast check node-test protos bench bench-node bench-peers bench-scale image-test clean torture-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,21 @@ node-test: $(INSTALLED)
 	cd clients/node && npm ci --no-audit --no-fund \
 	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=1 npm test \
 	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=0 npm test
+
+## torture-deep: the model-based torture test (tests/torture) in its deep setting:
+## TORTURE_EXAMPLES random operation sequences of TORTURE_STEPS steps on LMDB
+## (TORTURE_PG_EXAMPLES on PostgreSQL), and a random
+## search for each planted bug of its negative controls; the answers reached go to
+## TORTURE_REPORT (`make test` runs the fast setting)
+TORTURE_EXAMPLES ?= 2000
+TORTURE_PG_EXAMPLES ?= 300
+TORTURE_STEPS ?= 60
+TORTURE_REPORT ?= torture-report.json
+torture-deep: $(DEV_INSTALLED)
+	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_PG_EXAMPLES=$(TORTURE_PG_EXAMPLES) \
+	  TORTURE_STEPS=$(TORTURE_STEPS) \
+	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
+	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
 ## bench-node: the Node client's round trips, session stream against unary (ratios in one run)
 bench-node: $(INSTALLED)

@@ -30,6 +30,7 @@ from sidecar.ledger.steps import (
     decide,
     enforce,
     invalid,
+    moved_on,
     new_lease,
     settle,
 )
@@ -150,7 +151,7 @@ def commit(
     except RevisionConflict as exc:
         return Step(call, exc)
     if call.state not in (State.STARTED, State.UNKNOWN):
-        return Step(call, invalid(call, Event.COMMIT))
+        return Step(call, moved_on(call, attempt) or invalid(call, Event.COMMIT))
     stale = check_attempt(call, attempt)
     if stale is not None:
         return Step(call, stale)
@@ -187,7 +188,8 @@ def report_unknown(
     if call.state is State.UNKNOWN and attempt == call.attempt:
         return Step(call, answer_for(call, policy=policy))
     if call.state is not State.STARTED:
-        return Step(call, invalid(call, Event.REPORT_UNKNOWN))
+        refusal = moved_on(call, attempt) or invalid(call, Event.REPORT_UNKNOWN)
+        return Step(call, refusal)
     stale = check_attempt(call, attempt)
     if stale is not None:
         return Step(call, stale)
@@ -209,7 +211,8 @@ def heartbeat(
     """Heartbeat: extend the lease of the attempt that holds a live call."""
     settled = settle(call, now)
     if settled.state is not State.STARTED:
-        return Step(settled, invalid(settled, Event.HEARTBEAT))
+        refusal = moved_on(settled, attempt) or invalid(settled, Event.HEARTBEAT)
+        return Step(settled, refusal)
     stale = check_attempt(settled, attempt)
     if stale is not None:
         return Step(settled, stale)

@@ -124,6 +124,8 @@ def _require_approval(
         actor=spec.actor,
         reason="a repeat prepare requires approval",
         approval_required=True,
+        # The approver must see what they approve (`kept_inputs`).
+        kept_input=call.kept_input or spec.input,
     )
     return Step(waiting, answer_for(waiting, policy=policy))
 

@@ -216,6 +216,19 @@ def check_attempt(call: ToolCall, attempt: int) -> EffectdError | None:
     return None
 
 
+def moved_on(call: ToolCall, attempt: int) -> EffectdError | None:
+    """The refusal of an `attempt` that a reconciliation moved the call on
+    from ("never executed": PREPARED again, its attempt counted), if so: it
+    no longer holds the call (docs/ledger.md), rather than the state's."""
+    if call.state is State.PREPARED and 0 < attempt <= call.attempt:
+        return StaleAttempt(
+            f"attempt {attempt} no longer holds the call: it was reconciled "
+            "as never executed",
+            {"currentAttempt": str(call.attempt)},
+        )
+    return None
+
+
 def invalid(call: ToolCall, event: Event) -> EffectdError:
     """The state machine's refusal of `event` in the call's state."""
     try:

@@ -110,6 +110,7 @@ class RetryPolicy:
         if req.WhichOneof("subject") == "call":
             ref = convert.ref(v, caller.current(), req.call, self._limits, "call")
         v.require()
+        channel = None
         if ref is not None:
-            asked = self._retries.facts_of(ref, asked)
-        return response(asked, self._retries.decide(asked))
+            asked, channel = self._retries.facts_of(ref, asked)
+        return response(asked, self._retries.decide(asked, channel))

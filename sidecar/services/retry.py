@@ -4,8 +4,10 @@ A question about a recorded call takes its facts from the stored record, as
 the rules would see it now (a STARTED call whose lease is gone counts as
 UNKNOWN), without writing anything: a decision changes no record. The
 channel the call was prepared through is a fact too: for a call prepared as
-MCP, a child or a background run, its rules apply whatever context the
-question names (StartTool applies the same). The jitter
+MCP, a child or a background run, its rules apply beside those of the context
+the question names, and the first denial wins (StartTool applies the
+channel's). The context asked never drops out: an MCP transport failure or a
+whole run is denied whatever channel the call was recorded with. The jitter
 comes from an injected random source, so tests are deterministic.
 """
 
@@ -42,8 +44,10 @@ class RetryService:
 
     def facts_of(
         self, ref: CallRef, question: retry.RetryQuestion
-    ) -> retry.RetryQuestion:
-        """`question` with the facts and attempts of the recorded call `ref`."""
+    ) -> tuple[retry.RetryQuestion, retry.RetryContext | None]:
+        """`question` with the facts and attempts of the recorded call `ref`,
+        and the context of the call's channel when it is not TOOL (for
+        `decide`)."""
 
         def settled(view: ReadView) -> ToolCall | None:
             found = records.load_call(view, ref)
@@ -70,21 +74,35 @@ class RetryService:
             # Settled: a STARTED call still holds a live lease.
             lease_live=call.state is State.STARTED,
         )
-        context = question.context
-        if call.channel is not Channel.TOOL:
-            context = retry.RetryContext(call.channel.value)
-        return dataclasses.replace(
+        asked = dataclasses.replace(
             question,
             facts=facts,
-            context=context,
             attempts_used=max(question.attempts_used, call.attempt),
         )
+        if call.channel is Channel.TOOL:
+            return asked, None
+        return asked, retry.RetryContext(call.channel.value)
 
-    def decide(self, question: retry.RetryQuestion) -> retry.RetryDecision:
+    def decide(
+        self,
+        question: retry.RetryQuestion,
+        channel: retry.RetryContext | None = None,
+    ) -> retry.RetryDecision:
+        """The rules for `question`, and for its call's recorded `channel`
+        (when not TOOL) as well: the question's denial first, then the
+        channel's; allowed only when both allow."""
+        policy = self._policy.current()
+        jitter = self._random()
+        now = self._clock.wall_ns()
+        decided = retry.decide(
+            question, policy, self._backoff, now_wall_ns=now, jitter=jitter
+        )
+        if not decided.allow or channel is None or channel is question.context:
+            return decided
         return retry.decide(
-            question,
-            self._policy.current(),
+            dataclasses.replace(question, context=channel),
+            policy,
             self._backoff,
-            now_wall_ns=self._clock.wall_ns(),
-            jitter=self._random(),
+            now_wall_ns=now,
+            jitter=jitter,
         )

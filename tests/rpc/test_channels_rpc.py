@@ -108,3 +108,47 @@ def test_the_python_client_sends_and_reads_the_channel(
             client.start_tool("run", channel.name, retry=True)
     else:
         assert client.start_tool("run", channel.name, retry=True).attempt_held
+
+
+@pytest.mark.parametrize(
+    ("recorded", "effect", "asked", "reason"),
+    [
+        # ADR-010 D5: the attempt failed over MCP, whatever the record says.
+        (pb.CALL_CHANNEL_DURABLE_BACKGROUND, pb.EFFECT_READ, "MCP", "MCP_NO_REPLAY"),
+        (pb.CALL_CHANNEL_CHILD_FOREGROUND, pb.EFFECT_READ, "MCP", "MCP_NO_REPLAY"),
+        # ADR-010 R5: a whole run is retried only when read-only.
+        (
+            pb.CALL_CHANNEL_CHILD_FOREGROUND,
+            pb.EFFECT_IDEMPOTENT_WRITE,
+            "RUN",
+            "RUN_NOT_READ_ONLY",
+        ),
+    ],
+)
+def test_the_context_asked_about_a_call_still_applies_beside_its_channel(  # noqa: PLR0917 - fixtures and columns
+    ledger_stub: ToolLedgerStub,
+    channel: grpc.Channel,
+    recorded: pb.CallChannel.ValueType,
+    effect: pb.Effect.ValueType,
+    asked: str,
+    reason: str,
+) -> None:
+    """DecideRetry about a call of another channel than TOOL applies the
+    rules of both the context asked and the call's channel: the first denial
+    wins. Fails before the fix: the recorded channel replaced the context
+    asked, so an MCP transport failure (or a whole run) was allowed a retry
+    (found by the model-based torture test, issue 15)."""
+    ledger_stub.PrepareTool(_prepare(recorded, effect), timeout=5)
+    ledger_stub.ReportUnknown(
+        pb.ReportUnknownRequest(ref=ref(), attempt=1, reason="lost"), timeout=5
+    )
+    decided = retry_pb2_grpc.RetryPolicyStub(channel).DecideRetry(
+        ypb.DecideRetryRequest(
+            call=ref(),
+            context=ypb.RetryContext.Value("RETRY_CONTEXT_" + asked),
+            error=ypb.AttemptError(kind=ypb.FAILURE_KIND_TRANSPORT),
+        ),
+        timeout=5,
+    )
+    assert not decided.allow
+    assert errors_pb2.ErrorReason.Name(decided.reason) == reason

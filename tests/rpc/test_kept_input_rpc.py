@@ -271,3 +271,21 @@ def test_negative_control_an_approval_bound_to_the_shown_text_is_caught(
     assert "approved with the fingerprint of the shown text" in binding_violations(
         daemon, ledger_stub
     )
+
+
+def test_a_call_made_to_await_approval_by_a_repeat_keeps_its_input(
+    ledger_stub: Ledger,
+) -> None:
+    """A call prepared without approval, then required to wait for one by a
+    repeat prepare, keeps the repeat's input as sent, so that the approver
+    sees what they approve. Fails before the fix: only a call created
+    awaiting approval kept its input (found by the model-based torture test,
+    issue 15)."""
+    ledger_stub.PrepareTool(prepare_request(json=SENT), timeout=5)
+    assert not _get(ledger_stub).HasField("kept_input")
+    again = ledger_stub.PrepareTool(
+        prepare_request(json=SENT, require_approval=True), timeout=5
+    )
+    assert again.decision == pb.DECISION_AWAIT_APPROVAL
+    assert again.call.kept_input.json == SENT
+    assert _get(ledger_stub).kept_input.json == SENT

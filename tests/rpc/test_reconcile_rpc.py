@@ -461,3 +461,32 @@ def test_the_race_check_catches_a_racy_service(config: ServeConfig) -> None:
     ) as racy:
         outcomes = _race(racy.target, _setup(racy.target))
     assert _double_wins(outcomes) != {}
+
+
+def test_the_attempt_reconciled_as_never_executed_is_stale(
+    ledger_stub: ToolLedgerStub,
+) -> None:
+    """After "never executed" the call is PREPARED again and attempt 1 no
+    longer holds it: its commit, heartbeat and unknown-report are
+    STALE_ATTEMPT (docs/ledger.md), and nothing changes. Fails before the
+    fix: they were INVALID_TRANSITION, as if no attempt had ever held the
+    call (found by the model-based torture test, issue 15)."""
+    call = _unknown(ledger_stub)
+    done = ledger_stub.Reconcile(
+        reconcile_request(call.revision, found=False), timeout=5
+    ).call
+    assert (done.state, done.attempt) == (pb.CALL_STATE_PREPARED, 1)
+    requests = [
+        lambda: ledger_stub.CommitTool(
+            pb.CommitToolRequest(ref=ref(), attempt=1, result=FOUND), timeout=5
+        ),
+        lambda: ledger_stub.Heartbeat(
+            pb.HeartbeatRequest(ref=ref(), attempt=1), timeout=5
+        ),
+        lambda: ledger_stub.ReportUnknown(
+            pb.ReportUnknownRequest(ref=ref(), attempt=1, reason="late"), timeout=5
+        ),
+    ]
+    for send in requests:
+        expect_refusal(send, PRECONDITION, "STALE_ATTEMPT")
+    assert _get(ledger_stub).revision == done.revision
