@@ -41,7 +41,6 @@ from effectd_client.langgraph import (
     DurabilityError,
     LedgeredToolCalls,
     ToolPolicy,
-    ToolPolicyError,
     approve,
     reject,
     retry,
@@ -435,6 +434,39 @@ def test_a_read_of_unknown_outcome_asks_before_it_runs_again(client: Client) -> 
     assert runs == ["x", "x"]
 
 
+@pytest.mark.parametrize("effect", ["read", "side-effect"])
+def test_a_rule_that_retries_unknown_outcomes_runs_a_read_again_without_asking(
+    client: Client, effect: str
+) -> None:
+    """`retry_unknown = true` in the tool's rule: a READ of unknown outcome
+    runs again when the graph resumes, with no interrupt; a SIDE_EFFECT with
+    the same rule is still never run again (an operator reconciles it)."""
+    runs: list[str] = []
+
+    @tool
+    def lookup(q: str) -> str:
+        """Looks up (times out the first time)."""
+        runs.append(q)
+        if len(runs) == 1:
+            raise TimeoutError("the upstream did not answer")
+        return f"found {q}"
+
+    rule = f'[tools.lookup]\neffect = "{effect}"\nretry_unknown = true'
+    graph = graph_of(client, [lookup], one_call("lookup", q="x"), rule)
+    config = thread(f"t-auto-retry-{effect}")
+    with pytest.raises(TimeoutError):
+        graph.invoke(START_INPUT, config, durability="sync")
+    resumed = graph.invoke(None, config, durability="sync")
+    if effect == "read":
+        assert "__interrupt__" not in resumed
+        assert resumed["messages"][-1].content == "done: found x"
+        assert runs == ["x", "x"]
+    else:
+        [request] = [i.value for i in resumed["__interrupt__"]]
+        assert request["effectd"] == "reconcile"
+        assert runs == ["x"]
+
+
 def test_an_async_graph_goes_through_the_ledger_too(
     effectd: TestDaemon, workdir: Path
 ) -> None:
@@ -472,45 +504,6 @@ def test_importing_the_client_does_not_import_langgraph() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize(
-    ("text", "tool", "effect", "approval"),
-    [
-        ("", "any", Effect.SIDE_EFFECT, False),  # ADR-010 D2: unnamed, side effect
-        ('[tools.a]\neffect = "read"', "a", Effect.READ, False),
-        ('[tools.a]\neffect = "idempotent-write"', "a", Effect.IDEMPOTENT_WRITE, False),
-        ("require_approval = true", "b", Effect.SIDE_EFFECT, True),
-        (
-            'require_approval = true\n[tools.a]\neffect = "read"\n'
-            "require_approval = false",
-            "a",
-            Effect.READ,
-            False,
-        ),
-    ],
-)
-def test_the_policy_gives_each_tool_its_effect_and_approval(
-    text: str, tool: str, effect: Effect, approval: bool
-) -> None:
-    """Rows of the operator's tool policy."""
-    decided = ToolPolicy.from_toml(text).decide(tool)
-    assert (decided.effect, decided.require_approval) == (effect, approval)
-
-
-@pytest.mark.parametrize(
-    ("text", "names"),
-    [
-        ("trusted = true", "'trusted'"),
-        ('[tools.a]\neffect = "write"', "tools.a.effect"),
-        ("[tools.a]\nrequire_approval = 1", "tools.a.require_approval"),
-        ("tools = 3", "tools"),
-        ("[tools", "TOML"),
-    ],
-)
-def test_a_wrong_policy_is_refused_naming_the_setting(text: str, names: str) -> None:
-    with pytest.raises(ToolPolicyError, match=names):
-        ToolPolicy.from_toml(text)
-
-
 def test_the_public_names_are_pinned() -> None:
     """`effectd_client.langgraph.__all__` is exactly the documented names."""
     assert set(effectd_client.langgraph.__all__) == {
@@ -519,9 +512,9 @@ def test_the_public_names_are_pinned() -> None:
         "ApprovalMismatch",
         "DurabilityError",
         "LedgeredToolCalls",
+        "PolicyError",
         "ToolDecision",
         "ToolPolicy",
-        "ToolPolicyError",
         "ToolRule",
         "approve",
         "reject",

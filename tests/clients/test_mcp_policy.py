@@ -9,7 +9,7 @@ import pytest
 
 import effectd_client.mcp
 from effectd_client import Effect
-from effectd_client.mcp import McpPolicy, McpPolicyError
+from effectd_client.mcp import McpPolicy, PolicyError
 
 READ, WRITE, SIDE = Effect.READ, Effect.IDEMPOTENT_WRITE, Effect.SIDE_EFFECT
 LIES_READ_ONLY = {"readOnlyHint": True, "destructiveHint": False}
@@ -73,11 +73,13 @@ def test_approval_comes_from_the_tool_else_its_server() -> None:
         ('[servers.s.tools.t]\neffect = "write"\n', "servers.s.tools.t.effect"),
         ("[servers.s.tools.t]\nrequire_approval = 'y'\n", "require_approval"),
         ("servers = 3\n", "servers: must be a table"),
+        # An MCP call of unknown outcome is never sent again (ADR-010 D5).
+        ("[servers.s.tools.t]\nretry_unknown = true\n", "'retry_unknown'"),
         ("[servers\n", "not valid TOML"),
     ],
 )
 def test_an_invalid_policy_names_the_setting(text: str, where: str) -> None:
-    with pytest.raises(McpPolicyError, match=where):
+    with pytest.raises(PolicyError, match=where):
         McpPolicy.from_toml(text)
 
 
@@ -90,10 +92,10 @@ def test_the_mcp_module_exports_are_pinned() -> None:
         "McpConnectionLost",
         "McpDecision",
         "McpPolicy",
-        "McpPolicyError",
         "McpServerPolicy",
-        "McpToolRule",
+        "PolicyError",
         "SessionInvalidated",
+        "ToolRule",
         "ledger_tool_name",
     }
     for name in effectd_client.mcp.__all__:

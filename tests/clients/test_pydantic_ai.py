@@ -37,6 +37,7 @@ from effectd_client.pydantic_ai import (
     METADATA_KEY,
     EffectdToolset,
     ToolPolicy,
+    ToolRule,
     decide_deferred,
 )
 from effectd_client.pytest_plugin import effectd_daemon  # noqa: F401
@@ -487,15 +488,24 @@ def test_a_call_without_a_tool_call_id_is_refused(daemon: RunningDaemon) -> None
     asyncio.run(body())
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ToolPolicy({"retry": ToolRule(Effect.READ, require_approval=True)}),
+        # The operator's TOML file, as LangGraph's adapter reads it: the
+        # policy's default approval covers a rule that does not say.
+        ToolPolicy.from_toml('require_approval = true\n[tools.retry]\neffect = "read"'),
+    ],
+    ids=["rule", "toml-default"],
+)
 def test_the_policy_requires_approval_of_a_tool_that_does_not_declare_it(
-    daemon: RunningDaemon,
+    daemon: RunningDaemon, policy: ToolPolicy
 ) -> None:
-    """`ToolPolicy(require_approval=True)`: the call is deferred to an
+    """The policy requires approval of the tool: the call is deferred to an
     approver, bound to its arguments; it does not run."""
 
     async def body() -> None:
         async with AsyncClient(daemon.target) as effectd:
-            policy = {"retry": ToolPolicy(Effect.READ, require_approval=True)}
             toolset, counted = toolset_with(effectd, policy=policy)
             with pytest.raises(ApprovalRequired) as deferral:
                 await call(toolset, context("tc-1"))
@@ -513,7 +523,9 @@ def test_the_public_surface_is_pinned() -> None:
     assert sorted(effectd_pydantic_ai.__all__) == [
         "EffectdToolset",
         "METADATA_KEY",
+        "ToolDecision",
         "ToolPolicy",
+        "ToolRule",
         "decide_deferred",
         "effectd_metadata",
     ]

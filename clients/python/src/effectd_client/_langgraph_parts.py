@@ -22,7 +22,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
 from effectd_client import CallRejected, Effect, ToolCall, ToolFailed
-from effectd_client._tool_policy import ToolDecision
+from effectd_client.policy import ToolDecision
 
 # The error code of a tool whose ToolNode turned its failure into a
 # `ToolMessage` with status "error": the tool ran, and that is its result.

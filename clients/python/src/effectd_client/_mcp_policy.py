@@ -18,7 +18,9 @@ server:
      (READ < IDEMPOTENT_WRITE < SIDE_EFFECT).
 
 Approval comes from the policy alone: the tool's `require_approval`, else its
-server's. Free of I/O and of the `mcp` package.
+server's. A tool's table is a `ToolRule` in the words of
+`effectd_client.policy` (without `retry_unknown`: an MCP call of unknown
+outcome is never sent again). Free of I/O and of the `mcp` package.
 
     [servers.mail]
     trusted = false              # default: annotations only ever raise caution
@@ -34,39 +36,27 @@ server's. Free of I/O and of the `mcp` package.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from effectd_client import Effect
-
-# The policy file's words for the effects.
-EFFECT_NAMES: Mapping[str, Effect] = MappingProxyType(
-    {
-        "read": Effect.READ,
-        "idempotent-write": Effect.IDEMPOTENT_WRITE,
-        "side-effect": Effect.SIDE_EFFECT,
-    }
+from effectd_client._types import Effect
+from effectd_client.policy import (
+    ToolRule,
+    check_keys,
+    check_table,
+    load_toml,
+    parse_flag,
+    parse_rule,
 )
+
+# The settings of an MCP tool's table.
+MCP_RULE_KEYS = ("effect", "require_approval")
 _CAUTION = {Effect.READ: 0, Effect.IDEMPOTENT_WRITE: 1, Effect.SIDE_EFFECT: 2}
 
 
-class McpPolicyError(ValueError):
-    """The MCP policy is invalid; the message names the setting."""
-
-
-@dataclass(frozen=True, slots=True)
-class McpToolRule:
-    """The operator's word on one tool: its pinned effect (None: not pinned)
-    and whether its calls wait for an approver (None: the server's default)."""
-
-    effect: Effect | None = None
-    require_approval: bool | None = None
-
-
-def _no_tools() -> Mapping[str, McpToolRule]:
+def _no_tools() -> Mapping[str, ToolRule]:
     return MappingProxyType({})
 
 
@@ -79,7 +69,8 @@ class McpServerPolicy:
     # (for tools whose effect is not pinned).
     trusted: bool = False
     require_approval: bool = False
-    tools: Mapping[str, McpToolRule] = field(default_factory=_no_tools)
+    # A rule's effect pins the tool's; its approval, None: the server's.
+    tools: Mapping[str, ToolRule] = field(default_factory=_no_tools)
 
 
 def _no_servers() -> Mapping[str, McpServerPolicy]:
@@ -155,7 +146,7 @@ class McpPolicy:
     def decide(self, server: str, tool: str, annotations: Any = None) -> McpDecision:
         """The effect and approval of a call of `tool` on `server`."""
         sp = self.servers.get(server, McpServerPolicy())
-        rule = sp.tools.get(tool, McpToolRule())
+        rule = sp.tools.get(tool, ToolRule())
         hints = Hints.of(annotations)
         if rule.effect is not None:
             base, reason = rule.effect, "pinned by the policy"
@@ -176,11 +167,11 @@ class McpPolicy:
         """The policy a parsed document describes (the TOML layout above).
 
         Raises:
-            McpPolicyError: naming the setting that is wrong.
+            PolicyError: naming the setting that is wrong.
         """
-        _keys("", doc, {"servers"})
+        check_keys("policy", doc, {"servers"})
         servers = doc.get("servers", {})
-        _table("servers", servers)
+        check_table("servers", servers)
         return cls(
             MappingProxyType(
                 {name: _server(name, table) for name, table in servers.items()}
@@ -189,57 +180,25 @@ class McpPolicy:
 
     @classmethod
     def from_toml(cls, text: str) -> McpPolicy:
-        """The policy of a TOML text; raises `McpPolicyError`."""
-        try:
-            doc = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise McpPolicyError(f"not valid TOML: {exc}") from None
-        return cls.from_mapping(doc)
-
-
-def _table(where: str, value: Any) -> None:
-    if not isinstance(value, Mapping):
-        raise McpPolicyError(f"{where}: must be a table")
-
-
-def _keys(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise McpPolicyError(f"{where or 'policy'}: unknown setting {unknown[0]!r}")
-
-
-def _flag(where: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise McpPolicyError(f"{where}: must be true or false")
-    return value
+        """The policy of a TOML text; raises `PolicyError`."""
+        return cls.from_mapping(load_toml(text))
 
 
 def _server(name: str, table: Any) -> McpServerPolicy:
     where = f"servers.{name}"
-    _table(where, table)
-    _keys(where, table, {"trusted", "require_approval", "tools"})
+    check_table(where, table)
+    check_keys(where, table, {"trusted", "require_approval", "tools"})
     tools = table.get("tools", {})
-    _table(f"{where}.tools", tools)
+    check_table(f"{where}.tools", tools)
     return McpServerPolicy(
-        trusted=_flag(f"{where}.trusted", table.get("trusted", False)),
-        require_approval=_flag(
+        trusted=parse_flag(f"{where}.trusted", table.get("trusted", False)),
+        require_approval=parse_flag(
             f"{where}.require_approval", table.get("require_approval", False)
         ),
         tools=MappingProxyType(
-            {tool: _tool(f"{where}.tools.{tool}", t) for tool, t in tools.items()}
+            {
+                tool: parse_rule(f"{where}.tools.{tool}", t, MCP_RULE_KEYS)
+                for tool, t in tools.items()
+            }
         ),
     )
-
-
-def _tool(where: str, table: Any) -> McpToolRule:
-    _table(where, table)
-    _keys(where, table, {"effect", "require_approval"})
-    effect = None
-    if "effect" in table:
-        effect = EFFECT_NAMES.get(table["effect"])
-        if effect is None:
-            raise McpPolicyError(f"{where}.effect: one of {', '.join(EFFECT_NAMES)}")
-    approval = None
-    if "require_approval" in table:
-        approval = _flag(f"{where}.require_approval", table["require_approval"])
-    return McpToolRule(effect, approval)

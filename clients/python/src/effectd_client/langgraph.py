@@ -54,7 +54,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -73,6 +73,7 @@ from effectd_client import (
     CallInProgress,
     CallRejected,
     Client,
+    Effect,
     InvalidTransition,
     ReconciliationNeeded,
     RetryRequired,
@@ -99,12 +100,7 @@ from effectd_client._langgraph_parts import (
     stored_error,
     thread_run_id,
 )
-from effectd_client._tool_policy import (
-    ToolDecision,
-    ToolPolicy,
-    ToolPolicyError,
-    ToolRule,
-)
+from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 
 __all__ = [
     "KIND",
@@ -112,9 +108,9 @@ __all__ = [
     "ApprovalMismatch",
     "DurabilityError",
     "LedgeredToolCalls",
+    "PolicyError",
     "ToolDecision",
     "ToolPolicy",
-    "ToolPolicyError",
     "ToolRule",
     "approve",
     "reject",
@@ -144,8 +140,11 @@ class LedgeredToolCalls:
     Args:
         client: The connection to effectd: a `Client` for graphs run with
             `invoke`/`stream`, an `AsyncClient` for `ainvoke`/`astream`.
-        policy: The operator's tool policy; None: every tool a SIDE_EFFECT
-            without approval.
+        policy: The operator's `ToolPolicy` (or its rules by tool name: a
+            `ToolRule` or an `Effect`); None: every tool a SIDE_EFFECT
+            without approval. A rule's `retry_unknown=True` runs a READ or
+            IDEMPOTENT_WRITE of unknown outcome again without asking; by
+            default an interrupt asks a human.
         run_id: The run id of a graph run's config; default its thread id.
         approver: The connection that records decisions given as resume
             values (an approver's credential when effectd checks tokens);
@@ -162,7 +161,7 @@ class LedgeredToolCalls:
         self,
         client: Client | AsyncClient,
         *,
-        policy: ToolPolicy | None = None,
+        policy: ToolPolicy | Mapping[str, ToolRule | Effect] | None = None,
         run_id: Callable[[RunnableConfig], str] = thread_run_id,
         approver: Client | AsyncClient | None = None,
         lease_ms: int = 0,
@@ -175,7 +174,7 @@ class LedgeredToolCalls:
         ):
             raise TypeError("client and approver: both sync, or both async")
         self.client, self.approver = client, approver or client
-        self.policy = policy or ToolPolicy()
+        self.policy = ToolPolicy.of(policy)
         self.run_id, self.lease_ms, self.timeout = run_id, lease_ms, timeout
         self.in_progress_wait = in_progress_wait
         self.require_sync_durability = require_sync_durability
@@ -241,7 +240,7 @@ class LedgeredToolCalls:
             "call_id": call.call_id,
             "effect": call.decision.effect,
             "require_approval": call.decision.require_approval,
-            "retry_unknown": retry_unknown,
+            "retry_unknown": retry_unknown or call.decision.retry_unknown is True,
             "timeout": self.timeout,
             # A tool that interrupts itself may have acted before it asked.
             "unknown_on": (GraphBubbleUp,),

@@ -60,14 +60,8 @@ from mcp.types import (
 )
 
 from effectd_client import AsyncRun, Channel, Effect, OutcomeUnknown, ToolFailed
-from effectd_client._mcp_policy import (
-    EFFECT_NAMES,
-    McpDecision,
-    McpPolicy,
-    McpPolicyError,
-    McpServerPolicy,
-    McpToolRule,
-)
+from effectd_client._mcp_policy import McpDecision, McpPolicy, McpServerPolicy
+from effectd_client.policy import EFFECT_NAMES, PolicyError, ToolRule
 
 __all__ = [
     "EFFECT_NAMES",
@@ -77,10 +71,10 @@ __all__ = [
     "McpConnectionLost",
     "McpDecision",
     "McpPolicy",
-    "McpPolicyError",
     "McpServerPolicy",
-    "McpToolRule",
+    "PolicyError",
     "SessionInvalidated",
+    "ToolRule",
     "ledger_tool_name",
 ]
 

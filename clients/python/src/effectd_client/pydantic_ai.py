@@ -43,9 +43,11 @@ The run a call belongs to is the `run_id` of the model response that made it
 (Pydantic AI keeps it in the message history), so a run resumed from its
 history after a crash, or from `DeferredToolResults`, finds its calls: resume
 from the persisted `all_messages()`, not from the prompt (a new model response
-has new call ids). Each tool's effect and approval come from the `policy`
-(tool name -> `ToolPolicy` or `Effect`), default SIDE_EFFECT; a tool declared
-`requires_approval=True` requires an effectd approval too. An IDEMPOTENT_WRITE
+has new call ids). Each tool's effect, approval and retry come from the
+operator's `ToolPolicy` (`effectd_client.policy`, the words LangGraph's
+adapter reads too; or just its rules by tool name: a `ToolRule` or an
+`Effect`), default SIDE_EFFECT; a tool declared `requires_approval=True`
+requires an effectd approval too. An IDEMPOTENT_WRITE
 tool reads its key `{run_id}:{call_id}` from `effectd_client.current_call()`.
 
     toolset = EffectdToolset(
@@ -91,11 +93,14 @@ from effectd_client._exceptions import (
 from effectd_client._safe_aio import AsyncRun
 from effectd_client._safe_outcomes import is_unknown
 from effectd_client._types import Effect, ToolCall
+from effectd_client.policy import ToolDecision, ToolPolicy, ToolRule
 
 __all__ = [
     "METADATA_KEY",
     "EffectdToolset",
+    "ToolDecision",
     "ToolPolicy",
+    "ToolRule",
     "decide_deferred",
     "effectd_metadata",
 ]
@@ -108,23 +113,6 @@ DEFAULT_APPROVER = "pydantic-ai"
 MODEL_RETRY = "ModelRetry"
 # Rounds of prepare, record a Pydantic AI approval, prepare again.
 MAX_APPROVAL_ROUNDS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class ToolPolicy:
-    """How one tool is called.
-
-    Args:
-        effect: The tool's effect; SIDE_EFFECT unless declared.
-        require_approval: An approver must approve each call (bound to its
-            arguments) before it runs.
-        retry_unknown: Start a call of unknown outcome again (never for a
-            SIDE_EFFECT); None: for READ and IDEMPOTENT_WRITE.
-    """
-
-    effect: Effect = Effect.SIDE_EFFECT
-    require_approval: bool = False
-    retry_unknown: bool | None = None
 
 
 def effectd_metadata(call: ToolCall, action: str) -> dict[str, Any]:
@@ -176,8 +164,10 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
     Args:
         wrapped: The agent's toolset (e.g. a `FunctionToolset`).
         client: The effectd client.
-        policy: Tool name -> `ToolPolicy` (or just its `Effect`); a tool not
-            named is a SIDE_EFFECT without approval.
+        policy: The operator's `ToolPolicy`, or its rules by tool name (a
+            `ToolRule` or just an `Effect`); a tool not named is a
+            SIDE_EFFECT without approval. A rule's `retry_unknown` None runs
+            a READ or IDEMPOTENT_WRITE of unknown outcome again.
         run_id: The ledger's run id: a string, or a function of the
             `RunContext`; None: the run in which the model made the call.
         lease_ms: The lease of a started call (0: the daemon's default); a
@@ -189,8 +179,8 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
     """
 
     client: AsyncClient = field(kw_only=True)
-    policy: Mapping[str, ToolPolicy | Effect] = field(
-        default_factory=dict, kw_only=True
+    policy: ToolPolicy | Mapping[str, ToolRule | Effect] = field(
+        default_factory=ToolPolicy, kw_only=True
     )
     run_id: str | Callable[[RunContext[Any]], str] | None = field(
         default=None, kw_only=True
@@ -199,16 +189,18 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
     timeout: float | None = field(default=None, kw_only=True)
     approver: str | None = field(default=DEFAULT_APPROVER, kw_only=True)
 
-    def rule(
+    def decide(
         self, name: str, tool: ToolsetTool[AgentDepsT] | None = None
-    ) -> ToolPolicy:
-        """The policy a call of `name` is prepared with."""
-        declared = self.policy.get(name, ToolPolicy())
-        rule = ToolPolicy(declared) if isinstance(declared, Effect) else declared
+    ) -> ToolDecision:
+        """The effect, approval and retry a call of `name` is prepared with."""
+        decided = ToolPolicy.of(self.policy).decide(name)
+        if decided.retry_unknown is None:
+            retry = decided.effect is not Effect.SIDE_EFFECT
+            decided = replace(decided, retry_unknown=retry)
         meta = (tool.tool_def.metadata or {}) if tool is not None else {}
         if meta.get(METADATA_KEY, {}).get("require_approval"):
-            rule = replace(rule, require_approval=True)
-        return rule
+            decided = replace(decided, require_approval=True)
+        return decided
 
     async def get_tools(
         self, ctx: RunContext[AgentDepsT]
@@ -244,7 +236,7 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
         """Runs the tool at most once for its call (see the module docs)."""
         if not ctx.tool_call_id:
             raise ValueError(f"{name}: a call without tool_call_id")
-        run, rule = self._run(ctx), self.rule(name, tool)
+        run, rule = self._run(ctx), self.decide(name, tool)
         # A Pydantic AI approval is recorded, then the call prepared again; a
         # lost race for the revision (another process recorded it) once more.
         waiting: ToolCall | None = None
@@ -265,7 +257,7 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
     async def _call(
         self,
         run: AsyncRun,
-        rule: ToolPolicy,
+        rule: ToolDecision,
         *,
         name: str,
         tool_args: dict[str, Any],
@@ -274,9 +266,6 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
     ) -> Any:
         call_id = ctx.tool_call_id
         assert call_id is not None
-        retry = rule.retry_unknown
-        if retry is None:
-            retry = rule.effect is not Effect.SIDE_EFFECT
         ran = False
         try:
             async with run.call(
@@ -284,7 +273,7 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
                 to_jsonable_python(tool_args),
                 call_id=call_id,
                 effect=rule.effect,
-                retry_unknown=retry,
+                retry_unknown=bool(rule.retry_unknown),
                 require_approval=rule.require_approval,
                 timeout=self.timeout,
                 serialize=_serialize,

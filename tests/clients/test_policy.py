@@ -1,0 +1,122 @@
+"""The operator's tool policy shared by the framework adapters
+(`effectd_client.policy`): rows of its rules, and its refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import effectd_client.langgraph
+import effectd_client.mcp
+import effectd_client.policy
+import effectd_client.pydantic_ai
+from effectd_client import Effect
+from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "effect", "approval", "retry"),
+    [
+        ("", "any", Effect.SIDE_EFFECT, False, None),  # ADR-010 D2: unnamed
+        ('[tools.a]\neffect = "read"', "a", Effect.READ, False, None),
+        (
+            '[tools.a]\neffect = "idempotent-write"',
+            "a",
+            Effect.IDEMPOTENT_WRITE,
+            False,
+            None,
+        ),
+        ("require_approval = true", "b", Effect.SIDE_EFFECT, True, None),
+        (
+            'require_approval = true\n[tools.a]\neffect = "read"\n'
+            "require_approval = false",
+            "a",
+            Effect.READ,
+            False,
+            None,
+        ),
+        ("[tools.a]\nretry_unknown = true", "a", Effect.SIDE_EFFECT, False, True),
+        (
+            '[tools.a]\neffect = "read"\nretry_unknown = false',
+            "a",
+            Effect.READ,
+            False,
+            False,
+        ),
+    ],
+)
+def test_the_policy_gives_each_tool_its_effect_approval_and_retry(
+    text: str, tool: str, effect: Effect, approval: bool, retry: bool | None
+) -> None:
+    """Rows of the operator's tool policy read from TOML."""
+    decided = ToolPolicy.from_toml(text).decide(tool)
+    assert (decided.effect, decided.require_approval, decided.retry_unknown) == (
+        effect,
+        approval,
+        retry,
+    )
+
+
+def test_rules_by_tool_name_are_a_policy_and_a_bare_effect_is_a_rule() -> None:
+    """`ToolPolicy.of` a mapping (what an adapter's `policy=` also takes):
+    an `Effect` is the rule with that effect; the rest stay SIDE_EFFECT."""
+    policy = ToolPolicy.of(
+        {"lookup": Effect.READ, "send": ToolRule(require_approval=True)}
+    )
+    assert policy.decide("lookup").effect is Effect.READ
+    assert policy.decide("send") == ToolDecision(Effect.SIDE_EFFECT, True, None)
+    assert policy.decide("other").effect is Effect.SIDE_EFFECT
+    assert ToolPolicy.of(policy) is policy
+    assert ToolPolicy.of(None) == ToolPolicy()
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("trusted = true", "'trusted'"),
+        ('[tools.a]\neffect = "write"', "tools.a.effect"),
+        ("[tools.a]\nrequire_approval = 1", "tools.a.require_approval"),
+        ("[tools.a]\nretry_unknown = 'yes'", "tools.a.retry_unknown"),
+        ("[tools.a]\nhints = true", "tools.a: unknown setting 'hints'"),
+        ("[tools]\na = 3", "tools.a: must be a table"),
+        ("tools = 3", "tools"),
+        ("[tools", "TOML"),
+    ],
+)
+def test_a_wrong_policy_is_refused_naming_the_setting(text: str, names: str) -> None:
+    with pytest.raises(PolicyError, match=names):
+        ToolPolicy.from_toml(text)
+
+
+def test_the_adapters_share_one_vocabulary() -> None:
+    """The policy names an adapter exports are the shared module's own."""
+    for adapter in (effectd_client.langgraph, effectd_client.pydantic_ai):
+        assert adapter.ToolPolicy is ToolPolicy
+        assert adapter.ToolRule is ToolRule
+    assert effectd_client.langgraph.PolicyError is PolicyError
+    assert effectd_client.mcp.PolicyError is PolicyError
+    assert effectd_client.mcp.ToolRule is ToolRule
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert sorted(effectd_client.policy.__all__) == [
+        "EFFECT_NAMES",
+        "PolicyError",
+        "ToolDecision",
+        "ToolPolicy",
+        "ToolRule",
+    ]
+
+
+def test_the_policy_imports_no_framework() -> None:
+    """An operator's tool can read and check a policy without the extras."""
+    probe = (
+        "import sys, effectd_client.policy; print(sorted(m for m in "
+        "('langgraph', 'pydantic_ai', 'mcp', 'agents') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
