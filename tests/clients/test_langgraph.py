@@ -53,6 +53,7 @@ from effectd_client.testing import (
     running_daemon,
 )
 from tests.clients.lg import agent as lg
+from tests.support.imports import imported_by
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_SECONDS = 60.0
@@ -406,10 +407,9 @@ def test_a_tool_returning_a_command_is_replayed_whole(client: Client) -> None:
     assert runs == ["hi"]
 
 
-def test_a_read_of_unknown_outcome_asks_before_it_runs_again(client: Client) -> None:
-    """A READ tool that timed out (outcome unknown) is not run again by a
-    resumed graph until the human answers the retry interrupt with `retry()`."""
-    runs: list[str] = []
+def lookup_timing_out_once(runs: list[str]) -> Any:
+    """A `lookup` tool that notes each run in `runs` and times out (outcome
+    unknown) the first time."""
 
     @tool
     def lookup(q: str) -> str:
@@ -419,6 +419,14 @@ def test_a_read_of_unknown_outcome_asks_before_it_runs_again(client: Client) -> 
             raise TimeoutError("the upstream did not answer")
         return f"found {q}"
 
+    return lookup
+
+
+def test_a_read_of_unknown_outcome_asks_before_it_runs_again(client: Client) -> None:
+    """A READ tool that timed out (outcome unknown) is not run again by a
+    resumed graph until the human answers the retry interrupt with `retry()`."""
+    runs: list[str] = []
+    lookup = lookup_timing_out_once(runs)
     graph = graph_of(
         client, [lookup], one_call("lookup", q="x"), '[tools.lookup]\neffect = "read"'
     )
@@ -442,15 +450,7 @@ def test_a_rule_that_retries_unknown_outcomes_runs_a_read_again_without_asking(
     runs again when the graph resumes, with no interrupt; a SIDE_EFFECT with
     the same rule is still never run again (an operator reconciles it)."""
     runs: list[str] = []
-
-    @tool
-    def lookup(q: str) -> str:
-        """Looks up (times out the first time)."""
-        runs.append(q)
-        if len(runs) == 1:
-            raise TimeoutError("the upstream did not answer")
-        return f"found {q}"
-
+    lookup = lookup_timing_out_once(runs)
     rule = f'[tools.lookup]\neffect = "{effect}"\nretry_unknown = true'
     graph = graph_of(client, [lookup], one_call("lookup", q="x"), rule)
     config = thread(f"t-auto-retry-{effect}")
@@ -494,14 +494,8 @@ def test_an_async_graph_goes_through_the_ledger_too(
 
 def test_importing_the_client_does_not_import_langgraph() -> None:
     """The extra is imported only by `effectd_client.langgraph`."""
-    probe = (
-        "import sys, effectd_client, effectd_client.testing; "
-        "print(sorted(m for m in ('langgraph', 'langchain_core') if m in sys.modules))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "[]"
+    probe = "import effectd_client, effectd_client.testing"
+    assert imported_by(probe, ["langgraph", "langchain_core"]) == []
 
 
 def test_the_public_names_are_pinned() -> None:

@@ -42,6 +42,7 @@ from tests.clients.mcp.servers import (
     kill_server,
     wait_for,
 )
+from tests.support.imports import imported_by
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -354,8 +355,4 @@ def test_an_idempotent_write_carries_its_key_in_meta(
 
 def test_importing_the_client_does_not_import_mcp() -> None:
     """The extra is imported only by `effectd_client.mcp`."""
-    probe = "import sys, effectd_client; print('mcp' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "False"
+    assert imported_by("import effectd_client", ["mcp"]) == []

@@ -9,8 +9,6 @@ import asyncio
 import json
 import multiprocessing
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -51,6 +49,7 @@ from tests.clients.pydantic_agent import (
     run_agent,
     unwrapped_agent,
 )
+from tests.support.imports import imported_by
 
 
 @pytest.fixture
@@ -397,11 +396,7 @@ def test_a_deferral_the_agent_cannot_output_stops_the_run(
 
 def test_importing_the_client_does_not_import_pydantic_ai() -> None:
     """The extra is imported only by `effectd_client.pydantic_ai`."""
-    probe = "import sys, effectd_client; print('pydantic_ai' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "False"
+    assert imported_by("import effectd_client", ["pydantic_ai"]) == []
 
 
 # -- one toolset call at a time, on the manual-clock daemon ---------------------
