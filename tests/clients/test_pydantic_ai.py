@@ -518,6 +518,7 @@ def test_the_public_surface_is_pinned() -> None:
     assert sorted(effectd_pydantic_ai.__all__) == [
         "EffectdToolset",
         "METADATA_KEY",
+        "PolicyError",
         "ToolDecision",
         "ToolPolicy",
         "ToolRule",

@@ -93,11 +93,12 @@ from effectd_client._exceptions import (
 from effectd_client._safe_aio import AsyncRun
 from effectd_client._safe_outcomes import is_unknown
 from effectd_client._types import Effect, ToolCall
-from effectd_client.policy import ToolDecision, ToolPolicy, ToolRule
+from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 
 __all__ = [
     "METADATA_KEY",
     "EffectdToolset",
+    "PolicyError",
     "ToolDecision",
     "ToolPolicy",
     "ToolRule",
