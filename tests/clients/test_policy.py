@@ -67,6 +67,10 @@ def test_rules_by_tool_name_are_a_policy_and_a_bare_effect_is_a_rule() -> None:
     assert policy.decide("send") == ToolDecision(Effect.SIDE_EFFECT, True, None)
     assert policy.decide("other").effect is Effect.SIDE_EFFECT
     assert ToolPolicy.of(policy) is policy
+    rules: dict[str, ToolRule | Effect] = {"lookup": Effect.READ}
+    kept = ToolPolicy(rules)
+    rules["lookup"] = Effect.SIDE_EFFECT  # the policy holds its own copy
+    assert kept.decide("lookup").effect is Effect.READ
     assert ToolPolicy.of(None) == ToolPolicy()
 
 

@@ -96,6 +96,10 @@ class ToolPolicy:
     tools: Mapping[str, ToolRule | Effect] = field(default_factory=_no_tools)
     require_approval: bool = False
 
+    def __post_init__(self) -> None:
+        # A copy: the caller's dict changed later changes no policy.
+        object.__setattr__(self, "tools", MappingProxyType(dict(self.tools)))
+
     def rule(self, tool: str) -> ToolRule:
         """The operator's word on `tool` (empty when it says nothing)."""
         rule = self.tools.get(tool, ToolRule())
@@ -118,7 +122,7 @@ class ToolPolicy:
         """A policy, or one of rules by tool name; None: the empty policy."""
         if isinstance(policy, ToolPolicy):
             return policy
-        return cls(MappingProxyType(dict(policy or {})))
+        return cls(policy or {})
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> ToolPolicy:
@@ -131,9 +135,7 @@ class ToolPolicy:
         tools = doc.get("tools", {})
         check_table("tools", tools)
         return cls(
-            MappingProxyType(
-                {name: parse_rule(f"tools.{name}", t) for name, t in tools.items()}
-            ),
+            {name: parse_rule(f"tools.{name}", t) for name, t in tools.items()},
             parse_flag("require_approval", doc.get("require_approval", False)),
         )
 
