@@ -54,6 +54,7 @@ from effectd_client.openai_agents import (
     ApprovalMismatch,
     LedgerInterruption,
     NoLedgerRun,
+    ToolPolicy,
 )
 from effectd_client.testing import (
     CrashPoint,
@@ -563,6 +564,38 @@ def test_the_tools_own_predicate_decides_which_calls_need_approval(
     expected = State.AWAITING_APPROVAL if held else State.COMMITTED
     assert state_of(daemon.target, tmp_path, "c") is expected
     assert count(tmp_path, "send") == int(not held)
+
+
+def test_the_operators_tool_policy_gives_effects_and_approvals(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """The shared `ToolPolicy` (the TOML the other adapters read): `lookup`
+    is recorded as a READ, and `send`, whose own `needs_approval` is False,
+    waits for an approver, unsent."""
+    policy = ToolPolicy.from_toml(
+        '[tools.lookup]\neffect = "read"\n[tools.send]\nrequire_approval = true'
+    )
+
+    async def body() -> int:
+        async with AsyncClient(daemon.target) as effectd:
+            ledger = AgentLedger(effectd, policy=policy)
+            lookup, send = tools(tmp_path, approval=False)
+            agent = Agent(
+                name="trip",
+                model=model(),
+                tools=[ledger.tool(lookup), ledger.tool(send)],
+            )
+            with ledger.run(run_id(tmp_path)):
+                result = await Runner.run(agent, "send Ann the itinerary")
+            return len(result.interruptions)
+
+    assert asyncio.run(body()) == 1
+    with Client(daemon.target) as client:
+        looked = client.get_tool_call(run_id(tmp_path), LOOKUP)
+        held = client.get_tool_call(run_id(tmp_path), SEND)
+    assert (looked.effect, looked.state) == (Effect.READ, State.COMMITTED)
+    assert (held.effect, held.state) == (Effect.SIDE_EFFECT, State.AWAITING_APPROVAL)
+    assert count(tmp_path, "send") == 0
 
 
 def test_arguments_no_predicate_can_read_are_approved_as_sent(

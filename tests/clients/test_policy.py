@@ -7,6 +7,7 @@ import pytest
 
 import effectd_client.langgraph
 import effectd_client.mcp
+import effectd_client.openai_agents
 import effectd_client.policy
 import effectd_client.pydantic_ai
 from effectd_client import Effect
@@ -94,10 +95,16 @@ def test_a_wrong_policy_is_refused_naming_the_setting(text: str, names: str) -> 
 
 def test_the_adapters_share_one_vocabulary() -> None:
     """The policy names an adapter exports are the shared module's own."""
-    for adapter in (effectd_client.langgraph, effectd_client.pydantic_ai):
+    adapters = (
+        effectd_client.langgraph,
+        effectd_client.openai_agents,
+        effectd_client.pydantic_ai,
+    )
+    for adapter in adapters:
+        assert adapter.PolicyError is PolicyError
+        assert adapter.ToolDecision is ToolDecision
         assert adapter.ToolPolicy is ToolPolicy
         assert adapter.ToolRule is ToolRule
-    assert effectd_client.langgraph.PolicyError is PolicyError
     assert effectd_client.mcp.PolicyError is PolicyError
     assert effectd_client.mcp.ToolRule is ToolRule
 
@@ -115,6 +122,6 @@ def test_the_public_names_are_pinned() -> None:
 def test_the_policy_imports_no_framework() -> None:
     """An operator's tool can read and check a policy without the extras
     (the probe sees a framework an adapter imports: its negative control)."""
-    frameworks = ["langgraph", "mcp", "pydantic_ai"]
+    frameworks = ["agents", "langgraph", "mcp", "pydantic_ai"]
     assert imported_by("import effectd_client.policy", frameworks) == []
     assert imported_by("import effectd_client.mcp", frameworks) == ["mcp"]

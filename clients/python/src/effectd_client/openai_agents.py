@@ -37,10 +37,10 @@ other arguments is refused (`INPUT_MISMATCH`). An SDK approval alone
 approved: such a call ends the run with `LedgerInterruption` (cause
 `ApprovalPending`).
 
-    ledger = AgentLedger(effectd)                     # an AsyncClient
+    ledger = AgentLedger(effectd, policy=POLICY)      # an AsyncClient
     agent = Agent(name="mailer", tools=[
-        ledger.tool(lookup, effect=Effect.READ),
-        ledger.tool(send_email),                      # SIDE_EFFECT
+        ledger.tool(lookup),                          # the policy: READ
+        ledger.tool(send_email),                      # unnamed: SIDE_EFFECT
     ])
     with ledger.run("order-42"):
         result = await Runner.run(agent, "mail Ann")
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -85,6 +85,7 @@ from effectd_client._openai_agents_approvals import (
     arguments_of,
 )
 from effectd_client._safe_outcomes import Matcher, is_unknown
+from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 
 __all__ = [
     "DEFAULT_REJECTION_MESSAGE",
@@ -92,6 +93,10 @@ __all__ = [
     "ApprovalMismatch",
     "LedgerInterruption",
     "NoLedgerRun",
+    "PolicyError",
+    "ToolDecision",
+    "ToolPolicy",
+    "ToolRule",
     "mcp_tool_name",
 ]
 
@@ -125,6 +130,10 @@ class AgentLedger(LedgerApprovals):
 
     Args:
         client: The `AsyncClient` the calls go through.
+        policy: The operator's `ToolPolicy` (`effectd_client.policy`, the one
+            the LangGraph and Pydantic AI adapters read), or its rules by tool
+            name: each function tool's effect, approval and retry, unless
+            `tool()` is told otherwise; None: every tool a SIDE_EFFECT.
         lease_ms: Lease of a started call (0: the daemon's default); a crashed
             call's outcome turns unknown when it runs out.
         heartbeat_interval: Seconds between lease renewals (default a third of
@@ -135,10 +144,12 @@ class AgentLedger(LedgerApprovals):
         self,
         client: AsyncClient,
         *,
+        policy: ToolPolicy | Mapping[str, ToolRule | Effect] | None = None,
         lease_ms: int = 0,
         heartbeat_interval: float | None = None,
     ) -> None:
         self.client = client
+        self.policy = ToolPolicy.of(policy)
         self.lease_ms = lease_ms
         self.heartbeat_interval = heartbeat_interval
         self._current: ContextVar[AsyncRun | None] = ContextVar(
@@ -184,10 +195,10 @@ class AgentLedger(LedgerApprovals):
         self,
         tool: FunctionTool,
         *,
-        effect: Effect = Effect.SIDE_EFFECT,
+        effect: Effect | None = None,
         timeout: float | None = None,
         unknown_on: Sequence[Matcher] = (),
-        retry_unknown: bool = False,
+        retry_unknown: bool | None = None,
     ) -> FunctionTool:
         """A copy of `tool` whose calls go through the ledger.
 
@@ -197,8 +208,8 @@ class AgentLedger(LedgerApprovals):
                 exception reaches the ledger (the SDK's default turns it into
                 an error text first, which the ledger then stores as the
                 tool's output, whatever the exception meant).
-            effect: The declared effect (SIDE_EFFECT unless declared). An
-                IDEMPOTENT_WRITE tool reads its key `{run_id}:{call_id}` from
+            effect: The declared effect; None: the policy's for the tool's
+                name (SIDE_EFFECT unless it names one). An IDEMPOTENT_WRITE tool reads its key `{run_id}:{call_id}` from
                 `effectd_client.current_call().idempotency_key`.
             timeout: Seconds the tool may run; past it the outcome is unknown
                 and the run is interrupted. Default: the tool's own
@@ -207,12 +218,19 @@ class AgentLedger(LedgerApprovals):
             unknown_on: More exception classes (or predicates) that leave the
                 outcome unknown (timeouts and connection errors always do).
             retry_unknown: Run a READ or IDEMPOTENT_WRITE call again whose
-                last attempt's outcome is unknown (never a SIDE_EFFECT).
+                last attempt's outcome is unknown (never a SIDE_EFFECT); None:
+                the policy's rule, else not (the run is interrupted).
+
+        The call needs approval when the policy requires it, else when the
+        tool's own `needs_approval` (a bool or its predicate) says so.
         """
+        decided = self.policy.decide(tool.name)
+        if retry_unknown is None:
+            retry_unknown = decided.retry_unknown is True
         rule = Rule(
             ledger_name=tool.name,
-            effect=effect,
-            needs_approval=tool.needs_approval,
+            effect=effect if effect is not None else decided.effect,
+            needs_approval=decided.require_approval or tool.needs_approval,
             unknown_on=tuple(unknown_on),
             timeout=timeout if timeout is not None else tool.timeout_seconds,
             retry_unknown=retry_unknown,
