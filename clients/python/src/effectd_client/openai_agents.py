@@ -209,7 +209,8 @@ class AgentLedger(LedgerApprovals):
                 an error text first, which the ledger then stores as the
                 tool's output, whatever the exception meant).
             effect: The declared effect; None: the policy's for the tool's
-                name (SIDE_EFFECT unless it names one). An IDEMPOTENT_WRITE tool reads its key `{run_id}:{call_id}` from
+                name (SIDE_EFFECT unless it names one). An IDEMPOTENT_WRITE
+                tool reads its key `{run_id}:{call_id}` from
                 `effectd_client.current_call().idempotency_key`.
             timeout: Seconds the tool may run; past it the outcome is unknown
                 and the run is interrupted. Default: the tool's own
