@@ -10,7 +10,6 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -63,6 +62,7 @@ from effectd_client.testing import (
     running_daemon,
 )
 from tests.clients.mcp.servers import SERVER, executions, kill_server
+from tests.support.imports import imported_by
 
 set_tracing_disabled(True)
 
@@ -923,8 +923,4 @@ def test_an_mcp_server_that_retries_calls_is_refused(
 
 def test_importing_the_client_does_not_import_the_sdk() -> None:
     """The extra is imported only by `effectd_client.openai_agents`."""
-    probe = "import sys, effectd_client; print('agents' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "False"
+    assert imported_by("import effectd_client", ["agents"]) == []
