@@ -39,14 +39,19 @@ check: $(DEV_INSTALLED)
 	$(VENV)/bin/mypy
 	$(PY) scripts/gen_protos.py --check
 
-## test: install what the tests need, run the checks and the whole suite
+## test: install what the tests need, run the checks and the whole suite: on
+## TEST_WORKERS workers, then the tests marked serial (many processes racing,
+## deadlines under load) alone, one coverage report for both
+TEST_WORKERS ?= 2
 test: check
-	$(PY) -m pytest --cov --cov-report=term $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" \
+	  --cov --cov-report= --cov-fail-under=0 $(PYTEST_ARGS)
+	$(PY) -m pytest -m serial --cov --cov-append --cov-report=term $(PYTEST_ARGS)
 	$(MAKE) node-test
 
 ## test-fast: the inner loop: every test not marked slow; no checks, no coverage
 test-fast: $(DEV_INSTALLED)
-	$(PY) -m pytest -m "not slow" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
 ## node-test: the Node client's tests against a real daemon (needs node and npm), twice:
 ## over the ledger session stream (the default), then unary (EFFECTD_SESSION=0)

@@ -21,6 +21,9 @@ from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
 from tests.support import race
 
+# 32 processes fill both cores: alone, after the other tests.
+pytestmark = pytest.mark.serial
+
 WORKERS = 32
 
 

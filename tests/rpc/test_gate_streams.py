@@ -144,6 +144,7 @@ def gated(short_tmp: Path) -> Iterator[Gated]:
         server.stop()
 
 
+@pytest.mark.serial
 def test_every_async_generator_stream_cut_by_its_deadline_is_recorded(
     gated: Gated, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -213,6 +214,7 @@ async def stalled_upstream(_: httpx.Request) -> httpx.Response:
     )
 
 
+@pytest.mark.serial
 def test_provider_streams_cut_at_their_deadline_are_all_recorded(
     short_tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -131,6 +131,7 @@ def test_a_statement_timeout_answers_unavailable_and_applies_nothing(
     assert store.submit(_put(b"next")).result(30) == b"next"
 
 
+@pytest.mark.serial
 def test_the_read_pool_exhausted_answers_unavailable(
     opened: Callable[[PostgresOptions], PostgresStore],
 ) -> None:
