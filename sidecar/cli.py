@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from sidecar import __version__, ctl, settings
+from sidecar import __version__, ctl, failpoints, settings
 from sidecar.config import ConfigError, ServeConfig, masked_url, validate_store_url
 from sidecar.errors import EffectdError, StorageUnavailable
 from sidecar.ledger import policy_change
@@ -130,13 +130,25 @@ async def _serve(
 
 
 def main(
-    argv: Sequence[str] | None = None, *, daemon_class: type[Daemon] = Daemon
+    argv: Sequence[str] | None = None,
+    *,
+    daemon_class: type[Daemon] = Daemon,
+    test_build: bool = False,
 ) -> int:
+    """The program; `test_build`: a test build's daemon, which may arm
+    failpoints (`sidecar.failpoints`); the shipped program is not one."""
     args = parser().parse_args(argv)
     if args.command == "ctl":
         return ctl.run(args)
     if args.command == "migrate":
         return _migrate(args.store)
+    if os.environ.get(failpoints.ENV) and not test_build:
+        print(
+            f"effectd: {failpoints.ENV} is set, but failpoints crash the daemon "
+            "on purpose and only a test build arms them; unset it",
+            file=sys.stderr,
+        )
+        return 2
     try:
         resolved = settings.load(args, os.environ)
     except ConfigError as exc:

@@ -32,6 +32,7 @@ from sidecar.auth.access import Credentials
 from sidecar.clock import monotonic_seconds
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
 from sidecar.directories import refuse_unsafe_directory
+from sidecar.failpoints import Failpoints
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
 from sidecar.ledger.restore import Marker
@@ -143,12 +144,15 @@ def load_tracing(cfg: ServeConfig) -> Tracer | None:
     return otel.from_environment()
 
 
-def open_store(cfg: ServeConfig, metrics: Metrics) -> Store:
+def open_store(
+    cfg: ServeConfig, metrics: Metrics, failpoints: Failpoints | None = None
+) -> Store:
     """The store of `cfg.data_dir`, or the shared store `cfg.store` names,
-    its commits counted by `metrics`; the caller holds the socket lock (the
-    LMDB store takes the data directory's)."""
+    its commits counted by `metrics`, crashing at `failpoints` (a test
+    build's); the caller holds the socket lock (the LMDB store takes the data
+    directory's)."""
     if cfg.store is not None:
-        return _open_shared_store(cfg.store, metrics)
+        return _open_shared_store(cfg.store, metrics, failpoints)
     refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
     try:
         restore.refuse_unfinished(cfg.data_dir)
@@ -161,7 +165,10 @@ def open_store(cfg: ServeConfig, metrics: Metrics) -> Store:
             "be answered EXECUTE again and its side effect run twice"
         )
     options = LmdbOptions(
-        map_size=cfg.map_size, sync=cfg.sync, on_commit=metrics.commit_observed
+        map_size=cfg.map_size,
+        sync=cfg.sync,
+        on_commit=metrics.commit_observed,
+        failpoints=failpoints,
     )
     return LmdbStore(cfg.data_dir, options)
 
@@ -175,7 +182,9 @@ def daemon_id(cfg: ServeConfig) -> str:
     return f"{socket.gethostname()}:{cfg.socket_path.resolve()}"
 
 
-def _open_shared_store(url: str, metrics: Metrics) -> Store:
+def _open_shared_store(
+    url: str, metrics: Metrics, failpoints: Failpoints | None
+) -> Store:
     # Imported here: a daemon of the LMDB store loads no PostgreSQL driver.
     from sidecar.storage.postgres_store import (  # noqa: PLC0415
         PostgresOptions,
@@ -186,7 +195,8 @@ def _open_shared_store(url: str, metrics: Metrics) -> Store:
     if password:
         logs.add_secrets([password])
     log.info("opening the shared store %s", masked_url(url))
-    return PostgresStore(url, PostgresOptions(on_commit=metrics.commit_observed))
+    options = PostgresOptions(on_commit=metrics.commit_observed, failpoints=failpoints)
+    return PostgresStore(url, options)
 
 
 def _restore_marker(store: Store) -> Marker | None:

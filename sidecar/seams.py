@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 from sidecar.clock import Clock, SystemClock
+from sidecar.failpoints import Failpoints
 
 if TYPE_CHECKING:
     from sidecar.rpc.gate import RpcTracer
@@ -49,6 +50,8 @@ class Seams:
             None: `clock.sleep`.
         tracer: the RPC tracer; None: as the configuration says (`otel`).
             The daemon closes it when it stops.
+        failpoints: where the stores crash the process on purpose; only a
+            test build sets them (`sidecar.failpoints`).
     """
 
     clock: Clock = field(default_factory=SystemClock)
@@ -56,3 +59,4 @@ class Seams:
     transport: httpx.AsyncBaseTransport | None = None
     backoff_sleep: Callable[[float], Awaitable[None]] | None = None
     tracer: Tracer | None = None
+    failpoints: Failpoints | None = None

@@ -99,7 +99,7 @@ class Daemon:
 
     def open_store(self) -> Store:
         """The store to serve; the socket lock is held."""
-        return open_store(self.config, self.metrics)
+        return open_store(self.config, self.metrics, self.seams.failpoints)
 
     def compose(self, store: Store) -> Services:
         """The services over `store` (a test's subclass may replace one)."""

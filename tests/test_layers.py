@@ -26,7 +26,15 @@ CLIENT_PRIVATE = "effectd_client._*"
 
 # Stdlib-only leaves every layer may use.
 BASE = frozenset(
-    {"sidecar", "errors", "clock", "locking", "tracecontext", "tomlfields"}
+    {
+        "sidecar",
+        "errors",
+        "clock",
+        "locking",
+        "tracecontext",
+        "tomlfields",
+        "failpoints",
+    }
 )
 
 # unit -> the units it may import (besides itself and anything outside effectd).
@@ -38,6 +46,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "tracecontext": frozenset(),
     # The typed fields of a TOML table, for every file the daemon reads.
     "tomlfields": frozenset(),
+    # A test build's crash points in the stores' write paths.
+    "failpoints": frozenset(),
     "probe": frozenset(),
     # Pure rules: records, transitions, quotas, policy.
     "ledger": BASE,

@@ -41,6 +41,7 @@ from sidecar.errors import (
     StorageFull,
     StorageUnavailable,
 )
+from sidecar.failpoints import Failpoints, Point
 from sidecar.ledger.quota import StoreFill
 from sidecar.locking import ExclusiveLock
 from sidecar.storage import answers, migration, usage
@@ -91,6 +92,8 @@ class LmdbOptions:
     # Called by the writer thread after each durable commit with the batch
     # size and the seconds the commit took (fsync included); must be cheap.
     on_commit: Callable[[int, float], None] | None = None
+    # A test build's crash points in the write path (`sidecar.failpoints`).
+    failpoints: Failpoints | None = None
 
 
 @dataclass(slots=True)
@@ -194,8 +197,13 @@ class LmdbStore:
             if self._closed:
                 future.set_exception(ShuttingDown("the store is closed"))
             else:
-                self._queue.put((usage.counted(fn), future))
+                self._queue.put((self._counted(fn), future))
         return future
+
+    def _counted(self, fn: Callable[[WriteView], T]) -> Callable[[WriteView], T]:
+        counted = usage.counted(fn)
+        failpoints = self.options.failpoints
+        return counted if failpoints is None else failpoints.tag(counted)
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -206,7 +214,7 @@ class LmdbStore:
         if gathered is None:
             gathered = self._gathered[loop] = []
             loop.call_soon(self._commit_gathered, loop)
-        gathered.append((usage.counted(fn), waiter))
+        gathered.append((self._counted(fn), waiter))
         value: T = await waiter.future
         return value
 
@@ -335,10 +343,15 @@ class LmdbStore:
         read everything they decide on from their view, so running one again
         is running it for the first time)."""
         pending = list(batch)
+        failpoints = self.options.failpoints
         while pending:
             try:
                 with self._env.begin(write=True) as txn:
+                    if failpoints is not None:
+                        failpoints.reached(Point.LMDB_BEFORE_APPLY, _fns(pending))
                     outcomes, writes = self._apply(txn, pending)
+                    if failpoints is not None:
+                        failpoints.reached(Point.LMDB_BEFORE_COMMIT, _fns(pending))
                     applied = time.perf_counter()
                 committed = time.perf_counter() - applied
             except _RequestFailed as failed:
@@ -356,6 +369,8 @@ class LmdbStore:
                 answers.settle([(waiter, None, error) for _, waiter in pending])
                 return
             # Durable now: answer.
+            if failpoints is not None:
+                failpoints.reached(Point.LMDB_AFTER_COMMIT, _fns(pending))
             self.stats.transactions += 1
             self.stats.writes += writes
             self.stats.largest_batch = max(self.stats.largest_batch, len(pending))
@@ -398,7 +413,10 @@ class LmdbStore:
         outcomes: list[answers.Outcome] = []
         writes = 0
         base = TxnView(txn, self._dbs)
+        failpoints = self.options.failpoints
         for index, (fn, waiter) in enumerate(batch):
+            if index and failpoints is not None:
+                failpoints.reached(Point.LMDB_MID_BATCH, _fns(batch))
             view = BufferedView(base, txn, self._dbs)
             try:
                 value = fn(view)
@@ -417,6 +435,10 @@ class LmdbStore:
                 raise _RequestFailed(index, exc) from exc
             outcomes.append((waiter, value, None))
         return outcomes, writes
+
+
+def _fns(batch: list[_Item]) -> list[object]:
+    return [fn for fn, _ in batch]
 
 
 class _RequestFailed(Exception):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sidecar.failpoints import Failpoints
+
 
 @dataclass(frozen=True, slots=True)
 class PostgresOptions:
@@ -32,6 +34,8 @@ class PostgresOptions:
     application_name: str = "effectd"
     # Called by a writer after each commit with 1 and the seconds COMMIT took.
     on_commit: Callable[[int, float], None] | None = None
+    # A test build's crash points in the write path (`sidecar.failpoints`).
+    failpoints: Failpoints | None = None
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sidecar.errors import NotImplementedYet, ShuttingDown
+from sidecar.failpoints import Point
 from sidecar.storage import pg_schema, usage
 from sidecar.storage.api import ReadView, WriteView
 from sidecar.storage.pg_faults import (
@@ -199,7 +200,11 @@ class PostgresStore:
             if self._closed:
                 future.set_exception(ShuttingDown("the store is closed"))
             else:
-                self._queue.put((usage.counted(fn), future))
+                counted = usage.counted(fn)
+                failpoints = self.options.failpoints
+                if failpoints is not None:
+                    counted = failpoints.tag(counted)
+                self._queue.put((counted, future))
         return future
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
@@ -281,7 +286,10 @@ class PostgresStore:
         outcomes: list[_Outcome] = []
         written = Batch()
         try:
-            for fn, future in batch:
+            self._at(Point.PG_BEFORE_APPLY, batch)
+            for index, (fn, future) in enumerate(batch):
+                if index:
+                    self._at(Point.PG_MID_BATCH, batch)
                 view = PgWriteView(conn, written)
                 try:
                     value = fn(view)
@@ -303,6 +311,7 @@ class PostgresStore:
             raise
         assert row is not None
         xid = str(row[0])
+        self._at(Point.PG_BEFORE_COMMIT, batch)
         started = time.perf_counter()
         try:
             conn.commit()
@@ -314,8 +323,15 @@ class PostgresStore:
             if self._committed(xid, exc, len(batch)):
                 return outcomes
             raise Again(f"COMMIT lost, the transaction aborted: {exc}") from None
+        self._at(Point.PG_AFTER_COMMIT, batch)
         self._committed_now(len(batch), time.perf_counter() - started)
         return outcomes
+
+    def _at(self, point: Point, batch: list[_Item]) -> None:
+        """A test build's failpoint (`sidecar.failpoints`); nothing else."""
+        failpoints = self.options.failpoints
+        if failpoints is not None:
+            failpoints.reached(point, [fn for fn, _ in batch])
 
     def _committed_now(self, size: int, seconds: float) -> None:
         with self._stats_lock:
