@@ -1,0 +1,91 @@
+"""A test build of the daemon as a separate process that crashes at a
+failpoint (`tests.support.failpoint_daemon`).
+
+The process is forked from a fork server that has already imported the
+daemon (multiprocessing's "forkserver", preloaded): a start costs a fork,
+not the seconds of importing gRPC and the daemon again, which is what lets
+the failpoint table run every row in the fast setting. The fork server holds
+no gRPC channel, server or thread, so each child starts clean.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from sidecar import failpoints
+from tests.support import failpoint_daemon
+
+_PRELOAD = ["tests.support.failpoint_daemon"]
+_READY = " ready on "
+_START_SECONDS = 60.0
+
+
+def _context() -> multiprocessing.context.ForkServerContext:
+    context = multiprocessing.get_context("forkserver")
+    assert isinstance(context, multiprocessing.context.ForkServerContext)
+    context.set_forkserver_preload(_PRELOAD)
+    return context
+
+
+class CrashingDaemon:
+    """A test-build daemon serving `data_dir` with the failpoints `spec`
+    armed; its output goes to `<data_dir>.log`. Started ready to serve.
+    `build`: a broken build of the negative controls
+    (`failpoint_daemon.BROKEN`), "" for the real one."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        spec: str,
+        args: tuple[str, ...] = (),
+        *,
+        build: str = "",
+    ) -> None:
+        self.data_dir = data_dir
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.target = f"unix:{data_dir / 'effectd.sock'}"
+        argv = ["serve", "--data-dir", str(data_dir), "--log-format", "text", *args]
+        self.proc: BaseProcess = _context().Process(
+            target=failpoint_daemon.serve_forked,
+            args=(argv, spec, str(self.log_path), build),
+            daemon=False,
+        )
+        self.proc.start()
+        self._wait_ready()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_SECONDS
+        while time.monotonic() < deadline:
+            if _READY in self.log():
+                return
+            if self.proc.exitcode is not None:
+                raise RuntimeError(
+                    f"daemon exited with {self.proc.exitcode}: {self.log()}"
+                )
+            time.sleep(0.02)
+        self.kill()
+        raise TimeoutError(f"daemon not ready after {_START_SECONDS} s: {self.log()}")
+
+    def wait_exit(self, timeout: float = 30.0) -> int | None:
+        """The exit code once the process ends; None if it still runs."""
+        self.proc.join(timeout)
+        return self.proc.exitcode
+
+    def crashed_at_failpoint(self) -> bool:
+        return self.wait_exit() == failpoints.CRASH_EXIT and "failpoint" in self.log()
+
+    def kill(self) -> None:
+        if self.proc.exitcode is None and self.proc.pid is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(30)

@@ -1,0 +1,165 @@
+"""Crash at every point of every transition's write; after a restart the
+state, and the answer to the client's retry, match the table.
+
+Each case: a test build of the daemon (`tests.torture.crashing`) with one
+failpoint armed for the transition's RPC; the client sets the record up and
+sends the transition's request, which the crash cuts; the daemon is started
+again on the same store without failpoints (the production build, in this
+process) and the case compares what it finds with its row:
+
+- `seen`: the record after the restart;
+- `retry`: what the client gets when it sends the same request again;
+- and the request cut by the crash was never answered (no answer leaves
+  before its commit is durable).
+
+A crash before the commit (`before_apply`, `before_commit`) loses the
+transition: the record is as the setup left it, where a call STARTED under
+the crashed daemon is UNKNOWN (ADR-010 D3). A crash after the commit keeps
+it: the retry is answered from the record, never run again (a started call
+answers RECONCILE, never EXECUTE). The negative controls: a row written
+wrong, and a build that answers before its commit, are both caught.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from effectd_client import Client
+from sidecar.config import ServeConfig
+from sidecar.testing import running_daemon
+from tests.torture.crashing import CrashingDaemon
+from tests.torture.transitions import BY_NAME, RESULT, VALUE, Transition, answered
+
+# The deep setting (`make torture-deep`) repeats every case.
+REPEAT = int(os.environ.get("FAILPOINT_REPEAT", "1"))
+
+
+class Fate(enum.Enum):
+    LOST = "lost"
+    KEPT = "kept"
+
+
+# Failpoint -> what a crash there does to the transition being written.
+FATE = {
+    "before_apply": Fate.LOST,
+    "before_commit": Fate.LOST,
+    "after_commit": Fate.KEPT,
+}
+
+COMMITTED = f"COMMITTED result={RESULT!r}"
+CHECKPOINT = f"revision=1 value={VALUE!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """What a case must find after the restart."""
+
+    seen: str
+    retry: str
+
+
+# (transition, fate) -> the row. Rules cited from DESIGN §4-§5 and ADR-010.
+TABLE: dict[tuple[str, Fate], Row] = {
+    # §4 prepare: durable before the agent executes; a repeat is idempotent.
+    ("prepare", Fate.LOST): Row("absent", "EXECUTE PREPARED"),
+    ("prepare", Fate.KEPT): Row("PREPARED", "EXECUTE PREPARED"),
+    # §5 prepare+start: EXECUTE means the caller holds the attempt; a call
+    # started under a daemon that restarted is UNKNOWN and answers RECONCILE.
+    ("prepare+start", Fate.LOST): Row("absent", "EXECUTE held STARTED"),
+    ("prepare+start", Fate.KEPT): Row("UNKNOWN", "RECONCILE UNKNOWN"),
+    # §4 start; STARTED/UNKNOWN + SIDE_EFFECT retried: RECONCILIATION_REQUIRED.
+    ("start", Fate.LOST): Row("PREPARED", "EXECUTE held STARTED"),
+    ("start", Fate.KEPT): Row("UNKNOWN", "refused RECONCILIATION_REQUIRED"),
+    # §4 commit: the attempt's result is taken while its call is UNKNOWN
+    # (settled at restart); a repeat with the same result is a no-op.
+    ("commit", Fate.LOST): Row("UNKNOWN", "ok COMMITTED"),
+    ("commit", Fate.KEPT): Row(COMMITTED, "ok COMMITTED"),
+    # §4 the agent reports an unknown outcome; a repeat is answered done.
+    ("mark unknown", Fate.LOST): Row("UNKNOWN", "ok UNKNOWN"),
+    ("mark unknown", Fate.KEPT): Row("UNKNOWN", "ok UNKNOWN"),
+    # §4 approve, bound to the revision it saw: once applied, the same
+    # approval is stale (REVISION_CONFLICT), never applied twice.
+    ("approve", Fate.LOST): Row("AWAITING_APPROVAL", "ok PREPARED"),
+    ("approve", Fate.KEPT): Row("PREPARED", "refused REVISION_CONFLICT"),
+    # §4 reconcile (operator, at the revision seen).
+    ("reconcile", Fate.LOST): Row("UNKNOWN", "ok COMMITTED"),
+    ("reconcile", Fate.KEPT): Row(COMMITTED, "refused REVISION_CONFLICT"),
+    # §8 Put expecting the key absent; no unconditional overwrite.
+    ("checkpoint put", Fate.LOST): Row("absent", "ok revision=1"),
+    ("checkpoint put", Fate.KEPT): Row(CHECKPOINT, "refused REVISION_CONFLICT"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one case saw."""
+
+    crashed: bool
+    first: str
+    seen: str
+    retry: str
+    log: str
+
+
+def violations(observed: Observed, row: Row) -> list[str]:
+    """How `observed` differs from `row`; [] when it matches."""
+    found = []
+    if not observed.crashed:
+        found.append("the daemon did not crash at the failpoint")
+    if observed.first != "cut":
+        found.append(f"the cut request was answered: {observed.first!r}")
+    if observed.seen != row.seen:
+        found.append(f"after restart {observed.seen!r}, the table says {row.seen!r}")
+    if observed.retry != row.retry:
+        found.append(f"the retry got {observed.retry!r}, the table {row.retry!r}")
+    return found
+
+
+def run_case(
+    workdir: Path,
+    transition: Transition,
+    point: str,
+    store: str | None = None,
+    *,
+    build: str = "",
+) -> Observed:
+    """One crash at `point` (its store's prefix added) in `transition`'s
+    write, then a restart without failpoints on the same store."""
+    data = workdir / "data"
+    prefix = "lmdb" if store is None else "pg"
+    spec = f"{prefix}.{point}@{transition.method}"
+    args = () if store is None else ("--store", store)
+    daemon = CrashingDaemon(data, spec, args, build=build)
+    try:
+        with Client(daemon.target, session=False, timeout=30) as c:
+            transition.setup(c)
+            first = answered(transition.act, c)
+        crashed = daemon.crashed_at_failpoint()
+    finally:
+        daemon.kill()
+    config = ServeConfig(data_dir=data, store=store)
+    with running_daemon(config) as d, Client(d.target, session=False) as c:
+        seen = transition.seen(c)
+        retry = answered(transition.act, c)
+    return Observed(crashed, first, seen, retry, daemon.log())
+
+
+CASES = [(name, point) for name in BY_NAME for point in FATE]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("repeat", range(REPEAT))
+@pytest.mark.parametrize(("transition", "point"), CASES)
+def test_a_crash_at_the_failpoint_leaves_the_row_of_the_table(
+    short_tmp: Path, transition: str, point: str, repeat: int
+) -> None:
+    """LMDB: a crash at each failpoint of each transition leaves the
+    table's state, and the retry gets the table's answer."""
+    observed = run_case(short_tmp, BY_NAME[transition], point)
+    row = TABLE[(transition, FATE[point])]
+    assert violations(observed, row) == [], observed.log
