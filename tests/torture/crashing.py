@@ -10,14 +10,18 @@ no gRPC channel, server or thread, so each child starts clean.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from sidecar import failpoints
+from sidecar.storage.api import Store, Table, WriteView
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 from tests.support import failpoint_daemon
 
 _PRELOAD = ["tests.support.failpoint_daemon"]
@@ -89,3 +93,73 @@ class CrashingDaemon:
         if self.proc.exitcode is None and self.proc.pid is not None:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.join(30)
+
+
+def batch_then_crash(store: str, keys: list[bytes], spec: str, log: str) -> None:
+    """A forked child's body: opens `store` (a data directory, or a
+    postgresql:// URL) with the failpoints `spec` armed, and writes one row
+    of `Table.META` per key, all in one batch of the writer (queued while
+    the writer is held by a write before them). The writes of the batch are
+    scoped "/Batch" (`point@Batch` in `spec` counts only them). Exits 0 if
+    nothing crashed it."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    batch = threading.Event()
+    armed = failpoints.Failpoints(spec, lambda: "/Batch" if batch.is_set() else "")
+    opened = _open(store, armed)
+    holding, go = threading.Event(), threading.Event()
+
+    def hold(view: WriteView) -> None:
+        holding.set()
+        go.wait(30)
+
+    first = opened.submit(hold)
+    holding.wait(30)
+    batch.set()
+    queued = [opened.submit(functools.partial(_put, key=key)) for key in keys]
+    go.set()
+    first.result(30)
+    for future in queued:
+        future.result(30)
+    os._exit(0)
+
+
+def _put(view: WriteView, key: bytes) -> None:
+    view.put(Table.META, key, b"written")
+
+
+def _open(store: str, armed: failpoints.Failpoints | None = None) -> Store:
+    if store.startswith("postgresql://"):
+        from sidecar.storage.postgres_store import (  # noqa: PLC0415
+            PostgresOptions,
+            PostgresStore,
+        )
+
+        return PostgresStore(store, PostgresOptions(failpoints=armed))
+    return LmdbStore(Path(store), LmdbOptions(failpoints=armed))
+
+
+def rows_left(store: str, keys: list[bytes]) -> list[bytes]:
+    """The keys of `keys` that `store` holds in `Table.META`, opened again
+    without failpoints."""
+    opened = _open(store)
+    try:
+        return opened.read(
+            lambda view: [k for k in keys if view.get(Table.META, k) is not None]
+        )
+    finally:
+        opened.close()
+
+
+def crash_in_a_batch(store: str, keys: list[bytes], spec: str, log: Path) -> int | None:
+    """Runs `batch_then_crash` in a forked child; its exit code."""
+    child = _context().Process(
+        target=batch_then_crash, args=(store, keys, spec, str(log)), daemon=False
+    )
+    child.start()
+    child.join(60)
+    if child.exitcode is None and child.pid is not None:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+    return child.exitcode

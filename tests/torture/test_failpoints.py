@@ -30,9 +30,11 @@ from pathlib import Path
 import pytest
 
 from effectd_client import Client
+from sidecar import failpoints
 from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
-from tests.support import failpoint_daemon
+from tests.support import failpoint_daemon, postgres
+from tests.torture import crashing
 from tests.torture.crashing import CrashingDaemon
 from tests.torture.transitions import BY_NAME, RESULT, VALUE, Transition, answered
 
@@ -219,3 +221,33 @@ def test_a_build_that_answers_before_its_commit_is_caught(short_tmp: Path) -> No
     )
     found = violations(observed, TABLE[("commit", Fate.LOST)])
     assert found == ["the cut request was answered: 'ok COMMITTED'"], observed.log
+
+
+BATCH = [b"fp-batch-1", b"fp-batch-2", b"fp-batch-3"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store_kind", postgres.BOTH)
+def test_a_crash_mid_batch_loses_every_write_of_the_batch(
+    short_tmp: Path, store_url: str | None
+) -> None:
+    """A crash after the first of a batch's writes was applied, before the
+    others: none of them is there after the restart (a batch commits as one
+    transaction, on both stores)."""
+    store = store_url or str(short_tmp / "data")
+    point = "pg.mid_batch@Batch" if store_url else "lmdb.mid_batch@Batch"
+    log = short_tmp / "child.log"
+    code = crashing.crash_in_a_batch(store, BATCH, point, log)
+    assert code == failpoints.CRASH_EXIT, log.read_text()
+    assert crashing.rows_left(store, BATCH) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_after_the_batch_commit_keeps_every_write(short_tmp: Path) -> None:
+    """Negative control of the mid-batch check: the same batch crashed
+    after its commit, and the same check finds every row."""
+    store = str(short_tmp / "data")
+    log = short_tmp / "child.log"
+    code = crashing.crash_in_a_batch(store, BATCH, "lmdb.after_commit@Batch", log)
+    assert code == failpoints.CRASH_EXIT, log.read_text()
+    assert crashing.rows_left(store, BATCH) == BATCH
