@@ -38,8 +38,12 @@ from tests.torture import crashing
 from tests.torture.crashing import CrashingDaemon
 from tests.torture.transitions import BY_NAME, RESULT, VALUE, Transition, answered
 
-# The deep setting (`make torture-deep`) repeats every case.
+# Daemons as processes: out of `make test-fast`.
+pytestmark = pytest.mark.slow
+# The deep setting (`make torture-deep`) repeats every case, and adds the
+# PostgreSQL cases before any statement of the batch ran.
 REPEAT = int(os.environ.get("FAILPOINT_REPEAT", "1"))
+DEEP = REPEAT > 1
 
 
 class Fate(enum.Enum):
@@ -54,7 +58,8 @@ FATE = {
     "after_commit": Fate.KEPT,
 }
 
-COMMITTED = f"COMMITTED result={RESULT!r}"
+COMMITTED = f"COMMITTED by commit result={RESULT!r}"
+RECONCILED = f"COMMITTED by reconcile_committed result={RESULT!r}"
 CHECKPOINT = f"revision=1 value={VALUE!r}"
 
 
@@ -70,28 +75,28 @@ class Row:
 TABLE: dict[tuple[str, Fate], Row] = {
     # §4 prepare: durable before the agent executes; a repeat is idempotent.
     ("prepare", Fate.LOST): Row("absent", "EXECUTE PREPARED"),
-    ("prepare", Fate.KEPT): Row("PREPARED", "EXECUTE PREPARED"),
+    ("prepare", Fate.KEPT): Row("PREPARED by prepare", "EXECUTE PREPARED"),
     # §5 prepare+start: EXECUTE means the caller holds the attempt; a call
     # started under a daemon that restarted is UNKNOWN and answers RECONCILE.
     ("prepare+start", Fate.LOST): Row("absent", "EXECUTE held STARTED"),
-    ("prepare+start", Fate.KEPT): Row("UNKNOWN", "RECONCILE UNKNOWN"),
+    ("prepare+start", Fate.KEPT): Row("UNKNOWN by restart", "RECONCILE UNKNOWN"),
     # §4 start; STARTED/UNKNOWN + SIDE_EFFECT retried: RECONCILIATION_REQUIRED.
-    ("start", Fate.LOST): Row("PREPARED", "EXECUTE held STARTED"),
-    ("start", Fate.KEPT): Row("UNKNOWN", "refused RECONCILIATION_REQUIRED"),
+    ("start", Fate.LOST): Row("PREPARED by prepare", "EXECUTE held STARTED"),
+    ("start", Fate.KEPT): Row("UNKNOWN by restart", "refused RECONCILIATION_REQUIRED"),
     # §4 commit: the attempt's result is taken while its call is UNKNOWN
     # (settled at restart); a repeat with the same result is a no-op.
-    ("commit", Fate.LOST): Row("UNKNOWN", "ok COMMITTED"),
+    ("commit", Fate.LOST): Row("UNKNOWN by restart", "ok COMMITTED"),
     ("commit", Fate.KEPT): Row(COMMITTED, "ok COMMITTED"),
     # §4 the agent reports an unknown outcome; a repeat is answered done.
-    ("mark unknown", Fate.LOST): Row("UNKNOWN", "ok UNKNOWN"),
-    ("mark unknown", Fate.KEPT): Row("UNKNOWN", "ok UNKNOWN"),
+    ("mark unknown", Fate.LOST): Row("UNKNOWN by restart", "ok UNKNOWN"),
+    ("mark unknown", Fate.KEPT): Row("UNKNOWN by report_unknown", "ok UNKNOWN"),
     # §4 approve, bound to the revision it saw: once applied, the same
     # approval is stale (REVISION_CONFLICT), never applied twice.
-    ("approve", Fate.LOST): Row("AWAITING_APPROVAL", "ok PREPARED"),
-    ("approve", Fate.KEPT): Row("PREPARED", "refused REVISION_CONFLICT"),
+    ("approve", Fate.LOST): Row("AWAITING_APPROVAL by prepare", "ok PREPARED"),
+    ("approve", Fate.KEPT): Row("PREPARED by approve", "refused REVISION_CONFLICT"),
     # §4 reconcile (operator, at the revision seen).
-    ("reconcile", Fate.LOST): Row("UNKNOWN", "ok COMMITTED"),
-    ("reconcile", Fate.KEPT): Row(COMMITTED, "refused REVISION_CONFLICT"),
+    ("reconcile", Fate.LOST): Row("UNKNOWN by report_unknown", "ok COMMITTED"),
+    ("reconcile", Fate.KEPT): Row(RECONCILED, "refused REVISION_CONFLICT"),
     # §8 Put expecting the key absent; no unconditional overwrite.
     ("checkpoint put", Fate.LOST): Row("absent", "ok revision=1"),
     ("checkpoint put", Fate.KEPT): Row(CHECKPOINT, "refused REVISION_CONFLICT"),
@@ -174,14 +179,12 @@ def test_a_crash_at_the_failpoint_leaves_the_row_of_the_table(
     assert violations(observed, row) == [], observed.log
 
 
-# The fast setting crashes PostgreSQL's daemon on each side of COMMIT; the
-# point before any statement runs is in the slow setting.
+# The fast setting crashes PostgreSQL's daemon on each side of COMMIT.
 PG_CASES = [
-    pytest.param(
-        name, point, marks=[pytest.mark.slow] if point == "before_apply" else []
-    )
+    (name, point)
     for name in BY_NAME
     for point in FATE
+    if DEEP or point != "before_apply"
 ]
 
 

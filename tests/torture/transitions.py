@@ -4,9 +4,9 @@ how each is set up, made, and seen after a restart.
 A transition is one mutating RPC on one record (or checkpoint). `setup`
 brings the record to the state the transition leaves; `act` makes the
 transition, the request a client sends and sends again after a crash;
-`seen` reduces the record to a short text ("absent", "PREPARED", "COMMITTED
-result=..."), `answer` reduces what `act` answered ("ok COMMITTED", "refused
-RECONCILIATION_REQUIRED", "EXECUTE held STARTED").
+`seen` reduces the record to a short text ("absent", "PREPARED by
+prepare", "COMMITTED by commit result=..."), `answered` what `act` answered
+("ok COMMITTED", "refused RECONCILIATION_REQUIRED", "EXECUTE held STARTED").
 """
 
 from __future__ import annotations
@@ -82,9 +82,12 @@ def call_seen(c: Client) -> str:
         call = c.get_tool_call(RUN, CALL)
     except NotFound:
         return "absent"
+    # The last event of its history names the transition that left it so:
+    # UNKNOWN by "restart" is not UNKNOWN by "report_unknown".
+    seen = f"{call.state.name} by {call.history[-1]}"
     if call.result is None:
-        return call.state.name
-    return f"{call.state.name} result={call.result.raw!r}"
+        return seen
+    return f"{seen} result={call.result.raw!r}"
 
 
 def checkpoint_seen(c: Client) -> str:
