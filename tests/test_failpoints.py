@@ -5,6 +5,8 @@ read and counted, and that the shipped program refuses to start while
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,9 @@ import pytest
 from sidecar import cli, failpoints
 from sidecar.failpoints import FailpointError, Failpoints, Point
 from sidecar.seams import Seams
+from sidecar.storage.api import Table, WriteView
+from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
 from tests.support import failpoint_daemon
 
 
@@ -94,3 +99,46 @@ def test_a_test_build_refuses_failpoints_it_cannot_read(
     data = short_tmp / "data"
     assert failpoint_daemon.main(["serve", "--data-dir", str(data)]) == 2
     assert "unknown failpoint 'lmdb.nowhere'" in capsys.readouterr().err
+
+
+NOWHERE = ",".join(f"{p.value}@Nothing" for p in Point)
+
+
+def _never(where: str) -> None:
+    raise AssertionError(f"{where} fired for a write of another RPC")
+
+
+def test_failpoints_of_another_rpc_leave_lmdb_writes_alone(short_tmp: Path) -> None:
+    """Armed for an RPC that never writes, every point is passed through by
+    both ways of writing (the writer thread, the event loop), batches of
+    several requests included."""
+    armed = Failpoints(NOWHERE, lambda: "/effectd.v1.ToolLedger/CommitTool", _never)
+    store = LmdbStore(short_tmp / "data", LmdbOptions(failpoints=armed))
+    try:
+        submitted = [store.submit(_put(i)) for i in range(3)]
+        assert [f.result(30) for f in submitted] == [0, 1, 2]
+
+        async def on_the_loop() -> list[int]:
+            return list(await asyncio.gather(*(store.write(_put(i)) for i in range(3))))
+
+        assert asyncio.run(on_the_loop()) == [0, 1, 2]
+    finally:
+        store.close()
+
+
+def test_failpoints_of_another_rpc_leave_postgres_writes_alone(pg_url: str) -> None:
+    armed = Failpoints(NOWHERE, lambda: "/effectd.v1.ToolLedger/CommitTool", _never)
+    store = PostgresStore(pg_url, PostgresOptions(failpoints=armed))
+    try:
+        submitted = [store.submit(_put(i)) for i in range(3)]
+        assert [f.result(30) for f in submitted] == [0, 1, 2]
+    finally:
+        store.close()
+
+
+def _put(i: int) -> Callable[[WriteView], int]:
+    def put(view: WriteView) -> int:
+        view.put(Table.META, f"fp-{i}".encode(), b"x")
+        return i
+
+    return put
