@@ -141,23 +141,25 @@ def run_case(
     store: str | None = None,
     *,
     build: str = "",
+    session: bool = False,
 ) -> Observed:
     """One crash at `point` (its store's prefix added) in `transition`'s
-    write, then a restart without failpoints on the same store."""
+    write, then a restart without failpoints on the same store; `session`:
+    the client sends its ledger requests on the session stream."""
     data = workdir / "data"
     prefix = "lmdb" if store is None else "pg"
     spec = f"{prefix}.{point}@{transition.method}"
     args = () if store is None else ("--store", store)
     daemon = CrashingDaemon(data, spec, args, build=build)
     try:
-        with Client(daemon.target, session=False, timeout=30) as c:
+        with Client(daemon.target, session=session, timeout=30) as c:
             transition.setup(c)
             first = answered(transition.act, c)
         crashed = daemon.crashed_at_failpoint()
     finally:
         daemon.kill()
     config = ServeConfig(data_dir=data, store=store)
-    with running_daemon(config) as d, Client(d.target, session=False) as c:
+    with running_daemon(config) as d, Client(d.target, session=session) as c:
         seen = transition.seen(c)
         retry = answered(transition.act, c)
     return Observed(crashed, first, seen, retry, daemon.log())
@@ -175,6 +177,29 @@ def test_a_crash_at_the_failpoint_leaves_the_row_of_the_table(
     """LMDB: a crash at each failpoint of each transition leaves the
     table's state, and the retry gets the table's answer."""
     observed = run_case(short_tmp, BY_NAME[transition], point)
+    row = TABLE[(transition, FATE[point])]
+    assert violations(observed, row) == [], observed.log
+
+
+# Answers on the session stream leave by another path than unary ones.
+SESSION_CASES = [
+    (name, point)
+    for name in BY_NAME
+    for point in FATE
+    if DEEP
+    or (name, point) in {("commit", "before_commit"), ("commit", "after_commit")}
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("repeat", range(REPEAT))
+@pytest.mark.parametrize(("transition", "point"), SESSION_CASES)
+def test_a_crash_at_the_failpoint_leaves_the_row_of_the_table_on_a_session(
+    short_tmp: Path, transition: str, point: str, repeat: int
+) -> None:
+    """LMDB, the client's requests as messages of one session stream: the
+    same rows (the stream breaks with the crash; the retry is on a new one)."""
+    observed = run_case(short_tmp, BY_NAME[transition], point, session=True)
     row = TABLE[(transition, FATE[point])]
     assert violations(observed, row) == [], observed.log
 

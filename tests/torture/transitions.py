@@ -178,8 +178,10 @@ def answered(act: Callable[[Client], Answer], c: Client) -> str:
     try:
         got = act(c)
     except EffectdError as exc:
-        if exc.code is grpc.StatusCode.UNAVAILABLE and not exc.metadata:
-            return "cut"  # the connection ended with no answer
+        if exc.code is grpc.StatusCode.UNAVAILABLE and not exc.reason:
+            # No answer of the daemon's: the connection (or the session
+            # stream, which says mayHaveBeenApplied) ended first.
+            return "cut"
         return f"refused {exc.reason}"
     if isinstance(got, Prepared):
         held = " held" if got.attempt_held else ""
