@@ -16,8 +16,11 @@ A crash before the commit (`before_apply`, `before_commit`) loses the
 transition: the record is as the setup left it, where a call STARTED under
 the crashed daemon is UNKNOWN (ADR-010 D3). A crash after the commit keeps
 it: the retry is answered from the record, never run again (a started call
-answers RECONCILE, never EXECUTE). The negative controls: a row written
-wrong, and a build that answers before its commit, are both caught.
+answers RECONCILE, never EXECUTE). A batch crashed after some of its
+writes were applied (`mid_batch`, at the store, where a batch of several
+requests is made on purpose) leaves none of them. The negative controls: a
+row written wrong, a build that answers before its commit, and the
+mid-batch check run on a batch crashed after its commit, are all caught.
 """
 
 from __future__ import annotations
