@@ -56,7 +56,7 @@ LEASE_MS = 1500
 # The most a tool waits before, and after, its effect.
 TOOL_SECONDS = 0.01
 # While the daemon restarts: how long a step keeps trying.
-PATIENCE_SECONDS = 60.0
+PATIENCE_SECONDS = 120.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ class Figures:
     cycles: int = 0
     daemon_kills: int = 0
     agent_kills: int = 0
+    connections_dropped: int = 0
     lmdb_checks: int = 0
     runs: int = 0
     effects: int = 0

@@ -3,10 +3,12 @@ with SIGKILL at random moments and started again, checked after every cycle.
 
 A cycle waits a random delay while the agents work, then kills either the
 daemon (and starts it again on the same data) or one agent (and starts it
-again on its run, which it resumes); then `crash_checks.Checker` compares the
-store with the side-effect counter and the acknowledgement log the agents
-wrote. On LMDB, the data files left by each daemon kill are also checked
-(`lmdb_consistency`) before the daemon starts again.
+again on its run, which it resumes), or on PostgreSQL ends the daemon's
+database connections as a database restart would; then
+`crash_checks.Checker` compares the store with the side-effect counter and
+the acknowledgement log the agents wrote. On LMDB, the data files left by
+each daemon kill are also checked (`lmdb_consistency`) before the daemon
+starts again.
 
 Every process comes from a fork server that imported the daemon and the
 client once (`multiprocessing`'s "forkserver": a clean process, no gRPC
@@ -21,6 +23,7 @@ import multiprocessing.context
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,10 +35,12 @@ from tests.torture import crash_agent
 from tests.torture.crash_checks import Checker, Figures
 
 # What a daemon's start would import (httpcore and h2 come with its provider
-# transport): imported once, in the fork server.
+# transport, the PostgreSQL store on its first use): imported once, in the
+# fork server.
 PRELOAD = [
     "sidecar.cli",
     "sidecar.server",
+    "sidecar.storage.postgres_store",
     "httpcore",
     "h2.connection",
     "effectd_client",
@@ -92,6 +97,10 @@ class LoopSpec:
     reexecute_unknown: bool = False
     # Stop at the first cycle whose check fails (the controls).
     stop_on_violation: bool = False
+    # On PostgreSQL: ends the daemon's database connections, as a database
+    # restart does (`pg_terminate_backend`); some cycles do that instead of
+    # a kill.
+    drop_connections: Callable[[], int] | None = None
 
 
 @dataclass(slots=True)
@@ -225,7 +234,10 @@ class Loop:
     def cycle(self, n: int) -> list[str]:
         found = self.refill()
         time.sleep(self.rng.uniform(*self.spec.delay))
-        if self.rng.random() < 0.5:
+        draw = self.rng.random()
+        if self.spec.drop_connections is not None and draw < 0.2:
+            self.figures.connections_dropped += self.spec.drop_connections()
+        elif draw < 0.6:
             self.kill_daemon()
             if self.spec.store_url is None:
                 found += lmdb_consistency(self.data)

@@ -5,8 +5,8 @@ again; after every cycle the store is compared with what the agents executed
 and what the daemon acknowledged (`tests.torture.crash_checks`), and on LMDB
 the files a daemon kill left are verified (`crash_loop.lmdb_consistency`).
 
-`TORTURE_CRASH_CYCLES` sets the cycles on LMDB (120 here, thousands in `make
-torture-deep`), `TORTURE_CRASH_PG_CYCLES` on PostgreSQL (80 here),
+`TORTURE_CRASH_CYCLES` sets the cycles on LMDB (150 here, thousands in `make
+torture-deep`), `TORTURE_CRASH_PG_CYCLES` on PostgreSQL (50 here),
 `TORTURE_CRASH_SEED` the seed (printed), and `TORTURE_REPORT` a file to which
 the figures are written (NAME-crash-lmdb.json, NAME-crash-postgres.json).
 
@@ -17,6 +17,7 @@ checks must catch each.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -29,7 +30,7 @@ from tests.torture.crash_loop import LoopSpec, Outcome, run_loop
 
 # The fast setting of `make test`: 200 cycles in all, about a minute on a
 # quiet machine.
-FAST_CYCLES = {"lmdb": 120, "postgres": 80}
+FAST_CYCLES = {"lmdb": 150, "postgres": 50}
 VARIABLES = {"lmdb": "TORTURE_CRASH_CYCLES", "postgres": "TORTURE_CRASH_PG_CYCLES"}
 # A control must be caught within this many cycles (each has caught in a
 # few: its bug is met by most kills).
@@ -63,7 +64,14 @@ def test_every_promise_holds_through_kill_loops(store: str, short_tmp: Path) -> 
     print(f"crash loop on {store}: seed={seed} cycles={cycles}", flush=True)
     if store == "postgres":
         with postgres.database() as url, postgres.schema(url) as store_url:
-            outcome = run_loop(LoopSpec(short_tmp, seed, cycles, store_url=store_url))
+            spec = LoopSpec(
+                short_tmp,
+                seed,
+                cycles,
+                store_url=store_url,
+                drop_connections=functools.partial(postgres.terminate, "effectd", url),
+            )
+            outcome = run_loop(spec)
     else:
         outcome = run_loop(LoopSpec(short_tmp, seed, cycles))
     _report(store, outcome, seed)
