@@ -36,6 +36,7 @@ class Figures:
     agent_kills: int = 0
     connections_dropped: int = 0
     lmdb_checks: int = 0
+    lmdb_keys_read: int = 0
     runs: int = 0
     effects: int = 0
     acknowledged: int = 0

@@ -240,8 +240,10 @@ class Loop:
         elif draw < 0.6:
             self.kill_daemon()
             if self.spec.store_url is None:
-                found += lmdb_consistency(self.data)
+                problems, keys = lmdb_consistency(self.data)
+                found += problems
                 self.figures.lmdb_checks += 1
+                self.figures.lmdb_keys_read += keys
             self.start_daemon()
         else:
             self.kill_agent()
@@ -264,24 +266,25 @@ class Loop:
         return self.check(full=True)
 
 
-def lmdb_consistency(data: Path) -> list[str]:
+def lmdb_consistency(data: Path) -> tuple[list[str], int]:
     """LMDB's own view of the files a kill left: the offline structural
     verifier (both meta pages, reachability, key order, the free list),
-    then every key of every database read through the library, read-only."""
+    then every key of every database read through the library, read-only.
+    The problems found, and how many keys were read."""
     found = [f"lmdb.verify: {p}" for p in lmdb.verify.verify(str(data))]  # type: ignore[no-untyped-call]
     env = lmdb.open(str(data), readonly=True, lock=False, max_dbs=64)
+    keys = 0
     try:
         with env.begin() as txn:
             names = [key for key, _ in txn.cursor()]
             for name in names:
                 db = env.open_db(name, txn=txn, create=False)
-                for _ in txn.cursor(db):
-                    pass
+                keys += sum(1 for _ in txn.cursor(db))
     except lmdb.Error as exc:
         found.append(f"lmdb walk: {exc!r}")
     finally:
         env.close()
-    return found
+    return found, keys
 
 
 def run_loop(spec: LoopSpec) -> Outcome:
