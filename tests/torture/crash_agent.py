@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -122,7 +121,8 @@ def append(path: str, entry: dict[str, Any], *, sync: bool) -> None:
 class Agent:
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
-        self.rng = random.Random(f"{spec.run_id}/{os.getpid()}")  # noqa: S311 - test timing
+        # When the tool acts: a kill lands before or after its effect.
+        self.rng = random.Random(f"{spec.run_id}/{os.getpid()}")  # noqa: S311
         self.client = self._connect()
 
     def _connect(self) -> Client:
@@ -131,7 +131,12 @@ class Agent:
         retry = RecordingRetry(
             attempts=200, deadline=20.0, initial_backoff=0.02, max_backoff=0.2
         )
-        return Client(self.spec.target, timeout=5.0, recording_retry=retry)
+        # Half the runs send their calls on the ledger session stream, half
+        # as unary calls: the answers leave the daemon by both paths.
+        session = hashlib.sha256(self.spec.run_id.encode()).digest()[0] % 2 == 0
+        return Client(
+            self.spec.target, timeout=5.0, recording_retry=retry, session=session
+        )
 
     def _reconnect(self) -> None:
         self.client.close()
@@ -264,4 +269,3 @@ def main(spec: AgentSpec) -> None:
         agent.run()
     finally:
         agent.client.close()
-    sys.stdout.flush()
