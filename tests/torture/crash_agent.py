@@ -214,6 +214,11 @@ class Agent:
                 if exc.reason == "RECONCILIATION_REQUIRED":
                     self.note(call=step.call_id, reconcile=-1)
                     return
+                if exc.reason == "ATTEMPTS_EXHAUSTED":
+                    # A READ or IDEMPOTENT_WRITE whose every attempt ended
+                    # unknown: the run goes on without it.
+                    self.note(call=step.call_id, exhausted=True)
+                    return
                 if exc.code.name not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
                     raise
                 self._reconnect()

@@ -43,6 +43,7 @@ class Figures:
     commits_checked: int = 0
     records_checked: int = 0
     reconciliations: int = 0
+    attempts_exhausted: int = 0
     unknown_records: int = 0
     plans_read: int = 0
 
@@ -159,6 +160,9 @@ class Checker:
                 continue
             if "reconcile" in entry:
                 self.figures.reconciliations += 1
+                continue
+            if "exhausted" in entry:
+                self.figures.attempts_exhausted += 1
                 continue
             ref = (entry["run"], entry["call"])
             if not self.acks[ref]:
