@@ -30,7 +30,7 @@ from pathlib import Path
 import lmdb
 import lmdb.verify
 
-from effectd_client import Client
+from effectd_client import Client, EffectdError
 from tests.torture import crash_agent
 from tests.torture.crash_checks import Checker, Figures
 
@@ -49,6 +49,7 @@ PRELOAD = [
     "tests.torture.crash_loop",
 ]
 READY_SECONDS = 60.0
+CHECK_TRIES = 50
 
 
 def _redirect(log: Path) -> None:
@@ -254,6 +255,16 @@ class Loop:
 
     def check(self, *, full: bool) -> list[str]:
         active = {s.run_id for s in self.agents}
+        for _ in range(CHECK_TRIES - 1):
+            try:
+                with Client(self.target, timeout=30.0, session=False) as client:
+                    return self.checker.check(client, active, full=full)
+            except EffectdError as exc:
+                # Storage unavailable for a moment (its connections just
+                # ended): the answer says to try again.
+                if exc.code.name != "UNAVAILABLE":
+                    raise
+                time.sleep(0.1)
         with Client(self.target, timeout=30.0, session=False) as client:
             return self.checker.check(client, active, full=full)
 
