@@ -13,6 +13,8 @@ store as the daemon serves it (ListToolCalls). The promises:
   (or error code) acknowledged, and its result came from an execution;
 - a committed record stays committed with the same result, and no record's
   revision ever goes back, across every restart;
+- no call is still STARTED by an attempt that began before the daemon's
+  last kill (the restart made it UNKNOWN);
 - no recovery plan says EXECUTE for a call whose last attempt may have run.
 """
 
@@ -42,6 +44,7 @@ class Figures:
     acknowledged: int = 0
     commits_checked: int = 0
     records_checked: int = 0
+    started_seen: int = 0
     reconciliations: int = 0
     attempts_exhausted: int = 0
     unknown_records: int = 0
@@ -91,6 +94,9 @@ class Checker:
     )
     revisions: dict[Ref, int] = field(default_factory=dict)
     committed: dict[Ref, Seen] = field(default_factory=dict)
+    # The daemon's last kill (wall clock, ns): no call may still be STARTED
+    # by an attempt that began before it.
+    killed_ns: int = 0
     # Runs whose new lines are not yet compared with their records.
     pending: set[str] = field(default_factory=set)
     counter: Lines = field(init=False)
@@ -179,6 +185,10 @@ class Checker:
             if call.revision < before:
                 found.append(f"{ref}: revision {call.revision} after {before}")
             self.revisions[ref] = max(before, call.revision)
+            if call.state is State.STARTED:
+                self.figures.started_seen += 1
+            if call.state is State.STARTED and call.updated_ns < self.killed_ns:
+                found.append(f"{ref}: still STARTED by an attempt of a killed daemon")
             if call.effect is Effect.SIDE_EFFECT and call.attempt > 1:
                 found.append(f"{ref}: side effect given attempt {call.attempt}")
             seen = self.committed.get(ref)

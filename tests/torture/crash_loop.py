@@ -168,6 +168,7 @@ class Loop:
         assert self.daemon is not None
         self.daemon.kill()
         self.daemon.join(30)
+        self.checker.killed_ns = time.time_ns()
         self.figures.daemon_kills += 1
 
     def start_agent(self, run_id: str, *, resumed: bool) -> AgentSlot:
