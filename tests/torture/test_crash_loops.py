@@ -32,6 +32,16 @@ from tests.torture.crash_loop import LoopSpec, Outcome, run_loop
 # quiet machine.
 FAST_CYCLES = {"lmdb": 150, "postgres": 50}
 VARIABLES = {"lmdb": "TORTURE_CRASH_CYCLES", "postgres": "TORTURE_CRASH_PG_CYCLES"}
+# The loop's bound in time: a few seconds a cycle at the most, on a loaded
+# machine.
+SECONDS_PER_CYCLE = 3
+
+
+def _cycles(store: str) -> int:
+    return int(os.environ.get(VARIABLES[store]) or FAST_CYCLES[store])
+
+
+TIMEOUT = 300 + SECONDS_PER_CYCLE * max(_cycles(s) for s in FAST_CYCLES)
 # A control must be caught within this many cycles (each has caught in a
 # few: its bug is met by most kills).
 CONTROL_CYCLES = 60
@@ -54,13 +64,13 @@ def _report(store: str, outcome: Outcome, seed: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600 * 6)
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("store", ["lmdb", "postgres"])
 def test_every_promise_holds_through_kill_loops(store: str, short_tmp: Path) -> None:
     """No side effect twice, no acknowledged commit lost or changed, no
     revision back, no unsafe plan, LMDB's files sound: after every cycle."""
     seed = _seed()
-    cycles = int(os.environ.get(VARIABLES[store]) or FAST_CYCLES[store])
+    cycles = _cycles(store)
     print(f"crash loop on {store}: seed={seed} cycles={cycles}", flush=True)
     if store == "postgres":
         with postgres.database() as url, postgres.schema(url) as store_url:
@@ -87,7 +97,7 @@ def test_every_promise_holds_through_kill_loops(store: str, short_tmp: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("broken", "caught_by"),
     [
