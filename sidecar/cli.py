@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from sidecar import __version__, ctl, failpoints, settings
+from sidecar import __version__, ctl, failpoints, settings, web
 from sidecar.config import ConfigError, ServeConfig, masked_url, validate_store_url
 from sidecar.errors import EffectdError, StorageUnavailable
 from sidecar.ledger import policy_change
@@ -51,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
         help="postgresql://USER@HOST/DB (default: $EFFECTD_STORE)",
     )
     ctl.add_parser(sub)
+    web.add_parser(sub)
     return p
 
 
@@ -140,6 +141,8 @@ def main(
     args = parser().parse_args(argv)
     if args.command == "ctl":
         return ctl.run(args)
+    if args.command == "console":
+        return web.run(args)
     if args.command == "migrate":
         return _migrate(args.store)
     if os.environ.get(failpoints.ENV) and not test_build:

@@ -107,6 +107,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # The operator's tool: a client of the daemon through the public client,
     # and the offline restore, which opens the store itself.
     "ctl": BASE | {"ledger", "storage", CLIENT_PUBLIC},
+    # The people's console: a web client of the daemon through the public
+    # client, sharing the operator tool's rendering of records.
+    "web": BASE | {"ledger", "config", "ctl", CLIENT_PUBLIC},
     "cli": BASE
     | {
         "ledger",
@@ -118,6 +121,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "observability",
         "server",
         "ctl",
+        "web",
     },
     "__main__": frozenset({"cli"}),
     "testing": BASE | {"config", "seams", "server"},

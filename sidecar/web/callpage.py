@@ -1,0 +1,237 @@
+"""One call: its exact input (pretty JSON, the fingerprint, and what an
+approval is bound to), its history and attempts, its approval and
+reconciliations, and the forms that decide it. Every form carries the
+revision the page showed: the daemon refuses a decision made on a stale page
+(REVISION_CONFLICT), and nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+
+from effectd.v1 import ledger_pb2 as pb
+
+from effectd_client import EffectdError
+from sidecar.ctl.output import enum_name, printable, state_name, when
+from sidecar.ledger import fingerprint
+from sidecar.ledger.model import Payload, PayloadKind
+from sidecar.web.html import at, esc, fields, hidden, notice, run_link, state, table
+
+
+def refusal(exc: EffectdError) -> str:
+    """What a person reads when the daemon refuses their decision."""
+    if exc.reason == "REVISION_CONFLICT":
+        return (
+            "Someone else decided first: the call changed after this page was "
+            "shown, so your decision was not applied. The page now shows the "
+            "call as it is."
+        )
+    if exc.reason == "INPUT_MISMATCH":
+        return (
+            "The call's input is not the one this page showed; your decision "
+            "was not applied."
+        )
+    if exc.code.name == "PERMISSION_DENIED":
+        return (
+            f"Your token may not do this: the daemon refused ({exc.message}). "
+            "Nothing changed."
+        )
+    if exc.reason == "RECONCILE_QUARANTINE":
+        return (
+            f"Refused by the quarantine: {exc.message}. Nothing changed. Wait, or "
+            "confirm below that the attempt's process is gone."
+        )
+    violations = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+    why = exc.reason or exc.code.name
+    return f"Refused ({why}): {exc.message}" + (
+        f" ({violations})" if violations else ""
+    )
+
+
+def _pretty_input(call: pb.ToolCall) -> tuple[str, str]:
+    """The kept input shown, and whether it hashes to the fingerprint."""
+    if not call.HasField("kept_input"):
+        return "<p>The input is not kept for this call.</p>", ""
+    kept = call.kept_input
+    if kept.WhichOneof("kind") == "raw":
+        payload = Payload(PayloadKind.RAW, kept.raw)
+        text = f"{len(kept.raw)} raw bytes, base64:\n" + base64.b64encode(
+            kept.raw
+        ).decode("ascii")
+    else:
+        payload = Payload(PayloadKind.JSON, kept.json.encode("utf-8", "surrogatepass"))
+        try:
+            pretty = json.dumps(json.loads(kept.json), indent=2, ensure_ascii=False)
+        except ValueError:
+            pretty = kept.json
+        text = "\n".join(printable(line) for line in pretty.split("\n"))
+    try:
+        matches = fingerprint.fingerprint(payload) == call.input_fingerprint
+    except fingerprint.NotCanonicalizable:
+        matches = False
+    check = (
+        notice("This input hashes to the fingerprint the decision is bound to.", "ok")
+        if matches
+        else notice(
+            "This input DOES NOT hash to the fingerprint: decide on the agent's "
+            "own account of the input, not on this text.",
+            "error",
+        )
+    )
+    # Each line is made printable above; the line breaks are the layout.
+    return f'<pre class="json" tabindex="0">{html.escape(text)}</pre>', check
+
+
+def _approval(call: pb.ToolCall) -> str:
+    if not call.approval_required:
+        return "not required"
+    if not call.HasField("approval"):
+        return "pending"
+    a = call.approval
+    verdict = "approved" if a.approved else "rejected"
+    return esc(
+        f"{verdict} by {a.approver} at {when(a.decided_at)} (revision {a.revision}): "
+        f"{a.reason}"
+    )
+
+
+def _decide_form(call: pb.ToolCall, csrf: str) -> str:
+    return (
+        "<h2>Decide</h2>"
+        '<form method="post" action="/call/decide" class="card">'
+        + _bound(call, csrf)
+        + hidden("fingerprint", call.input_fingerprint)
+        + f"<p>Your decision is bound to revision <b>{esc(call.revision)}</b> and "
+        f"input fingerprint <code>{esc(call.input_fingerprint)}</code>: if the call "
+        "changed since this page was shown, the daemon refuses it.</p>"
+        '<p><label for="reason">Reason (kept in the audit log)</label>'
+        '<textarea id="reason" name="reason" required rows="3"></textarea></p>'
+        '<p class="buttons">'
+        '<button type="submit" name="decision" value="approve">Approve</button> '
+        '<button type="submit" name="decision" value="reject" class="danger">'
+        "Reject</button></p></form>"
+    )
+
+
+def _bound(call: pb.ToolCall, csrf: str) -> str:
+    return (
+        hidden("csrf", csrf)
+        + hidden("namespace", call.ref.namespace)
+        + hidden("run", call.ref.run_id)
+        + hidden("call", call.ref.call_id)
+        + hidden("revision", call.revision)
+    )
+
+
+def _reconcile_form(call: pb.ToolCall, csrf: str) -> str:
+    since = at(call.unknown_since)
+    return (
+        "<h2>Reconcile</h2>"
+        "<p>The outcome of attempt "
+        f"{esc(call.attempt)} is unknown since {since}. Look in the target "
+        "system, then say what you found.</p>"
+        '<form method="post" action="/call/reconcile" class="card">'
+        + _bound(call, csrf)
+        + "<fieldset><legend>What happened</legend>"
+        '<p><input type="radio" id="r-committed" name="resolution" value="committed"'
+        ' required> <label for="r-committed">It ran: record the result found'
+        "</label></p>"
+        '<p><input type="radio" id="r-not" name="resolution" value="not_executed">'
+        ' <label for="r-not">It never ran: the call may be executed again</label>'
+        "</p></fieldset>"
+        '<p><label for="result">Result found (JSON, when it ran)</label>'
+        '<textarea id="result" name="result" rows="3" spellcheck="false"></textarea>'
+        "</p>"
+        '<p><label for="evidence">Evidence from the target system</label>'
+        '<textarea id="evidence" name="evidence" required rows="3"></textarea></p>'
+        '<p><label for="reason">Reason (kept in the audit log)</label>'
+        '<textarea id="reason" name="reason" required rows="2"></textarea></p>'
+        '<div class="rule"><p><b>The quarantine rule.</b> "It never ran" is '
+        "refused until the call has been unknown for the daemon's quarantine "
+        "(counted from "
+        f"{since}): the attempt's process may still be running and could still "
+        "execute the call. Before then, only confirm that it is dead if you "
+        "know its process is gone.</p>"
+        '<p><input type="checkbox" id="dead" name="confirmed_dead_attempt" '
+        f'value="{esc(call.attempt)}"> <label for="dead">I know attempt '
+        f"{esc(call.attempt)}'s process is gone</label></p></div>"
+        '<p><button type="submit">Reconcile</button></p></form>'
+    )
+
+
+def call_page(call: pb.ToolCall, csrf: str, message: str = "", kind: str = "") -> str:
+    shown, check = _pretty_input(call)
+    effect = enum_name(pb.Effect.Name(call.effect), "EFFECT_")
+    if call.forced_effect != pb.EFFECT_UNSPECIFIED:
+        effect += ", forced to " + enum_name(
+            pb.Effect.Name(call.forced_effect), "EFFECT_"
+        )
+    out = notice(message, kind or "info") if message else ""
+    out += fields(
+        [
+            ("Namespace", esc(call.ref.namespace)),
+            ("Run", run_link(call.ref.namespace, call.ref.run_id)),
+            ("Call", esc(call.ref.call_id)),
+            ("Tool", esc(call.tool_name)),
+            ("Effect", esc(effect)),
+            ("State", state(call.state)),
+            ("Revision", esc(call.revision)),
+            ("Attempt", esc(call.attempt)),
+            ("Idempotency key", f"<code>{esc(call.idempotency_key)}</code>"),
+            ("Input fingerprint", f"<code>{esc(call.input_fingerprint)}</code>"),
+            ("Approval", _approval(call)),
+            ("Created", at(call.created_at)),
+            ("Updated", at(call.updated_at)),
+        ]
+    )
+    out += "<h2>Input</h2>" + check + shown
+    if call.state == pb.CALL_STATE_AWAITING_APPROVAL:
+        out += _decide_form(call, csrf)
+    elif call.state == pb.CALL_STATE_UNKNOWN:
+        out += _reconcile_form(call, csrf)
+    out += "<h2>History</h2>" + table(
+        "Every change of the call, oldest first",
+        ("Rev", "At", "Event", "From", "To", "Attempt", "Actor", "Reason"),
+        [
+            [
+                esc(t.revision),
+                at(t.at),
+                esc(t.event),
+                esc(state_name(t.from_state)),
+                esc(state_name(t.to_state)),
+                esc(t.attempt),
+                esc(t.actor),
+                esc(t.reason),
+            ]
+            for t in call.history
+        ],
+    )
+    attempts = sorted({t.attempt for t in call.history if t.attempt})
+    out += "<h2>Attempts</h2>" + table(
+        "Attempts and their last event",
+        ("Attempt", "Last event", "At"),
+        [
+            [esc(n), esc(last.event), at(last.at)]
+            for n in attempts
+            for last in [[t for t in call.history if t.attempt == n][-1]]
+        ],
+    )
+    out += "<h2>Reconciliations</h2>" + table(
+        "Reconciliations, oldest first",
+        ("Rev", "At", "Resolution", "Attempt", "Operator", "Reason", "Evidence"),
+        [
+            [
+                esc(r.revision),
+                at(r.reconciled_at),
+                esc(enum_name(pb.Resolution.Name(r.resolution), "RESOLUTION_")),
+                esc(r.attempt),
+                esc(r.operator),
+                esc(r.reason),
+                esc(r.evidence),
+            ]
+            for r in call.reconciliations
+        ],
+    )
+    return out

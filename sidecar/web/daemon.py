@@ -1,0 +1,179 @@
+"""The daemon as one signed-in person's browser session reaches it: the
+generated stubs on one channel that carries that person's token, and the
+RPCs the console calls, the same ones `effectd ctl` calls. Nothing here
+reads the store: every answer and every refusal is the daemon's own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+from effectd.v1 import admin_pb2 as apb
+from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import recovery_pb2 as rpb
+
+from effectd_client import Connection, EffectdError
+
+T = TypeVar("T")
+
+# What waits for a person: an approval, or a reconciliation.
+WAITING = (pb.CALL_STATE_AWAITING_APPROVAL, pb.CALL_STATE_UNKNOWN)
+# The audit log a page shows at most, newest first.
+AUDIT_PAGE = 200
+
+
+class Daemon:
+    """One session's view of the daemon: its token on every call."""
+
+    def __init__(self, connection: Connection, timeout: float) -> None:
+        self.timeout = timeout
+        self._connection = connection
+        self._channel = connection.channel()
+        self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminStub(self._channel)
+        self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Callable[..., T], request: object) -> T:
+        try:
+            return method(
+                request, timeout=self.timeout, metadata=self._connection.metadata
+            )
+        except grpc.RpcError as exc:
+            raise EffectdError.from_rpc_error(exc) from None
+
+    def check(self) -> None:
+        """Proves the credential: a read every role may make."""
+        self._call(
+            self._ledger.ListToolCalls,
+            pb.ListToolCallsRequest(all_namespaces=True, page_size=1),
+        )
+
+    def calls(
+        self,
+        states: tuple[pb.CallState.ValueType, ...] = (),
+        run_id: str = "",
+        namespace: str = "",
+    ) -> list[pb.ToolCall]:
+        """Every matching call of `namespace`, or of every namespace the
+        token may see (""), following page tokens."""
+        found: list[pb.ToolCall] = []
+        token = ""
+        while True:
+            page = self._call(
+                self._ledger.ListToolCalls,
+                pb.ListToolCallsRequest(
+                    namespace=namespace,
+                    all_namespaces=not namespace,
+                    run_id=run_id,
+                    states=list(states),
+                    page_token=token,
+                ),
+            )
+            found.extend(page.calls)
+            token = page.next_page_token
+            if not token:
+                return found
+
+    def waiting(self) -> list[pb.ToolCall]:
+        """The calls waiting for a person, oldest first."""
+        return sorted(
+            self.calls(WAITING),
+            key=lambda c: (c.created_at.seconds, c.created_at.nanos, _key(c.ref)),
+        )
+
+    def call(self, ref: pb.CallRef) -> pb.ToolCall:
+        return self._call(self._ledger.GetToolCall, pb.GetToolCallRequest(ref=ref)).call
+
+    def decide(
+        self,
+        ref: pb.CallRef,
+        *,
+        approve: bool,
+        approver: str,
+        reason: str,
+        revision: int,
+        fingerprint: str,
+    ) -> pb.ToolCall:
+        return self._call(
+            self._ledger.DecideApproval,
+            pb.DecideApprovalRequest(
+                ref=ref,
+                approve=approve,
+                approver=approver,
+                reason=reason,
+                expected_revision=revision,
+                input_fingerprint=fingerprint,
+            ),
+        ).call
+
+    def reconcile(
+        self,
+        ref: pb.CallRef,
+        *,
+        revision: int,
+        operator: str,
+        reason: str,
+        evidence: str,
+        result: Any = None,
+        not_executed: bool = False,
+        confirmed_dead_attempt: int = 0,
+    ) -> pb.ToolCall:
+        request = pb.ReconcileRequest(
+            ref=ref,
+            expected_revision=revision,
+            operator=operator,
+            reason=reason,
+            evidence=evidence,
+            confirmed_dead_attempt=confirmed_dead_attempt,
+        )
+        if not_executed:
+            request.not_executed = True
+        else:
+            request.result.CopyFrom(
+                pb.ToolResult(
+                    outcome=pb.OUTCOME_OK,
+                    payload=pb.Payload(json=json.dumps(result, sort_keys=True)),
+                )
+            )
+        return self._call(self._ledger.Reconcile, request).call
+
+    def recover(self, namespace: str, run_id: str) -> Iterator[rpb.RecoverResponse]:
+        """The recovery plan of a run, page by page. Recover settles the
+        run's expired leases (it never executes anything), as `effectd ctl
+        recover` does: a state-changing request, so only a POST calls it."""
+        token = ""
+        while True:
+            page = self._call(
+                self._recovery.Recover,
+                rpb.RecoverRequest(
+                    namespace=namespace, run_id=run_id, page_token=token
+                ),
+            )
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
+
+    def audit(self, namespace: str) -> list[apb.AuditEntry]:
+        """The newest entries of the audit log of `namespace` ("": all)."""
+        page = self._call(
+            self._admin.ListAudit,
+            apb.ListAuditRequest(
+                namespace=namespace, newest_first=True, page_size=AUDIT_PAGE
+            ),
+        )
+        return list(page.entries)
+
+    def verify(self) -> apb.VerifyAuditResponse:
+        return self._call(self._admin.VerifyAudit, apb.VerifyAuditRequest())
+
+
+def _key(ref: pb.CallRef) -> tuple[str, str, str]:
+    return ref.namespace, ref.run_id, ref.call_id

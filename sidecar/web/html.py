@@ -1,0 +1,115 @@
+"""The page frame and the small pieces every page is built from. Every
+text that came from the daemon (and so from an agent or a person) goes
+through `esc`: HTML-escaped, and control and format characters (bidi
+overrides, zero-width) made visible as `effectd ctl` shows them.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from urllib.parse import quote
+
+from effectd.v1 import ledger_pb2 as pb
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sidecar.ctl.output import printable, state_name, when
+
+
+def esc(value: object) -> str:
+    return html.escape(printable(str(value)), quote=True)
+
+
+def at(ts: Timestamp) -> str:
+    return esc(when(ts))
+
+
+def state(value: pb.CallState.ValueType) -> str:
+    name = state_name(value)
+    return f'<span class="state state-{esc(name.lower())}">{esc(name)}</span>'
+
+
+def table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A table; cells are HTML already (escape them with `esc`)."""
+    head = "".join(f'<th scope="col">{esc(h)}</th>' for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    if not body:
+        return f'<p class="empty">{esc(caption)}: none.</p>'
+    return (
+        f'<div class="scroll"><table><caption>{esc(caption)}</caption>'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
+
+
+def fields(pairs: Iterable[tuple[str, str]]) -> str:
+    """A definition list; values are HTML already."""
+    items = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in pairs)
+    return f"<dl>{items}</dl>"
+
+
+def hidden(name: str, value: object) -> str:
+    return f'<input type="hidden" name="{esc(name)}" value="{esc(value)}">'
+
+
+def notice(text: str, kind: str = "info") -> str:
+    role = "alert" if kind == "error" else "status"
+    return f'<p class="notice notice-{kind}" role="{role}">{esc(text)}</p>'
+
+
+def call_link(ref: pb.CallRef, text: str | None = None) -> str:
+    query = (
+        f"namespace={html.escape(_q(ref.namespace))}&amp;run={html.escape(_q(ref.run_id))}"
+        f"&amp;call={html.escape(_q(ref.call_id))}"
+    )
+    return f'<a href="/call?{query}">{esc(text or ref.call_id)}</a>'
+
+
+def run_link(namespace: str, run_id: str) -> str:
+    return (
+        f'<a href="/run?namespace={html.escape(_q(namespace))}'
+        f'&amp;run={html.escape(_q(run_id))}">{esc(run_id)}</a>'
+    )
+
+
+def _q(text: str) -> str:
+    return quote(text, safe="")
+
+
+def page(
+    title: str,
+    body: str,
+    *,
+    who: str | None = None,
+    csrf: str = "",
+    live: bool = False,
+) -> str:
+    """The whole document: a skip link, the navigation (with sign-out when
+    signed in), and `body` as its main content."""
+    nav = ""
+    if who is not None:
+        nav = (
+            '<nav aria-label="Console"><ul>'
+            '<li><a href="/">Queue</a></li>'
+            '<li><a href="/audit">Audit log</a></li>'
+            "</ul>"
+            '<form method="post" action="/signout" class="signout">'
+            f"{hidden('csrf', csrf)}<span>"
+            + (f"Signed in as <b>{esc(who)}</b>" if who else "Signed in with a token")
+            + "</span> "
+            '<button type="submit">Sign out</button></form></nav>'
+        )
+    script = '<script src="/static/live.js" defer></script>' if live else ""
+    return (
+        "<!doctype html>"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)} · effectd console</title>"
+        '<link rel="stylesheet" href="/static/console.css">'
+        f"{script}</head><body>"
+        '<a class="skip" href="#main">Skip to content</a>'
+        f'<header><p class="brand">effectd console</p>{nav}</header>'
+        f'<main id="main" tabindex="-1"><h1>{esc(title)}</h1>{body}</main>'
+        "</body></html>"
+    )

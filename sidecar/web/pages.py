@@ -1,0 +1,227 @@
+"""The pages besides a call's own (`sidecar.web.callpage`): sign-in, the
+queue of what waits for a person, a run and its recovery plan, and the audit
+log with its verification.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+from effectd.v1 import admin_pb2 as apb
+from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import recovery_pb2 as rpb
+
+from sidecar.ctl.output import enum_name, state_name
+from sidecar.web.html import (
+    at,
+    call_link,
+    esc,
+    fields,
+    hidden,
+    notice,
+    run_link,
+    state,
+    table,
+)
+
+
+def signin(csrf: str, error: str = "", *, token_required: bool = False) -> str:
+    name_help = (
+        "Not used here: this console accepts only tokens."
+        if token_required
+        else "Only when the daemon has no tokens: the name the audit log "
+        "records for your decisions. With a token, the daemon records the "
+        "token's own name."
+    )
+    return (
+        (notice(error, "error") if error else "")
+        + '<form method="post" action="/signin" class="card">'
+        + hidden("csrf", csrf)
+        + '<p><label for="token">Your effectd token</label>'
+        '<input id="token" name="token" type="password" autocomplete="current-password"'
+        ' spellcheck="false" aria-describedby="token-help">'
+        '<small id="token-help">The console sends it to the daemon with every '
+        "request: you can do here exactly what the token may do, no more.</small></p>"
+        '<p><label for="name">Your name</label>'
+        '<input id="name" name="name" autocomplete="username"'
+        ' aria-describedby="name-help">'
+        f'<small id="name-help">{esc(name_help)}</small></p>'
+        '<p><button type="submit">Sign in</button></p></form>'
+    )
+
+
+def _waiting_rows(calls: list[pb.ToolCall]) -> list[list[str]]:
+    return [
+        [
+            at(c.created_at),
+            esc(c.ref.namespace),
+            run_link(c.ref.namespace, c.ref.run_id),
+            call_link(c.ref),
+            esc(c.tool_name),
+            state(c.state),
+        ]
+        for c in calls
+    ]
+
+
+_HEADERS = ("Since", "Namespace", "Run", "Call", "Tool", "State")
+
+
+def queue(calls: list[pb.ToolCall]) -> str:
+    """The queue's content (also served alone, for the live update)."""
+    approval = [c for c in calls if c.state == pb.CALL_STATE_AWAITING_APPROVAL]
+    unknown = [c for c in calls if c.state == pb.CALL_STATE_UNKNOWN]
+    counts_a = Counter(c.ref.namespace for c in approval)
+    counts_u = Counter(c.ref.namespace for c in unknown)
+    namespaces = sorted(set(counts_a) | set(counts_u))
+    summary = (
+        f"{len(approval)} awaiting approval, {len(unknown)} needing reconciliation"
+    )
+    return (
+        f'<p class="summary">{esc(summary)}</p>'
+        + table(
+            "Waiting per namespace",
+            ("Namespace", "Awaiting approval", "Needs reconciliation"),
+            [[esc(n), esc(counts_a[n]), esc(counts_u[n])] for n in namespaces],
+        )
+        + "<h2>Awaiting approval</h2>"
+        + table(
+            "Calls awaiting approval, oldest first", _HEADERS, _waiting_rows(approval)
+        )
+        + "<h2>Needs reconciliation</h2>"
+        + table(
+            "Calls whose outcome is unknown, oldest first",
+            _HEADERS,
+            _waiting_rows(unknown),
+        )
+    )
+
+
+def digest(fragment: str) -> str:
+    """What the live update compares: the queue changed or it did not."""
+    return hashlib.sha256(fragment.encode()).hexdigest()[:16]
+
+
+def queue_page(calls: list[pb.ToolCall]) -> str:
+    content = queue(calls)
+    return (
+        '<p id="live" class="live" role="status" aria-live="polite">'
+        "This list updates by itself.</p>"
+        '<noscript><p class="live">Reload the page to see new calls.</p></noscript>'
+        f'<div id="queue" data-digest="{digest(content)}">{content}</div>'
+    )
+
+
+def run_page(
+    namespace: str,
+    run_id: str,
+    calls: list[pb.ToolCall],
+    csrf: str,
+    *,
+    plan: list[rpb.RecoverResponse] | None = None,
+    refused: str = "",
+) -> str:
+    rows = [
+        [call_link(c.ref), esc(c.tool_name), state(c.state), esc(c.revision)]
+        for c in sorted(calls, key=lambda c: c.ref.call_id)
+    ]
+    out = fields([("Namespace", esc(namespace)), ("Run", esc(run_id))]) + table(
+        "Calls of this run", ("Call", "Tool", "State", "Revision"), rows
+    )
+    out += (
+        "<h2>Recovery plan</h2>"
+        "<p>What an agent resuming this run would be told for each call. Asking "
+        "settles the run's expired leases (their outcome becomes unknown); it "
+        "never runs anything.</p>"
+        '<form method="post" action="/run/recover">'
+        + hidden("csrf", csrf)
+        + hidden("namespace", namespace)
+        + hidden("run", run_id)
+        + '<button type="submit">Show the recovery plan</button></form>'
+    )
+    if refused:
+        out += notice(refused, "error")
+    if plan is not None:
+        items = [i for page in plan for i in page.items]
+        out += table(
+            "Recovery plan",
+            ("Action", "Call", "Tool", "State", "Key"),
+            [
+                [
+                    esc(
+                        enum_name(rpb.RecoveryAction.Name(i.action), "RECOVERY_ACTION_")
+                    ),
+                    call_link(i.call.ref),
+                    esc(i.call.tool_name),
+                    state(i.call.state),
+                    esc(i.idempotency_key or "-"),
+                ]
+                for i in items
+            ],
+        )
+        interrupted = any(page.interrupted for page in plan)
+        out += notice(
+            "The run is interrupted: a call needs a person before it can go on."
+            if interrupted
+            else "The run can resume."
+        )
+    return out
+
+
+def verification(v: apb.VerifyAuditResponse | None, refused: str) -> str:
+    if v is None:
+        return notice(f"Not verified: {refused}", "warn")
+    if v.ok:
+        return notice(
+            f"The audit chain verifies: {v.entries_checked} entries checked.", "ok"
+        )
+    return notice(
+        f"The audit chain is BROKEN at entry {v.first_bad_sequence}: {v.problem} "
+        f"({v.entries_checked} entries verified before it).",
+        "error",
+    )
+
+
+def audit_page(
+    namespace: str,
+    entries: list[apb.AuditEntry],
+    verified: apb.VerifyAuditResponse | None,
+    verify_refused: str,
+    refused: str = "",
+) -> str:
+    form = (
+        '<form method="get" action="/audit" class="inline">'
+        '<label for="ns">Namespace</label>'
+        f'<input id="ns" name="namespace" value="{esc(namespace)}"'
+        ' placeholder="every namespace">'
+        '<button type="submit">Show</button></form>'
+    )
+    if refused:
+        return verification(verified, verify_refused) + form + notice(refused, "error")
+    rows = [
+        [
+            esc(e.sequence),
+            at(e.at),
+            esc(enum_name(apb.AuditAction.Name(e.action), "AUDIT_ACTION_")),
+            esc(e.actor),
+            call_link(e.ref, f"{e.ref.namespace}/{e.ref.run_id}/{e.ref.call_id}")
+            if e.ref.run_id
+            else "-",
+            esc(f"{state_name(e.state_before)} → {state_name(e.state_after)}")
+            if e.ref.run_id
+            else "-",
+            esc(e.reason),
+            esc(e.evidence or "-"),
+        ]
+        for e in entries
+    ]
+    return (
+        verification(verified, verify_refused)
+        + form
+        + table(
+            "Audit entries, newest first",
+            ("Seq", "At", "Action", "Actor", "Call", "States", "Reason", "Evidence"),
+            rows,
+        )
+    )
