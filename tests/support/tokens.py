@@ -78,3 +78,20 @@ OBSERVED_AGENT = Token(
 OBSERVED = (OBSERVED_AGENT,)
 #: A well-formed secret that no tokens file holds.
 UNKNOWN_SECRET = "tok-nobody-7c6a180b36896a0a8c02787e"
+
+# -- the web console's people (tests/web) ---------------------------------------
+
+CONSOLE_AGENT = Token(
+    "agent-c", "console-agent-token-0123456789", ("agent",), ("team-c",)
+)
+APPROVER_ANA = Token(
+    "ana", "console-ana-token-0123456789ab", ("approver",), ("team-c",)
+)
+APPROVER_BEN = Token(
+    "ben", "console-ben-token-0123456789ab", ("approver",), ("team-c",)
+)
+# On call: reconciles and reads (and verifies) the whole audit log.
+ONCALL_OLA = Token("ola", "console-ola-token-0123456789ab", ("operator",), ("*",))
+# May read the queue of team-c but not decide anything.
+VIEWER_VIC = Token("vic", "console-vic-token-0123456789ab", ("agent",), ("team-c",))
+CONSOLE = (CONSOLE_AGENT, APPROVER_ANA, APPROVER_BEN, ONCALL_OLA, VIEWER_VIC)

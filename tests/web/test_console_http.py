@@ -1,0 +1,265 @@
+"""`effectd console` at the HTTP level, against a real daemon that requires
+tokens: sign-in, the session cookie, the checks a state-changing request
+passes (Host, Origin, the session's CSRF token), escaping of what agents
+and people wrote, and the exposure rule of its listener."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import ConfigError
+from sidecar.testing import RunningDaemon
+from sidecar.web import ConsoleConfig, ConsoleServer
+from tests.support.certs import make_pki
+from tests.support.tokens import APPROVER_ANA, ONCALL_OLA, UNKNOWN_SECRET, VIEWER_VIC
+from tests.web.support import (
+    NAMESPACE,
+    RUN,
+    Browserless,
+    agent,
+    awaiting,
+    console_daemon,
+)
+
+
+@pytest.fixture
+def served(short_tmp: Path) -> Iterator[tuple[RunningDaemon, ConsoleServer]]:
+    with console_daemon(short_tmp / "data") as both:
+        yield both
+
+
+def _call_path(call_id: str) -> str:
+    return f"/call?namespace={NAMESPACE}&run={RUN}&call={call_id}"
+
+
+def _decide_form(
+    page_csrf: str,
+    call_id: str,
+    revision: int,
+    fingerprint: str,
+    decision: str = "approve",
+) -> dict[str, str]:
+    return {
+        "csrf": page_csrf,
+        "namespace": NAMESPACE,
+        "run": RUN,
+        "call": call_id,
+        "revision": str(revision),
+        "fingerprint": fingerprint,
+        "decision": decision,
+        "reason": "looks right",
+    }
+
+
+def _state(daemon: RunningDaemon, call_id: str) -> tuple[str, int, str]:
+    with agent(daemon) as c:
+        call = c.get_tool_call(RUN, call_id)
+    return call.state.name, call.revision, call.input_fingerprint
+
+
+def test_sign_in_sets_a_strict_http_only_cookie_and_an_unknown_token_is_refused(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """The daemon judges the token: an unknown one gets no session; a known
+    one gets an HttpOnly, SameSite=Strict cookie (not Secure over plain
+    loopback HTTP), and signing out ends the session on the server too."""
+    _, server = served
+    b = Browserless(server.url)
+    refused = b.sign_in(UNKNOWN_SECRET)
+    assert refused.status == 401
+    assert "does not know this token" in refused.body
+    assert "effectd_console" not in b.jar
+    assert b.get("/").status == 303
+    done = b.sign_in(APPROVER_ANA.secret)
+    assert done.status == 303
+    cookie = next(c for c in done.cookies() if c.startswith("effectd_console="))
+    assert "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    assert "Secure" not in cookie
+    queue = b.get("/")
+    assert queue.status == 200
+    assert "Waiting for a person" in queue.body
+    stolen = dict(b.jar)
+    assert b.post("/signout", {"csrf": queue.csrf()}).status == 303
+    # The old cookie, replayed, is no session any more.
+    replay = Browserless(server.url, stolen)
+    assert replay.get("/").status == 303
+    assert replay.get("/queue.fragment").status == 401
+
+
+def test_a_cross_site_post_is_refused_and_nothing_changes(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """A decision POST from another origin, without any Origin or Referer,
+    with the wrong CSRF token, or sent to another Host name is refused and
+    the call stays as it was; the control: the same form from the console's
+    own page approves."""
+    daemon, server = served
+    awaiting(daemon, "c-1")
+    _, revision, fingerprint = _state(daemon, "c-1")
+    b = Browserless(server.url)
+    b.sign_in(APPROVER_ANA.secret)
+    csrf = b.get(_call_path("c-1")).csrf()
+    form = _decide_form(csrf, "c-1", revision, fingerprint)
+    forged = b.post("/call/decide", form, Origin="https://evil.example")
+    assert forged.status == 403
+    assert "cross-site request forgery" in forged.body
+    assert b.post("/call/decide", form, Origin="").status == 403
+    referred = b.post(
+        "/call/decide", form, Origin="", Referer="https://evil.example/page"
+    )
+    assert referred.status == 403
+    wrong = b.post("/call/decide", {**form, "csrf": "not-the-token"})
+    assert wrong.status == 403
+    rebound = b.post(
+        "/call/decide", form, Host="evil.example", Origin="http://evil.example"
+    )
+    assert rebound.status == 421
+    # Another person's session has a CSRF token of its own.
+    other = Browserless(server.url)
+    other.sign_in(APPROVER_ANA.secret)
+    assert other.post("/call/decide", form).status == 403
+    assert _state(daemon, "c-1")[0] == "AWAITING_APPROVAL"
+    ok = b.post("/call/decide", form, Origin="", Referer=f"{server.url}/call")
+    assert ok.status == 303
+    assert _state(daemon, "c-1")[0] == "PREPARED"
+
+
+def test_a_sign_in_post_needs_the_sign_in_pages_own_check(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """Login CSRF: a sign-in posted without the sign-in page's cookie (a
+    forged form signing the victim into the attacker's session) is refused."""
+    _, server = served
+    b = Browserless(server.url)
+    forged = b.post("/signin", {"csrf": "x", "token": APPROVER_ANA.secret})
+    assert forged.status == 403
+    assert "effectd_console" not in b.jar
+
+
+def test_a_token_without_the_approver_role_cannot_approve(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """The session has the token's rights, no more: the daemon refuses the
+    decision, the page says so, and the call is unchanged."""
+    daemon, server = served
+    awaiting(daemon, "c-2")
+    before = _state(daemon, "c-2")
+    b = Browserless(server.url)
+    b.sign_in(VIEWER_VIC.secret)
+    page = b.get(_call_path("c-2"))
+    answer = b.post(
+        "/call/decide", _decide_form(page.csrf(), "c-2", before[1], before[2])
+    )
+    assert answer.status == 403
+    assert "Your token may not do this" in answer.body
+    assert "approver role" in answer.body
+    assert _state(daemon, "c-2") == before
+
+
+def test_what_agents_and_people_wrote_is_rendered_escaped(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """Script in a call's input and in a rejection's reason is shown as
+    text on the call page, the queue and the audit log, never as markup;
+    a bidi override is made visible."""
+    daemon, server = served
+    evil = "<script>alert('x')</script>"
+    awaiting(daemon, "c-3", value={"body": evil, "name": "a\u202eb"})
+    b = Browserless(server.url)
+    b.sign_in(APPROVER_ANA.secret)
+    page = b.get(_call_path("c-3"))
+    assert "<script>alert" not in page.body
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page.body
+    assert "\u202e" not in page.body
+    assert "\\u202e" in page.body
+    _, revision, fingerprint = _state(daemon, "c-3")
+    form = _decide_form(page.csrf(), "c-3", revision, fingerprint, "reject")
+    form["reason"] = f"no {evil}"
+    assert b.post("/call/decide", form).status == 303
+    after = b.get(_call_path("c-3"))
+    assert "<script>alert" not in after.body
+    assert "no &lt;script&gt;" in after.body
+    assert "Content-Security-Policy" in dict(after.headers)
+    oncall = Browserless(server.url)
+    oncall.sign_in(ONCALL_OLA.secret)
+    audit = oncall.get("/audit")
+    assert "no &lt;script&gt;" in audit.body
+    assert "<script>alert" not in audit.body
+
+
+def test_a_stale_page_never_overwrites(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """Two approvers open the same call; the first decision wins; the
+    second, sent with the revision its page showed, is refused with
+    "someone else decided first" and the first decision stands."""
+    daemon, server = served
+    awaiting(daemon, "c-4")
+    _, revision, fingerprint = _state(daemon, "c-4")
+    ana, ben = Browserless(server.url), Browserless(server.url)
+    ana.sign_in(APPROVER_ANA.secret)
+    ben.sign_in(APPROVER_ANA.secret)
+    ana_csrf = ana.get(_call_path("c-4")).csrf()
+    ben_csrf = ben.get(_call_path("c-4")).csrf()
+    first = ana.post(
+        "/call/decide", _decide_form(ana_csrf, "c-4", revision, fingerprint, "approve")
+    )
+    assert first.status == 303
+    second = ben.post(
+        "/call/decide", _decide_form(ben_csrf, "c-4", revision, fingerprint, "reject")
+    )
+    assert second.status == 409
+    assert "Someone else decided first" in second.body
+    assert _state(daemon, "c-4")[0] == "PREPARED"
+
+
+def test_the_listener_follows_the_daemons_exposure_rule(short_tmp: Path) -> None:
+    """A console on an address other than loopback without TLS is refused
+    (as the daemon's TCP listener is); with TLS it is allowed; half a TLS
+    pair is refused. Nothing binds to a non-loopback address here."""
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        ConsoleConfig(target="unix:x", listen="0.0.0.0:8470").address()
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        ConsoleConfig(target="unix:x", listen="192.0.2.1:8470").address()
+    pki = make_pki(short_tmp)
+    tls = ConsoleConfig(
+        target="unix:x",
+        listen="192.0.2.1:8470",
+        tls_cert=pki.server.cert,
+        tls_key=pki.server.key,
+    )
+    assert tls.address() == ("192.0.2.1", 8470)
+    with pytest.raises(ConfigError, match="both or neither"):
+        ConsoleConfig(target="unix:x", tls_cert=pki.server.cert).address()
+    assert ConsoleConfig(target="unix:x", listen="[::1]:0").address() == ("[::1]", 0)
+
+
+def test_over_tls_the_session_cookie_is_secure(short_tmp: Path) -> None:
+    """Behind TLS the cookies carry Secure (and the answers HSTS); the
+    console verifies nothing about the browser but serves only TLS."""
+    pki = make_pki(short_tmp / "pki")
+    with console_daemon(short_tmp / "data") as (daemon, _):
+        server = ConsoleServer(
+            ConsoleConfig(
+                target=daemon.target,
+                listen="127.0.0.1:0",
+                tls_cert=pki.server.cert,
+                tls_key=pki.server.key,
+            )
+        ).start()
+        try:
+            assert server.url.startswith("https://127.0.0.1:")
+            context = ssl.create_default_context(cafile=str(pki.ca))
+            b = Browserless(server.url, tls=context)
+            done = b.sign_in(APPROVER_ANA.secret)
+            assert done.status == 303
+            cookie = next(c for c in done.cookies() if c.startswith("effectd_console="))
+            assert "Secure" in cookie
+            assert "max-age" in done.header("Strict-Transport-Security")
+        finally:
+            server.stop()
