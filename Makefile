@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check node-test protos bench bench-node bench-peers bench-scale image-test clean torture-deep
+.PHONY: help run test test-fast check chromium node-test protos bench bench-node bench-peers bench-scale image-test clean torture-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,11 +43,16 @@ check: $(DEV_INSTALLED)
 ## TEST_WORKERS workers, then the tests marked serial (many processes racing,
 ## deadlines under load) alone, one coverage report for both
 TEST_WORKERS ?= 2
-test: check
+test: check chromium
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" \
 	  --cov --cov-report= --cov-fail-under=0 $(PYTEST_ARGS)
 	$(PY) -m pytest -m serial --cov --cov-append --cov-report=term $(PYTEST_ARGS)
 	$(MAKE) node-test
+
+## chromium: Debian's chromium, the browser the console's tests (tests/web)
+## drive with Playwright; Playwright's own browser download is never used
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 
 ## test-fast: the inner loop: every test not marked slow; no checks, no coverage
 test-fast: $(DEV_INSTALLED)
