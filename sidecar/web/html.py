@@ -32,8 +32,15 @@ def state(value: pb.CallState.ValueType) -> str:
 def table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """A table; cells are HTML already (escape them with `esc`)."""
     head = "".join(f'<th scope="col">{esc(h)}</th>' for h in headers)
+    # Each cell names its column too: on a phone a row is shown as a card.
     body = "".join(
-        "<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows
+        "<tr>"
+        + "".join(
+            f'<td data-label="{esc(h)}">{cell}</td>'
+            for h, cell in zip(headers, row, strict=True)
+        )
+        + "</tr>"
+        for row in rows
     )
     if not body:
         return f'<p class="empty">{esc(caption)}: none.</p>'

@@ -174,7 +174,9 @@ def verification(v: apb.VerifyAuditResponse | None, refused: str) -> str:
         return notice(f"Not verified: {refused}", "warn")
     if v.ok:
         return notice(
-            f"The audit chain verifies: {v.entries_checked} entries checked.", "ok"
+            f"The audit chain verifies: {v.entries_checked} "
+            f"{'entry' if v.entries_checked == 1 else 'entries'} checked.",
+            "ok",
         )
     return notice(
         f"The audit chain is BROKEN at entry {v.first_bad_sequence}: {v.problem} "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.cli import main
 from sidecar.config import ConfigError
 from sidecar.testing import RunningDaemon
 from sidecar.web import ConsoleConfig, ConsoleServer
@@ -263,3 +264,15 @@ def test_over_tls_the_session_cookie_is_secure(short_tmp: Path) -> None:
             assert "max-age" in done.header("Strict-Transport-Security")
         finally:
             server.stop()
+
+
+def test_effectd_console_refuses_a_public_address_without_tls(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`effectd console --listen 0.0.0.0:PORT` without TLS exits 2 naming
+    the rule, before binding anything; `--help` names the subcommand."""
+    code = main(["console", "--target", "unix:x.sock", "--listen", "0.0.0.0:8470"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "not a loopback address" in err
+    assert "tls-cert and tls-key" in err
