@@ -31,6 +31,15 @@ _STATIC = {
     "/static/console.css": "text/css; charset=utf-8",
     "/static/live.js": "text/javascript; charset=utf-8",
 }
+# How a refused read is answered; anything else (the daemon unreachable,
+# a deadline) is a bad gateway.
+_STATUS = {
+    "INVALID_ARGUMENT": HTTPStatus.BAD_REQUEST,
+    "NOT_FOUND": HTTPStatus.NOT_FOUND,
+    "PERMISSION_DENIED": HTTPStatus.FORBIDDEN,
+    "UNAUTHENTICATED": HTTPStatus.UNAUTHORIZED,
+    "FAILED_PRECONDITION": HTTPStatus.CONFLICT,
+}
 _DONE = {
     "approve": "You approved the call: the agent may now start it.",
     "reject": "You rejected the call: the agent gets the rejection as its result.",
@@ -92,12 +101,12 @@ class Handler(Plumbing):
         try:
             route(session, query)
         except EffectdError as exc:
-            self._page(
-                "Refused",
-                notice(callpage.refusal(exc), "error"),
-                session,
-                HTTPStatus.BAD_GATEWAY,
-            )
+            self._daemon_refused(session, exc)
+
+    def _daemon_refused(self, session: Session | None, exc: EffectdError) -> None:
+        """A page the daemon refused (or did not answer) to read."""
+        status = _STATUS.get(exc.code.name, HTTPStatus.BAD_GATEWAY)
+        self._page("Refused", notice(callpage.refusal(exc), "error"), session, status)
 
     def _signin_form(self, error: str = "", status: HTTPStatus = HTTPStatus.OK) -> None:
         # One check per browser: a second sign-in page (another tab) must not
@@ -169,6 +178,10 @@ class Handler(Plumbing):
             self._post(form)
         except Refused as exc:
             self._refused(exc)
+        except EffectdError as exc:
+            # A read after the action, refused or unanswered: the action's
+            # own refusals are answered on the call's page.
+            self._daemon_refused(self._session()[1], exc)
 
     def _post(self, form: dict[str, str]) -> None:
         path = urlsplit(self.path).path

@@ -158,7 +158,10 @@ class Plumbing(BaseHTTPRequestHandler):
             )
 
     def _form(self) -> dict[str, str]:
-        length = int(self.headers.get("Content-Length") or 0)
+        text = self.headers.get("Content-Length") or "0"
+        if not text.isdigit():
+            raise Refused(HTTPStatus.BAD_REQUEST, "Send the page's form.")
+        length = int(text)
         if length > MAX_FORM_BYTES:
             raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "The form is too large.")
         kind = self.headers.get("Content-Type", "").split(";")[0].strip()

@@ -5,15 +5,17 @@ and people wrote, and the exposure rule of its listener."""
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from effectd_client import Client
 from sidecar.cli import main
-from sidecar.config import ConfigError
-from sidecar.testing import RunningDaemon
+from sidecar.config import ConfigError, ServeConfig
+from sidecar.testing import RunningDaemon, running_daemon
 from sidecar.web import ConsoleConfig, ConsoleServer
 from tests.support.certs import make_pki
 from tests.support.tokens import APPROVER_ANA, ONCALL_OLA, UNKNOWN_SECRET, VIEWER_VIC
@@ -24,6 +26,7 @@ from tests.web.support import (
     agent,
     awaiting,
     console_daemon,
+    unknown,
 )
 
 
@@ -276,3 +279,168 @@ def test_effectd_console_refuses_a_public_address_without_tls(
     err = capsys.readouterr().err
     assert "not a loopback address" in err
     assert "tls-cert and tls-key" in err
+
+
+def test_reconcile_as_committed_with_the_result_found(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """The operator records the result found: the call is COMMITTED with
+    it, the evidence is on the call's page; a result that is not JSON is
+    refused before the daemon is asked, and the call stays UNKNOWN."""
+    daemon, server = served
+    unknown(daemon, "u-1")
+    _, revision, _ = _state(daemon, "u-1")
+    b = Browserless(server.url)
+    b.sign_in(ONCALL_OLA.secret)
+    page = b.get(_call_path("u-1"))
+    assert "The quarantine rule." in page.body
+    form = {
+        "csrf": page.csrf(),
+        "namespace": NAMESPACE,
+        "run": RUN,
+        "call": "u-1",
+        "revision": str(revision),
+        "resolution": "committed",
+        "result": "{not json",
+        "evidence": "charge ch_9 in the dashboard",
+        "reason": "found it",
+    }
+    bad = b.post("/call/reconcile", form)
+    assert bad.status == 400
+    assert "not valid JSON" in bad.body
+    assert _state(daemon, "u-1")[0] == "UNKNOWN"
+    done = b.post("/call/reconcile", {**form, "result": '{"charge": "ch_9"}'})
+    assert done.status == 303
+    after = b.get(done.header("Location"))
+    assert "Reconciled: the call is committed" in after.body
+    assert "charge ch_9 in the dashboard" in after.body
+    with agent(daemon) as c:
+        call = c.get_tool_call(RUN, "u-1")
+    assert call.state.name == "COMMITTED"
+    assert call.result is not None
+    assert json.loads(call.result.json_text or "") == {"charge": "ch_9"}
+
+
+def test_a_runs_recovery_plan_is_a_post_and_needs_a_role_that_may_recover(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """The run page lists the run's calls; its recovery plan comes from a
+    POST (Recover settles expired leases) and names each call's action; an
+    approver's token may not recover, and the page says so."""
+    daemon, server = served
+    awaiting(daemon, "a-1")
+    unknown(daemon, "u-2")
+    ola = Browserless(server.url)
+    ola.sign_in(ONCALL_OLA.secret)
+    run = ola.get(f"/run?namespace={NAMESPACE}&run={RUN}")
+    assert run.status == 200
+    assert "a-1" in run.body
+    assert "u-2" in run.body
+    form = {"csrf": run.csrf(), "namespace": NAMESPACE, "run": RUN}
+    plan = ola.post("/run/recover", form)
+    assert plan.status == 200
+    assert "WAIT_FOR_APPROVAL" in plan.body
+    assert "RECONCILE" in plan.body
+    assert "The run is interrupted" in plan.body
+    ana = Browserless(server.url)
+    ana.sign_in(APPROVER_ANA.secret)
+    form["csrf"] = ana.get(f"/run?namespace={NAMESPACE}&run={RUN}").csrf()
+    refused = ana.post("/run/recover", form)
+    assert "Your token may not do this" in refused.body
+
+
+def test_the_audit_view_says_when_the_token_may_not_verify_or_read(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """An approver's token may not read the audit log: the page shows both
+    refusals instead of an empty, seemingly verified log."""
+    _, server = served
+    b = Browserless(server.url)
+    b.sign_in(APPROVER_ANA.secret)
+    audit = b.get("/audit?namespace=team-c")
+    assert audit.status == 200
+    assert "Not verified" in audit.body
+    assert "verifies" not in audit.body
+    assert "Your token may not do this" in audit.body
+
+
+def test_pages_assets_and_errors(served: tuple[RunningDaemon, ConsoleServer]) -> None:
+    """Assets are served with their types; an unknown page, an unknown call
+    and a form without a revision answer as such; the live fragment needs a
+    session and has a digest; a malformed Content-Length is refused."""
+    daemon, server = served
+    b = Browserless(server.url)
+    assert b.get("/static/console.css").header("Content-Type").startswith("text/css")
+    assert "fetch" in b.get("/static/live.js").body
+    assert b.get("/favicon.ico").status == 404
+    b.sign_in(APPROVER_ANA.secret)
+    assert b.get("/nowhere").status == 404
+    missing = b.get(_call_path("nobody"))
+    assert missing.status == 404
+    assert b.get("/call?namespace=team-c").status == 400
+    fragment = b.get("/queue.fragment")
+    assert fragment.status == 200
+    assert len(fragment.header("X-Queue-Digest")) == 16
+    awaiting(daemon, "c-9")
+    assert b.get("/queue.fragment").header("X-Queue-Digest") != fragment.header(
+        "X-Queue-Digest"
+    )
+    csrf = b.get("/").csrf()
+    form = {"csrf": csrf, "namespace": NAMESPACE, "run": RUN, "call": "c-9"}
+    assert b.post("/call/decide", {**form, "decision": "approve"}).status == 400
+    assert b.post("/call/decide", {**form, "decision": "maybe"}).status == 400
+    assert b.post("/call/reconcile", {**form, "resolution": "?"}).status == 400
+    assert b.post("/nowhere", {"csrf": csrf}).status == 404
+    assert b.post("/", {"csrf": csrf}, **{"Content-Length": "-1"}).status == 400
+    assert _state(daemon, "c-9")[0] == "AWAITING_APPROVAL"
+
+
+def test_without_tokens_on_the_daemon_a_person_gives_their_name(
+    short_tmp: Path,
+) -> None:
+    """A daemon without tokens (its loopback default): signing in needs a
+    name, which the audit log records for the decision."""
+    config = ServeConfig(data_dir=short_tmp / "data")
+    with running_daemon(config) as daemon:
+        server = ConsoleServer(
+            ConsoleConfig(target=daemon.target, listen="127.0.0.1:0")
+        ).start()
+        try:
+            with Client(daemon.target, namespace=NAMESPACE, session=False) as c:
+                c.prepare_tool(RUN, "n-1", "send", {"a": 1}, require_approval=True)
+                seen = c.get_tool_call(RUN, "n-1")
+            b = Browserless(server.url)
+            page = b.get("/signin")
+            nameless = b.post("/signin", {"csrf": page.csrf(), "token": ""})
+            assert nameless.status == 400
+            assert "give your name" in nameless.body
+            named = b.post(
+                "/signin", {"csrf": page.csrf(), "token": "", "name": "alice"}
+            )
+            assert named.status == 303
+            assert "Signed in as <b>alice</b>" in b.get("/").body
+            csrf = b.get(_call_path("n-1")).csrf()
+            form = _decide_form(csrf, "n-1", seen.revision, seen.input_fingerprint)
+            decided = b.post("/call/decide", form)
+            assert decided.status == 303
+            assert "approved by alice" in b.get(decided.header("Location")).body
+        finally:
+            server.stop()
+
+
+def test_an_unreachable_daemon_is_said_at_sign_in(short_tmp: Path) -> None:
+    """No daemon at the target: sign-in says the daemon did not answer."""
+    server = ConsoleServer(
+        ConsoleConfig(
+            target=f"unix:{short_tmp / 'absent.sock'}",
+            listen="127.0.0.1:0",
+            timeout=2,
+        )
+    ).start()
+    try:
+        b = Browserless(server.url)
+        answer = b.sign_in(APPROVER_ANA.secret)
+        assert answer.status == 401
+        assert "did not answer" in answer.body
+    finally:
+        server.stop()
