@@ -17,6 +17,8 @@ from sidecar.cli import main
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from sidecar.web import ConsoleConfig, ConsoleServer
+from sidecar.web.plumbing import Plumbing
+from sidecar.web.sessions import Session
 from tests.support.certs import make_pki
 from tests.support.tokens import APPROVER_ANA, ONCALL_OLA, UNKNOWN_SECRET, VIEWER_VIC
 from tests.web.support import (
@@ -444,3 +446,21 @@ def test_an_unreachable_daemon_is_said_at_sign_in(short_tmp: Path) -> None:
         assert "did not answer" in answer.body
     finally:
         server.stop()
+
+
+def test_negative_control_a_console_without_its_checks_lets_the_forgery_through(
+    served: tuple[RunningDaemon, ConsoleServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forgery test can fail: with the Origin and CSRF checks taken out
+    of the console, the same cross-site POST approves the call."""
+    daemon, server = served
+    awaiting(daemon, "c-x")
+    _, revision, fingerprint = _state(daemon, "c-x")
+    b = Browserless(server.url)
+    b.sign_in(APPROVER_ANA.secret)
+    monkeypatch.setattr(Plumbing, "_check_origin", lambda self: None)
+    monkeypatch.setattr(Session, "csrf_matches", lambda self, presented: True)
+    form = _decide_form("forged", "c-x", revision, fingerprint)
+    forged = b.post("/call/decide", form, Origin="https://evil.example")
+    assert forged.status == 303
+    assert _state(daemon, "c-x")[0] == "PREPARED"
