@@ -12,6 +12,7 @@ and then only sessions signed in with a token.
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import ssl
 import sys
@@ -183,7 +184,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`effectd console`: serves until interrupted."""
+    """`effectd console`: serves until SIGTERM or SIGINT; exit 0, or 2 for
+    an address it may not serve."""
     target = args.target or (
         f"unix:{args.socket}" if args.socket is not None else default_target()
     )
@@ -209,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+
+    def stop(*_: object) -> None:
+        # shutdown() waits for serve_forever(), which runs in this thread.
+        threading.Thread(target=server.httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.httpd.serve_forever()
     except KeyboardInterrupt:

@@ -6,7 +6,10 @@ and people wrote, and the exposure rule of its listener."""
 from __future__ import annotations
 
 import json
+import signal
 import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from sidecar.web import ConsoleConfig, ConsoleServer
 from sidecar.web.plumbing import Plumbing
 from sidecar.web.sessions import Session
 from tests.support.certs import make_pki
+from tests.support.processes import ROOT
 from tests.support.tokens import APPROVER_ANA, ONCALL_OLA, UNKNOWN_SECRET, VIEWER_VIC
 from tests.web.support import (
     NAMESPACE,
@@ -464,3 +468,41 @@ def test_negative_control_a_console_without_its_checks_lets_the_forgery_through(
     forged = b.post("/call/decide", form, Origin="https://evil.example")
     assert forged.status == 303
     assert _state(daemon, "c-x")[0] == "PREPARED"
+
+
+@pytest.mark.slow
+def test_effectd_console_as_a_process_serves_and_stops_on_sigterm(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """`effectd console --listen 127.0.0.1:0` says where it serves, serves
+    the sign-in page there, and exits 0 on SIGTERM."""
+    daemon, _ = served
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "console",
+            "--target",
+            daemon.target,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("effectd console serving on http://127.0.0.1:"), line
+        url = line.split()[4]
+        assert Browserless(url).get("/signin").status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if proc.stderr is not None:
+            proc.stderr.close()
