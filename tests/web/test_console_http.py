@@ -472,11 +472,11 @@ def test_negative_control_a_console_without_its_checks_lets_the_forgery_through(
 
 @pytest.mark.slow
 def test_effectd_console_as_a_process_serves_and_stops_on_sigterm(
-    served: tuple[RunningDaemon, ConsoleServer],
+    short_tmp: Path,
 ) -> None:
     """`effectd console --listen 127.0.0.1:0` says where it serves, serves
-    the sign-in page there, and exits 0 on SIGTERM."""
-    daemon, _ = served
+    the sign-in page there (no daemon is asked before a sign-in), and exits
+    0 on SIGTERM."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -484,7 +484,7 @@ def test_effectd_console_as_a_process_serves_and_stops_on_sigterm(
             "sidecar",
             "console",
             "--target",
-            daemon.target,
+            f"unix:{short_tmp / 'absent.sock'}",
             "--listen",
             "127.0.0.1:0",
         ],
