@@ -139,10 +139,10 @@ def main(
     """The program; `test_build`: a test build's daemon, which may arm
     failpoints (`sidecar.failpoints`); the shipped program is not one."""
     args = parser().parse_args(argv)
-    if args.command == "ctl":
-        return ctl.run(args)
-    if args.command == "console":
-        return web.run(args)
+    # The daemon's clients: `effectd ctl` and `effectd console`.
+    client = {"ctl": ctl.run, "console": web.run}.get(args.command)
+    if client is not None:
+        return client(args)
     if args.command == "migrate":
         return _migrate(args.store)
     if os.environ.get(failpoints.ENV) and not test_build:
