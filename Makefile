@@ -52,7 +52,7 @@ test: check chromium
 ## chromium: Debian's chromium, the browser the console's tests (tests/web)
 ## drive with Playwright; Playwright's own browser download is never used
 chromium:
-	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
 
 ## test-fast: the inner loop: every test not marked slow; no checks, no coverage
 test-fast: $(DEV_INSTALLED)
