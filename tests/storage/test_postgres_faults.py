@@ -111,6 +111,31 @@ def test_every_connection_killed_as_by_a_restart_the_store_reconnects(
     assert store.read(_get(b"after")) == b"v"
 
 
+def test_a_read_after_every_pooled_connection_broke_is_answered(
+    opened: Callable[[PostgresOptions], PostgresStore], pg_database: str
+) -> None:
+    """A restart breaks every connection the read pool holds (here four):
+    the first read that meets one checks the pool and reads on a new
+    connection (fails before: the second try met another broken one and
+    answered UNAVAILABLE though the database was back)."""
+    options = _options(readers=4)
+    store = opened(options)
+    together = threading.Barrier(4)
+
+    def held(view: ReadView) -> bytes | None:
+        together.wait(10)  # four reads at once: the pool grows to four
+        return view.get(Table.CHECKPOINTS, b"ns\x00k")
+
+    readers = [threading.Thread(target=store.read, args=(held,)) for _ in range(4)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(30)
+    assert postgres.terminate(options.application_name + "/reads", pg_database) == 4
+    assert store.read(_get(b"k")) is None
+    assert store.read(_get(b"k")) is None
+
+
 def test_a_statement_timeout_answers_unavailable_and_applies_nothing(
     opened: Callable[[PostgresOptions], PostgresStore], pg_url: str
 ) -> None:
