@@ -203,6 +203,28 @@ def test_a_lost_commit_that_committed_is_acknowledged(
     assert _rows(pg_url) == [(b"ns\x00k", b"once")]
 
 
+def test_a_lost_commit_is_resolved_on_a_read_pool_broken_with_it(
+    pg_url: str, pg_database: str
+) -> None:
+    """As a restart does, the COMMIT's answer is lost and the read pool's
+    connections break with it, the database back at once: the store asks
+    on a new connection, learns it committed and answers it (fails before:
+    the question was asked on a broken connection and the answer was
+    "may have been applied")."""
+    with commit_cutter(pg_url) as (proxy, url):
+        store = PostgresStore(url, _options())
+        try:
+            reads = store.options.application_name + "/reads"
+            proxy.on_cut = lambda: postgres.terminate(reads, pg_database)
+            proxy.arm()
+            assert store.submit(_put(b"k", b"once")).result(30) == b"k"
+            assert (proxy.cuts, store.stats.commits_resolved) == (1, 1)
+            assert store.stats.retries == 0
+        finally:
+            store.close()
+    assert _rows(pg_url) == [(b"ns\x00k", b"once")]
+
+
 def test_a_lost_commit_whose_outcome_is_unknown_may_have_been_applied(
     pg_url: str, pg_database: str
 ) -> None:
