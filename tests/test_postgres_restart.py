@@ -9,8 +9,10 @@ bytes handed back, which are those of its one execution; no call executed
 twice; every error a client saw is UNAVAILABLE / STORAGE_UNAVAILABLE with
 `mayHaveBeenApplied`; the daemons serve again after each restart (new
 executions follow it) and answer a fresh call at the end. The negative
-control is a daemon that answers before COMMIT
-(`tests.support.pg_ack_before_commit`): the same check catches it.
+control, a daemon that answers before COMMIT
+(`tests.support.pg_ack_before_commit`) on a database of its own, serves its
+own agents under the same faults in the same test: the same check must
+catch it.
 
 A private cluster (`tests.support.pg_cluster`), never the shared server
 other tests use; it fails, never skips, when it cannot be started.
@@ -43,7 +45,6 @@ CLIENTS_PER_DAEMON = 2
 # New executions awaited after each fault: the daemons serve again.
 PROGRESS = 3
 FAULTS = ("terminate", "fast", "terminate", "immediate", "fast", "immediate")
-CONTROL_FAULTS = ("terminate", "immediate")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,6 @@ def cluster() -> Iterator[PrivateCluster]:
 
 @dataclass
 class Outcome:
-    faults: list[str] = field(default_factory=list)
     acknowledged: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     unclassified: list[str] = field(default_factory=list)
@@ -145,68 +145,115 @@ def _fresh_call(target: str, effects: Path, name: str) -> str:
     return ""
 
 
-def _start_daemons(
-    stack: ExitStack, tmp: Path, module: str, args: Sequence[str]
-) -> list[DaemonProcess]:
-    """DAEMONS daemon processes, started at once; each closed by `stack`."""
-    with ThreadPoolExecutor(DAEMONS) as pool:
+@dataclass
+class Ledger:
+    """Daemons of `module` on a database of their own, their agents, and
+    what came of them."""
+
+    name: str
+    module: str
+    daemons: int
+    tmp: Path
+    url: str = ""
+    processes: list[DaemonProcess] = field(default_factory=list)
+    clients: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    outcome: Outcome = field(default_factory=Outcome)
+
+    @property
+    def effects(self) -> Path:
+        return self.tmp / "effects"
+
+
+def _start_daemons(stack: ExitStack, ledgers: Sequence[Ledger]) -> None:
+    """Every ledger's daemon processes, started at once; each closed by
+    `stack`."""
+    with ThreadPoolExecutor(sum(ledger.daemons for ledger in ledgers)) as pool:
         starting = [
-            pool.submit(DaemonProcess, tmp / f"d{d}", module, args)
-            for d in range(DAEMONS)
+            (
+                ledger,
+                pool.submit(
+                    DaemonProcess,
+                    ledger.tmp / f"d{d}",
+                    ledger.module,
+                    ("--store", ledger.url, "--settle-interval", "1"),
+                ),
+            )
+            for ledger in ledgers
+            for d in range(ledger.daemons)
         ]
-        for future in starting:
+        for _, future in starting:
             with suppress(Exception):
                 stack.callback(future.result().close)
-    return [future.result() for future in starting]
+    for ledger, future in starting:
+        ledger.processes.append(future.result())
+
+
+def _start_clients(stack: ExitStack, ledger: Ledger, stop: Path) -> None:
+    for d, daemon in enumerate(ledger.processes):
+        for c in range(CLIENTS_PER_DAEMON):
+            prefix = f"d{d}c{c}"
+            argv = [
+                *(sys.executable, "-m", "tests.support.pg_load_client"),
+                *(daemon.target, prefix, str(ledger.effects), str(stop)),
+                str(ledger.tmp / f"{prefix}.json"),
+            ]
+            proc = subprocess.Popen(argv, cwd=ROOT)
+            stack.callback(proc.kill)
+            ledger.clients.append((prefix, proc))
+
+
+def _finish(ledger: Ledger) -> None:
+    """Collects the agents' reports, makes a fresh call on each daemon,
+    checks the ledger against them; stops the daemons."""
+    reports = []
+    for prefix, proc in ledger.clients:
+        assert proc.wait(timeout=150) == 0, f"client {prefix} failed"
+        reports.append(json.loads((ledger.tmp / f"{prefix}.json").read_text()))
+    outcome = ledger.outcome
+    for d, daemon in enumerate(ledger.processes):
+        assert daemon.proc.poll() is None, daemon.log()
+        outcome.fresh.append(_fresh_call(daemon.target, ledger.effects, f"fresh-{d}"))
+    _check(outcome, ledger.processes[0].target, ledger.effects, reports)
+    for daemon in ledger.processes:
+        daemon.terminate()
+    print(
+        f"{ledger.name}: acknowledged {outcome.acknowledged}, "
+        f"errors {dict(outcome.errors)}, lost {len(outcome.lost)}, "
+        f"twice {len(outcome.twice)}, stalled after {outcome.stalled}"
+    )
 
 
 def _under_faults(
-    cluster: PrivateCluster, tmp: Path, module: str, faults: Sequence[str], seed: int
-) -> Outcome:
+    cluster: PrivateCluster, ledgers: Sequence[Ledger], seed: int
+) -> list[str]:
+    """The agents of every ledger at work while FAULTS hit the cluster;
+    returns the faults made."""
     rng = random.Random(seed)  # noqa: S311 - when each fault lands
-    url = _database(cluster, f"restart_{tmp.name.replace('-', '_')}")
-    effects, stop = tmp / "effects", tmp / "stop"
-    args = ("--store", url, "--settle-interval", "1")
-    outcome = Outcome()
+    print(f"seed {seed}")
+    stop = ledgers[0].tmp.parent / "stop"
+    made = []
     with ExitStack() as stack:
-        daemons = _start_daemons(stack, tmp, module, args)
-        clients = []
-        for d in range(DAEMONS):
-            for c in range(CLIENTS_PER_DAEMON):
-                prefix = f"d{d}c{c}"
-                argv = [
-                    *(sys.executable, "-m", "tests.support.pg_load_client"),
-                    *(daemons[d].target, prefix, str(effects), str(stop)),
-                    str(tmp / f"{prefix}.json"),
-                ]
-                proc = subprocess.Popen(argv, cwd=ROOT)
-                stack.callback(proc.kill)
-                clients.append((prefix, proc))
-        assert _wait_for_progress(effects, 0), "no call executed before the faults"
-        for kind in faults:
+        for ledger in ledgers:
+            ledger.tmp.mkdir()
+            suffix = ledger.tmp.parent.name.replace("-", "_")
+            ledger.url = _database(cluster, f"{ledger.name}_{suffix}")
+        _start_daemons(stack, ledgers)
+        for ledger in ledgers:
+            _start_clients(stack, ledger, stop)
+        for ledger in ledgers:
+            assert _wait_for_progress(ledger.effects, 0), f"{ledger.name}: no call ran"
+        for kind in FAULTS:
             time.sleep(rng.uniform(0.1, 0.6))
-            before = _lines(effects)
+            before = [_lines(ledger.effects) for ledger in ledgers]
             _fault(cluster, kind)
-            outcome.faults.append(kind)
-            if not _wait_for_progress(effects, before):
-                outcome.stalled.append(kind)
+            made.append(kind)
+            for ledger, lines in zip(ledgers, before, strict=True):
+                if not _wait_for_progress(ledger.effects, lines):
+                    ledger.outcome.stalled.append(kind)
         stop.touch()
-        reports = []
-        for prefix, proc in clients:
-            assert proc.wait(timeout=150) == 0, f"client {prefix} failed"
-            reports.append(json.loads((tmp / f"{prefix}.json").read_text()))
-        for d, daemon in enumerate(daemons):
-            assert daemon.proc.poll() is None, daemon.log()
-            outcome.fresh.append(_fresh_call(daemon.target, effects, f"fresh-{d}"))
-        _check(outcome, daemons[0].target, effects, reports)
-        for daemon in daemons:
-            daemon.terminate()
-    print(
-        f"seed {seed}: faults {outcome.faults}, acknowledged {outcome.acknowledged}, "
-        f"errors {dict(outcome.errors)}, lost {len(outcome.lost)}, "
-        f"twice {len(outcome.twice)}"
-    )
-    return outcome
+        for ledger in ledgers:
+            _finish(ledger)
+    return made
 
 
 @pytest.mark.slow
@@ -214,24 +261,21 @@ def _under_faults(
 def test_restarts_lose_no_commit_and_execute_nothing_twice(
     cluster: PrivateCluster, short_tmp: Path
 ) -> None:
+    """With, beside it under the same faults, the negative control: a daemon
+    answering before COMMIT (`tests.support.pg_ack_before_commit`) on a
+    database of its own, which the same check must catch."""
+    sound = Ledger("sound", "sidecar", DAEMONS, short_tmp / "sound")
+    broken = Ledger(
+        "broken", "tests.support.pg_ack_before_commit", 1, short_tmp / "broken"
+    )
     seed = random.randrange(1 << 32)  # noqa: S311 - a test seed
-    outcome = _under_faults(cluster, short_tmp, "sidecar", FAULTS, seed)
-    assert outcome.faults == list(FAULTS)
+    assert _under_faults(cluster, [sound, broken], seed) == list(FAULTS)
+    outcome = sound.outcome
     assert outcome.lost == []
     assert outcome.twice == []
     assert outcome.unclassified == []
     assert outcome.stalled == []
     assert outcome.fresh == [""] * DAEMONS
     assert outcome.acknowledged > 0
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_negative_control_an_answer_before_commit_is_caught(
-    cluster: PrivateCluster, short_tmp: Path
-) -> None:
-    seed = random.randrange(1 << 32)  # noqa: S311 - a test seed
-    outcome = _under_faults(
-        cluster, short_tmp, "tests.support.pg_ack_before_commit", CONTROL_FAULTS, seed
-    )
-    assert outcome.lost != [] or outcome.twice != []
+    # The negative control.
+    assert broken.outcome.lost != [] or broken.outcome.twice != []
