@@ -74,14 +74,23 @@ def before_commit(exc: psycopg.Error) -> Exception:
 def xact_status(pool: ConnectionPool[_Conn], xid: str) -> str | None:
     """'committed' or 'aborted': what became of the transaction `xid`, asked
     on a connection of `pool`; None when it cannot be learnt (a backend
-    still committing is waited for, a bounded while)."""
+    still committing is waited for, a bounded while). A pooled connection
+    found broken (a restart breaks them with the COMMIT's) has the pool
+    checked and the question asked once more."""
+    checked = False
     for _ in range(20):
         try:
             with pool.connection() as conn:
                 row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
                 rollback(conn)
-        except (psycopg.Error, PoolTimeout):
+        except PoolTimeout:
             return None
+        except psycopg.Error as exc:
+            if checked or not connection_lost(exc):
+                return None
+            pool.check()
+            checked = True
+            continue
         status = None if row is None else row[0]
         if status in ("committed", "aborted"):
             return str(status)

@@ -167,8 +167,10 @@ class PostgresStore:
     # -- reads ------------------------------------------------------------
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
-        """`fn` on a snapshot; a connection found broken (the database
-        restarted since it was pooled) is replaced once."""
+        """`fn` on a snapshot. A connection found broken (the database
+        restarted since it was pooled) means the others pooled with it may
+        be too: the pool's idle connections are checked (the broken ones
+        replaced) and `fn` runs once more."""
         if self._closed:
             raise ShuttingDown("the store is closed")
         for attempt in (1, 2):
@@ -186,6 +188,7 @@ class PostgresStore:
                 ) from None
             except DatabaseFailed as failed:
                 if attempt == 1 and connection_lost(failed.error):
+                    self._reads.check()
                     continue
                 raise unavailable(
                     f"a PostgreSQL read failed: {failed.error}", applied=False

@@ -2,7 +2,9 @@
 
 `proxy.fail("CommitTool", Fault(...))` makes the next CommitTool fail: before
 it reaches the daemon (a refusal, a dropped connection), or after the daemon
-answered (`lost=True`: the request took effect, its answer never arrived).
+answered (`lost=True`: the request took effect, its answer never arrived;
+`applied=True`: it took effect, and the fault's status is the answer, as a
+daemon answers a COMMIT whose outcome it could not learn).
 Every other request, and every later one, is forwarded as it is.
 
 The proxy serves the ledger session stream too, each of its messages
@@ -55,6 +57,10 @@ class Fault:
     retry_delay: float | None = None
     # The daemon applied the request; only its answer is lost.
     lost: bool = False
+    # The daemon applied the request and answered with this status.
+    applied: bool = False
+    # ErrorInfo metadata (with `reason`), e.g. mayHaveBeenApplied.
+    metadata: tuple[tuple[str, str], ...] = ()
     # Session messages only: never answered; or the stream breaks before
     # the request is forwarded.
     stall: bool = False
@@ -67,7 +73,11 @@ class Fault:
         details = []
         if self.reason:
             info = any_pb2.Any()
-            info.Pack(error_details_pb2.ErrorInfo(reason=self.reason, domain="effectd"))
+            info.Pack(
+                error_details_pb2.ErrorInfo(
+                    reason=self.reason, domain="effectd", metadata=dict(self.metadata)
+                )
+            )
             details.append(info)
         if self.retry_delay is not None:
             delay = duration_pb2.Duration()
@@ -140,7 +150,7 @@ class FlakyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
 
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
             fault = self._fault(path.rsplit("/", 1)[-1])
-            if fault is not None and not fault.lost:
+            if fault is not None and not (fault.lost or fault.applied):
                 context.abort_with_status(fault.status())
             try:
                 answer: bytes = self._upstream.unary_unary(path, None, None)(
@@ -204,7 +214,7 @@ class FlakyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         if fault is not None and fault.broken:
             answers.put(_BREAK)
             return
-        if fault is not None and not fault.lost:
+        if fault is not None and not (fault.lost or fault.applied):
             answers.put(pb.SessionResponse(id=message.id, error=fault.proto()))
             return
         unary = getattr(ledger_pb2_grpc.ToolLedgerStub(self._upstream), name)
@@ -214,6 +224,9 @@ class FlakyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             )
         except grpc.RpcError as exc:
             answers.put(pb.SessionResponse(id=message.id, error=_status_of(exc)))
+            return
+        if fault is not None and fault.applied:
+            answers.put(pb.SessionResponse(id=message.id, error=fault.proto()))
             return
         if fault is not None:
             answers.put(_BREAK)

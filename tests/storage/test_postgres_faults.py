@@ -111,6 +111,31 @@ def test_every_connection_killed_as_by_a_restart_the_store_reconnects(
     assert store.read(_get(b"after")) == b"v"
 
 
+def test_a_read_after_every_pooled_connection_broke_is_answered(
+    opened: Callable[[PostgresOptions], PostgresStore], pg_database: str
+) -> None:
+    """A restart breaks every connection the read pool holds (here four):
+    the first read that meets one checks the pool and reads on a new
+    connection (fails before: the second try met another broken one and
+    answered UNAVAILABLE though the database was back)."""
+    options = _options(readers=4)
+    store = opened(options)
+    together = threading.Barrier(4)
+
+    def held(view: ReadView) -> bytes | None:
+        together.wait(10)  # four reads at once: the pool grows to four
+        return view.get(Table.CHECKPOINTS, b"ns\x00k")
+
+    readers = [threading.Thread(target=store.read, args=(held,)) for _ in range(4)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(30)
+    assert postgres.terminate(options.application_name + "/reads", pg_database) == 4
+    assert store.read(_get(b"k")) is None
+    assert store.read(_get(b"k")) is None
+
+
 def test_a_statement_timeout_answers_unavailable_and_applies_nothing(
     opened: Callable[[PostgresOptions], PostgresStore], pg_url: str
 ) -> None:
@@ -172,6 +197,28 @@ def test_a_lost_commit_that_committed_is_acknowledged(
             assert store.submit(_put(b"k", b"once")).result(30) == b"k"
             assert proxy.cuts == 1
             assert store.stats.commits_resolved == 1
+            assert store.stats.retries == 0
+        finally:
+            store.close()
+    assert _rows(pg_url) == [(b"ns\x00k", b"once")]
+
+
+def test_a_lost_commit_is_resolved_on_a_read_pool_broken_with_it(
+    pg_url: str, pg_database: str
+) -> None:
+    """As a restart does, the COMMIT's answer is lost and the read pool's
+    connections break with it, the database back at once: the store asks
+    on a new connection, learns it committed and answers it (fails before:
+    the question was asked on a broken connection and the answer was
+    "may have been applied")."""
+    with commit_cutter(pg_url) as (proxy, url):
+        store = PostgresStore(url, _options())
+        try:
+            reads = store.options.application_name + "/reads"
+            proxy.on_cut = lambda: postgres.terminate(reads, pg_database)
+            proxy.arm()
+            assert store.submit(_put(b"k", b"once")).result(30) == b"k"
+            assert (proxy.cuts, store.stats.commits_resolved) == (1, 1)
             assert store.stats.retries == 0
         finally:
             store.close()

@@ -3,11 +3,21 @@
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
-import { Client, safeToolCall, OutcomeUnknown, ResultNotRecorded, ReconciliationNeeded } from '../src/index.js';
+import {
+  Client,
+  safeToolCall,
+  errors,
+  CallInProgress,
+  OutcomeUnknown,
+  ResultNotRecorded,
+  ReconciliationNeeded,
+} from '../src/index.js';
 import { startDaemon } from '../src/testing.js';
 
 const require = createRequire(import.meta.url);
 const grpc = require('@grpc/grpc-js');
+const { statusTypes } = require('../src/proto.js');
+const { isOutcomeUnknown } = require('../src/safe.js');
 
 let daemon;
 const closers = [];
@@ -41,8 +51,28 @@ const FORWARDED = [
 /**
  * A gRPC proxy on 127.0.0.1 in front of the daemon that fails on cue: `fail(method, {lost})` makes
  * the next call of that method fail with UNAVAILABLE, before reaching the daemon or (lost) after the
- * daemon applied it.
+ * daemon applied it; with `maybe` the status says STORAGE_UNAVAILABLE, mayHaveBeenApplied=true (a
+ * daemon whose database COMMIT's outcome it could not learn).
  */
+/** UNAVAILABLE / STORAGE_UNAVAILABLE with mayHaveBeenApplied=true, as the daemon sends it. */
+function storageUnavailable() {
+  const types = statusTypes();
+  const info = types.ErrorInfo.encode({
+    reason: 'STORAGE_UNAVAILABLE',
+    domain: 'effectd',
+    metadata: { mayHaveBeenApplied: 'true' },
+  }).finish();
+  const details = 'PostgreSQL did not answer COMMIT; the request may have been applied';
+  const status = types.Status.encode({
+    code: grpc.status.UNAVAILABLE,
+    message: details,
+    details: [{ type_url: 'type.googleapis.com/google.rpc.ErrorInfo', value: info }],
+  }).finish();
+  const metadata = new grpc.Metadata();
+  metadata.set('grpc-status-details-bin', Buffer.from(status));
+  return { code: grpc.status.UNAVAILABLE, details, metadata };
+}
+
 async function flakyProxy() {
   const upstream = new grpc.Client(daemon.target, grpc.credentials.createInsecure());
   const faults = new Map();
@@ -53,7 +83,7 @@ async function flakyProxy() {
     const handler = (call, callback) => {
       calls.push(name);
       const fault = faults.get(name)?.shift();
-      const unavailable = { code: grpc.status.UNAVAILABLE, details: 'injected' };
+      const unavailable = fault?.maybe ? storageUnavailable() : { code: grpc.status.UNAVAILABLE, details: 'injected' };
       if (fault && !fault.lost) return callback(unavailable);
       upstream.makeUnaryRequest(path, identity, identity, call.request, call.metadata, (error, answer) => {
         if (error) return callback(error);
@@ -200,6 +230,86 @@ describe('recording retries (issue 10 item B6)', () => {
     assert.equal(recordingWait(policy, 1, slow, 2_000, 0), null);
     assert.equal(recordingWait(policy, 5, down, 0, 0), null);
     assert.equal(recordingWait(policy, 1, stale, 0, 0), null);
+  });
+});
+
+describe('a commit whose outcome the daemon could not learn (issue 14)', () => {
+  // UNAVAILABLE / STORAGE_UNAVAILABLE, mayHaveBeenApplied=true: an unknown outcome, never a definite
+  // failure after which a repeat would run the tool again.
+  const MAYBE_APPLIED = { lost: true, maybe: true };
+  const MAYBE = { maybe: true };
+  const maybeApplied = (error) => {
+    assert.ok(error instanceof errors.STORAGE_UNAVAILABLE);
+    assert.equal(error.code, 'UNAVAILABLE');
+    assert.equal(error.metadata.mayHaveBeenApplied, 'true');
+    assert.ok(isOutcomeUnknown(error));
+    return true;
+  };
+
+  test('a start that may have been applied is unknown: the tool runs neither now nor on a repeat', async () => {
+    const proxy = await flakyProxy();
+    proxy.fail('PrepareTool', MAYBE_APPLIED);
+    const client = agent({ target: proxy.target, recordingRetry: FAST });
+    const call = { runId: 'maybe', callId: 'start', tool: 'send', input: 1, leaseMs: 60_000 };
+    let runs = 0;
+    const tool = () => {
+      runs += 1;
+      return 'sent';
+    };
+    await assert.rejects(safeToolCall(client, call, tool), maybeApplied);
+    assert.equal((await agent().getToolCall(call)).state, 'STARTED');
+    await assert.rejects(safeToolCall(client, call, tool), CallInProgress);
+    assert.equal(runs, 0);
+  });
+
+  test('a commit that may have been applied is sent again and answered as done', async () => {
+    const proxy = await flakyProxy();
+    proxy.fail('CommitTool', MAYBE_APPLIED);
+    const call = { runId: 'maybe', callId: 'commit', tool: 'send', input: 1 };
+    let runs = 0;
+    const value = await safeToolCall(agent({ target: proxy.target, recordingRetry: FAST }), call, () => {
+      runs += 1;
+      return 'sent';
+    });
+    assert.equal(value, 'sent');
+    assert.equal(runs, 1);
+    assert.equal(proxy.calls.filter((m) => m === 'CommitTool').length, 2);
+    const record = await agent().getToolCall(call);
+    assert.equal(record.state, 'COMMITTED');
+    assert.equal(record.history.filter((t) => t.event === 'commit').length, 1);
+  });
+
+  test('a commit never known is ResultNotRecorded (unknown); a repeat is RECONCILE, never a second run', async () => {
+    const proxy = await flakyProxy();
+    proxy.fail('CommitTool', ...Array(FAST.attempts).fill(MAYBE));
+    const client = agent({ target: proxy.target, recordingRetry: FAST });
+    const call = { runId: 'maybe', callId: 'never', tool: 'send', input: 1 };
+    let runs = 0;
+    const tool = () => {
+      runs += 1;
+      return 'sent';
+    };
+    await assert.rejects(safeToolCall(client, call, tool), (error) => {
+      assert.ok(error instanceof ResultNotRecorded);
+      assert.ok(error instanceof OutcomeUnknown);
+      return maybeApplied(error.cause);
+    });
+    assert.equal((await agent().getToolCall(call)).state, 'UNKNOWN');
+    await assert.rejects(safeToolCall(client, call, tool), ReconciliationNeeded);
+    assert.equal(runs, 1);
+  });
+
+  test('a tool that meets it (its own ledger request) reports the outcome unknown, not an error result', async () => {
+    const call = { runId: 'maybe', callId: 'inner', tool: 'send', input: 1 };
+    const thrown = new errors.STORAGE_UNAVAILABLE({
+      code: 'UNAVAILABLE',
+      reason: 'STORAGE_UNAVAILABLE',
+      message: 'PostgreSQL did not answer COMMIT',
+      metadata: { mayHaveBeenApplied: 'true' },
+    });
+    await assert.rejects(safeToolCall(agent(), call, () => Promise.reject(thrown)), (error) => error === thrown);
+    assert.equal((await agent().getToolCall(call)).state, 'UNKNOWN');
+    await assert.rejects(safeToolCall(agent(), call, () => 'again'), ReconciliationNeeded);
   });
 });
 

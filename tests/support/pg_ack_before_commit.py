@@ -1,0 +1,74 @@
+"""BROKEN on purpose: a daemon of the shared store that answers before its
+PostgreSQL COMMIT returns, and keeps the answer when the COMMIT then fails.
+
+Run as `python -m tests.support.pg_ack_before_commit serve --store URL ...`.
+The database-restart test must catch it: a call acknowledged as committed
+is missing once the database came back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import psycopg
+
+from sidecar import cli, server
+from sidecar.storage.api import Store
+from sidecar.storage.pg_faults import before_commit, rollback
+from sidecar.storage.pg_options import PostgresOptions
+from sidecar.storage.pg_views import USAGE_SHARDS, Batch, DatabaseFailed, PgWriteView
+from sidecar.storage.postgres_store import (
+    PostgresStore,
+    _Conn,
+    _Item,
+    _Outcome,
+)
+
+log = logging.getLogger(__name__)
+# A real window between the answers and COMMIT, for a restart to land in.
+WINDOW_SECONDS = 0.3
+
+
+class AckBeforeCommitPgStore(PostgresStore):
+    def _transaction(self, conn: _Conn, batch: list[_Item]) -> list[_Outcome]:
+        written = Batch()
+        outcomes: list[_Outcome] = []
+        try:
+            for fn, future in batch:
+                view = PgWriteView(conn, written)
+                try:
+                    value = fn(view)
+                except Exception as exc:
+                    outcomes.append((future, None, exc))
+                    continue
+                view.done()
+                outcomes.append((future, value, None))
+            written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
+        except DatabaseFailed as failed:
+            rollback(conn)
+            raise before_commit(failed.error) from None
+        except psycopg.Error as exc:
+            rollback(conn)
+            raise before_commit(exc) from None
+        for future, value, error in outcomes:  # the answers leave before COMMIT
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+        time.sleep(WINDOW_SECONDS)
+        try:
+            conn.commit()
+        except psycopg.Error as exc:
+            log.warning("COMMIT failed after the answers left: %s", exc)
+        return []
+
+
+class AckBeforeCommitPgDaemon(server.Daemon):
+    def open_store(self) -> Store:
+        assert self.config.store is not None
+        return AckBeforeCommitPgStore(self.config.store, PostgresOptions())
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli.main(daemon_class=AckBeforeCommitPgDaemon))
