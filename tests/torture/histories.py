@@ -52,6 +52,9 @@ PAYLOAD_CLASS = {
     ("json", r.payload.text): r.payload.same_as for r in RESULTS if r.payload
 }
 EFFECTS = (m.READ, m.IDEMPOTENT_WRITE, m.SIDE_EFFECT)
+WRONG_FINGERPRINT = "sha256:" + "0" * 64
+KINDS = ("prepare", "start", "commit", "get", "report_unknown", "decide_approval")
+WEIGHTS = (3, 2, 3, 2, 1, 1)
 RESTARTER = -1
 
 
@@ -180,20 +183,31 @@ class LedgerClient(Client):
         call_id = self.keys.pick(rng)
         ref = ("default", "lin", call_id)
         revision, attempt = self.keys.hints.get(call_id, (1, 1))
-        kind = rng.choices(
-            ("prepare", "start", "commit", "get", "report_unknown"), (3, 2, 3, 2, 1)
-        )[0]
+        behind = max(1, revision - 1)
+        kind = rng.choices(KINDS, WEIGHTS)[0]
+        fingerprint = WRONG_FINGERPRINT
         if kind == "prepare":
+            # Every call of a number has one effect, and every fourth asks
+            # for approval.
             number = int(call_id.removeprefix(self.keys.prefix))
             spec = m.Prepare(
                 *ref, "t1", EFFECTS[number % len(EFFECTS)], INPUT,
-                start=rng.random() < 0.6, lease_ms=LEASE_MS, retry=rng.random() < 0.5,
+                require_approval=number % 4 == 0, start=rng.random() < 0.6,
+                lease_ms=LEASE_MS, retry=rng.random() < 0.5,
             )  # fmt: skip
             given = LedgerOp("prepare", ref, prepare=spec)
+        elif kind == "decide_approval":
+            if self.keys.fingerprint and rng.random() < 0.9:
+                fingerprint = self.keys.fingerprint
+            given = LedgerOp(
+                kind, ref, expected_revision=rng.choice((revision, behind)),
+                approve=rng.random() < 0.7,
+                right_fingerprint=fingerprint != WRONG_FINGERPRINT,
+            )  # fmt: skip
         elif kind == "start":
             given = LedgerOp(
                 "start", ref, lease_ms=LEASE_MS, retry=rng.random() < 0.5,
-                expected_revision=rng.choice((None, revision, revision - 1)),
+                expected_revision=rng.choice((None, revision, behind)),
             )  # fmt: skip
         elif kind == "commit":
             given = LedgerOp(
@@ -203,7 +217,8 @@ class LedgerClient(Client):
             )  # fmt: skip
         else:
             given = LedgerOp(kind, ref, attempt=attempt)
-        fn, request = ledger_request(ledger_pb2_grpc.ToolLedgerStub(channel), given)
+        stub = ledger_pb2_grpc.ToolLedgerStub(channel)
+        fn, request = ledger_request(stub, given, fingerprint)
         reply = invoke(fn, request, self.knobs.deadline_s)
         output: Any = reply.answer
         if reply.outcome == Outcome.REFUSED:
@@ -215,11 +230,12 @@ class LedgerClient(Client):
             else:
                 output = (m.Ok(None), record_view(got))
             self.keys.hints[call_id] = (got.revision, max(got.attempt, 1))
+            self.keys.fingerprint = got.input_fingerprint
         self.record(self.history.ledger, given, reply, output, read=kind == "get")
 
 
 def ledger_request(
-    stub: ledger_pb2_grpc.ToolLedgerStub, op: LedgerOp
+    stub: ledger_pb2_grpc.ToolLedgerStub, op: LedgerOp, fingerprint: str
 ) -> tuple[Callable[..., Any], Any]:
     """The RPC and request message of `op`."""
     assert op.ref is not None
@@ -229,7 +245,8 @@ def ledger_request(
         p = op.prepare
         return stub.PrepareTool, pb.PrepareToolRequest(
             ref=ref, tool_name=p.tool, effect=pb.Effect.Value("EFFECT_" + p.effect),
-            input=payload(p.input), start=p.start, lease_ms=p.lease_ms, retry=p.retry,
+            input=payload(p.input), require_approval=p.require_approval,
+            start=p.start, lease_ms=p.lease_ms, retry=p.retry,
         )  # fmt: skip
     if op.kind == "start":
         return stub.StartTool, pb.StartToolRequest(
@@ -246,6 +263,12 @@ def ledger_request(
         return stub.ReportUnknown, pb.ReportUnknownRequest(
             ref=ref, attempt=op.attempt, reason="lost"
         )
+    if op.kind == "decide_approval":
+        return stub.DecideApproval, pb.DecideApprovalRequest(
+            ref=ref, approve=op.approve, approver="approver", reason="looked",
+            expected_revision=op.expected_revision or 0,
+            input_fingerprint=fingerprint,
+        )  # fmt: skip
     return stub.GetToolCall, pb.GetToolCallRequest(ref=ref)
 
 

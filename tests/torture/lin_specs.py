@@ -31,7 +31,9 @@ from tests.torture.linearizability import Operation
 
 @dataclass(frozen=True, slots=True)
 class LedgerOp:
-    """`kind`: prepare, start, commit, report_unknown, get or restart."""
+    """`kind`: prepare, start, commit, report_unknown, decide_approval, get
+    or restart. An approval sends the call's input fingerprint, or
+    (`right_fingerprint` False) another."""
 
     kind: str
     ref: m.Ref | None = None
@@ -42,6 +44,8 @@ class LedgerOp:
     acknowledge: bool = False
     retry: bool = False
     lease_ms: int = 0
+    approve: bool = False
+    right_fingerprint: bool = False
 
     def __repr__(self) -> str:
         given = {
@@ -51,7 +55,10 @@ class LedgerOp:
         }
         if self.prepare is not None:
             p = self.prepare
-            given["prepare"] = f"{p.effect} start={p.start} retry={p.retry}"
+            given["prepare"] = (
+                f"{p.effect} approval={p.require_approval} start={p.start} "
+                f"retry={p.retry}"
+            )
         ref = self.ref[2] if self.ref else ""
         return f"{self.kind}({ref} {given})"
 
@@ -108,6 +115,10 @@ def apply(model: m.Model, op: LedgerOp) -> Any:
         )
     elif op.kind == "report_unknown":
         answer = model.report_unknown(ref, op.attempt)
+    elif op.kind == "decide_approval":
+        answer = model.decide_approval(
+            ref, op.approve, op.expected_revision or 0, op.right_fingerprint
+        )
     else:
         found = model.get(ref)
         answer = found if isinstance(found, m.Err) else m.Ok(None)

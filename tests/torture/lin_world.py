@@ -98,6 +98,8 @@ class Keys:
         self.live = [self._fresh() for _ in range(live)]
         self.counts: Counter[str] = Counter()
         self.hints: dict[str, Any] = {}
+        # The input fingerprint of the calls (they share one input), once seen.
+        self.fingerprint = ""
         self.lock = threading.Lock()
 
     def _fresh(self) -> str:

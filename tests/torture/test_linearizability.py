@@ -27,7 +27,15 @@ import pytest
 from tests.torture.histories import record_history
 from tests.torture.lin_specs import CheckpointSpec, LedgerSpec, revision_order
 from tests.torture.lin_world import Knobs
-from tests.torture.linearizability import Bounds, Result, Verdict, check
+from tests.torture.linearizability import (
+    Bounds,
+    Result,
+    Spec,
+    Verdict,
+    check,
+    describe,
+    partitions,
+)
 
 FAST_HISTORIES = 1
 FAST_SECONDS = 15.0
@@ -46,6 +54,18 @@ def _check(history: Any) -> tuple[list[Verdict], list[str]]:
     verdicts = check(LedgerSpec(), history.ledger, BOUNDS)
     verdicts += check(CheckpointSpec(), history.checkpoints, BOUNDS)
     return verdicts, revision_order(history.checkpoints)
+
+
+def _dump(tmp_path: Path, history: Any, verdict: Verdict) -> Path:
+    """The rejected partition's history, one operation a line, in call order."""
+    spec: Spec[Any] = CheckpointSpec()
+    ops = history.checkpoints
+    if isinstance(verdict.key, tuple):
+        spec, ops = LedgerSpec(), history.ledger
+    mine = sorted(partitions(spec, ops)[verdict.key], key=lambda op: op.call)
+    path = tmp_path / "rejected-history.txt"
+    path.write_text("".join(describe(op) + "\n" for op in mine))
+    return path
 
 
 @pytest.mark.slow
@@ -69,9 +89,16 @@ def test_histories_under_pauses_and_kills_are_linearizable(tmp_path: Path) -> No
             [figures["largest_partition"], *(v.operations for v in verdicts)]
         )
         figures["states_explored"] += sum(v.explored for v in verdicts)
+        figures.update(
+            f"seen_{op.output[1][0]}"
+            for op in history.ledger
+            if op.ret is not None and op.output and op.output[1]
+        )
         assert not history.unexpected, history.unexpected[:5]
         illegal = [v for v in verdicts if v.result is Result.ILLEGAL]
-        assert not illegal, f"seed {seed + number}: {illegal[0]}"
+        if illegal:
+            where = _dump(tmp_path, history, illegal[0])
+            pytest.fail(f"seed {seed + number}: {illegal[0]}; the history: {where}")
         assert not misordered, f"seed {seed + number}: {misordered[:3]}"
     print(json.dumps(dict(sorted(figures.items())), indent=1))
     report = os.environ.get("TORTURE_REPORT")
