@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,9 +352,13 @@ def nemesis(run: Run) -> None:
             history.add(history.ledger, restart, "restarts")
 
 
-def record_history(knobs: Knobs, workdir: Path, module: str = "sidecar") -> History:
-    """Runs the clients and the nemesis for `knobs.seconds`; the history."""
-    run = Run(Target(workdir / "data", module), History(), knobs, threading.Event())
+def record_history(
+    knobs: Knobs, workdir: Path, module: str = "sidecar", args: Sequence[str] = ()
+) -> History:
+    """Runs the clients and the nemesis for `knobs.seconds` on a daemon of
+    `module` started with `args`; the history."""
+    target = Target(workdir / "data", module, args)
+    run = Run(target, History(), knobs, threading.Event())
     ledger_keys = Keys("c", knobs.live_keys, knobs.ops_per_key)
     checkpoint_keys = Keys("k", knobs.live_keys, knobs.ops_per_key)
     threads: list[threading.Thread] = [

@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,11 +55,12 @@ class Target:
     """The daemon process, restarted on the same data directory; clients
     wait while it is down and reconnect to each new one."""
 
-    def __init__(self, data_dir: Path, module: str) -> None:
+    def __init__(self, data_dir: Path, module: str, args: Sequence[str]) -> None:
         self.data_dir = data_dir
         self.module = module
+        self.args = args
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.proc = DaemonProcess(data_dir, module)
+        self.proc = DaemonProcess(data_dir, module, args)
         self.generation = 0
         self.up = threading.Event()
         self.up.set()
@@ -75,7 +77,7 @@ class Target:
         self.up.clear()
         killed = time.monotonic_ns()
         self.proc.close()
-        self.proc = DaemonProcess(self.data_dir, self.module)
+        self.proc = DaemonProcess(self.data_dir, self.module, self.args)
         ready = time.monotonic_ns()
         self.generation += 1
         self.up.set()

@@ -5,9 +5,10 @@ call id and per key (`lin_specs`), with the checkpoint revision counter
 checked across keys; and the negative control: a daemon whose checkpoint
 compare-and-swap reads without the write lock must be caught.
 
-`TORTURE_LIN_HISTORIES` histories (1 here) of `TORTURE_LIN_SECONDS` seconds
-(15 here) each; `make torture-deep` runs more and longer ones and writes the
-figures to `TORTURE_REPORT` (NAME-linearizability.json). The seed is printed;
+On each store, `TORTURE_LIN_HISTORIES` histories (1 here) of
+`TORTURE_LIN_SECONDS` seconds each (15 here, 10 on PostgreSQL); `make
+torture-deep` runs more and longer ones and writes the figures to
+`TORTURE_REPORT` (NAME-linearizability-STORE.json). The seed is printed;
 `TORTURE_LIN_SEED` replays one. A partition whose search passes its bounds is
 counted UNDECIDED (reported, not a failure); an ILLEGAL one fails the test.
 """
@@ -19,14 +20,16 @@ import os
 import random
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import postgres
 from tests.torture.histories import record_history
 from tests.torture.lin_specs import CheckpointSpec, LedgerSpec, revision_order
-from tests.torture.lin_world import Knobs
+from tests.torture.lin_world import History, Knobs
 from tests.torture.linearizability import (
     Bounds,
     Result,
@@ -38,7 +41,7 @@ from tests.torture.linearizability import (
 )
 
 FAST_HISTORIES = 1
-FAST_SECONDS = 15.0
+FAST_SECONDS = {"lmdb": 15.0, "postgres": 10.0}
 # Each key takes at most `Knobs.ops_per_key` operations from the clients,
 # plus those already in flight and the restarts around it.
 BOUNDS = Bounds(max_ops=120, max_nodes=300_000, max_seconds=30.0)
@@ -68,32 +71,48 @@ def _dump(tmp_path: Path, history: Any, verdict: Verdict) -> Path:
     return path
 
 
+def _tally(figures: Counter[str], history: History, verdicts: list[Verdict]) -> None:
+    figures["histories"] += 1
+    figures.update(history.tally)
+    figures["operations"] += len(history.ledger) + len(history.checkpoints)
+    figures["partitions"] += len(verdicts)
+    figures.update(f"partitions_{v.result.value}" for v in verdicts)
+    figures["largest_partition"] = max(
+        [figures["largest_partition"], *(v.operations for v in verdicts)]
+    )
+    figures["states_explored"] += sum(v.explored for v in verdicts)
+    # The record states the answers showed: what the load reached.
+    figures.update(
+        f"seen_{op.output[1][0]}"
+        for op in history.ledger
+        if op.ret is not None and op.output and op.output[1]
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600 * 6)
-def test_histories_under_pauses_and_kills_are_linearizable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", postgres.BOTH)
+def test_histories_under_pauses_and_kills_are_linearizable(
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
+) -> None:
+    """On each store; each history on a new one (a PostgreSQL schema)."""
     seed = _seed()
     histories = int(os.environ.get("TORTURE_LIN_HISTORIES", FAST_HISTORIES))
-    seconds = float(os.environ.get("TORTURE_LIN_SECONDS", FAST_SECONDS))
+    seconds = float(os.environ.get("TORTURE_LIN_SECONDS", FAST_SECONDS[store]))
     figures: Counter[str] = Counter()
     for number in range(histories):
-        history = record_history(Knobs(seed + number, seconds), tmp_path / f"h{number}")
+        with ExitStack() as stack:
+            args: tuple[str, ...] = ()
+            if store == "postgres":
+                database = request.getfixturevalue("pg_database")
+                args = ("--store", stack.enter_context(postgres.schema(database)))
+            history = record_history(
+                Knobs(seed + number, seconds), tmp_path / f"h{number}", args=args
+            )
         started = time.monotonic()
         verdicts, misordered = _check(history)
         figures["check_ms"] += int((time.monotonic() - started) * 1000)
-        figures["histories"] += 1
-        figures.update(history.tally)
-        figures["operations"] += len(history.ledger) + len(history.checkpoints)
-        figures["partitions"] += len(verdicts)
-        figures.update(f"partitions_{v.result.value}" for v in verdicts)
-        figures["largest_partition"] = max(
-            [figures["largest_partition"], *(v.operations for v in verdicts)]
-        )
-        figures["states_explored"] += sum(v.explored for v in verdicts)
-        figures.update(
-            f"seen_{op.output[1][0]}"
-            for op in history.ledger
-            if op.ret is not None and op.output and op.output[1]
-        )
+        _tally(figures, history, verdicts)
         assert not history.unexpected, history.unexpected[:5]
         illegal = [v for v in verdicts if v.result is Result.ILLEGAL]
         if illegal:
@@ -104,7 +123,7 @@ def test_histories_under_pauses_and_kills_are_linearizable(tmp_path: Path) -> No
     report = os.environ.get("TORTURE_REPORT")
     if report:
         path = Path(report)
-        path.with_name(f"{path.stem}-linearizability{path.suffix}").write_text(
+        path.with_name(f"{path.stem}-linearizability-{store}{path.suffix}").write_text(
             json.dumps(dict(sorted(figures.items())), indent=1) + "\n"
         )
     # The faults happened and the histories hold answers and unknowns alike.
