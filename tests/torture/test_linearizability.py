@@ -2,13 +2,14 @@
 call ids and checkpoint keys of a daemon process that is paused past their
 deadline and killed, every history checked against the reference model per
 call id and per key (`lin_specs`), with the checkpoint revision counter
-checked across keys; and the negative control: a daemon whose checkpoint
-compare-and-swap reads without the write lock must be caught.
+checked across keys; and the negative controls: daemons that read, then
+write without the write lock, must be caught.
 
 On each store, `TORTURE_LIN_HISTORIES` histories (1 here) of
-`TORTURE_LIN_SECONDS` seconds each (15 here, 10 on PostgreSQL); `make
-torture-deep` runs more and longer ones and writes the figures to
-`TORTURE_REPORT` (NAME-linearizability-STORE.json). The seed is printed;
+`TORTURE_LIN_SECONDS` seconds each (15 here, 10 on PostgreSQL), with
+`TORTURE_LIN_CLIENTS` clients on the ledger and as many on checkpoints (3
+here); `make torture-deep` runs more and longer ones and writes the figures
+to `TORTURE_REPORT` (NAME-linearizability-STORE.json). The seed is printed;
 `TORTURE_LIN_SEED` replays one. A partition whose search passes its bounds is
 counted UNDECIDED (reported, not a failure); an ILLEGAL one fails the test.
 """
@@ -42,6 +43,8 @@ from tests.torture.linearizability import (
 
 FAST_HISTORIES = 1
 FAST_SECONDS = {"lmdb": 15.0, "postgres": 10.0}
+# Client threads on the ledger, and as many on checkpoints.
+FAST_CLIENTS = 3
 # Each key takes at most `Knobs.ops_per_key` operations from the clients,
 # plus those already in flight and the restarts around it.
 BOUNDS = Bounds(max_ops=120, max_nodes=300_000, max_seconds=30.0)
@@ -99,6 +102,7 @@ def test_histories_under_pauses_and_kills_are_linearizable(
     seed = _seed()
     histories = int(os.environ.get("TORTURE_LIN_HISTORIES", FAST_HISTORIES))
     seconds = float(os.environ.get("TORTURE_LIN_SECONDS", FAST_SECONDS[store]))
+    clients = int(os.environ.get("TORTURE_LIN_CLIENTS", FAST_CLIENTS))
     figures: Counter[str] = Counter()
     for number in range(histories):
         with ExitStack() as stack:
@@ -106,9 +110,13 @@ def test_histories_under_pauses_and_kills_are_linearizable(
             if store == "postgres":
                 database = request.getfixturevalue("pg_database")
                 args = ("--store", stack.enter_context(postgres.schema(database)))
-            history = record_history(
-                Knobs(seed + number, seconds), tmp_path / f"h{number}", args=args
+            knobs = Knobs(
+                seed + number,
+                seconds,
+                ledger_clients=clients,
+                checkpoint_clients=clients,
             )
+            history = record_history(knobs, tmp_path / f"h{number}", args=args)
         started = time.monotonic()
         verdicts, misordered = _check(history)
         figures["check_ms"] += int((time.monotonic() - started) * 1000)
