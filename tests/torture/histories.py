@@ -140,6 +140,9 @@ class Client(threading.Thread):
                     continue
                 self.one(self.connect())
                 self.sent += 1
+        except Exception as exc:  # a client's own error must fail the test
+            with self.history.lock:
+                self.history.unexpected.append(f"{self.name} stopped: {exc!r}")
         finally:
             if self.channel is not None:
                 self.channel.close()
