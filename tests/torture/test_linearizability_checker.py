@@ -33,6 +33,7 @@ from tests.torture.linearizability import (
     Spec,
     check,
     check_partition,
+    partitions,
 )
 
 K = "k1"
@@ -349,6 +350,18 @@ LEDGER_CASES: dict[str, tuple[Result, list[Operation]]] = {
 def test_ledger_histories(name: str) -> None:
     expected, history = LEDGER_CASES[name]
     assert verdict(history, LedgerSpec()) is expected
+
+
+def test_a_restart_joins_only_the_histories_it_can_change() -> None:
+    """A restart before a call's first operation, or after its last answer,
+    is left out of its history; one in between is in it."""
+    first = prepare_start(1, 100, 110, (HELD, STARTED))
+    seen = read(2, 200, 210, (m.Ok(None), UNKNOWN_VIEW))
+    before = ledger(0, 10, 20, LedgerOp("restart"))
+    between = ledger(0, 150, 160, LedgerOp("restart"))
+    after = ledger(0, 300, 310, LedgerOp("restart"))
+    (ops,) = partitions(LedgerSpec(), [before, first, between, seen, after]).values()
+    assert sorted(ops, key=lambda op: op.call) == [first, between, seen]
 
 
 # -- the search against every order ---------------------------------------------
