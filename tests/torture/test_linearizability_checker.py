@@ -152,6 +152,11 @@ ILLEGAL = {
         get(2, 10, 11, ("value", b"b", 8)),
         get(2, 12, 13, ("value", b"a", 5)),
     ],
+    "a value read before the unknown write of it was sent": [
+        put(1, 0, 1, None, b"a", ("ok", 5)),
+        get(2, 2, 3, ("value", b"b", 8)),
+        put(1, 4, None, 5, b"b"),
+    ],
     "a conflict that names a revision never written": [
         put(1, 0, 1, None, b"a", ("ok", 5)),
         put(2, 2, 3, 4, b"b", ("conflict", 7)),
