@@ -70,21 +70,29 @@ node-test: $(INSTALLED)
 ## (TORTURE_PG_EXAMPLES on PostgreSQL), and a random
 ## search for each planted bug of its negative controls; the answers reached go to
 ## TORTURE_REPORT (`make test` runs the fast setting); the failpoint table's
-## cases each FAILPOINT_REPEAT times, every point on both stores; and the crash
+## cases each FAILPOINT_REPEAT times, every point on both stores; the crash
 ## loops (tests/torture/test_crash_loops.py): TORTURE_CRASH_CYCLES kill cycles
-## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL, figures beside TORTURE_REPORT
+## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL, figures beside TORTURE_REPORT;
+## and TORTURE_LIN_HISTORIES linearizability histories per store of
+## TORTURE_LIN_SECONDS seconds each, with TORTURE_LIN_CLIENTS clients on calls and
+## as many on checkpoints, under pauses and kills, figures beside TORTURE_REPORT
 TORTURE_EXAMPLES ?= 2000
 TORTURE_PG_EXAMPLES ?= 300
 TORTURE_STEPS ?= 60
 FAILPOINT_REPEAT ?= 5
 TORTURE_CRASH_CYCLES ?= 2000
 TORTURE_CRASH_PG_CYCLES ?= 500
+TORTURE_LIN_HISTORIES ?= 20
+TORTURE_LIN_SECONDS ?= 30
+TORTURE_LIN_CLIENTS ?= 5
 TORTURE_REPORT ?= torture-report.json
 torture-deep: $(DEV_INSTALLED)
 	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_PG_EXAMPLES=$(TORTURE_PG_EXAMPLES) \
 	  TORTURE_STEPS=$(TORTURE_STEPS) FAILPOINT_REPEAT=$(FAILPOINT_REPEAT) \
 	  TORTURE_CRASH_CYCLES=$(TORTURE_CRASH_CYCLES) \
 	  TORTURE_CRASH_PG_CYCLES=$(TORTURE_CRASH_PG_CYCLES) \
+	  TORTURE_LIN_HISTORIES=$(TORTURE_LIN_HISTORIES) TORTURE_LIN_SECONDS=$(TORTURE_LIN_SECONDS) \
+	  TORTURE_LIN_CLIENTS=$(TORTURE_LIN_CLIENTS) \
 	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
