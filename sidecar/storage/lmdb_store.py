@@ -366,6 +366,8 @@ class LmdbStore:
                 answers.settle([(waiter, None, error)])
                 continue
             except (lmdb.MapFullError, lmdb.TxnFullError) as exc:
+                if isinstance(exc, lmdb.MapFullError) and self._clear_stale_readers():
+                    continue  # their snapshots' pages are free again
                 self._commit_too_big(pending, exc)
                 return
             except lmdb.Error as exc:
@@ -402,6 +404,15 @@ class LmdbStore:
         else:
             message = "the request writes more than one transaction holds"
         answers.settle([(batch[0][1], None, StorageFull(message))])
+
+    def _clear_stale_readers(self) -> int:
+        """Frees the reader slots of processes that died holding a read
+        transaction (a tool killed while it read the store): LMDB keeps
+        their snapshot's pages until then, so the map would stay full."""
+        stale = int(self._env.reader_check())
+        if stale:
+            log.warning("cleared %d stale LMDB reader slots", stale)
+        return stale
 
     def _commit_error(self, exc: lmdb.Error) -> StorageFull | StorageUnavailable:
         """What a failed commit is answered. The filesystem full (LMDB says
