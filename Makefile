@@ -67,7 +67,9 @@ node-test: $(INSTALLED)
 ## TORTURE_REPORT (`make test` runs the fast setting); the failpoint table's
 ## cases each FAILPOINT_REPEAT times, every point on both stores; and the crash
 ## loops (tests/torture/test_crash_loops.py): TORTURE_CRASH_CYCLES kill cycles
-## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL, figures beside TORTURE_REPORT
+## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL, figures beside TORTURE_REPORT.
+## The fuzz test sends TORTURE_FUZZ_EXECS requests (its figures beside
+## TORTURE_REPORT, NAME-fuzz.json)
 TORTURE_EXAMPLES ?= 2000
 TORTURE_PG_EXAMPLES ?= 300
 TORTURE_STEPS ?= 60
@@ -75,11 +77,13 @@ FAILPOINT_REPEAT ?= 5
 TORTURE_CRASH_CYCLES ?= 2000
 TORTURE_CRASH_PG_CYCLES ?= 500
 TORTURE_REPORT ?= torture-report.json
+TORTURE_FUZZ_EXECS ?= 100000
 torture-deep: $(DEV_INSTALLED)
 	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_PG_EXAMPLES=$(TORTURE_PG_EXAMPLES) \
 	  TORTURE_STEPS=$(TORTURE_STEPS) FAILPOINT_REPEAT=$(FAILPOINT_REPEAT) \
 	  TORTURE_CRASH_CYCLES=$(TORTURE_CRASH_CYCLES) \
 	  TORTURE_CRASH_PG_CYCLES=$(TORTURE_CRASH_PG_CYCLES) \
+	  TORTURE_FUZZ_EXECS=$(TORTURE_FUZZ_EXECS) \
 	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
