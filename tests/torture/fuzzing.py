@@ -83,6 +83,8 @@ POOLS: dict[str, tuple[str, ...]] = {
     "method": ("POST", "GET", "DELETE", "BREW", "GE T"),
     "name": ("x-a", "Authorization", "Host", "Content-Length", "Idempotency-Key"),
     "value": ("1", "abc", "a\r\nX-Injected: 1", ""),
+    # Output only: a plausible request leaves it empty.
+    "digest": ("",),
     "traceparent": ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",),
     "GENERIC": ("", NS, RUN, "prepared", "k", "t", "ops", "lost", "sha256:00"),
 }
