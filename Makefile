@@ -68,8 +68,8 @@ node-test: $(INSTALLED)
 ## cases each FAILPOINT_REPEAT times, every point on both stores; and the crash
 ## loops (tests/torture/test_crash_loops.py): TORTURE_CRASH_CYCLES kill cycles
 ## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL, figures beside TORTURE_REPORT.
-## The fuzz test sends TORTURE_FUZZ_EXECS requests (its figures beside
-## TORTURE_REPORT, NAME-fuzz.json)
+## The fuzz test sends TORTURE_FUZZ_EXECS requests, TORTURE_FUZZ_MUTANTS mutants
+## of each drawn one (its figures beside TORTURE_REPORT, NAME-fuzz.json).
 TORTURE_EXAMPLES ?= 2000
 TORTURE_PG_EXAMPLES ?= 300
 TORTURE_STEPS ?= 60
@@ -78,12 +78,14 @@ TORTURE_CRASH_CYCLES ?= 2000
 TORTURE_CRASH_PG_CYCLES ?= 500
 TORTURE_REPORT ?= torture-report.json
 TORTURE_FUZZ_EXECS ?= 100000
+TORTURE_FUZZ_MUTANTS ?= 9
 torture-deep: $(DEV_INSTALLED)
 	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_PG_EXAMPLES=$(TORTURE_PG_EXAMPLES) \
 	  TORTURE_STEPS=$(TORTURE_STEPS) FAILPOINT_REPEAT=$(FAILPOINT_REPEAT) \
 	  TORTURE_CRASH_CYCLES=$(TORTURE_CRASH_CYCLES) \
 	  TORTURE_CRASH_PG_CYCLES=$(TORTURE_CRASH_PG_CYCLES) \
 	  TORTURE_FUZZ_EXECS=$(TORTURE_FUZZ_EXECS) \
+	  TORTURE_FUZZ_MUTANTS=$(TORTURE_FUZZ_MUTANTS) \
 	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -9,7 +9,8 @@ the code of the error table, and a refused request writes nothing
 
 The fast setting (`make test`) sends requests for `FAST_SECONDS` at most;
 `TORTURE_FUZZ_EXECS` asks for at least that many (`make torture-deep`:
-100,000), and `TORTURE_REPORT` gets the figures (NAME-fuzz.json). The seed is
+100,000, with `TORTURE_FUZZ_MUTANTS` 9 mutants of each drawn request), and
+`TORTURE_REPORT` gets the figures (NAME-fuzz.json). The seed is
 printed; `TORTURE_FUZZ_SEED` replays one. A failing input is written to
 `TORTURE_FUZZ_FAILURE` (default: a file in the temporary directory); keep it
 under `tests/torture/corpus/`, where `test_the_corpus_is_answered_well`
@@ -24,7 +25,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,10 @@ SEED = int(
     os.environ.get("TORTURE_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32)
 )
 # Examples of one Hypothesis run; runs repeat until the time or count is met.
-ROUND = 100
+ROUND = 10
 MAX_STEPS = 6
 # Mutants sent after each drawn request (cheap: no Hypothesis draw).
-MUTANTS = 3
+MUTANTS = int(os.environ.get("TORTURE_FUZZ_MUTANTS") or 3)
 
 Step = tuple[str, list[bytes]]
 
@@ -129,6 +130,7 @@ def fuzz(
     paths: list[str] | None = None,
     session: bool = True,
     seed: int = SEED,
+    progress: Callable[[], object] | None = None,
 ) -> Found | None:
     """Sends random sequences until `seconds` have passed and at least
     `executions` requests were sent (whichever comes last when both are
@@ -175,9 +177,36 @@ def fuzz(
 
         try:
             one()
+            if progress is not None:
+                progress()
         except AssertionError:
             return found[-1]
     return None
+
+
+def write_report(
+    figures: fuzzing.Figures, elapsed: float, found: Found | None
+) -> dict[str, Any]:
+    """The run's figures, written beside `TORTURE_REPORT` (after each
+    round, so that a run stopped early leaves them)."""
+    report = {
+        "seed": SEED,
+        "executions": figures.executions,
+        "seconds": round(elapsed, 1),
+        "per_second": round(figures.executions / max(elapsed, 1e-9)),
+        "mutants_per_request": MUTANTS,
+        "skipped_backups_outside_the_sandbox": figures.skipped,
+        "failures": 0 if found is None else 1,
+        "by_answer": dict(sorted(figures.by_answer.items())),
+        "by_method": dict(sorted(figures.by_method.items())),
+    }
+    named = os.environ.get("TORTURE_REPORT")
+    if named:
+        path = Path(named)
+        path.with_name(f"{path.stem}-fuzz{path.suffix}").write_text(
+            json.dumps(report, indent=1) + "\n"
+        )
+    return report
 
 
 @pytest.fixture(scope="module")
@@ -215,34 +244,21 @@ def test_fuzzed_requests_are_answered_well_and_refusals_write_nothing(
     # Every RPC at least once, whatever the draws: its empty request.
     swept = {p: run_step(target, (p, [b""])) for p in METHODS}
     assert {p: found for p, found in swept.items() if found} == {}
+
+    def report(found: Found | None = None) -> dict[str, Any]:
+        return write_report(target.figures, time.monotonic() - started, found)
+
     found = fuzz(
         target,
         seconds=0.0 if WANTED else FAST_SECONDS,
         executions=WANTED,
+        progress=report,
     )
-    elapsed = time.monotonic() - started
-    figures = target.figures
-    report = {
-        "seed": SEED,
-        "executions": figures.executions,
-        "seconds": round(elapsed, 1),
-        "per_second": round(figures.executions / max(elapsed, 1e-9)),
-        "skipped_backups_outside_the_sandbox": figures.skipped,
-        "failures": 0 if found is None else 1,
-        "by_answer": dict(sorted(figures.by_answer.items())),
-        "by_method": dict(sorted(figures.by_method.items())),
-    }
-    print(json.dumps(report, indent=1))
-    named = os.environ.get("TORTURE_REPORT")
-    if named:
-        path = Path(named)
-        path.with_name(f"{path.stem}-fuzz{path.suffix}").write_text(
-            json.dumps(report, indent=1) + "\n"
-        )
+    print(json.dumps(report(found), indent=1))
     assert found is None, (
         f"{found.step[0]}: {found.problems}; the input is in {failure_file()}"
     )
-    assert set(figures.by_method) >= set(METHODS), "an RPC was never sent"
+    assert set(target.figures.by_method) >= set(METHODS), "an RPC was never sent"
     assert_serving(target.channel)
 
 
