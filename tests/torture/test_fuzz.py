@@ -83,7 +83,9 @@ def steps(
 
 def failure_file() -> Path:
     named = os.environ.get("TORTURE_FUZZ_FAILURE")
-    return Path(named) if named else Path(tempfile.gettempdir()) / "fuzz-failure.json"
+    if named:
+        return Path(named)
+    return Path(tempfile.gettempdir()) / f"effectd-fuzz-failure-{os.getpid()}.json"
 
 
 def run_step(target: fuzzing.Target, step: Step) -> list[str]:
@@ -131,6 +133,7 @@ def fuzz(
     session: bool = True,
     seed: int = SEED,
     progress: Callable[[], object] | None = None,
+    keep: bool = True,
 ) -> Found | None:
     """Sends random sequences until `seconds` have passed and at least
     `executions` requests were sent (whichever comes last when both are
@@ -170,9 +173,11 @@ def fuzz(
                     problems = run_step(target, sent)
                     if problems:
                         found.append(Found(sent, problems))
-                        failure_file().write_text(
-                            json.dumps(corpus_entry(sent, problems), indent=1) + "\n"
-                        )
+                        if keep:
+                            failure_file().write_text(
+                                json.dumps(corpus_entry(sent, problems), indent=1)
+                                + "\n"
+                            )
                         raise AssertionError(f"{sent[0]}: {problems}")
 
         try:
@@ -292,6 +297,7 @@ def found_in(path: str, seed: int) -> Found | None:
             paths=[path],
             session=False,
             seed=seed,
+            keep=False,
         )
 
 
