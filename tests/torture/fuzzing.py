@@ -228,8 +228,14 @@ class Target:
                 if sent is not None and sent.WhichOneof("request") == "cancel":
                     self.figures.count(SESSION, "cancel")
                     continue
-                answer = pb.SessionResponse.FromString(next(answers))
-                assert sent is not None, "an unparsable message was answered"
+                got_bytes = next(answers, None)
+                if got_bytes is None:
+                    found.append("the stream ended without answering a message")
+                    break
+                if sent is None:
+                    found.append("a message that does not parse was answered")
+                    break
+                answer = pb.SessionResponse.FromString(got_bytes)
                 if answer.id != sent.id:
                     found.append(f"answered id {answer.id} for {sent.id}")
                 if answer.WhichOneof("response") != "error":

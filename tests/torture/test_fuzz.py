@@ -185,6 +185,8 @@ def fuzz(
             if progress is not None:
                 progress()
         except AssertionError:
+            if not found:
+                raise
             return found[-1]
     return None
 
