@@ -73,9 +73,11 @@ node-test: $(INSTALLED)
 ## cases each FAILPOINT_REPEAT times, every point on both stores; the crash
 ## loops (tests/torture/test_crash_loops.py): TORTURE_CRASH_CYCLES kill cycles
 ## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL, figures beside TORTURE_REPORT;
-## and TORTURE_LIN_HISTORIES linearizability histories per store of
+## TORTURE_LIN_HISTORIES linearizability histories per store of
 ## TORTURE_LIN_SECONDS seconds each, with TORTURE_LIN_CLIENTS clients on calls and
-## as many on checkpoints, under pauses and kills, figures beside TORTURE_REPORT
+## as many on checkpoints, under pauses and kills, figures beside TORTURE_REPORT.
+## The fuzz test sends TORTURE_FUZZ_EXECS requests, TORTURE_FUZZ_MUTANTS mutants
+## of each drawn one (its figures beside TORTURE_REPORT, NAME-fuzz.json).
 TORTURE_EXAMPLES ?= 2000
 TORTURE_PG_EXAMPLES ?= 300
 TORTURE_STEPS ?= 60
@@ -86,6 +88,8 @@ TORTURE_LIN_HISTORIES ?= 20
 TORTURE_LIN_SECONDS ?= 30
 TORTURE_LIN_CLIENTS ?= 5
 TORTURE_REPORT ?= torture-report.json
+TORTURE_FUZZ_EXECS ?= 100000
+TORTURE_FUZZ_MUTANTS ?= 9
 torture-deep: $(DEV_INSTALLED)
 	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_PG_EXAMPLES=$(TORTURE_PG_EXAMPLES) \
 	  TORTURE_STEPS=$(TORTURE_STEPS) FAILPOINT_REPEAT=$(FAILPOINT_REPEAT) \
@@ -93,6 +97,8 @@ torture-deep: $(DEV_INSTALLED)
 	  TORTURE_CRASH_PG_CYCLES=$(TORTURE_CRASH_PG_CYCLES) \
 	  TORTURE_LIN_HISTORIES=$(TORTURE_LIN_HISTORIES) TORTURE_LIN_SECONDS=$(TORTURE_LIN_SECONDS) \
 	  TORTURE_LIN_CLIENTS=$(TORTURE_LIN_CLIENTS) \
+	  TORTURE_FUZZ_EXECS=$(TORTURE_FUZZ_EXECS) \
+	  TORTURE_FUZZ_MUTANTS=$(TORTURE_FUZZ_MUTANTS) \
 	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -13,8 +13,9 @@ here, for its own RPC). In this order:
 4. handler: the servicer's method; a request that did not parse is refused
    here, INVALID_ARGUMENT, like any other bad request;
 5. domain error to status: an `EffectdError` is answered its rich status
-   (`sidecar.rpc.errors`), anything else is logged and answered INTERNAL
-   without details;
+   (`sidecar.rpc.errors`), a method the daemon does not provide
+   (`NotImplementedError`) UNIMPLEMENTED, anything else is logged and
+   answered INTERNAL without details;
 6. record: however the call ended, its slot is given back and the call is
    recorded once (`sidecar.rpc.recording`).
 
@@ -42,7 +43,12 @@ from google.protobuf.message import DecodeError
 from sidecar import callstate, tracecontext
 from sidecar.auth.access import Principal
 from sidecar.callstate import CallState
-from sidecar.errors import EffectdError, FieldViolation, InvalidArgument
+from sidecar.errors import (
+    EffectdError,
+    FieldViolation,
+    InvalidArgument,
+    NotImplementedYet,
+)
 from sidecar.rpc import caller
 from sidecar.rpc.admission import RateLimit, admit
 from sidecar.rpc.concurrency import Slots
@@ -321,6 +327,11 @@ async def _answered(
         )
     except EffectdError as exc:
         return Refused(to_status(exc), exc.reason)
+    except NotImplementedError:
+        # A generated servicer's method this daemon does not provide (gRPC
+        # health's List): what gRPC answers an unknown method, not a failure.
+        missing = NotImplementedYet(f"{method} is not implemented by this daemon")
+        return Refused(to_status(missing), missing.reason)
     except Exception:
         log.exception("internal error in %s", method)
         return Refused(internal_status("internal error; see the daemon log"), "")

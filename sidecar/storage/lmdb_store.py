@@ -73,6 +73,11 @@ _FORMAT_KEY = b"format_version"
 _INCARNATION_KEY = b"incarnation"
 # LMDB's two meta pages, at the start of the data file.
 _META_PAGES = 2
+# How LMDB reports a full filesystem: ENOSPC, EDQUOT, EFBIG (RLIMIT_FSIZE);
+# a write cut short by a full disk is EIO, taken as full below this much
+# free space.
+_FULL_DISK = ("No space left on device", "Disk quota exceeded", "File too large")
+_NEARLY_FULL = 16 << 20
 
 
 class StoreFormatError(RuntimeError):
@@ -361,12 +366,14 @@ class LmdbStore:
                 answers.settle([(waiter, None, error)])
                 continue
             except (lmdb.MapFullError, lmdb.TxnFullError) as exc:
+                if isinstance(exc, lmdb.MapFullError) and self._clear_stale_readers():
+                    continue  # their snapshots' pages are free again
                 self._commit_too_big(pending, exc)
                 return
             except lmdb.Error as exc:
                 log.error("LMDB commit failed: %s", exc)
-                error = StorageUnavailable(f"storage commit failed: {exc}")
-                answers.settle([(waiter, None, error) for _, waiter in pending])
+                failure = self._commit_error(exc)
+                answers.settle([(waiter, None, failure) for _, waiter in pending])
                 return
             # Durable now: answer.
             if failpoints is not None:
@@ -397,6 +404,34 @@ class LmdbStore:
         else:
             message = "the request writes more than one transaction holds"
         answers.settle([(batch[0][1], None, StorageFull(message))])
+
+    def _clear_stale_readers(self) -> int:
+        """Frees the reader slots of processes that died holding a read
+        transaction (a tool killed while it read the store): LMDB keeps
+        their snapshot's pages until then, so the map would stay full."""
+        stale = int(self._env.reader_check())
+        if stale:
+            log.warning("cleared %d stale LMDB reader slots", stale)
+        return stale
+
+    def _commit_error(self, exc: lmdb.Error) -> StorageFull | StorageUnavailable:
+        """What a failed commit is answered. The filesystem full (LMDB says
+        ENOSPC, or EIO for a write cut short, with the disk all but full) is
+        STORAGE_FULL, as a full map is: the transaction was aborted before
+        its meta page, so nothing of it was applied."""
+        try:
+            fs = os.statvfs(self.path)
+            free = fs.f_bavail * fs.f_frsize
+        except OSError:
+            free = None
+        said = str(exc)
+        if any(s in said for s in _FULL_DISK) or (
+            "Input/output error" in said and free is not None and free < _NEARLY_FULL
+        ):
+            return StorageFull(
+                f"the disk holding the store is full ({free} bytes free): {said}"
+            )
+        return StorageUnavailable(f"storage commit failed: {said}")
 
     def _apply(
         self, txn: lmdb.Transaction, batch: list[_Item]
