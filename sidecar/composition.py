@@ -303,6 +303,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
             clock,
             daemon_id=daemon_id(cfg),
             ttl_seconds=cfg.registration_ttl_seconds,
+            scans=scans,
         ),
         monitor=monitor,
         provider=ProviderClient(
@@ -394,6 +395,7 @@ def handlers(
                 incarnation=store.incarnation,
                 fill=store.fill if isinstance(store, ReportsFill) else None,
                 restored=services.restored,
+                membership=services.membership,
             ),
         ),
         generic_handler(provider, Provider(services.provider)),

@@ -107,6 +107,28 @@ def _restore(cmds: Subparsers) -> None:
     )
 
 
+def _store_views(cmds: Subparsers) -> None:
+    """`stats` and `daemons`: what the store holds, and who serves it."""
+    cmds.add_parser(
+        "stats",
+        help="what each namespace holds: open calls by state, bytes, quotas",
+        description="Per namespace (or the one of --namespace): calls not yet "
+        "committed, by state (AWAITING and UNKNOWN wait for a person), and the "
+        "bytes stored, against the quotas in force.",
+    )
+
+    cmds.add_parser(
+        "daemons",
+        help="the daemons sharing the store: registrations, standing, calls held",
+        description="Every registration the store keeps, oldest first: the "
+        "daemon id, its incarnation, whether it is live, lapsed (its daemon "
+        "died or lost the store), ended (a clean stop) or superseded (a "
+        "restart), when it registered, last renewed and lapses unless renewed, "
+        "and the STARTED calls whose lease it granted (those its lapse settles "
+        "to UNKNOWN). `*` marks the daemon that answers.",
+    )
+
+
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Adds `ctl` and its subcommands to the `effectd` subparsers."""
     ctl = sub.add_parser(
@@ -305,13 +327,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
     _restore(cmds)
 
-    cmds.add_parser(
-        "stats",
-        help="what each namespace holds: open calls by state, bytes, quotas",
-        description="Per namespace (or the one of --namespace): calls not yet "
-        "committed, by state (AWAITING and UNKNOWN wait for a person), and the "
-        "bytes stored, against the quotas in force.",
-    )
+    _store_views(cmds)
 
     p = cmds.add_parser("policy", help="the operator's policy")
     policy = p.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
