@@ -4,7 +4,11 @@ One lifecycle is PrepareTool(start=True) + CommitTool over the Unix socket
 (`bench/lifecycle.py`), with 1 and 32 calls in flight: one daemon on LMDB,
 one daemon on PostgreSQL, and three daemons on one PostgreSQL database, the
 32 callers spread over them (their numbers summed; one caller reaches the
-first daemon only, beside two idle peers that renew their registrations).
+first daemon only, beside two idle peers that renew their registrations);
+and three more daemons on the same database with the per-namespace quotas
+off, which then read no usage counters (every caller writes the namespace
+`default`, so with quotas on the three daemons' transactions conflict on its
+counters and run again).
 Each round measures every point once, interleaved, so that a burst of other
 work on the machine falls on all of them alike; the table gives the median
 of the rounds and the ratios of those medians. The database is created for
@@ -56,18 +60,25 @@ def _spread(targets: list[str], in_flight: int, seconds: float) -> dict[str, flo
     }
 
 
-POINTS = ("LMDB, 1 daemon", "PostgreSQL, 1 daemon", "PostgreSQL, 3 daemons")
+POINTS = (
+    "LMDB, 1 daemon",
+    "PostgreSQL, 1 daemon",
+    "PostgreSQL, 3 daemons",
+    "PostgreSQL, 3, no quotas",
+)
 KEYS = ("ops_s", "p50_ms", "p99_ms")
 RATIOS = (
     ("PostgreSQL, 1 daemon", "LMDB, 1 daemon", "PG 1 daemon / LMDB"),
     ("PostgreSQL, 3 daemons", "LMDB, 1 daemon", "PG 3 daemons / LMDB"),
     ("PostgreSQL, 3 daemons", "PostgreSQL, 1 daemon", "PG 3 / PG 1 daemon"),
+    ("PostgreSQL, 3, no quotas", "PostgreSQL, 3 daemons", "PG 3 no quotas / quotas"),
 )
+NO_QUOTAS = ("--quota-open-calls", "0", "--quota-stored-bytes", "0")
 
 
 def _row(*cells: object) -> None:
     n, name, *numbers = cells
-    print(f"{n!s:>9} {name!s:<27}" + "".join(f"{x!s:>10}" for x in numbers))
+    print(f"{n!s:>9} {name!s:<30}" + "".join(f"{x!s:>10}" for x in numbers))
 
 
 def _load_average() -> str:
@@ -113,11 +124,25 @@ def main() -> int:
                 procs.append(
                     _daemon(f"{tmp}/pg{i}", "--store", url, "--daemon-id", f"pg{i}")
                 )
+            for i in range(3):
+                procs.append(
+                    _daemon(
+                        f"{tmp}/pgq{i}",
+                        "--store",
+                        url,
+                        "--daemon-id",
+                        f"pgq{i}",
+                        *NO_QUOTAS,
+                    )
+                )
             pg = [f"unix:{tmp}/pg{i}/effectd.sock" for i in range(3)]
             targets = {
                 "LMDB, 1 daemon": [f"unix:{tmp}/lmdb/effectd.sock"],
                 "PostgreSQL, 1 daemon": pg[:1],
                 "PostgreSQL, 3 daemons": pg,
+                "PostgreSQL, 3, no quotas": [
+                    f"unix:{tmp}/pgq{i}/effectd.sock" for i in range(3)
+                ],
             }
             print(
                 f"effectd shared store bench: {args.rounds} rounds of "
