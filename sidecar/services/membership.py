@@ -16,10 +16,12 @@ the STARTED calls each incarnation holds.
 from __future__ import annotations
 
 import logging
+import socket
 from collections import Counter
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
+from sidecar.config import ServeConfig
 from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import ownership
 from sidecar.ledger.model import State
@@ -37,6 +39,15 @@ RETENTION = "retention"
 # reads the table; a deleted one judges its leases as a lapsed one does.
 KEEP_GONE_NS = 24 * 3600 * 1_000_000_000
 DEFAULT_TTL_SECONDS = 15.0
+
+
+def daemon_id(cfg: ServeConfig) -> str:
+    """The configured daemon id, else this host's name and the socket path:
+    no two live daemons share both, since the socket's lock is held while a
+    daemon serves, and a daemon restarted in place keeps them."""
+    if cfg.daemon_id is not None:
+        return cfg.daemon_id
+    return f"{socket.gethostname()}:{cfg.socket_path.resolve()}"
 
 
 @dataclass(frozen=True, slots=True)
