@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check chromium node-test protos bench bench-node bench-peers bench-scale image-test clean torture-deep
+.PHONY: help run test test-fast check chromium node-test protos bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -128,6 +128,12 @@ bench-peers: $(INSTALLED)
 SCALE_RECORDS ?= 20000
 bench-scale: $(INSTALLED)
 	$(PY) bench/scale.py --records $(SCALE_RECORDS) $(ARGS)
+
+## bench-shared: the lifecycle on the shared PostgreSQL store against LMDB, one
+## daemon against three on one database, 1 and 32 callers, ratios in one run
+## (about two minutes; a database of its own on EFFECTD_BENCH_POSTGRES, dropped after)
+bench-shared: $(INSTALLED)
+	$(PY) bench/shared_store.py $(ARGS)
 
 ## image-test: build the container image with podman and probe it (opt-in; root,
 ## installs podman, buildah, debootstrap and runc with apt-get if missing)

@@ -84,6 +84,8 @@ async def measure(op: Op, in_flight: int, seconds: float) -> dict[str, float]:
     latencies.sort()
 
     def pct(q: float) -> float:
+        if not latencies:  # nothing finished in time (a loaded machine)
+            return float("nan")
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] / 1e6
 
     return {"ops_s": len(latencies) / elapsed, "p50_ms": pct(0.5), "p99_ms": pct(0.99)}

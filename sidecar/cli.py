@@ -13,7 +13,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from sidecar import __version__, ctl, failpoints, settings, web
-from sidecar.config import ConfigError, ServeConfig, masked_url, validate_store_url
+from sidecar.config import (
+    ConfigError,
+    ServeConfig,
+    masked_url,
+    url_password,
+    validate_store_url,
+)
+from sidecar.ctl import restore as offline_restore
 from sidecar.errors import EffectdError, StorageUnavailable
 from sidecar.ledger import policy_change
 from sidecar.locking import AlreadyLocked
@@ -130,6 +137,29 @@ async def _serve(
     await daemon.stop()
 
 
+def _ctl(args: argparse.Namespace) -> int:
+    # `ctl restore --store` works on the database, offline; the others talk
+    # to a daemon (or, `ctl restore --data-dir`, to its files).
+    if getattr(args, "store", None) is not None:
+        return _mark_restored(args)
+    return ctl.run(args)
+
+
+def _mark_restored(args: argparse.Namespace) -> int:
+    """`effectd ctl restore NAME --store URL`: the URL checked and masked by
+    the configuration's rules, as `effectd migrate` does, before the marking
+    (`sidecar.ctl.restore`)."""
+    url = args.store
+    try:
+        validate_store_url(url)
+    except ConfigError as exc:
+        print(f"effectd ctl restore: {exc}", file=sys.stderr)
+        return 2
+    return offline_restore.run_database(
+        args, shown=masked_url(url), password=url_password(url)
+    )
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -140,7 +170,7 @@ def main(
     failpoints (`sidecar.failpoints`); the shipped program is not one."""
     args = parser().parse_args(argv)
     # The daemon's clients: `effectd ctl` and `effectd console`.
-    client = {"ctl": ctl.run, "console": web.run}.get(args.command)
+    client = {"ctl": _ctl, "console": web.run}.get(args.command)
     if client is not None:
         return client(args)
     if args.command == "migrate":

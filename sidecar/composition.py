@@ -12,7 +12,6 @@ the lifecycle of `sidecar.server.Daemon`, which calls these at start.
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +55,7 @@ from sidecar.rpc.session import Draining, LedgerSession
 from sidecar.seams import Seams
 from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
-from sidecar.services.membership import MembershipService
+from sidecar.services.membership import MembershipService, daemon_id
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
 from sidecar.services.recovery import RecoveryService
@@ -171,15 +170,6 @@ def open_store(
         failpoints=failpoints,
     )
     return LmdbStore(cfg.data_dir, options)
-
-
-def daemon_id(cfg: ServeConfig) -> str:
-    """The configured daemon id, else this host's name and the socket path:
-    no two live daemons share both, since the socket's lock is held while a
-    daemon serves, and a daemon restarted in place keeps them."""
-    if cfg.daemon_id is not None:
-        return cfg.daemon_id
-    return f"{socket.gethostname()}:{cfg.socket_path.resolve()}"
 
 
 def _open_shared_store(
@@ -303,6 +293,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
             clock,
             daemon_id=daemon_id(cfg),
             ttl_seconds=cfg.registration_ttl_seconds,
+            scans=scans,
         ),
         monitor=monitor,
         provider=ProviderClient(
@@ -394,6 +385,7 @@ def handlers(
                 incarnation=store.incarnation,
                 fill=store.fill if isinstance(store, ReportsFill) else None,
                 restored=services.restored,
+                membership=services.membership,
             ),
         ),
         generic_handler(provider, Provider(services.provider)),

@@ -495,3 +495,337 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+# --- many agent pods sharing one PostgreSQL database -------------------------
+
+SHARED = KUBE / "shared-postgres"
+MIGRATE = SHARED / "migrate"
+# What the kubelet would put in place of a Secret's value: a URL with a
+# password, so that a leak of it into the manifest's text can be seen.
+SECRET_URL = "postgresql://effectd:s3cret-pw@db.example:5432/ledger"
+SAMPLE_POD = {"metadata.name": "agent-5d9c7-x2x4q", "metadata.namespace": "team-a"}
+# A URL or password written out in a manifest, not read from a Secret.
+INLINE_SECRET_MARKS = ("postgresql://", "postgres://", "password=", "sslpassword")
+
+
+def shared_documents(directory: Path = SHARED) -> list[Any]:
+    return [
+        doc
+        for path in sorted(directory.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in yaml.safe_load_all(path.read_text())
+    ]
+
+
+def shared_deployment() -> Any:
+    (found,) = [d for d in shared_documents() if d.get("kind") == "Deployment"]
+    return found
+
+
+def migration_job() -> Any:
+    (found,) = [d for d in shared_documents(MIGRATE) if d.get("kind") == "Job"]
+    return found
+
+
+def kubelet_env(c: Any, pod: dict[str, str] = SAMPLE_POD) -> dict[str, str]:
+    """A container's environment as the kubelet makes it: the downward API's
+    fields from `pod`, a Secret's value as `SECRET_URL` (or a marker), and
+    `$(NAME)` replaced by an earlier variable's value."""
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        source = e.get("valueFrom") or {}
+        if "value" in e:
+            value = str(e["value"])
+            for name, known in env.items():
+                value = value.replace(f"$({name})", known)
+        elif "fieldRef" in source:
+            value = pod[source["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            value = SECRET_URL if ref["key"] == "url" else f"<{ref['name']}>"
+        else:
+            value = ""
+        env[e["name"]] = value
+    return env
+
+
+def shared_config(effectd: Any, pod: dict[str, str] = SAMPLE_POD) -> ServeConfig:
+    env = image_env(dockerfile((ROOT / "Dockerfile").read_text()))
+    env.update(kubelet_env(effectd, pod))
+    return effective(effectd.get("args", []), env)
+
+
+def _store_from_secret(c: Any) -> list[str]:
+    """EFFECTD_STORE read from a Secret, and no URL or password written
+    anywhere in the container (its env values, arguments or command)."""
+    found = []
+    env = {e["name"]: e for e in c.get("env", [])}
+    ref = (env.get("EFFECTD_STORE", {}).get("valueFrom") or {}).get("secretKeyRef")
+    if not ref or not ref.get("name") or not ref.get("key"):
+        found.append(f"{c['name']}: EFFECTD_STORE is not from a Secret")
+    written = [str(e.get("value", "")) for e in env.values()]
+    written += [str(a) for a in [*c.get("args", []), *c.get("command", [])]]
+    for text in written:
+        if any(mark in text.lower() for mark in INLINE_SECRET_MARKS):
+            found.append(f"{c['name']}: a URL or password inline: {text!r}")
+        if text == "--store" or text.startswith("--store="):
+            found.append(f"{c['name']}: the store in the arguments: {text!r}")
+    return found
+
+
+def _daemon_id_problems(effectd: Any) -> list[str]:
+    """The daemon id the daemon resolves (its flags over its environment)
+    comes from the pod's name and namespace (the downward API): distinct for
+    two pods, the same across a restart of one."""
+    pods = [
+        SAMPLE_POD,
+        {**SAMPLE_POD, "metadata.name": "agent-5d9c7-k8w2m"},
+        {**SAMPLE_POD, "metadata.namespace": "team-b"},
+    ]
+    ids = [shared_config(effectd, pod).daemon_id for pod in pods]
+    if None in ids or "" in ids:
+        return ["effectd: no daemon id set"]
+    if len(set(ids)) != len(ids):
+        return [f"effectd: the daemon id is not the pod's own: {ids}"]
+    if any("$(" in str(i) for i in ids):
+        return [f"effectd: the daemon id refers to an unknown variable: {ids}"]
+    return []
+
+
+def shared_problems(deploy: Any) -> list[str]:
+    """The hardening of the single-pod manifest, less its volume claim, plus
+    the shared store's: the URL from a Secret, a daemon id per pod, no disk."""
+    pod = deploy["spec"]["template"]["spec"]
+    found = []
+    context = pod.get("securityContext", {})
+    if context.get("runAsNonRoot") is not True or context.get("runAsUser") in (
+        None,
+        0,
+    ):
+        found.append(f"the pod may run as root: {context}")
+    inits = {c["name"]: c for c in pod.get("initContainers", [])}
+    mains = {c["name"]: c for c in pod.get("containers", [])}
+    for c in [*inits.values(), *mains.values()]:
+        found += _container_problems(c)
+    effectd, agent = inits.get("effectd"), mains.get("agent")
+    if effectd is None or agent is None:
+        return [*found, "no effectd init container or no agent container"]
+    found += _sidecar_problems(pod, effectd)
+    found += _store_from_secret(effectd)
+    found += _daemon_id_problems(effectd)
+    config = shared_config(effectd)
+    if config.store != SECRET_URL:
+        found.append("the daemon does not serve the store of the Secret")
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    if any("persistentVolumeClaim" in v for v in volumes.values()):
+        found.append("a volume claim: the ledger is in the database")
+    by_name = {
+        m["mountPath"]: volumes.get(m["name"], {}) for m in agent["volumeMounts"]
+    }
+    sock = str(config.socket_path)
+    shared = [
+        v
+        for m in effectd.get("volumeMounts", [])
+        if under(sock, m["mountPath"])
+        for v in [volumes.get(m["name"], {})]
+    ]
+    if not shared or shared[0].get("emptyDir", {}).get("medium") != "Memory":
+        found.append(f"the socket {sock!r} is not on an in-memory emptyDir")
+    elif not any(under(sock, p) and v is shared[0] for p, v in by_name.items()):
+        found.append("the agent does not mount the socket's volume")
+    roots = {m["mountPath"].rstrip("/") for m in effectd.get("volumeMounts", [])}
+    for directory in (str(config.socket_path.parent), str(config.data_dir)):
+        if directory in roots:
+            found.append(f"{directory} is a volume's root")
+    secrets = [v for v in volumes.values() if "secret" in v]
+    if any(v["secret"].get("defaultMode") != 0o400 for v in secrets):
+        found.append("a Secret is not mounted with defaultMode 0400")
+    return found
+
+
+def job_problems(job: Any) -> list[str]:
+    """The migration runs `effectd migrate` on the Secret's URL, restricted."""
+    pod = job["spec"]["template"]["spec"]
+    found = []
+    context = pod.get("securityContext", {})
+    if context.get("runAsNonRoot") is not True or context.get("runAsUser") in (
+        None,
+        0,
+    ):
+        found.append(f"the pod may run as root: {context}")
+    if pod.get("restartPolicy") not in ("Never", "OnFailure"):
+        found.append(f"restartPolicy {pod.get('restartPolicy')}")
+    if "backoffLimit" not in job["spec"]:
+        found.append("no backoffLimit: a broken migration is retried 6 times")
+    (c,) = pod["containers"]
+    found += _container_problems(c)
+    found += _store_from_secret(c)
+    command = c.get("command", [])
+    if command[:1] != ["effectd"]:
+        found.append(f"not an effectd command: {command}")
+    else:
+        try:
+            args = cli.parser().parse_args([*command[1:], *c.get("args", [])])
+        except SystemExit:
+            args = None
+        if args is None or args.command != "migrate":
+            found.append(f"not `effectd migrate`: {command}")
+    return found
+
+
+def test_the_shared_store_manifests_parse_and_kustomize_lists_them() -> None:
+    """Both kustomizations name files that exist; the pods and the Job are
+    there."""
+    for directory in (SHARED, MIGRATE):
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        for name in kustomization["resources"]:
+            assert (directory / name).is_file()
+        for generator in kustomization.get("configMapGenerator", []):
+            for name in generator["files"]:
+                assert (directory / name.split("=")[-1]).is_file()
+    assert shared_deployment()["spec"]["replicas"] > 1
+    assert migration_job()["kind"] == "Job"
+
+
+def test_many_pods_share_the_database_each_daemon_under_its_own_id() -> None:
+    """Native sidecars hardened as the single-pod manifest's, the database's
+    URL from a Secret and nowhere inline, the daemon id from the downward
+    API, the socket on a shared in-memory volume, no volume claim."""
+    assert shared_problems(shared_deployment()) == []
+
+
+def test_the_shared_daemon_configuration_is_valid_and_masks_the_url() -> None:
+    """The daemon resolves the manifest's environment and arguments into a
+    valid configuration on the Secret's URL, under the pod's daemon id, and
+    prints that URL with its password masked."""
+    effectd = _effectd(shared_deployment()["spec"]["template"]["spec"])
+    config = shared_config(effectd)
+    config.validate()
+    assert config.store == SECRET_URL
+    assert config.daemon_id == "team-a/agent-5d9c7-x2x4q"
+    assert config.registration_ttl_seconds > 0
+    assert config.socket_path == Path("/run/effectd/sock/effectd.sock")
+    env = image_env(dockerfile((ROOT / "Dockerfile").read_text()))
+    env.update(kubelet_env(effectd))
+    parsed = cli.parser().parse_args(["serve", *effectd["args"]])
+    printed = settings.render(settings.load(parsed, env))
+    assert "s3cret-pw" not in printed
+    assert "db.example" in printed
+
+
+def test_the_migration_job_runs_effectd_migrate_on_the_secret() -> None:
+    assert job_problems(migration_job()) == []
+
+
+def test_the_shared_policy_is_valid() -> None:
+    parse_policy((SHARED / "policy.toml").read_text(), "policy.toml")
+
+
+def _inline(entry: Any) -> None:
+    entry.pop("valueFrom")
+    entry["value"] = SECRET_URL
+
+
+def _env_entry(pod: Any, name: str) -> Any:
+    return next(e for e in _effectd(pod)["env"] if e["name"] == name)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda pod: _inline(_env_entry(pod, "EFFECTD_STORE")),
+        lambda pod: _env_entry(pod, "EFFECTD_STORE").pop("valueFrom"),
+        lambda pod: _effectd(pod)["args"].append("--store=" + SECRET_URL),
+        lambda pod: _effectd(pod)["args"].append("--daemon-id=agent"),
+        lambda pod: _env_entry(pod, "EFFECTD_DAEMON_ID").update(value="agent"),
+        lambda pod: _env_entry(pod, "EFFECTD_DAEMON_ID").update(
+            value="$(POD_NAMESPACE)"
+        ),
+        lambda pod: _env_entry(pod, "EFFECTD_DAEMON_ID").update(value="$(HOSTNAME)"),
+        lambda pod: pod["volumes"].append(
+            {"name": "data", "persistentVolumeClaim": {"claimName": "effectd-data"}}
+        ),
+        lambda pod: _effectd(pod).pop("restartPolicy"),
+        lambda pod: _effectd(pod)["livenessProbe"].update(grpc={"port": 1}),
+        lambda pod: _effectd(pod)["securityContext"].update(
+            allowPrivilegeEscalation=True
+        ),
+        lambda pod: pod["containers"][0]["securityContext"].update(
+            readOnlyRootFilesystem=False
+        ),
+        lambda pod: pod["securityContext"].update(runAsNonRoot=False),
+        lambda pod: pod.update(terminationGracePeriodSeconds=10),
+        lambda pod: pod["volumes"][0].update(emptyDir={}),
+        lambda pod: pod["containers"][0].update(volumeMounts=[]),
+        lambda pod: pod["volumes"][2]["secret"].update(defaultMode=0o644),
+        lambda pod: _env_entry(pod, "EFFECTD_DATA_DIR").update(value="/run/effectd"),
+    ],
+    ids=[
+        "url-inline",
+        "url-missing",
+        "url-in-args",
+        "fixed-id-flag",
+        "fixed-id",
+        "id-namespace-only",
+        "id-unknown-variable",
+        "volume-claim",
+        "not-native",
+        "probe-port",
+        "privilege-escalation",
+        "agent-writable-root",
+        "root",
+        "grace",
+        "disk-socket",
+        "no-shared-socket",
+        "secret-mode",
+        "socket-in-volume-root",
+    ],
+)
+def test_negative_control_a_weakened_shared_deployment_is_caught(
+    change: Callable[[Any], None],
+) -> None:
+    assert shared_problems(_break(shared_deployment(), change)) != []
+
+
+def _job_container(job: Any) -> Any:
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda job: _job_container(job).update(command=["effectd", "serve"]),
+        lambda job: _job_container(job).pop("command"),
+        lambda job: _job_container(job).update(
+            env=[{"name": "EFFECTD_STORE", "value": SECRET_URL}]
+        ),
+        lambda job: _job_container(job).update(
+            command=["effectd", "migrate", "--store", SECRET_URL]
+        ),
+        lambda job: _job_container(job)["securityContext"]["capabilities"].update(
+            drop=[]
+        ),
+        lambda job: job["spec"]["template"]["spec"]["securityContext"].update(
+            runAsUser=0
+        ),
+        lambda job: job["spec"]["template"]["spec"].update(restartPolicy="Always"),
+        lambda job: job["spec"].pop("backoffLimit"),
+    ],
+    ids=[
+        "serve",
+        "entrypoint",
+        "url-inline",
+        "url-in-command",
+        "capabilities",
+        "root",
+        "restart-always",
+        "no-backoff-limit",
+    ],
+)
+def test_negative_control_a_weakened_migration_job_is_caught(
+    change: Callable[[Any], None],
+) -> None:
+    broken = copy.deepcopy(migration_job())
+    change(broken)
+    assert job_problems(broken) != []

@@ -115,6 +115,8 @@ RULES: Mapping[str, Rule] = {
     "/effectd.v1.Admin/GetStats": _rule(Role.OPERATOR),
     # Scoped like GetStats: the calls of the token's namespaces.
     "/effectd.v1.Admin/EnterReconciliation": _rule(Role.OPERATOR),
+    # The registrations name hosts and count calls of every namespace.
+    "/effectd.v1.Admin/ListDaemons": _rule(Role.OPERATOR, global_scope=True),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": _rule(*_ANY),
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": _rule(*_ANY),
 }

@@ -1,6 +1,6 @@
 """The Admin commands of `effectd ctl`: put a tool's open calls into
 reconciliation, verify and list the audit log, back up while serving, reload
-the policy, and the store's statistics.
+the policy, the store's statistics, and the daemons that share the store.
 """
 
 from __future__ import annotations
@@ -211,4 +211,43 @@ def stats(con: Console, args: argparse.Namespace) -> int:
             f"{r.made_unknown} calls made UNKNOWN; calls recorded after that "
             "backup are unknown to this store"
         )
+    return OK
+
+
+def daemons(con: Console, args: argparse.Namespace) -> int:
+    done = con.call(con.admin.ListDaemons, apb.ListDaemonsRequest())
+    if args.json:
+        emit_json(done)
+        return OK
+    rows = [
+        [
+            ("* " if d.answering else "") + d.daemon_id,
+            d.incarnation,
+            enum_name(apb.DaemonStanding.Name(d.standing), "DAEMON_STANDING_").lower(),
+            when(d.registered_at),
+            when(d.renewed_at),
+            when(d.expires_at),
+            when(d.ended_at),
+            d.started_calls,
+        ]
+        for d in done.daemons
+    ]
+    table(
+        (
+            "DAEMON",
+            "INCARNATION",
+            "STANDING",
+            "REGISTERED",
+            "RENEWED",
+            "LEASE END",
+            "ENDED",
+            "STARTED CALLS",
+        ),
+        rows,
+    )
+    kind = "shared by several daemons" if done.shared else "this daemon's alone"
+    print(
+        f"\n* answers (incarnation {done.incarnation}); the store is {kind}; "
+        f"read at {when(done.read_at)}"
+    )
     return OK

@@ -14,6 +14,7 @@ from sidecar.ctl.admin import (
     audit_list,
     audit_verify,
     backup,
+    daemons,
     enter_reconciliation,
     policy_reload,
     stats,
@@ -41,4 +42,5 @@ def command_of(args: argparse.Namespace) -> Command:
         "recover": recover,
         "backup": backup,
         "stats": stats,
+        "daemons": daemons,
     }[name]

@@ -80,23 +80,39 @@ def _decision(sub: Subparsers, name: str, verb: str) -> None:
 def _restore(cmds: Subparsers) -> None:
     p = cmds.add_parser(
         "restore",
-        help="restore a backup into a data directory, offline (audited)",
+        help="restore a backup into a data directory, or mark a restored "
+        "database, offline (audited)",
         description="Copies BACKUP into --data-dir while no daemon runs there, "
         "and marks the copy restored before it can answer anything: every call "
         "that is not COMMITTED becomes UNKNOWN (a side effect then answers "
         "RECONCILE until reconciled), and the restore is written to the audit "
         "log. Refused while a daemon serves --data-dir, when --data-dir already "
-        "holds a store (move it aside), or when BACKUP is not a store. Calls "
-        "recorded after the backup was taken are not in it: nothing can tell "
-        "that they ran. Talks to no daemon. Exit 0 restored, 1 refused, 2 usage.",
+        "holds a store (move it aside), or when BACKUP is not a store. With "
+        "--store URL instead, marks the PostgreSQL database at URL the same way "
+        "in place, after you restored BACKUP into it with the database's own "
+        "tools (BACKUP is then only named in the marker and the audit entry); "
+        "refused while a daemon's registration there is live. Calls recorded "
+        "after the backup was taken are not in it: nothing can tell that they "
+        "ran. Talks to no daemon. Exit 0 restored, 1 refused, 2 usage.",
     )
-    p.add_argument("backup", type=Path, metavar="BACKUP", help="the backup directory")
     p.add_argument(
+        "backup",
+        type=Path,
+        metavar="BACKUP",
+        help="the backup directory (with --store: the dump or recovery point "
+        "restored, as you name it)",
+    )
+    into = p.add_mutually_exclusive_group(required=True)
+    into.add_argument(
         "--data-dir",
         type=Path,
-        required=True,
         metavar="DIR",
         help="the data directory to restore into: new, or without a store",
+    )
+    into.add_argument(
+        "--store",
+        metavar="URL",
+        help="the PostgreSQL database restored from BACKUP, to mark in place",
     )
     p.add_argument("--reason", required=True, help="why (kept in the audit log)")
     p.add_argument(
@@ -104,6 +120,28 @@ def _restore(cmds: Subparsers) -> None:
         default=None,
         metavar="NAME",
         help="who restores (default $USER)",
+    )
+
+
+def _store_views(cmds: Subparsers) -> None:
+    """`stats` and `daemons`: what the store holds, and who serves it."""
+    cmds.add_parser(
+        "stats",
+        help="what each namespace holds: open calls by state, bytes, quotas",
+        description="Per namespace (or the one of --namespace): calls not yet "
+        "committed, by state (AWAITING and UNKNOWN wait for a person), and the "
+        "bytes stored, against the quotas in force.",
+    )
+
+    cmds.add_parser(
+        "daemons",
+        help="the daemons sharing the store: registrations, standing, calls held",
+        description="Every registration the store keeps, oldest first: the "
+        "daemon id, its incarnation, whether it is live, lapsed (its daemon "
+        "died or lost the store), ended (a clean stop) or superseded (a "
+        "restart), when it registered, last renewed and lapses unless renewed, "
+        "and the STARTED calls whose lease it granted (those its lapse settles "
+        "to UNKNOWN). `*` marks the daemon that answers.",
     )
 
 
@@ -305,13 +343,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
     _restore(cmds)
 
-    cmds.add_parser(
-        "stats",
-        help="what each namespace holds: open calls by state, bytes, quotas",
-        description="Per namespace (or the one of --namespace): calls not yet "
-        "committed, by state (AWAITING and UNKNOWN wait for a person), and the "
-        "bytes stored, against the quotas in force.",
-    )
+    _store_views(cmds)
 
     p = cmds.add_parser("policy", help="the operator's policy")
     policy = p.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")

@@ -1,9 +1,12 @@
-"""`effectd ctl restore`: a backup into a data directory, offline.
+"""`effectd ctl restore`: a backup into a data directory, offline; or, with
+`--store URL`, the marking of a PostgreSQL database restored by its own tools.
 
 Unlike every other `ctl` command it talks to no daemon: it works on the
-files, under the daemon's own lock (`sidecar.storage.restore`). Exit 0
-restored, 1 refused (the message says why; the data directory holds no
-restored store then), 2 usage.
+files, under the daemon's own lock (`sidecar.storage.restore`), or on the
+database while no daemon is registered live there
+(`sidecar.storage.pg_restore`). Exit 0 restored, 1 refused (the message says
+why; the data directory holds no restored store then, the database is
+unchanged), 2 usage.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 from sidecar.clock import SystemClock
 from sidecar.ctl.console import user
 from sidecar.ctl.output import emit_json, fields
+from sidecar.storage.pg_restore import mark_database
 from sidecar.storage.restore import RestoreRefused, restore_backup
 
 OK = 0
@@ -56,4 +60,34 @@ def run(args: argparse.Namespace) -> int:
             ]
         )
         print(f"\n{UNKNOWABLE}")
+    return OK
+
+
+def run_database(args: argparse.Namespace, *, shown: str, password: str | None) -> int:
+    """`effectd ctl restore NAME --store URL` on a URL the configuration's
+    rules accepted; `shown` is it masked, `password` what it must not print."""
+    try:
+        m = mark_database(
+            args.store,
+            str(args.backup),
+            actor=args.operator or user(),
+            reason=args.reason,
+            clock=SystemClock(),
+        )
+    except RestoreRefused as exc:
+        text = str(exc).replace(password, "***") if password else str(exc)
+        print(f"effectd ctl restore: {shown}: refused: {text}", file=sys.stderr)
+        return REFUSED
+    if args.json:
+        emit_json({"store": shown, "marker": m})
+        return OK
+    fields(
+        [
+            ("marked", f"{shown}, restored from {m.backup}"),
+            ("made UNKNOWN", f"{m.made_unknown} calls that were not committed"),
+            ("audit entry", m.audit_sequence),
+            ("restores", f"{m.count} of this store"),
+        ]
+    )
+    print(f"\n{UNKNOWABLE}")
     return OK

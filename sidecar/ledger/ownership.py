@@ -59,9 +59,17 @@ class Registration:
     # The incarnation of the same daemon that ended it at its start; 0 when
     # not superseded.
     superseded_by: int = 0
+    # Wall time of its latest renewal; 0 while never renewed.
+    renewed_ns: int = 0
 
     def live(self, wall_ns: int) -> bool:
         return self.ended_ns == 0 and wall_ns < self.expires_ns
+
+    @property
+    def vouched_ns(self) -> int:
+        """When it last vouched for its leases: its latest renewal, else its
+        registration."""
+        return self.renewed_ns or self.registered_ns
 
     @property
     def gone_since_ns(self) -> int:
@@ -69,6 +77,29 @@ class Registration:
         if self.ended_ns:
             return min(self.ended_ns, self.expires_ns)
         return self.expires_ns
+
+
+class Standing(enum.Enum):
+    """Where a registration stands, for an operator reading the table."""
+
+    # Renewed in time: its daemon serves and vouches for its leases.
+    LIVE = "live"
+    # Not renewed in time and never ended: its daemon died or lost the store.
+    LAPSED = "lapsed"
+    # Ended at a clean stop.
+    ENDED = "ended"
+    # Ended by a later start under the same daemon id (a restart).
+    SUPERSEDED = "superseded"
+
+
+def standing(reg: Registration, *, wall_ns: int) -> Standing:
+    """Where `reg` stands at wall time `wall_ns`; its leases are judged live
+    by other daemons only while it is LIVE (`judge`)."""
+    if reg.superseded_by:
+        return Standing.SUPERSEDED
+    if reg.ended_ns:
+        return Standing.ENDED
+    return Standing.LIVE if reg.live(wall_ns) else Standing.LAPSED
 
 
 class Peers(Protocol):
@@ -174,7 +205,7 @@ def renew(reg: Registration, *, wall_ns: int, ttl_ns: int) -> Registration:
     the same daemon id stays superseded: that id now names another daemon."""
     if reg.superseded_by:
         return reg
-    return replace(reg, expires_ns=wall_ns + ttl_ns, ended_ns=0)
+    return replace(reg, expires_ns=wall_ns + ttl_ns, ended_ns=0, renewed_ns=wall_ns)
 
 
 def end(reg: Registration, *, wall_ns: int) -> Registration:

@@ -15,17 +15,22 @@ from sidecar.errors import BackupTargetError, NoPolicyFile, NotImplementedYet
 from sidecar.ledger import policy_change
 from sidecar.ledger.audit import Action, Entry
 from sidecar.ledger.model import State
+from sidecar.ledger.ownership import Standing
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.quota import Quotas, StoreFill
 from sidecar.ledger.restore import Marker
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import caller, convert, operator_orders
+from sidecar.services.membership import Member, MembershipService
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 ACTION_TO_PB = {a: pb.AuditAction.Value(f"AUDIT_ACTION_{a.name}") for a in Action}
+STANDING_TO_PB = {
+    s: pb.DaemonStanding.Value(f"DAEMON_STANDING_{s.name}") for s in Standing
+}
 
 
 def policy_pb(policy: Policy) -> pb.PolicySummary:
@@ -57,6 +62,22 @@ def restored_pb(marker: Marker | None) -> pb.RestoreInfo | None:
         made_unknown=marker.made_unknown,
         restores=marker.count,
         audit_sequence=marker.audit_sequence,
+    )
+
+
+def member_pb(member: Member, *, answering: int) -> pb.DaemonRegistration:
+    reg = member.registration
+    return pb.DaemonRegistration(
+        daemon_id=reg.daemon_id,
+        incarnation=reg.incarnation,
+        registered_at=convert.timestamp(reg.registered_ns),
+        renewed_at=convert.timestamp(reg.vouched_ns),
+        expires_at=convert.timestamp(reg.expires_ns),
+        ended_at=convert.timestamp(reg.ended_ns) if reg.ended_ns else None,
+        superseded_by=reg.superseded_by,
+        standing=STANDING_TO_PB[member.standing],
+        started_calls=member.started_calls,
+        answering=reg.incarnation == answering,
     )
 
 
@@ -106,8 +127,10 @@ class Admin:
         incarnation: int = 0,
         fill: Callable[[], StoreFill] | None = None,
         restored: Marker | None = None,
+        membership: MembershipService | None = None,
     ) -> None:
         self._restored = restored
+        self._membership = membership
         self._operator = operator
         self._fill = fill
         self._quotas = quotas or Quotas()
@@ -245,6 +268,21 @@ class Admin:
             ),
             incarnation=self._incarnation,
             restored=restored_pb(self._restored),
+        )
+
+    async def ListDaemons(
+        self, req: pb.ListDaemonsRequest, _: Context
+    ) -> pb.ListDaemonsResponse:
+        if self._membership is None:
+            raise NotImplementedYet("this daemon keeps no registrations")
+        listing = await self._membership.listing()
+        return pb.ListDaemonsResponse(
+            daemons=[
+                member_pb(m, answering=listing.incarnation) for m in listing.members
+            ],
+            incarnation=listing.incarnation,
+            shared=listing.shared,
+            read_at=convert.timestamp(listing.wall_ns),
         )
 
     def _store_fill(self) -> pb.StoreFill | None:

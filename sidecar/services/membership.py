@@ -8,20 +8,28 @@ every third of the registration's lifetime), and at a clean stop it ends
 it: from then on, or once the registration lapses because the daemon died,
 the calls it held are settled to UNKNOWN by whichever daemon touches them
 first. A periodic pass runs under its `PassLock`, claimed in a write
-transaction of its own, so that one daemon runs it per interval.
+transaction of its own, so that one daemon runs it per interval. `listing`
+shows the operator every registration the store keeps, where it stands, and
+the STARTED calls each incarnation holds.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+from collections import Counter
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
+from sidecar.config import ServeConfig
+from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import ownership
-from sidecar.ledger.ownership import Registration
+from sidecar.ledger.model import State
+from sidecar.ledger.ownership import Registration, Standing
 from sidecar.services._common import committed, moment
-from sidecar.storage import daemons
-from sidecar.storage.api import Store, WriteView
+from sidecar.storage import daemons, records
+from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +41,59 @@ KEEP_GONE_NS = 24 * 3600 * 1_000_000_000
 DEFAULT_TTL_SECONDS = 15.0
 
 
+def daemon_id(cfg: ServeConfig) -> str:
+    """The configured daemon id, else this host's name and the socket path:
+    no two live daemons share both, since the socket's lock is held while a
+    daemon serves, and a daemon restarted in place keeps them."""
+    if cfg.daemon_id is not None:
+        return cfg.daemon_id
+    return f"{socket.gethostname()}:{cfg.socket_path.resolve()}"
+
+
 @dataclass(frozen=True, slots=True)
 class Registered:
     """What a start found: this daemon's registration, and those it ended."""
 
     registration: Registration
     ended: tuple[Registration, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One registration as an operator reads it."""
+
+    registration: Registration
+    standing: Standing
+    # STARTED calls whose current lease it granted: the calls its lapse or
+    # restart settles to UNKNOWN.
+    started_calls: int
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Every registration of the store, read on one snapshot at `wall_ns`."""
+
+    members: tuple[Member, ...]
+    wall_ns: int
+    # The answering daemon's incarnation.
+    incarnation: int
+    # Whether other daemons may serve the store at once.
+    shared: bool
+
+
+def _started_by_incarnation(view: ReadView) -> Counter[int]:
+    """The STARTED calls per incarnation of their lease: reads the records
+    of STARTED calls only (bounded by the open-call quotas)."""
+    held: Counter[int] = Counter()
+    prefix = records.state_prefix(State.STARTED)
+    for key, _ in view.scan(Table.CALL_STATES, prefix):
+        try:
+            call = records.load_call_at(view, key[len(prefix) :])
+        except UnsupportedKeyScheme:
+            continue  # a newer daemon's call: not counted
+        if call is not None and call.lease is not None:
+            held[call.lease.incarnation] += 1
+    return held
 
 
 class MembershipService:
@@ -59,10 +114,12 @@ class MembershipService:
         *,
         daemon_id: str,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        scans: Scans | None = None,
     ) -> None:
         if not ttl_seconds > 0:
             raise ValueError("ttl_seconds: must be positive")
         self._store = store
+        self._scans = scans or Scans(store)
         self._clock = clock
         self.daemon_id = daemon_id
         self.ttl_seconds = ttl_seconds
@@ -187,3 +244,28 @@ class MembershipService:
     def registrations(self) -> list[Registration]:
         """Every registration the store keeps, oldest incarnation first."""
         return self._store.read(lambda view: list(daemons.every(view)))
+
+    async def listing(self) -> Listing:
+        """Every registration the store keeps, oldest incarnation first, where
+        it stands now and the STARTED calls it holds, from one snapshot read
+        on a worker thread."""
+
+        def read(view: ReadView) -> Listing:
+            now_ns = self._clock.wall_ns()
+            held = _started_by_incarnation(view)
+            members = tuple(
+                Member(
+                    reg,
+                    ownership.standing(reg, wall_ns=now_ns),
+                    held.get(reg.incarnation, 0),
+                )
+                for reg in daemons.every(view)
+            )
+            return Listing(
+                members,
+                now_ns,
+                self._store.incarnation,
+                shared=not self._store.exclusive,
+            )
+
+        return await self._scans.read(read)

@@ -125,6 +125,16 @@ class IssuesRevisions(Protocol):
 
 
 @runtime_checkable
+class SkipsRevisions(Protocol):
+    """A write view of a store whose checkpoint revisions come from a
+    sequence (`IssuesRevisions`), which a restore moves ahead there."""
+
+    def skip_revisions(self, gap: int) -> None:
+        """Moves the sequence `gap` ahead of every revision it gave."""
+        ...
+
+
+@runtime_checkable
 class ReportsFill(Protocol):
     """A store that knows how full it is (LMDB)."""
 

@@ -44,6 +44,7 @@ def encode(reg: Registration) -> bytes:
         "expires": reg.expires_ns,
         "ended": reg.ended_ns,
         "superseded_by": reg.superseded_by,
+        "renewed": reg.renewed_ns,
     }
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -59,6 +60,9 @@ def decode(raw: bytes) -> Registration:
         expires_ns=doc["expires"],
         ended_ns=doc["ended"],
         superseded_by=doc["superseded_by"],
+        # Absent in a registration an earlier daemon wrote: never renewed
+        # as far as it tells.
+        renewed_ns=doc.get("renewed", 0),
     )
 
 

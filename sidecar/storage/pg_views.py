@@ -280,9 +280,10 @@ class Batch(_Layer):
 
 
 class PgWriteView(PgReadView):
-    """A `WriteView` of one write function of a batch; also `AddsUsage` and
-    `IssuesRevisions`. Its writes stay in memory; `done` hands them to the
-    batch once the function returned (one that raises leaves nothing)."""
+    """A `WriteView` of one write function of a batch; also `AddsUsage`,
+    `IssuesRevisions` and `SkipsRevisions`. Its writes stay in memory; `done`
+    hands them to the batch once the function returned (one that raises
+    leaves nothing)."""
 
     def __init__(self, conn: _Conn, batch: Batch) -> None:
         super().__init__(conn)
@@ -362,3 +363,12 @@ class PgWriteView(PgReadView):
     def issued_revision(self) -> int | None:
         rows = self._rows("SELECT nextval('effectd_checkpoint_revision')", ())
         return _int(rows[0][0])
+
+    def skip_revisions(self, gap: int) -> None:
+        # A sequence is not transactional: a retried transaction jumps again,
+        # further ahead, which is as good.
+        self._rows(
+            "SELECT setval('effectd_checkpoint_revision', "
+            "nextval('effectd_checkpoint_revision') + %s)",
+            (gap,),
+        )

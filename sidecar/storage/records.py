@@ -20,7 +20,13 @@ from sidecar.ledger import audit
 from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.storage import keys, plan_rows, retention_times
-from sidecar.storage.api import IssuesRevisions, ReadView, Table, WriteView
+from sidecar.storage.api import (
+    IssuesRevisions,
+    ReadView,
+    SkipsRevisions,
+    Table,
+    WriteView,
+)
 from sidecar.storage.call_documents import decode_call, encode_call
 
 _SEP = b"\x00"
@@ -168,7 +174,10 @@ def scan_checkpoints(
 
 def skip_checkpoint_revisions(view: WriteView, gap: int) -> None:
     """Moves the checkpoint revision counter `gap` ahead (after a restore,
-    past every revision a lost later state may have issued)."""
+    past every revision a lost later state may have issued), and the
+    store's sequence when it issues them from one."""
+    if isinstance(view, SkipsRevisions):
+        view.skip_revisions(gap)
     revision = int(view.get(Table.META, _REVISION_KEY) or b"0") + gap
     view.put(Table.META, _REVISION_KEY, str(revision).encode())
 

@@ -38,7 +38,7 @@ from sidecar.ledger import restore
 from sidecar.ledger.restore import Marker
 from sidecar.locking import AlreadyLocked, ExclusiveLock
 from sidecar.storage import records
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, StoreFormatError
 
 STAGING = "restore-staging"
@@ -208,34 +208,42 @@ def _mark(
     except StoreFormatError as exc:
         raise RestoreRefused(f"{backup}: {exc}") from None
     try:
-        at_ns = clock.wall_ns()
-        made_unknown = 0
-        for state in restore.OPEN_STATES:
-            while True:
-                done = store.submit(
-                    functools.partial(
-                        _mark_batch,
-                        state=records.state_prefix(state),
-                        at_ns=at_ns,
-                        actor=actor,
-                    )
-                ).result()
-                made_unknown += done
-                if done < BATCH:
-                    break
-        marker = Marker(
-            at_ns=at_ns,
-            actor=actor,
-            reason=reason,
-            backup=str(backup),
-            # Opening the copy counted one more incarnation.
-            backup_incarnation=store.incarnation - 1,
-            made_unknown=made_unknown,
-            count=1,
-        )
-        return store.submit(functools.partial(_finish, marker=marker)).result()
+        return mark(store, str(backup), actor=actor, reason=reason, clock=clock)
     finally:
         store.close()
+
+
+def mark(store: Store, backup: str, *, actor: str, reason: str, clock: Clock) -> Marker:
+    """Marks `store`, restored from `backup`, as `ledger.restore` says: every
+    call not COMMITTED turned UNKNOWN in bounded transactions, then the
+    checkpoint revisions moved ahead, the marker and the audit entry, in one
+    transaction. Nothing may serve `store` meanwhile."""
+    at_ns = clock.wall_ns()
+    made_unknown = 0
+    for state in restore.OPEN_STATES:
+        while True:
+            done = store.submit(
+                functools.partial(
+                    _mark_batch,
+                    state=records.state_prefix(state),
+                    at_ns=at_ns,
+                    actor=actor,
+                )
+            ).result()
+            made_unknown += done
+            if done < BATCH:
+                break
+    marker = Marker(
+        at_ns=at_ns,
+        actor=actor,
+        reason=reason,
+        backup=backup,
+        # Opening the store for the marking counted one more incarnation.
+        backup_incarnation=store.incarnation - 1,
+        made_unknown=made_unknown,
+        count=1,
+    )
+    return store.submit(functools.partial(_finish, marker=marker)).result()
 
 
 def _mark_batch(view: WriteView, *, state: bytes, at_ns: int, actor: str) -> int:

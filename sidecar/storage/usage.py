@@ -29,7 +29,13 @@ from typing import Protocol, TypeVar, runtime_checkable
 from sidecar.ledger.model import State
 from sidecar.ledger.quota import Usage
 from sidecar.storage import records
-from sidecar.storage.api import IssuesRevisions, ReadView, Table, WriteView
+from sidecar.storage.api import (
+    IssuesRevisions,
+    ReadView,
+    SkipsRevisions,
+    Table,
+    WriteView,
+)
 
 T = TypeVar("T")
 
@@ -154,6 +160,11 @@ class Counting:
     def issued_revision(self) -> int | None:
         view = self._view
         return view.issued_revision() if isinstance(view, IssuesRevisions) else None
+
+    def skip_revisions(self, gap: int) -> None:
+        view = self._view
+        if isinstance(view, SkipsRevisions):
+            view.skip_revisions(gap)
 
     def get(self, table: Table, key: bytes) -> bytes | None:
         return self._view.get(table, key)

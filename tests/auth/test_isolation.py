@@ -430,6 +430,16 @@ def attacks(s: Seeded) -> dict[str, list[tuple[str, Attack]]]:
                 ),
             )
         ],
+        # Registrations count the started calls of every namespace.
+        "/effectd.v1.Admin/ListDaemons": [
+            (
+                t,
+                lambda x: x.admin.ListDaemons(
+                    admin_pb2.ListDaemonsRequest(), metadata=x.metadata
+                ),
+            )
+            for t in [OPERATOR_A, AGENT_A, APPROVER_A]
+        ],
     }
     return table
 

@@ -193,6 +193,43 @@ def test_renewal_moves_the_expiry_and_never_revives_a_superseded_one() -> None:
     assert ownership.renew(superseded, wall_ns=WALL0 + 5, ttl_ns=TTL) == superseded
 
 
+def test_renewal_records_when_it_vouched_last() -> None:
+    fresh = reg()
+    assert fresh.vouched_ns == WALL0
+    renewed = ownership.renew(fresh, wall_ns=WALL0 + 5, ttl_ns=TTL)
+    assert (renewed.renewed_ns, renewed.vouched_ns) == (WALL0 + 5, WALL0 + 5)
+
+
+@pytest.mark.parametrize(
+    ("registration", "wall_offset", "standing"),
+    [
+        pytest.param(reg(), 0, ownership.Standing.LIVE, id="renewed-in-time"),
+        pytest.param(reg(), TTL, ownership.Standing.LAPSED, id="not-renewed"),
+        pytest.param(reg(ended_ns=WALL0), 0, ownership.Standing.ENDED, id="clean-stop"),
+        pytest.param(
+            reg(ended_ns=WALL0, superseded_by=B),
+            0,
+            ownership.Standing.SUPERSEDED,
+            id="restarted",
+        ),
+        pytest.param(
+            reg(ended_ns=WALL0, superseded_by=B),
+            TTL,
+            ownership.Standing.SUPERSEDED,
+            id="restarted-and-expired",
+        ),
+    ],
+)
+def test_where_a_registration_stands_for_an_operator(
+    registration: Registration, wall_offset: int, standing: ownership.Standing
+) -> None:
+    """LIVE exactly when other daemons judge its leases by their own end
+    (`judge`); otherwise why not."""
+    wall_ns = WALL0 + wall_offset
+    assert ownership.standing(registration, wall_ns=wall_ns) is standing
+    assert (standing is ownership.Standing.LIVE) == registration.live(wall_ns)
+
+
 def test_a_registration_may_be_forgotten_only_long_after_it_is_gone() -> None:
     live = reg()
     assert not ownership.forgettable(live, wall_ns=WALL0 + 1, keep_ns=0)

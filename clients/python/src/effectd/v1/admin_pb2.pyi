@@ -86,6 +86,44 @@ after the backup was taken are not in the log.
 """
 Global___AuditAction: _TypeAlias = AuditAction  # noqa: Y015
 
+class _DaemonStanding:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DaemonStandingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DaemonStanding.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DAEMON_STANDING_UNSPECIFIED: _DaemonStanding.ValueType  # 0
+    DAEMON_STANDING_LIVE: _DaemonStanding.ValueType  # 1
+    """Renewed in time: the daemon serves, and vouches for the calls it started."""
+    DAEMON_STANDING_LAPSED: _DaemonStanding.ValueType  # 2
+    """Not renewed in time, never ended: the daemon died, or lost the store.
+    Its STARTED calls become UNKNOWN at their next touch or settlement pass.
+    """
+    DAEMON_STANDING_ENDED: _DaemonStanding.ValueType  # 3
+    """Ended at a clean stop; its STARTED calls become UNKNOWN as above."""
+    DAEMON_STANDING_SUPERSEDED: _DaemonStanding.ValueType  # 4
+    """Ended by a later start under the same daemon id (a restart), which
+    settled its STARTED calls.
+    """
+
+class DaemonStanding(_DaemonStanding, metaclass=_DaemonStandingEnumTypeWrapper):
+    """-- the daemons sharing the store --------------------------------------------"""
+
+DAEMON_STANDING_UNSPECIFIED: DaemonStanding.ValueType  # 0
+DAEMON_STANDING_LIVE: DaemonStanding.ValueType  # 1
+"""Renewed in time: the daemon serves, and vouches for the calls it started."""
+DAEMON_STANDING_LAPSED: DaemonStanding.ValueType  # 2
+"""Not renewed in time, never ended: the daemon died, or lost the store.
+Its STARTED calls become UNKNOWN at their next touch or settlement pass.
+"""
+DAEMON_STANDING_ENDED: DaemonStanding.ValueType  # 3
+"""Ended at a clean stop; its STARTED calls become UNKNOWN as above."""
+DAEMON_STANDING_SUPERSEDED: DaemonStanding.ValueType  # 4
+"""Ended by a later start under the same daemon id (a restart), which
+settled its STARTED calls.
+"""
+Global___DaemonStanding: _TypeAlias = DaemonStanding  # noqa: Y015
+
 @_typing.final
 class AuditEntry(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -800,3 +838,119 @@ class EnterReconciliationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EnterReconciliationResponse: _TypeAlias = EnterReconciliationResponse  # noqa: Y015
+
+@_typing.final
+class DaemonRegistration(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAEMON_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    REGISTERED_AT_FIELD_NUMBER: _builtins.int
+    RENEWED_AT_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    SUPERSEDED_BY_FIELD_NUMBER: _builtins.int
+    STANDING_FIELD_NUMBER: _builtins.int
+    STARTED_CALLS_FIELD_NUMBER: _builtins.int
+    ANSWERING_FIELD_NUMBER: _builtins.int
+    daemon_id: _builtins.str
+    """Names the daemon across its restarts (`--daemon-id`)."""
+    incarnation: _builtins.int
+    """This open of the store; unique among every open of it."""
+    superseded_by: _builtins.int
+    """The incarnation of the same daemon id that ended it; 0 if none."""
+    standing: Global___DaemonStanding.ValueType
+    started_calls: _builtins.int
+    """STARTED calls whose current lease this incarnation granted (every
+    namespace).
+    """
+    answering: _builtins.bool
+    """The incarnation of the daemon that answers."""
+    @_builtins.property
+    def registered_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def renewed_at(self) -> _timestamp_pb2.Timestamp:
+        """Its latest renewal; the registration time while never renewed."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the registration lapses unless renewed before."""
+
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp:
+        """When it ended (a clean stop, or a restart); absent while it serves."""
+
+    def __init__(
+        self,
+        *,
+        daemon_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        registered_at: _timestamp_pb2.Timestamp | None = ...,
+        renewed_at: _timestamp_pb2.Timestamp | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+        superseded_by: _builtins.int = ...,
+        standing: Global___DaemonStanding.ValueType = ...,
+        started_calls: _builtins.int = ...,
+        answering: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "expires_at", b"expires_at", "registered_at", b"registered_at", "renewed_at", b"renewed_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answering", b"answering", "daemon_id", b"daemon_id", "ended_at", b"ended_at", "expires_at", b"expires_at", "incarnation", b"incarnation", "registered_at", b"registered_at", "renewed_at", b"renewed_at", "standing", b"standing", "started_calls", b"started_calls", "superseded_by", b"superseded_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DaemonRegistration: _TypeAlias = DaemonRegistration  # noqa: Y015
+
+@_typing.final
+class ListDaemonsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDaemonsRequest: _TypeAlias = ListDaemonsRequest  # noqa: Y015
+
+@_typing.final
+class ListDaemonsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAEMONS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SHARED_FIELD_NUMBER: _builtins.int
+    READ_AT_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.int
+    """The answering daemon's incarnation."""
+    shared: _builtins.bool
+    """Whether several daemons may serve the store at once (PostgreSQL); false
+    for LMDB, whose data directory one daemon holds.
+    """
+    @_builtins.property
+    def daemons(self) -> _containers.RepeatedCompositeFieldContainer[Global___DaemonRegistration]:
+        """Oldest incarnation first; registrations gone for a day are deleted."""
+
+    @_builtins.property
+    def read_at(self) -> _timestamp_pb2.Timestamp:
+        """The answering daemon's wall clock, which `standing` was judged by."""
+
+    def __init__(
+        self,
+        *,
+        daemons: _abc.Iterable[Global___DaemonRegistration] | None = ...,
+        incarnation: _builtins.int = ...,
+        shared: _builtins.bool = ...,
+        read_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["read_at", b"read_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemons", b"daemons", "incarnation", b"incarnation", "read_at", b"read_at", "shared", b"shared"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDaemonsResponse: _TypeAlias = ListDaemonsResponse  # noqa: Y015

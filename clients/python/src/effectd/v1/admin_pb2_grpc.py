@@ -64,6 +64,11 @@ class AdminStub:
                 request_serializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationRequest.SerializeToString,
                 response_deserializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationResponse.FromString,
                 _registered_method=True)
+        self.ListDaemons = channel.unary_unary(
+                '/effectd.v1.Admin/ListDaemons',
+                request_serializer=effectd_dot_v1_dot_admin__pb2.ListDaemonsRequest.SerializeToString,
+                response_deserializer=effectd_dot_v1_dot_admin__pb2.ListDaemonsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -135,6 +140,19 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDaemons(self, request, context):
+        """The daemons that serve this daemon's store, as the store keeps their
+        registrations (DESIGN §4 "started under an earlier daemon incarnation"):
+        each incarnation's daemon id, when it registered and last renewed, when
+        its registration ends unless renewed, where it stands now, and the
+        STARTED calls whose lease it granted. On the LMDB store this daemon is
+        the only live one; on the shared store, every daemon of the database.
+        Operator role with every namespace (`effectd ctl daemons`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +185,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.EnterReconciliation,
                     request_deserializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationRequest.FromString,
                     response_serializer=effectd_dot_v1_dot_admin__pb2.EnterReconciliationResponse.SerializeToString,
+            ),
+            'ListDaemons': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDaemons,
+                    request_deserializer=effectd_dot_v1_dot_admin__pb2.ListDaemonsRequest.FromString,
+                    response_serializer=effectd_dot_v1_dot_admin__pb2.ListDaemonsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -331,6 +354,33 @@ class Admin:
             '/effectd.v1.Admin/EnterReconciliation',
             effectd_dot_v1_dot_admin__pb2.EnterReconciliationRequest.SerializeToString,
             effectd_dot_v1_dot_admin__pb2.EnterReconciliationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDaemons(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectd.v1.Admin/ListDaemons',
+            effectd_dot_v1_dot_admin__pb2.ListDaemonsRequest.SerializeToString,
+            effectd_dot_v1_dot_admin__pb2.ListDaemonsResponse.FromString,
             options,
             channel_credentials,
             insecure,

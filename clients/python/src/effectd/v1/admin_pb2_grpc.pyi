@@ -77,6 +77,15 @@ class AdminStub:
     interrupted run is finished by running it again. Operator role; the
     namespace rules of GetStats.
     """
+    ListDaemons: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListDaemonsRequest, _admin_pb2.ListDaemonsResponse]
+    """The daemons that serve this daemon's store, as the store keeps their
+    registrations (DESIGN §4 "started under an earlier daemon incarnation"):
+    each incarnation's daemon id, when it registered and last renewed, when
+    its registration ends unless renewed, where it stands now, and the
+    STARTED calls whose lease it granted. On the LMDB store this daemon is
+    the only live one; on the shared store, every daemon of the database.
+    Operator role with every namespace (`effectd ctl daemons`).
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -121,6 +130,15 @@ class AdminAsyncStub(AdminStub):
     Idempotent: a call already a SIDE_EFFECT is counted, not changed, so an
     interrupted run is finished by running it again. Operator role; the
     namespace rules of GetStats.
+    """
+    ListDaemons: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListDaemonsRequest, _admin_pb2.ListDaemonsResponse]  # type: ignore[assignment]
+    """The daemons that serve this daemon's store, as the store keeps their
+    registrations (DESIGN §4 "started under an earlier daemon incarnation"):
+    each incarnation's daemon id, when it registered and last renewed, when
+    its registration ends unless renewed, where it stands now, and the
+    STARTED calls whose lease it granted. On the LMDB store this daemon is
+    the only live one; on the shared store, every daemon of the database.
+    Operator role with every namespace (`effectd ctl daemons`).
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -199,6 +217,21 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         Idempotent: a call already a SIDE_EFFECT is counted, not changed, so an
         interrupted run is finished by running it again. Operator role; the
         namespace rules of GetStats.
+        """
+
+    @_abc_1.abstractmethod
+    def ListDaemons(
+        self,
+        request: _admin_pb2.ListDaemonsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListDaemonsResponse, _abc.Awaitable[_admin_pb2.ListDaemonsResponse]]:
+        """The daemons that serve this daemon's store, as the store keeps their
+        registrations (DESIGN §4 "started under an earlier daemon incarnation"):
+        each incarnation's daemon id, when it registered and last renewed, when
+        its registration ends unless renewed, where it stands now, and the
+        STARTED calls whose lease it granted. On the LMDB store this daemon is
+        the only live one; on the shared store, every daemon of the database.
+        Operator role with every namespace (`effectd ctl daemons`).
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

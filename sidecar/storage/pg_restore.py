@@ -1,0 +1,68 @@
+"""Marking a PostgreSQL store restored by the database's own tools
+(`effectd ctl restore NAME --store URL`).
+
+`pg_restore`, or a point-in-time recovery, brings back an earlier state of
+the ledger, and nothing in it says so: a call PREPARED then, and started and
+run since, would answer EXECUTE again. This marks the restored database as
+`effectd ctl restore` marks an LMDB copy (`storage.restore.mark`): every call
+not COMMITTED turned UNKNOWN, the checkpoint revision sequence moved ahead,
+the marker and its audit entry. No daemon may serve the database meanwhile:
+the marking is refused while any registration it holds is live (a daemon
+serving it, or one restored from the backup whose registration has not
+lapsed yet). The database itself keeps the marking consistent: each batch is
+one SERIALIZABLE transaction, and a marking that stopped half way is
+finished by running it again (calls already UNKNOWN stay as they are).
+"""
+
+from __future__ import annotations
+
+from sidecar.clock import Clock
+from sidecar.errors import StorageUnavailable
+from sidecar.ledger import ownership
+from sidecar.ledger.ownership import Registration, Standing
+from sidecar.ledger.restore import Marker
+from sidecar.storage import daemons
+from sidecar.storage.pg_schema import SchemaError
+from sidecar.storage.restore import RestoreRefused, mark
+
+
+def _live(regs: list[Registration], wall_ns: int) -> list[Registration]:
+    return [r for r in regs if ownership.standing(r, wall_ns=wall_ns) is Standing.LIVE]
+
+
+def mark_database(
+    url: str, backup: str, *, actor: str, reason: str, clock: Clock
+) -> Marker:
+    """Marks the store at `url`, restored from `backup` (a name kept in the
+    marker and the audit entry), restored.
+
+    Raises:
+        RestoreRefused: the database is unreachable, holds no schema of this
+            effectd's version, or a daemon's registration in it is live;
+            nothing was changed then.
+    """
+    # Imported here: the command line of an LMDB store loads no driver.
+    import psycopg  # noqa: PLC0415
+
+    from sidecar.storage.postgres_store import PostgresStore  # noqa: PLC0415
+
+    try:
+        store = PostgresStore(url)
+    except (SchemaError, StorageUnavailable, psycopg.Error) as exc:
+        raise RestoreRefused(f"the store does not open: {exc}") from None
+    try:
+        regs = store.read(lambda view: list(daemons.every(view)))
+        live = _live(regs, clock.wall_ns())
+        if live:
+            names = ", ".join(
+                f"{r.daemon_id} (incarnation {r.incarnation})" for r in live
+            )
+            raise RestoreRefused(
+                f"daemons are registered live on this database: {names}. Stop "
+                "every daemon first; a registration restored from the backup "
+                "lapses by itself at most --registration-ttl after the moment "
+                "restored to (effectd ctl daemons on a daemon shows it)"
+            )
+        return mark(store, backup, actor=actor, reason=reason, clock=clock)
+    finally:
+        store.close()

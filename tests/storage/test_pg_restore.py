@@ -1,0 +1,115 @@
+"""`effectd ctl restore BACKUP --store URL` (`storage.pg_restore`): a
+PostgreSQL database restored by its own tools is marked as an LMDB restore
+marks its copy. Stands in for `pg_restore`: the state the daemons left is
+the state restored. The negative control is the same database unmarked,
+where a call PREPARED before (which may have run since) answers EXECUTE.
+PostgreSQL unreachable fails the test, never skips it (`pg_url`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+import pytest
+from effectd.v1 import admin_pb2, admin_pb2_grpc
+
+from effectd_client import Client, Decision, State
+from sidecar.cli import main
+from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
+from sidecar.ledger.restore import CHECKPOINT_REVISION_GAP
+from sidecar.testing import running_daemon
+
+RUN = "run-1"
+
+
+@pytest.fixture
+def store_kind() -> str:
+    return "postgres"
+
+
+@contextmanager
+def _client(config: ServeConfig, clock: ManualClock) -> Iterator[Client]:
+    with running_daemon(config, clock) as running, Client(running.target) as client:
+        yield client
+
+
+def _seed(client: Client) -> int:
+    """One call in each state, and a checkpoint; answers its revision."""
+    client.prepare_tool(RUN, "prepared", "pay", {"n": 1})
+    client.prepare_tool(RUN, "awaiting", "pay", {"n": 2}, require_approval=True)
+    client.prepare_tool(RUN, "started", "pay", {"n": 3}, start=True)
+    done = client.prepare_tool(RUN, "committed", "pay", {"n": 4}, start=True)
+    client.commit_tool(RUN, "committed", done.call.attempt, {"ok": True})
+    return client.put_checkpoint("cursor", b"1")
+
+
+def _restore(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["ctl", "restore", "ledger.dump", "--store", url, "--reason", "drill"])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def test_a_restored_database_answers_no_open_call_execute(
+    config: ServeConfig,
+    clock: ManualClock,
+    pg_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every call that was not COMMITTED is UNKNOWN after the marking (a side
+    effect answers RECONCILE), the committed one is as it was, checkpoint
+    revisions jump past any issued since, and stats and the audit log say
+    who restored what."""
+    with _client(config, clock) as client:
+        revision = _seed(client)
+    with _client(config, clock) as client:
+        # The negative control: unmarked, the PREPARED call (which may have
+        # started and run after the dump) is answered EXECUTE.
+        again = client.prepare_tool(RUN, "prepared", "pay", {"n": 1})
+        assert again.decision is Decision.EXECUTE
+    code, out = _restore(pg_url, capsys)
+    assert code == 0, out
+    assert "made UNKNOWN" in out
+    with running_daemon(config, clock) as running, Client(running.target) as client:
+        for n, call_id in enumerate(("prepared", "awaiting", "started"), 1):
+            assert client.get_tool_call(RUN, call_id).state is State.UNKNOWN
+            answer = client.prepare_tool(RUN, call_id, "pay", {"n": n}, start=True)
+            assert answer.decision is Decision.RECONCILE, call_id
+        assert client.get_tool_call(RUN, "committed").state is State.COMMITTED
+        assert client.put_checkpoint("other", b"2") > revision + CHECKPOINT_REVISION_GAP
+        with grpc.insecure_channel(running.target) as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            stats = admin.GetStats(admin_pb2.GetStatsRequest())
+            assert stats.restored.backup == "ledger.dump"
+            # The STARTED call was UNKNOWN already: the negative control's
+            # daemon, a restart under the same daemon id, settled it.
+            assert stats.restored.made_unknown == 2
+            assert admin.VerifyAudit(admin_pb2.VerifyAuditRequest()).ok
+
+
+def test_the_marking_is_refused_while_a_daemon_serves_the_database(
+    config: ServeConfig, pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the system clock, as the marking judges registrations by it."""
+    with running_daemon(config) as running, Client(running.target) as client:
+        client.prepare_tool(RUN, "prepared", "pay", {"n": 1})
+        code, out = _restore(pg_url, capsys)
+        assert code == 1
+        assert "daemons are registered live" in out
+        assert client.get_tool_call(RUN, "prepared").state is State.PREPARED
+
+
+def test_the_url_is_printed_masked(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = _restore("postgresql://u:hunter2-pw@127.0.0.1:1/nothing", capsys)
+    assert code == 1
+    assert "hunter2-pw" not in out
+
+
+def test_a_url_that_is_not_postgresql_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = _restore("mysql://u:hunter2-pw@127.0.0.1/ledger", capsys)
+    assert code == 2
+    assert "hunter2-pw" not in out
