@@ -372,8 +372,6 @@ class PostgresStore:
             applied=True,
         )
 
-    # -- the rest of the protocol -----------------------------------------
-
     def close(self) -> None:
         with self._closing:
             if self._closed:
