@@ -103,14 +103,16 @@ torture-deep: $(DEV_INSTALLED)
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
 
 ## many-daemons-deep: the races of several daemons on one PostgreSQL store, longer than
-## `make test` runs them: RACE_ROUNDS rounds of 32 client processes on three daemons,
+## `make test` runs them: RACE_ROUNDS rounds of 32 client processes on three daemons
+## (prepare-and-start, and StartTool),
 ## OPERATOR_ROUNDS of two operators and two approvers at two daemons, QUOTA_ROUNDS of
 ## callers at three daemons against an open-call quota
 RACE_ROUNDS ?= 1000
 OPERATOR_ROUNDS ?= 200
 QUOTA_ROUNDS ?= 40
 many-daemons-deep: $(DEV_INSTALLED)
-	EFFECTD_RACE_ROUNDS=$(RACE_ROUNDS) EFFECTD_OPERATOR_ROUNDS=$(OPERATOR_ROUNDS) \
+	EFFECTD_RACE_ROUNDS=$(RACE_ROUNDS) EFFECTD_RACE_MODES=prepare,start \
+	  EFFECTD_OPERATOR_ROUNDS=$(OPERATOR_ROUNDS) \
 	  EFFECTD_QUOTA_ROUNDS=$(QUOTA_ROUNDS) \
 	  $(PY) -m pytest tests/test_many_daemons_race.py tests/test_many_daemons_operators.py \
 	  tests/test_many_daemons_quota.py -q -p no:cacheprovider $(PYTEST_ARGS)
