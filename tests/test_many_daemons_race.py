@@ -26,6 +26,9 @@ from effectd.v1 import ledger_pb2_grpc
 from tests.support import racers
 from tests.support.processes import daemon_processes
 
+# 32 processes and three daemons fill both cores: alone, after the other tests.
+pytestmark = pytest.mark.serial
+
 WORKERS = 32
 DAEMONS = 3
 ROUNDS = int(os.environ.get("EFFECTD_RACE_ROUNDS", "100"))
