@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check chromium node-test protos bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep
+.PHONY: help run test test-fast check chromium node-test protos bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -101,6 +101,21 @@ torture-deep: $(DEV_INSTALLED)
 	  TORTURE_FUZZ_MUTANTS=$(TORTURE_FUZZ_MUTANTS) \
 	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)
+
+## many-daemons-deep: the races of several daemons on one PostgreSQL store, longer than
+## `make test` runs them: RACE_ROUNDS rounds of 32 client processes on three daemons
+## (prepare-and-start, and StartTool),
+## OPERATOR_ROUNDS of two operators and two approvers at two daemons, QUOTA_ROUNDS of
+## callers at three daemons against an open-call quota
+RACE_ROUNDS ?= 1000
+OPERATOR_ROUNDS ?= 200
+QUOTA_ROUNDS ?= 40
+many-daemons-deep: $(DEV_INSTALLED)
+	EFFECTD_RACE_ROUNDS=$(RACE_ROUNDS) EFFECTD_RACE_MODES=prepare,start \
+	  EFFECTD_OPERATOR_ROUNDS=$(OPERATOR_ROUNDS) \
+	  EFFECTD_QUOTA_ROUNDS=$(QUOTA_ROUNDS) \
+	  $(PY) -m pytest tests/test_many_daemons_race.py tests/test_many_daemons_operators.py \
+	  tests/test_many_daemons_quota.py -q -p no:cacheprovider $(PYTEST_ARGS)
 
 ## bench-node: the Node client's round trips, session stream against unary (ratios in one run)
 bench-node: $(INSTALLED)

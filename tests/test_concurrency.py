@@ -8,10 +8,6 @@ negative control: the same check must catch it.
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
-from typing import Any
-
 import grpc
 import pytest
 from effectd.v1 import ledger_pb2 as pb
@@ -19,7 +15,7 @@ from effectd.v1 import ledger_pb2_grpc
 
 from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
-from tests.support import race
+from tests.support import race, racers
 
 # 32 processes fill both cores: alone, after the other tests.
 pytestmark = pytest.mark.serial
@@ -27,29 +23,8 @@ pytestmark = pytest.mark.serial
 WORKERS = 32
 
 
-def _race(target: str, mode: str, rounds: int) -> list[race.Outcome]:
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(WORKERS)
-    out: multiprocessing.queues.Queue[Any] = ctx.Queue()
-    procs = [
-        ctx.Process(target=race.worker, args=(i, target, mode, rounds, barrier, out))
-        for i in range(WORKERS)
-    ]
-    for p in procs:
-        p.start()
-    outcomes: list[race.Outcome] = []
-    try:
-        while len(outcomes) < WORKERS * rounds:
-            outcomes.append(out.get(timeout=120))
-    except queue.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return outcomes
+def _race(target: str, mode: str, rounds: int) -> list[racers.Outcome]:
+    return racers.run([target], mode, rounds, WORKERS)
 
 
 def _prepare_all(target: str, rounds: int) -> None:
@@ -77,8 +52,8 @@ def test_exactly_one_caller_holds_the_attempt(
         if mode == "start":
             _prepare_all(daemon.target, rounds)
         outcomes = _race(daemon.target, mode, rounds)
-    assert race.violations(outcomes, rounds, WORKERS) == []
-    assert race.counts(outcomes) == {
+    assert racers.violations(outcomes, rounds, WORKERS) == []
+    assert racers.counts(outcomes) == {
         "DECISION_EXECUTE": rounds,
         "DECISION_IN_PROGRESS": rounds * (WORKERS - 1),
     }
@@ -94,4 +69,4 @@ def test_negative_control_racy_ledger_is_caught(config: ServeConfig, mode: str) 
         if mode == "start":
             _prepare_all(daemon.target, rounds)
         outcomes = _race(daemon.target, mode, rounds)
-    assert race.violations(outcomes, rounds, WORKERS), race.counts(outcomes)
+    assert racers.violations(outcomes, rounds, WORKERS), racers.counts(outcomes)

@@ -73,8 +73,10 @@ class PostgresStore:
     """`api.Store` on the PostgreSQL database at `url` (schema created by
     `effectd migrate`; any other version is refused)."""
 
-    # A test's store without the isolation (the negative control) lowers it.
+    # A test's store without the isolation (the negative control) lowers it,
+    # and may widen the window between a read and a write with its own view.
     isolation = psycopg.IsolationLevel.SERIALIZABLE
+    write_view: type[PgWriteView] = PgWriteView
 
     def __init__(self, url: str, options: PostgresOptions | None = None) -> None:
         self.options = o = options or PostgresOptions()
@@ -293,7 +295,7 @@ class PostgresStore:
             for index, (fn, future) in enumerate(batch):
                 if index:
                     self._at(Point.PG_MID_BATCH, batch)
-                view = PgWriteView(conn, written)
+                view = self.write_view(conn, written)
                 try:
                     value = fn(view)
                 except Exception as exc:  # the request is refused, others go on

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -113,3 +114,21 @@ def daemon_process(
         yield d
     finally:
         d.close()
+
+
+@contextmanager
+def daemon_processes(
+    data_dirs: Sequence[Path], module: str = "sidecar", args: Sequence[str] = ()
+) -> Iterator[list[DaemonProcess]]:
+    """One daemon per directory, started at once (each waits for its own
+    readiness), all killed at exit."""
+    with ThreadPoolExecutor(len(data_dirs)) as pool:
+        starting = [pool.submit(DaemonProcess, d, module, args) for d in data_dirs]
+    started = [f.result() for f in starting if f.exception() is None]
+    try:
+        if len(started) < len(starting):
+            raise next(e for f in starting if (e := f.exception()) is not None)
+        yield started
+    finally:
+        for d in started:
+            d.close()

@@ -1,0 +1,49 @@
+"""BROKEN on purpose: a daemon of the shared store whose write transactions
+run under READ COMMITTED instead of SERIALIZABLE, so two daemons both read
+a call (or a namespace's usage) before either commits, and both decide on
+what they read: both start the call, both admit a call past the quota, both
+operators' reconciliations are applied.
+
+Each read of a call record or of usage counters in a write pauses a little
+(the window the race needs, as `tests.support.race.RacyLedger` has), so the
+race tests catch it in a few rounds on any machine. Run as
+`python -m tests.support.loose_store serve --store URL ...`: only tests
+select it, nothing in effectd does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from sidecar import cli, server
+from sidecar.storage.api import Store, Table
+from sidecar.storage.pg_options import PostgresOptions
+from sidecar.storage.pg_views import PgWriteView
+from sidecar.storage.postgres_store import PostgresStore
+
+PAUSE_SECONDS = 0.005
+
+
+class PausingWriteView(PgWriteView):
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        found = super().get(table, key)
+        if table is Table.CALLS or table is Table.USAGE:
+            time.sleep(PAUSE_SECONDS)
+        return found
+
+
+class LoosePostgresStore(PostgresStore):
+    isolation = psycopg.IsolationLevel.READ_COMMITTED
+    write_view = PausingWriteView
+
+
+class LooseStoreDaemon(server.Daemon):
+    def open_store(self) -> Store:
+        assert self.config.store is not None
+        return LoosePostgresStore(self.config.store, PostgresOptions())
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli.main(daemon_class=LooseStoreDaemon))
