@@ -11,6 +11,9 @@ only after COMMIT returned, or after `pg_xact_status` said a COMMIT whose
 answer was lost committed (`sidecar.storage.pg_faults` says what each
 failure answers). Reads run on REPEATABLE READ read-only snapshots of their
 own pool. The incarnation comes from a sequence: one per daemon, never reused.
+
+Over 400 lines on purpose: the writer's batch, its retries and the lost
+COMMIT it settles are one path, read together.
 """
 
 from __future__ import annotations
