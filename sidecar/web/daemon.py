@@ -139,7 +139,7 @@ class Daemon:
             request.result.CopyFrom(
                 pb.ToolResult(
                     outcome=pb.OUTCOME_OK,
-                    payload=pb.Payload(json=json.dumps(result, sort_keys=True)),
+                    payload=pb.Payload(json=_json(result)),
                 )
             )
         return self._call(self._ledger.Reconcile, request).call
@@ -177,3 +177,10 @@ class Daemon:
 
 def _key(ref: pb.CallRef) -> tuple[str, str, str]:
     return ref.namespace, ref.run_id, ref.call_id
+
+
+def _json(value: Any) -> str:
+    """A result as the Python client sends it (`effectd ctl reconcile`
+    included): compact, keys in the order given, text unescaped; the same
+    result found is stored in the same bytes whichever tool recorded it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -327,6 +327,52 @@ def test_reconcile_as_committed_with_the_result_found(
     assert json.loads(call.result.json_text or "") == {"charge": "ch_9"}
 
 
+def test_a_result_reconciled_in_the_console_is_stored_as_ctl_stores_it(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """The same result found, recorded once from the console and once through
+    the client `effectd ctl reconcile` uses, is stored in the same bytes: an
+    agent replaying either gets the same result text."""
+    daemon, server = served
+    found = {"zeta": "café", "amount": 1250, "ids": ["ch_9"]}
+    for call_id in ("by-console", "by-ctl"):
+        unknown(daemon, call_id)
+    b = Browserless(server.url)
+    b.sign_in(ONCALL_OLA.secret)
+    page = b.get(_call_path("by-console"))
+    done = b.post(
+        "/call/reconcile",
+        {
+            "csrf": page.csrf(),
+            "namespace": NAMESPACE,
+            "run": RUN,
+            "call": "by-console",
+            "revision": str(_state(daemon, "by-console")[1]),
+            "resolution": "committed",
+            "result": json.dumps(found, indent=2),
+            "evidence": "charge ch_9 in the dashboard",
+            "reason": "found it",
+        },
+    )
+    assert done.status == 303
+    with Client(daemon.target, namespace=NAMESPACE, token=ONCALL_OLA.secret) as ctl:
+        ctl.reconcile(
+            RUN,
+            "by-ctl",
+            expected_revision=_state(daemon, "by-ctl")[1],
+            operator="ola",
+            reason="found it",
+            evidence="charge ch_9 in the dashboard",
+            result=found,
+        )
+    with agent(daemon) as c:
+        console = c.get_tool_call(RUN, "by-console").result
+        by_ctl = c.get_tool_call(RUN, "by-ctl").result
+    assert console is not None
+    assert by_ctl is not None
+    assert console.json_text == by_ctl.json_text
+
+
 def test_a_runs_recovery_plan_is_a_post_and_needs_a_role_that_may_recover(
     served: tuple[RunningDaemon, ConsoleServer],
 ) -> None:
