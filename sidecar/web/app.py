@@ -22,7 +22,7 @@ from effectd_client import EffectdError
 from sidecar.web import callpage, pages
 from sidecar.web.daemon import Daemon
 from sidecar.web.html import notice
-from sidecar.web.plumbing import Plumbing, Refused
+from sidecar.web.plumbing import Plumbing, Refused, whole_number
 from sidecar.web.sessions import COOKIE, Session
 
 SIGNIN_COOKIE = "effectd_console_signin"
@@ -40,6 +40,8 @@ _STATUS = {
     "UNAUTHENTICATED": HTTPStatus.UNAUTHORIZED,
     "FAILED_PRECONDITION": HTTPStatus.CONFLICT,
 }
+# The largest values of the request fields a form's numbers fill.
+_UINT64, _UINT32 = 2**64 - 1, 2**32 - 1
 _DONE = {
     "approve": "You approved the call: the agent may now start it.",
     "reject": "You rejected the call: the agent gets the rejection as its result.",
@@ -290,10 +292,10 @@ class Handler(Plumbing):
         self._page(f"Call {call.ref.call_id}", body, session, status)
 
     def _revision(self, form: dict[str, str]) -> int:
-        text = form.get("revision", "")
-        if not text.isdigit():
+        revision = whole_number(form.get("revision", ""), _UINT64)
+        if revision is None:
             raise Refused(HTTPStatus.BAD_REQUEST, "The form has no revision.")
-        return int(text)
+        return revision
 
     def _decide(self, session: Session, form: dict[str, str]) -> None:
         ref = self._ref(form)
@@ -323,11 +325,13 @@ class Handler(Plumbing):
         if resolution == "committed":
             try:
                 result = json.loads(form.get("result", "") or "null")
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise Refused(
                     HTTPStatus.BAD_REQUEST, "The result found is not valid JSON."
                 ) from None
-        dead = form.get("confirmed_dead_attempt", "")
+        dead = whole_number(form.get("confirmed_dead_attempt", "") or "0", _UINT32)
+        if dead is None:
+            raise Refused(HTTPStatus.BAD_REQUEST, "The attempt is not a number.")
         try:
             session.daemon.reconcile(
                 ref,
@@ -337,7 +341,7 @@ class Handler(Plumbing):
                 evidence=form.get("evidence", ""),
                 result=result,
                 not_executed=resolution == "not_executed",
-                confirmed_dead_attempt=int(dead) if dead.isdigit() else 0,
+                confirmed_dead_attempt=dead,
             )
         except EffectdError as exc:
             self._refused_decision(session, ref, exc)

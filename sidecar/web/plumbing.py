@@ -158,10 +158,9 @@ class Plumbing(BaseHTTPRequestHandler):
             )
 
     def _form(self) -> dict[str, str]:
-        text = self.headers.get("Content-Length") or "0"
-        if not text.isdigit():
+        length = whole_number(self.headers.get("Content-Length") or "0", 2**63 - 1)
+        if length is None:
             raise Refused(HTTPStatus.BAD_REQUEST, "Send the page's form.")
-        length = int(text)
         if length > MAX_FORM_BYTES:
             raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "The form is too large.")
         kind = self.headers.get("Content-Type", "").split(";")[0].strip()
@@ -175,3 +174,13 @@ class Plumbing(BaseHTTPRequestHandler):
         self._page("Refused", notice(str(exc), "error"), session, exc.status)
 
     # -- GET --------------------------------------------------------------------
+
+
+def whole_number(text: str, most: int) -> int | None:
+    """`text` as a whole number of at most `most`, or None: ASCII digits
+    only (`str.isdigit` also takes "²", which `int` refuses, and Arabic-Indic
+    digits, which `int` reads), within the range of the field it fills."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= most else None

@@ -447,6 +447,51 @@ def test_pages_assets_and_errors(served: tuple[RunningDaemon, ConsoleServer]) ->
     assert _state(daemon, "c-9")[0] == "AWAITING_APPROVAL"
 
 
+@pytest.mark.parametrize("number", ["9" * 30, "\u00b2", "\u0661"])
+def test_a_number_out_of_range_or_not_ascii_is_refused_and_nothing_changes(
+    served: tuple[RunningDaemon, ConsoleServer], number: str
+) -> None:
+    """A revision, a dead attempt or a Content-Length that Python reads as
+    digits but that is no number the console sends ("²", Arabic-Indic
+    digits, more than 64 bits) answers 400 (the connection is not dropped),
+    and the call stays as it was; the control: the same form with the
+    page's revision decides."""
+    daemon, server = served
+    awaiting(daemon, "n-1")
+    unknown(daemon, "n-2")
+    _, revision, fingerprint = _state(daemon, "n-1")
+    b = Browserless(server.url)
+    b.sign_in(APPROVER_ANA.secret)
+    decide = _decide_form(b.get(_call_path("n-1")).csrf(), "n-1", revision, fingerprint)
+    assert b.post("/call/decide", {**decide, "revision": number}).status == 400
+    if number.isascii() or number == "\u00b2":  # a header is Latin-1
+        length = b.post("/call/decide", decide, **{"Content-Length": number})
+        assert length.status == 400
+    b.sign_in(ONCALL_OLA.secret)
+    csrf = b.get(_call_path("n-2")).csrf()
+    reconcile = {
+        "csrf": csrf,
+        "namespace": NAMESPACE,
+        "run": RUN,
+        "call": "n-2",
+        "revision": str(_state(daemon, "n-2")[1]),
+        "resolution": "not_executed",
+        "evidence": "no charge in the dashboard",
+        "reason": "never ran",
+        "confirmed_dead_attempt": number,
+    }
+    assert b.post("/call/reconcile", reconcile).status == 400
+    nested = {**reconcile, "resolution": "committed", "confirmed_dead_attempt": ""}
+    assert b.post("/call/reconcile", {**nested, "result": "[" * 15000}).status == 400
+    assert _state(daemon, "n-1")[0] == "AWAITING_APPROVAL"
+    assert _state(daemon, "n-2")[0] == "UNKNOWN"
+    b.sign_in(APPROVER_ANA.secret)
+    csrf = b.get(_call_path("n-1")).csrf()
+    decided = b.post("/call/decide", _decide_form(csrf, "n-1", revision, fingerprint))
+    assert decided.status == 303
+    assert _state(daemon, "n-1")[0] != "AWAITING_APPROVAL"
+
+
 def test_without_tokens_on_the_daemon_a_person_gives_their_name(
     short_tmp: Path,
 ) -> None:
