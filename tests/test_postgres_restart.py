@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -207,7 +208,14 @@ def _finish(ledger: Ledger) -> None:
     checks the ledger against them; stops the daemons."""
     reports = []
     for prefix, proc in ledger.clients:
-        assert proc.wait(timeout=150) == 0, f"client {prefix} failed"
+        try:
+            code = proc.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # its stacks, on the test's stderr
+            time.sleep(1)
+            logs = "\n".join(d.log()[-4000:] for d in ledger.processes)
+            raise AssertionError(f"client {prefix} did not finish\n{logs}") from None
+        assert code == 0, f"client {prefix} failed"
         reports.append(json.loads((ledger.tmp / f"{prefix}.json").read_text()))
     outcome = ledger.outcome
     for d, daemon in enumerate(ledger.processes):

@@ -17,9 +17,11 @@ something other than UNAVAILABLE / STORAGE_UNAVAILABLE with
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import secrets
+import signal
 import sys
 import time
 from collections import Counter
@@ -96,6 +98,9 @@ def _one(run: Run, seen: Seen, effects: Path, call_id: str) -> bytes | str:
 
 
 def main(target: str, prefix: str, effects: Path, stop: Path, out: Path) -> int:
+    # Every thread's stack on SIGUSR1: what a client that does not finish
+    # was waiting for.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     seen = Seen()
     retry = RecordingRetry(
         attempts=20, deadline=90.0, on_retry=lambda error, _: seen.error(error)
