@@ -148,9 +148,12 @@ def judge(
     wall_ns: int,
     monotonic_ns: int,
     peers: Peers | None,
+    granted_ns: int = 0,
 ) -> Judgement:
     """Whether `lease` is live for incarnation `incarnation` now; `peers`
-    None: the store is exclusive (every other incarnation is gone)."""
+    None: the store is exclusive (every other incarnation is gone).
+    `granted_ns`: the wall time its holder last vouched for it (the start or
+    heartbeat that granted it), before which it cannot have been gone."""
     ended = min(wall_ns, lease.expires_wall_ns)
     if lease.incarnation == incarnation:
         if monotonic_ns < lease.deadline_ns:
@@ -158,10 +161,13 @@ def judge(
         return Judgement(Verdict.EXPIRED, ended)
     if peers is None:
         return Judgement(Verdict.RESTARTED, ended)
-    return _judge_foreign(lease, peers.registration(lease.incarnation), wall_ns)
+    reg = peers.registration(lease.incarnation)
+    return _judge_foreign(lease, reg, wall_ns, granted_ns)
 
 
-def _judge_foreign(lease: Lease, reg: Registration | None, wall_ns: int) -> Judgement:
+def _judge_foreign(
+    lease: Lease, reg: Registration | None, wall_ns: int, granted_ns: int
+) -> Judgement:
     """A lease of another incarnation on a shared store, whose holder's
     registration is `reg`, judged on wall time."""
     ended = min(wall_ns, lease.expires_wall_ns)
@@ -169,7 +175,12 @@ def _judge_foreign(lease: Lease, reg: Registration | None, wall_ns: int) -> Judg
         return Judgement(Verdict.LAPSED, ended)
     if reg.superseded_by or not reg.live(wall_ns):
         verdict = Verdict.RESTARTED if reg.superseded_by else Verdict.LAPSED
-        return Judgement(verdict, min(ended, reg.gone_since_ns))
+        # A holder that granted the lease after its registration lapsed (a
+        # renewal late, the wall clock stepped ahead) still ran when it did:
+        # the outcome is unknown from then at the earliest, so the operator's
+        # quarantine counts from no earlier than the attempt itself.
+        gone_ns = max(reg.gone_since_ns, granted_ns)
+        return Judgement(verdict, min(ended, gone_ns))
     if wall_ns < lease.expires_wall_ns + CLOCK_SKEW_NS:
         return Judgement(Verdict.LIVE)
     return Judgement(Verdict.EXPIRED, ended)

@@ -79,7 +79,7 @@ def settle(call: ToolCall, now: Now) -> ToolCall:
     """
     if call.state is not State.STARTED or call.lease is None:
         return call
-    verdict = _judge(call.lease, now)
+    verdict = _judge(call, now)
     match verdict.verdict:
         case ownership.Verdict.LIVE:
             return call
@@ -113,16 +113,20 @@ def holder_restarted(call: ToolCall, now: Now) -> bool:
     earlier incarnation, on an exclusive store)."""
     if call.state is not State.STARTED or call.lease is None:
         return False
-    return _judge(call.lease, now).verdict is ownership.Verdict.RESTARTED
+    return _judge(call, now).verdict is ownership.Verdict.RESTARTED
 
 
-def _judge(lease: Lease, now: Now) -> ownership.Judgement:
+def _judge(call: ToolCall, now: Now) -> ownership.Judgement:
+    """The verdict on the lease of STARTED `call`, last changed by the start
+    or heartbeat that granted it."""
+    assert call.lease is not None
     return ownership.judge(
-        lease,
+        call.lease,
         incarnation=now.incarnation,
         wall_ns=now.wall_ns,
         monotonic_ns=now.monotonic_ns,
         peers=now.peers,
+        granted_ns=call.updated_ns,
     )
 
 

@@ -9,9 +9,10 @@ import dataclasses
 
 import pytest
 
-from sidecar.errors import InvalidTransition
-from sidecar.ledger import ownership, rules
+from sidecar.errors import InvalidTransition, ReconcileQuarantine
+from sidecar.ledger import operator_rules, ownership, rules
 from sidecar.ledger.model import Decision, Effect, Event, Lease, State, ToolCall
+from sidecar.ledger.operator_rules import ReconcileOrder
 from sidecar.ledger.ownership import (
     CLOCK_SKEW_NS,
     KnownPeers,
@@ -373,3 +374,54 @@ def test_a_commit_at_another_daemon_is_taken_live_or_lapsed() -> None:
             expected_revision=None,
         )
         assert answer(step).call.state is State.COMMITTED
+
+
+# --- a lease granted after its holder's registration lapsed -----------------
+
+
+def test_a_lease_granted_after_its_holder_lapsed_is_unknown_from_its_grant() -> None:
+    """A holder whose renewal came late (or whose wall clock stepped ahead)
+    still ran when it granted the lease: judged restarted or lapsed later,
+    the outcome is unknown from the grant at the earliest, never from the
+    registration's earlier end (which would void the quarantine of a call
+    whose attempt began a moment ago)."""
+    granted = WALL0 + 10 * TTL
+    lease = Lease(A, MONO0 + LEASE_NS, granted + LEASE_NS)
+    for registration in (
+        reg(ended_ns=granted + 1, superseded_by=9),  # its daemon restarted
+        reg(),  # lapsed at WALL0 + TTL, never renewed
+    ):
+        got = ownership.judge(
+            lease,
+            incarnation=9,
+            wall_ns=granted + 2,
+            monotonic_ns=0,
+            peers=KnownPeers((registration,)),
+            granted_ns=granted,
+        )
+        assert got.verdict in (Verdict.RESTARTED, Verdict.LAPSED)
+        assert got.since_ns == granted
+
+
+def test_a_late_grant_after_a_restart_keeps_the_reconcile_quarantine() -> None:
+    """The rules pass the record's grant to the judgement: a call started
+    after its daemon's registration lapsed, then found by the daemon's next
+    incarnation, is in quarantine from its start, so "never executed" is
+    refused at once (seen by an operator through Reconcile)."""
+    granted = WALL0 + 10 * TTL
+    call = started(Effect.SIDE_EFFECT, now_of(A, wall_ns=granted))
+    peers = KnownPeers((reg(ended_ns=granted + 1, superseded_by=9),))
+    at_restart = now_of(9, wall_ns=granted + 2, peers=peers)
+    settled = rules.settle(call, at_restart)
+    assert settled.state is State.UNKNOWN
+    assert settled.unknown_since_ns == granted
+    order = ReconcileOrder(
+        expected_revision=call.revision,
+        result=None,
+        operator="olga",
+        reason="checked the target",
+        evidence="nothing there yet",
+    )
+    step = operator_rules.reconcile(call, at_restart, order)
+    assert isinstance(step.reply, ReconcileQuarantine)
+    assert step.call is call
