@@ -31,6 +31,7 @@ from sidecar.server import Daemon
 from sidecar.storage import pg_schema
 from sidecar.storage.lmdb_store import StoreFormatError
 from sidecar.storage.pg_schema import SchemaError
+from sidecar.storage.restore import UnfinishedRestore
 
 log = logging.getLogger("effectd")
 
@@ -258,6 +259,7 @@ def _run(
         StoreFormatError,
         SchemaError,
         StorageUnavailable,
+        UnfinishedRestore,
     ) as exc:
         print(f"effectd: {exc}", file=sys.stderr)
         return 2

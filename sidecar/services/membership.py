@@ -27,7 +27,7 @@ from sidecar.ledger import ownership
 from sidecar.ledger.model import State
 from sidecar.ledger.ownership import Registration, Standing
 from sidecar.services._common import committed, moment
-from sidecar.storage import daemons, records
+from sidecar.storage import daemons, records, restore
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
 
@@ -131,9 +131,15 @@ class MembershipService:
         return self.ttl_seconds / 3
 
     async def register(self) -> Registered:
-        """Registers this incarnation; ends the registrations it supersedes."""
+        """Registers this incarnation; ends the registrations it supersedes.
+
+        Raises:
+            UnfinishedRestore: a marking of the store as restored began and
+                has not finished (`effectd ctl restore`); nothing is written.
+        """
 
         def apply(view: WriteView) -> Registered:
+            restore.refuse_unfinished_marking(view)
             mine, ended = ownership.register(
                 daemons.every(view),
                 daemon_id=self.daemon_id,

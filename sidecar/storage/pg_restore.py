@@ -9,9 +9,13 @@ not COMMITTED turned UNKNOWN, the checkpoint revision sequence moved ahead,
 the marker and its audit entry. No daemon may serve the database meanwhile:
 the marking is refused while any registration it holds is live (a daemon
 serving it, or one restored from the backup whose registration has not
-lapsed yet). The database itself keeps the marking consistent: each batch is
-one SERIALIZABLE transaction, and a marking that stopped half way is
-finished by running it again (calls already UNKNOWN stay as they are).
+lapsed yet), and a daemon refuses to start from the marking's first
+transaction to its last (the check and the start's registration conflict
+as SERIALIZABLE transactions, so a start racing the marking cannot slip
+between them). The database itself keeps the marking consistent: each batch
+is one SERIALIZABLE transaction, and a marking that stopped half way (daemons
+still refuse to start) is finished by running it again (calls already
+UNKNOWN stay as they are).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sidecar.ledger import ownership
 from sidecar.ledger.ownership import Registration, Standing
 from sidecar.ledger.restore import Marker
 from sidecar.storage import daemons
+from sidecar.storage.api import ReadView
 from sidecar.storage.pg_schema import SchemaError
 from sidecar.storage.restore import RestoreRefused, mark
 
@@ -50,9 +55,12 @@ def mark_database(
         store = PostgresStore(url)
     except (SchemaError, StorageUnavailable, psycopg.Error) as exc:
         raise RestoreRefused(f"the store does not open: {exc}") from None
-    try:
-        regs = store.read(lambda view: list(daemons.every(view)))
-        live = _live(regs, clock.wall_ns())
+
+    def refuse(view: ReadView) -> None:
+        # In the marking's first transaction, which records it as begun: a
+        # daemon registering meanwhile conflicts with it (SERIALIZABLE), and
+        # one registering after it refuses to start until the marking ends.
+        live = _live(list(daemons.every(view)), clock.wall_ns())
         if live:
             names = ", ".join(
                 f"{r.daemon_id} (incarnation {r.incarnation})" for r in live
@@ -63,6 +71,10 @@ def mark_database(
                 "lapses by itself at most --registration-ttl after the moment "
                 "restored to (effectd ctl daemons on a daemon shows it)"
             )
-        return mark(store, backup, actor=actor, reason=reason, clock=clock)
+
+    try:
+        return mark(
+            store, backup, actor=actor, reason=reason, clock=clock, refuse=refuse
+        )
     finally:
         store.close()

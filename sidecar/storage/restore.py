@@ -28,6 +28,7 @@ import fcntl
 import functools
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,8 @@ from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, StoreFormatError
 STAGING = "restore-staging"
 DATA_FILE = "data.mdb"
 _MARKER_KEY = b"restored"
+# Present from a marking's first transaction to its last: the backup's name.
+_MARKING_KEY = b"restore-marking"
 # Calls turned UNKNOWN per write transaction.
 BATCH = 1024
 
@@ -213,12 +216,24 @@ def _mark(
         store.close()
 
 
-def mark(store: Store, backup: str, *, actor: str, reason: str, clock: Clock) -> Marker:
+def mark(
+    store: Store,
+    backup: str,
+    *,
+    actor: str,
+    reason: str,
+    clock: Clock,
+    refuse: Callable[[ReadView], None] | None = None,
+) -> Marker:
     """Marks `store`, restored from `backup`, as `ledger.restore` says: every
     call not COMMITTED turned UNKNOWN in bounded transactions, then the
     checkpoint revisions moved ahead, the marker and the audit entry, in one
-    transaction. Nothing may serve `store` meanwhile."""
+    transaction. Nothing may serve `store` meanwhile: the first transaction
+    runs `refuse` (which raises RestoreRefused, changing nothing, if something
+    serves it) and records the marking as begun, which a daemon's start then
+    refuses (`refuse_unfinished_marking`) until the last transaction."""
     at_ns = clock.wall_ns()
+    store.submit(functools.partial(_begin, backup=backup, refuse=refuse)).result()
     made_unknown = 0
     for state in restore.OPEN_STATES:
         while True:
@@ -244,6 +259,28 @@ def mark(store: Store, backup: str, *, actor: str, reason: str, clock: Clock) ->
         count=1,
     )
     return store.submit(functools.partial(_finish, marker=marker)).result()
+
+
+def _begin(
+    view: WriteView, *, backup: str, refuse: Callable[[ReadView], None] | None
+) -> None:
+    if refuse is not None:
+        refuse(view)
+    view.put(Table.META, _MARKING_KEY, backup.encode())
+
+
+def refuse_unfinished_marking(view: ReadView) -> None:
+    """Raises UnfinishedRestore if a marking of this store (`mark`) began and
+    did not finish: a daemon must not serve it half marked. Run in the
+    transaction that registers a starting daemon, so that a marking and a
+    start racing cannot both go on."""
+    raw = view.get(Table.META, _MARKING_KEY)
+    if raw is not None:
+        raise UnfinishedRestore(
+            f"the marking of this store as restored from "
+            f"{raw.decode(errors='replace')!r} did not finish: run "
+            "`effectd ctl restore` again"
+        )
 
 
 def _mark_batch(view: WriteView, *, state: bytes, at_ns: int, actor: str) -> int:
@@ -272,6 +309,7 @@ def _finish(view: WriteView, *, marker: Marker) -> Marker:
     entry = records.append_audit(view, restore.fact(marker))
     marker = dataclasses.replace(marker, audit_sequence=entry.sequence)
     view.put(Table.META, _MARKER_KEY, restore.encode(marker))
+    view.delete(Table.META, _MARKING_KEY)
     records.skip_checkpoint_revisions(view, restore.CHECKPOINT_REVISION_GAP)
     return marker
 

@@ -7,6 +7,7 @@ PostgreSQL unreachable fails the test, never skips it (`pg_url`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,7 +19,12 @@ from effectd_client import Client, Decision, State
 from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
+from sidecar.ledger import ownership
 from sidecar.ledger.restore import CHECKPOINT_REVISION_GAP
+from sidecar.services.membership import MembershipService
+from sidecar.storage import daemons, pg_restore, restore
+from sidecar.storage.api import ReadView
+from sidecar.storage.postgres_store import PostgresStore
 from sidecar.testing import running_daemon
 
 RUN = "run-1"
@@ -113,3 +119,100 @@ def test_a_url_that_is_not_postgresql_is_a_usage_error(
     code, out = _restore("mysql://u:hunter2-pw@127.0.0.1/ledger", capsys)
     assert code == 2
     assert "hunter2-pw" not in out
+
+
+def test_a_marking_stopped_half_way_keeps_daemons_from_starting(
+    config: ServeConfig,
+    clock: ManualClock,
+    pg_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A marking that dies after its first transaction (here: its last one
+    fails) leaves calls of the backup unmarked: a daemon refuses to start on
+    the database, exit 2 with what to do, until the marking is run again.
+    Without the begun record the daemon starts and answers the PREPARED call
+    EXECUTE (fails on the code before it)."""
+    with _client(config, clock) as client:
+        _seed(client)
+
+    def dies(*_: object, **__: object) -> None:
+        raise RuntimeError("the marking process died")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(restore, "_finish", dies)
+        with pytest.raises(RuntimeError, match="died"):
+            pg_restore.mark_database(
+                pg_url, "ledger.dump", actor="ops", reason="drill", clock=clock
+            )
+    with (
+        pytest.raises(restore.UnfinishedRestore, match=r"ledger\.dump"),
+        running_daemon(config, clock),
+    ):
+        pass
+    capsys.readouterr()
+    args = ["--store", pg_url, "--data-dir", str(config.data_dir), "--no-reflection"]
+    assert main(["serve", *args]) == 2
+    assert "effectd ctl restore" in capsys.readouterr().err
+    code, out = _restore(pg_url, capsys)
+    assert code == 0, out
+    with _client(config, clock) as client:
+        answer = client.prepare_tool(RUN, "prepared", "pay", {"n": 1}, start=True)
+        assert answer.decision is Decision.RECONCILE
+
+
+@pytest.mark.parametrize("check", ["in-the-marking", "before-it-control"])
+def test_a_daemon_starting_during_the_live_check_is_not_missed(
+    pg_url: str, clock: ManualClock, check: str
+) -> None:
+    """A daemon registers while the marking's first transaction is open,
+    after its live check read no registration: as SERIALIZABLE transactions
+    the two conflict, the marking runs again, finds the daemon live and is
+    refused, changing nothing. The control checks before the marking (as a
+    separate read did): the same interleaving lets the marking go on under a
+    daemon that serves."""
+    marking = PostgresStore(pg_url)
+    raced: list[ownership.Registration] = []
+
+    def race() -> None:
+        if raced:
+            return
+        racer = PostgresStore(pg_url)
+        try:
+            members = MembershipService(racer, clock, daemon_id="racer")
+            raced.append(asyncio.run(members.register()).registration)
+        finally:
+            racer.close()
+
+    def live(view: ReadView) -> None:
+        regs = list(daemons.every(view))
+        if any(r.live(clock.wall_ns()) for r in regs):
+            raise restore.RestoreRefused("a daemon is registered live")
+
+    tries: list[int] = []
+
+    def refuse(view: ReadView) -> None:
+        tries.append(1)
+        if check == "in-the-marking":
+            live(view)
+        race()
+
+    try:
+        if check == "in-the-marking":
+            with pytest.raises(restore.RestoreRefused, match="live"):
+                restore.mark(
+                    marking, "d", actor="ops", reason="r", clock=clock, refuse=refuse
+                )
+            assert marking.read(restore.load_marker) is None
+            # The first try met the conflict, the second the daemon.
+            assert len(tries) == 2
+        else:
+            marking.read(live)
+            restore.mark(
+                marking, "d", actor="ops", reason="r", clock=clock, refuse=refuse
+            )
+            assert marking.read(restore.load_marker) is not None
+        assert raced
+        assert marking.read(lambda v: daemons.load(v, raced[0].incarnation))
+    finally:
+        marking.close()
