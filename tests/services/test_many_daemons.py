@@ -67,6 +67,7 @@ class SharedIdentity:
     stays open across this identity's "restarts" (a new identity)."""
 
     exclusive = False
+    reads_wait = False
 
     def __init__(self, inner: LmdbStore) -> None:
         self._inner = inner
@@ -105,6 +106,10 @@ class JudgedExclusive:
     @property
     def incarnation(self) -> int:
         return self._inner.incarnation
+
+    @property
+    def reads_wait(self) -> bool:
+        return self._inner.reads_wait
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self._inner.read(fn)
