@@ -284,7 +284,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
         operator=OperatorService(store, clock, cfg.limits, policy=policy, scans=scans),
         checkpoints=CheckpointService(store, clock, quotas=cfg.quotas, scans=scans),
         recovery=RecoveryService(store, clock, cfg.limits, policy, scans=scans),
-        retry=RetryService(store, clock, policy, random=seams.random),
+        retry=RetryService(store, clock, policy, random=seams.random, scans=scans),
         policies=PolicyService(store, clock, policy),
         retention=RetentionService(store, clock, policy, scans=scans),
         settlement=SettlementService(store, clock),

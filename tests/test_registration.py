@@ -16,9 +16,16 @@ from sidecar.ledger.ownership import Registration
 from sidecar.services.membership import SETTLEMENT
 from sidecar.storage import daemons
 from sidecar.storage.lmdb_store import LmdbStore
-from sidecar.testing import running_daemon
+from sidecar.testing import RunningDaemon, running_daemon
 
 TTL = 3.0
+
+
+def _registrations(running: RunningDaemon) -> list[Registration]:
+    services = running.daemon.services
+    assert services is not None
+    read = services.membership.registrations()
+    return asyncio.run_coroutine_threadsafe(read, running.loop).result(30)
 
 
 def _stored(config: ServeConfig) -> tuple[list[Registration], list[str]]:
@@ -44,7 +51,7 @@ def test_a_daemon_registers_renews_and_ends_its_registration(
     with running_daemon(cfg, clock) as running:
         services = running.daemon.services
         assert services is not None
-        [first] = services.membership.registrations()
+        [first] = _registrations(running)
         assert first.daemon_id == (
             f"{socket.gethostname()}:{cfg.socket_path.resolve()}"
         )
@@ -53,7 +60,7 @@ def test_a_daemon_registers_renews_and_ends_its_registration(
         running.wait_for_periodic_tasks()
         clock.advance(TTL / 3)
         running.wait_for_periodic_tasks()
-        [renewed] = services.membership.registrations()
+        [renewed] = _registrations(running)
         assert renewed.expires_ns == clock.wall_ns() + int(TTL * 1e9)
     [ended], _ = _stored(cfg)
     assert ended.ended_ns == clock.wall_ns()
@@ -69,7 +76,7 @@ def test_the_next_start_supersedes_the_earlier_registration(
     with running_daemon(named, clock) as running:
         services = running.daemon.services
         assert services is not None
-        earlier, now = services.membership.registrations()
+        earlier, now = _registrations(running)
         assert earlier.superseded_by == now.incarnation
         assert now.daemon_id == "agent-7"
         assert now.live(clock.wall_ns())

@@ -82,9 +82,8 @@ class Checkpoints:
         ns = convert.namespace(v, caller.current(), req.namespace)
         key = checkpoint_key(v, req.key, self._limits)
         v.require()
-        return pb.GetCheckpointResponse(
-            checkpoint=checkpoint_pb(self._checkpoints.get(ns, key))
-        )
+        found = await self._checkpoints.get(ns, key)
+        return pb.GetCheckpointResponse(checkpoint=checkpoint_pb(found))
 
     async def Put(
         self, req: pb.PutCheckpointRequest, _: Context

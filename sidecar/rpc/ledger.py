@@ -159,7 +159,8 @@ class ToolLedger:
         v = Violations()
         ref = convert.ref(v, who, req.ref, self._limits)
         v.require()
-        return pb.GetToolCallResponse(call=convert.call_pb(self._ledger.get(ref)))
+        call = await self._ledger.get(ref)
+        return pb.GetToolCallResponse(call=convert.call_pb(call))
 
     async def ListToolCalls(
         self, req: pb.ListToolCallsRequest, _: Context

@@ -112,5 +112,5 @@ class RetryPolicy:
         v.require()
         channel = None
         if ref is not None:
-            asked, channel = self._retries.facts_of(ref, asked)
+            asked, channel = await self._retries.facts_of(ref, asked)
         return response(asked, self._retries.decide(asked, channel))

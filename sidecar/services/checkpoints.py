@@ -42,11 +42,12 @@ class CheckpointService:
         self._store = store
         self._clock = clock
         self._quotas = quotas or Quotas()
-        # Listings read many rows: off the event loop.
+        # Listings read many rows: off the event loop; point reads too, on a
+        # store whose reads may wait.
         self._scans = scans or Scans(store)
 
-    def get(self, namespace: str, key: str) -> StoredCheckpoint:
-        found = self._store.read(
+    async def get(self, namespace: str, key: str) -> StoredCheckpoint:
+        found = await self._scans.point_read(
             lambda view: records.load_checkpoint(view, namespace, key)
         )
         if found is None:

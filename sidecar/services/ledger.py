@@ -62,7 +62,8 @@ class LedgerService:
         self.limits = limits
         self._policy = policy
         self._quotas = quotas or Quotas()
-        # Listings read many rows: off the event loop.
+        # Listings read many rows: off the event loop; point reads too, on a
+        # store whose reads may wait.
         self._scans = scans or Scans(store)
 
     def now(self, view: ReadView) -> Now:
@@ -94,7 +95,7 @@ class LedgerService:
         # that are durable (`storage.lmdb_store`), and a rule that would
         # change the record (a lease ran out, a forced effect) is left to the
         # write transaction below, which decides again.
-        unchanged = self._store.read(
+        unchanged = await self._scans.point_read(
             lambda view: _unchanged_answer(view, spec, self.now(view), self._policy)
         )
         if isinstance(unchanged, EffectdError):
@@ -213,7 +214,7 @@ class LedgerService:
             )
         )
 
-    def get(self, ref: CallRef) -> ToolCall:
+    async def get(self, ref: CallRef) -> ToolCall:
         """The record; NOT_FOUND, with metadata saying so, for a call that
         was compacted after the retention window (DESIGN §4)."""
 
@@ -223,7 +224,7 @@ class LedgerService:
                 raise _not_found(ref, tombstones.load(view, ref))
             return call
 
-        return self._store.read(load)
+        return await self._scans.point_read(load)
 
     async def list(
         self,

@@ -247,9 +247,9 @@ class MembershipService:
 
         return await committed(self._store, apply)
 
-    def registrations(self) -> list[Registration]:
+    async def registrations(self) -> list[Registration]:
         """Every registration the store keeps, oldest incarnation first."""
-        return self._store.read(lambda view: list(daemons.every(view)))
+        return await self._scans.point_read(lambda view: list(daemons.every(view)))
 
     async def listing(self) -> Listing:
         """Every registration the store keeps, oldest incarnation first, where

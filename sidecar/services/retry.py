@@ -24,6 +24,7 @@ from sidecar.ledger.policy import PolicySource
 from sidecar.services._common import moment
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Store
+from sidecar.storage.scans import Scans
 
 
 class RetryService:
@@ -35,14 +36,17 @@ class RetryService:
         *,
         random: Callable[[], float],
         backoff: retry.Backoff | None = None,
+        scans: Scans | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._policy = policy
         self._random = random
         self._backoff = backoff or retry.Backoff()
+        # A record is read off the event loop on a store whose reads may wait.
+        self._scans = scans or Scans(store)
 
-    def facts_of(
+    async def facts_of(
         self, ref: CallRef, question: retry.RetryQuestion
     ) -> tuple[retry.RetryQuestion, retry.RetryContext | None]:
         """`question` with the facts and attempts of the recorded call `ref`,
@@ -55,7 +59,7 @@ class RetryService:
                 return None
             return rules.settle(found, moment(self._clock, self._store, view))
 
-        call = self._store.read(settled)
+        call = await self._scans.point_read(settled)
         if call is None:
             raise NotFound(
                 f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",

@@ -85,6 +85,15 @@ class Store(Protocol):
         is then an earlier one, gone (`ledger.ownership`)."""
         ...
 
+    @property
+    def reads_wait(self) -> bool:
+        """True when a read may wait on more than this process's memory
+        (PostgreSQL: a pooled connection, the network, the server): the
+        services then run even a one-key read off the event loop
+        (`Scans.point_read`). False (LMDB): a read is a few microseconds of
+        memory-mapped pages, cheaper inline than a hop to a thread."""
+        ...
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         """Runs `fn` on a consistent snapshot; never waits for writers."""
         ...

@@ -118,6 +118,7 @@ class LmdbStore:
     """`api.Store` on an LMDB environment in `path` (created 0700, files 0600)."""
 
     exclusive = True  # one daemon at a time: the data directory's lock
+    reads_wait = False  # memory-mapped pages: read inline on the loop
 
     def __init__(self, path: Path, options: LmdbOptions | None = None) -> None:
         self.options = options or LmdbOptions()

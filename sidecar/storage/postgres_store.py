@@ -169,6 +169,9 @@ class PostgresStore:
         """Never: every daemon given the same URL serves this store."""
         return False
 
+    # A read takes a pooled connection and round trips to the server.
+    reads_wait = True
+
     # -- reads ------------------------------------------------------------
 
     def read(self, fn: Callable[[ReadView], T]) -> T:

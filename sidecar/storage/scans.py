@@ -14,6 +14,14 @@ A scan whose caller has gone (its deadline passed, its RPC was cancelled)
 stops at the next row it reads, and its slot is given back only once its
 thread has ended. `close` stops every running scan the same way and waits for
 their threads, so the store can then be closed under no reader.
+
+A point read (a record, a checkpoint: a few keys) goes through `point_read`:
+inline on a store whose reads never wait (LMDB), where a hop to a thread would
+cost more than the read; on a store whose reads may wait (PostgreSQL: a pooled
+connection, a round trip to the server) on a worker thread, without a slot
+(the store's read pool bounds them), so that one slow read holds up its own
+request only, never the loop. Its thread is stopped and waited for as a
+scan's is.
 """
 
 from __future__ import annotations
@@ -68,7 +76,8 @@ class _StoppableView:
 
 class Scans:
     """Runs the long read functions of one store on worker threads, a bounded
-    number at a time; one per store, shared by the services that read it."""
+    number at a time, and its point reads where they cost the loop least;
+    one per store, shared by the services that read it."""
 
     def __init__(self, store: Store, *, limit: int = DEFAULT_LIMIT) -> None:
         if limit < 1:
@@ -82,7 +91,7 @@ class Scans:
 
     @property
     def running(self) -> int:
-        """Scans whose thread has not ended yet."""
+        """Reads (scans, point reads) whose thread has not ended yet."""
         return len(self._running)
 
     async def read(self, fn: Callable[[ReadView], T]) -> T:
@@ -94,45 +103,71 @@ class Scans:
         if self._closed:
             raise ShuttingDown("the store is closing")
         await self._slots.acquire()
-        stop = _Stop()
         try:
             if self._closed:
                 raise ShuttingDown("the store is closing")
-
-            def run(view: ReadView) -> T:
-                return fn(_StoppableView(view, stop))
-
-            # In the caller's context, as `asyncio.to_thread` does: what the
-            # scan logs names the request it serves.
-            context = contextvars.copy_context()
-            work = asyncio.get_running_loop().run_in_executor(
-                None, context.run, self._store.read, run
-            )
+            work, stop = self._start(fn)
         except BaseException:
             self._slots.release()
             raise
+        # The slot stays taken until the thread has ended.
+        work.add_done_callback(lambda _: self._slots.release())
+        return await self._outcome(work, stop, "the scan's caller has gone")
+
+    async def point_read(self, fn: Callable[[ReadView], T]) -> T:
+        """`fn`, a read of a few keys, on a consistent snapshot: inline when
+        the store's reads never wait (`Store.reads_wait`), else on a worker
+        thread.
+
+        Raises:
+            ShuttingDown: the store is closed; off the loop, also when
+                `close` was called before or while `fn` ran.
+        """
+        if not self._store.reads_wait:
+            return self._store.read(fn)
+        if self._closed:
+            raise ShuttingDown("the store is closing")
+        work, stop = self._start(fn)
+        return await self._outcome(work, stop, "the read's caller has gone")
+
+    def _start(self, fn: Callable[[ReadView], T]) -> tuple[asyncio.Future[T], _Stop]:
+        stop = _Stop()
+
+        def run(view: ReadView) -> T:
+            return fn(_StoppableView(view, stop))
+
+        # In the caller's context, as `asyncio.to_thread` does: what the read
+        # logs names the request it serves.
+        context = contextvars.copy_context()
+        work = asyncio.get_running_loop().run_in_executor(
+            None, context.run, self._store.read, run
+        )
         self._running[work] = stop
         work.add_done_callback(self._ended)
+        return work, stop
+
+    @staticmethod
+    async def _outcome(work: asyncio.Future[T], stop: _Stop, gone: str) -> T:
         try:
-            # Shielded: a cancelled caller stops the thread, it cannot abandon
-            # it, and the slot stays taken until the thread has ended.
+            # Shielded: a cancelled caller stops the thread at its next row
+            # or key, it cannot abandon it (nor the pooled connection the
+            # thread holds).
             return await asyncio.shield(work)
         except asyncio.CancelledError:
-            stop.reason = "the scan's caller has gone"
+            stop.reason = gone
             raise
 
     def _ended(self, work: asyncio.Future[Any]) -> None:
         del self._running[work]
-        self._slots.release()
         if not work.cancelled():
-            # Retrieved: a stopped scan's error has no caller left to see it.
+            # Retrieved: a stopped read's error has no caller left to see it.
             work.exception()
 
     async def close(self) -> None:
-        """Refuses new scans, stops the running ones at their next row and
-        waits for their threads to end. Call it before closing the store:
-        closing an LMDB environment under a reader on another thread is not
-        safe."""
+        """Refuses new scans (and point reads off the loop), stops the
+        running ones at their next row or key and waits for their threads
+        to end. Call it before closing the store: closing an LMDB environment
+        under a reader on another thread is not safe."""
         self._closed = True
         for stop in self._running.values():
             stop.reason = "the daemon is stopping"

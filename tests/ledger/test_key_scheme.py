@@ -82,7 +82,7 @@ def refusals(store: LmdbStore) -> list[str]:
         "start": lambda: asyncio.run(
             ledger.start(call.ref, lease_ms=0, retry=False, expected_revision=None)
         ),
-        "get": lambda: ledger.get(call.ref),
+        "get": lambda: asyncio.run(ledger.get(call.ref)),
         "list": lambda: asyncio.run(
             ledger.list(
                 frozenset({call.ref.namespace}),

@@ -303,7 +303,7 @@ def test_after_the_window_a_duplicate_prepare_is_refused(
         with pytest.raises(InputMismatch):
             await ledger.prepare(dataclasses.replace(_spec("c"), fingerprint="x"))
         with pytest.raises(NotFound) as missing:
-            ledger.get(call.ref)
+            await ledger.get(call.ref)
         assert missing.value.metadata["compacted"] == "true"
         with pytest.raises(NotFound) as missing:
             await ledger.start(call.ref, lease_ms=0, retry=True, expected_revision=None)

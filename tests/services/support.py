@@ -47,6 +47,10 @@ class ReloadBeforeWrite:
     def exclusive(self) -> bool:
         return self._inner.exclusive
 
+    @property
+    def reads_wait(self) -> bool:
+        return self._inner.reads_wait
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         if self.reload is not None:
             self.reload()

@@ -55,7 +55,7 @@ def test_a_reload_before_the_write_decides_the_retry(store: LmdbStore) -> None:
         held.reload = reload
         with pytest.raises(ReconciliationRequired):
             await ledger.start(ref, lease_ms=0, retry=True, expected_revision=None)
-        assert ledger.get(ref).state is State.UNKNOWN
+        assert (await ledger.get(ref)).state is State.UNKNOWN
 
     asyncio.run(scenario())
 

@@ -98,7 +98,7 @@ def _changed_prepare_problems(store: LmdbStore) -> list[str]:
             problems.append(f"answered {again.decision.name}")
         if store.stats.transactions != before + 1:
             problems.append("no write transaction")
-        state = ledger.get(first.call.ref).state
+        state = (await ledger.get(first.call.ref)).state
         if state is not State.UNKNOWN:
             problems.append(f"stored {state.name} behind a RECONCILE")
 

@@ -67,6 +67,7 @@ class SharedIdentity:
     stays open across this identity's "restarts" (a new identity)."""
 
     exclusive = False
+    reads_wait = False
 
     def __init__(self, inner: LmdbStore) -> None:
         self._inner = inner
@@ -105,6 +106,10 @@ class JudgedExclusive:
     @property
     def incarnation(self) -> int:
         return self._inner.incarnation
+
+    @property
+    def reads_wait(self) -> bool:
+        return self._inner.reads_wait
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self._inner.read(fn)
@@ -266,9 +271,9 @@ def restart(env: Shared, old: Daemon) -> Daemon:
 def assert_untouched(d: Daemon, before: ToolCall) -> None:
     """The property: the live call is as its holder left it, and another
     daemon's prepare of it answers IN_PROGRESS."""
-    assert d.ledger.get(before.ref) == before
+    assert run(d.ledger.get(before.ref)) == before
     assert prepare(d, before.ref.call_id).decision is Decision.IN_PROGRESS
-    assert d.ledger.get(before.ref) == before
+    assert run(d.ledger.get(before.ref)) == before
 
 
 def b_restarts_and_settles_while_a_serves(env: Shared, *, broken: Broken) -> None:
@@ -325,12 +330,12 @@ def test_a_lapsed_registration_settles_its_calls_once_it_lapsed(
     assert_untouched(b, call)
     clocks.advance(0.001)
     assert run(b.settlement.settle()).settled == 1
-    settled = b.ledger.get(call.ref)
+    settled = run(b.ledger.get(call.ref))
     assert settled.state is State.UNKNOWN
     assert settled.history[-1].event is Event.EXPIRE
     assert settled.unknown_since_ns == call.updated_ns + int(TTL * 1e9)
     assert prepare(b, "x").decision is Decision.RECONCILE
-    assert b.ledger.get(own.ref) == own
+    assert run(b.ledger.get(own.ref)) == own
 
 
 def test_a_daemons_own_restart_settles_its_calls_at_once(env: Shared) -> None:
@@ -342,10 +347,10 @@ def test_a_daemons_own_restart_settles_its_calls_at_once(env: Shared) -> None:
     call = start_call(a, "x")
     own = start_call(b, "y")
     a = restart(env, a)
-    settled = a.ledger.get(call.ref)
+    settled = run(a.ledger.get(call.ref))
     assert settled.state is State.UNKNOWN
     assert settled.history[-1].event is Event.RESTART
-    assert a.ledger.get(own.ref) == own
+    assert run(a.ledger.get(own.ref)) == own
 
 
 def test_a_clean_stop_hands_its_calls_to_the_next_daemon(env: Shared) -> None:
@@ -355,7 +360,7 @@ def test_a_clean_stop_hands_its_calls_to_the_next_daemon(env: Shared) -> None:
     call = start_call(a, "x")
     run(a.membership.deregister())
     assert run(b.settlement.settle()).settled == 1
-    assert b.ledger.get(call.ref).state is State.UNKNOWN
+    assert run(b.ledger.get(call.ref)).state is State.UNKNOWN
 
 
 def test_renewals_keep_a_daemons_calls_live_for_as_long_as_it_serves(
@@ -386,11 +391,11 @@ def test_a_heartbeat_at_another_daemon_moves_the_attempt_to_it(
     assert beat.lease is not None
     assert beat.lease.incarnation == b.store.incarnation
     a = restart(env, a)
-    assert a.ledger.get(call.ref) == beat
+    assert run(a.ledger.get(call.ref)) == beat
     clocks.advance(TTL)
     run(a.membership.renew())
     run(a.settlement.settle())
-    assert a.ledger.get(call.ref).state is State.UNKNOWN
+    assert run(a.ledger.get(call.ref)).state is State.UNKNOWN
     done = run(
         a.ledger.commit(call.ref, attempt=1, result=ok_result(), expected_revision=None)
     )
@@ -424,4 +429,4 @@ def test_registrations_gone_for_a_day_are_forgotten(env: Shared) -> None:
     clocks.advance(1)
     run(a.membership.renew())
     assert run(a.membership.forget_gone()) == 1
-    assert [r.daemon_id for r in a.membership.registrations()] == ["a"]
+    assert [r.daemon_id for r in run(a.membership.registrations())] == ["a"]

@@ -68,6 +68,10 @@ class _Watched:
     def exclusive(self) -> bool:
         return self._inner.exclusive
 
+    @property
+    def reads_wait(self) -> bool:
+        return self._inner.reads_wait
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self._inner.read(fn)
 

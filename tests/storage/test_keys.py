@@ -187,8 +187,8 @@ def test_the_longest_identity_shares_a_batch_with_another_namespace(
 
     assert asyncio.run(scenario()) == [Decision.EXECUTE, Decision.EXECUTE]
     assert store.stats.largest_batch >= 2
-    assert ledger.get(longest).ref == longest
-    assert ledger.get(normal).ref == normal
+    assert asyncio.run(ledger.get(longest)).ref == longest
+    assert asyncio.run(ledger.get(normal)).ref == normal
 
 
 def test_every_accepted_identity_round_trips(store: LmdbStore) -> None:
@@ -210,7 +210,7 @@ def test_every_accepted_identity_round_trips(store: LmdbStore) -> None:
 
     asyncio.run(scenario())
     for ref in refs:
-        assert ledger.get(ref).ref == ref
+        assert asyncio.run(ledger.get(ref)).ref == ref
     for run_id in ids:
         page = asyncio.run(
             ledger.list(
@@ -286,7 +286,7 @@ def test_every_accepted_checkpoint_key_round_trips(store: LmdbStore) -> None:
 
     asyncio.run(scenario())
     for key in found:
-        got = checkpoints.get(NS64, key)
+        got = asyncio.run(checkpoints.get(NS64, key))
         assert (got.key, got.value) == (key, key.encode()[:9])
 
     def listing(prefix: str, page_size: int) -> list[str]:

@@ -145,7 +145,7 @@ def problems(store: LmdbStore) -> list[str]:
     checkpoints = CheckpointService(store, clock)
     for key, value in (("a/1", b"one"), ("a/2", b"two"), (LONG_KEY, b"long")):
         try:
-            if checkpoints.get(NS, key).value != value:
+            if asyncio.run(checkpoints.get(NS, key)).value != value:
                 found.append(f"checkpoint {key[:10]} has another value")
         except EffectdError as exc:
             found.append(f"checkpoint {key[:10]}: {exc.reason}")
@@ -180,7 +180,7 @@ def test_old_records_keep_their_fingerprints_and_new_ones_name_the_kind(
     repeat of either kind of the same bytes (the limit of V1), and a record
     made after the upgrade holds a V2 fingerprint that tells the kinds apart."""
     ledger = LedgerService(store, ManualClock(), Limits(), FixedPolicy())
-    old = ledger.get(CallRef(NS, RUN, "raw-prepared"))
+    old = asyncio.run(ledger.get(CallRef(NS, RUN, "raw-prepared")))
     assert old.fingerprint_scheme == FINGERPRINT_V1
     assert old.input_fingerprint == fingerprint.of(RAW_INPUT, FINGERPRINT_V1)
     as_json = dataclasses.replace(RAW_INPUT, kind=JSON_INPUT.kind)
@@ -202,7 +202,7 @@ def test_an_approval_bound_to_an_old_fingerprint_applies(store: LmdbStore) -> No
     the upgrade) approves it with that fingerprint."""
     clock = ManualClock()
     ref = CallRef(NS, RUN, "awaiting")
-    waiting = LedgerService(store, clock, Limits(), FixedPolicy()).get(ref)
+    waiting = asyncio.run(LedgerService(store, clock, Limits(), FixedPolicy()).get(ref))
     operator = OperatorService(store, clock, Limits())
     decision = ApprovalDecision(
         approve=True,

@@ -94,6 +94,10 @@ class Racing:
     def exclusive(self) -> bool:
         return self.inner.exclusive
 
+    @property
+    def reads_wait(self) -> bool:
+        return self.inner.reads_wait
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self.inner.read(fn)
 

@@ -221,3 +221,92 @@ def test_a_scan_runs_in_its_callers_context(store: LmdbStore) -> None:
         assert await Scans(store).read(lambda _: REQUEST.get()) == "req-7"
 
     asyncio.run(scenario())
+
+
+class WaitingLmdbStore(LmdbStore):
+    """An LMDB store that says its reads may wait, as PostgreSQL's do: its
+    point reads take the worker thread a PostgreSQL read takes."""
+
+    reads_wait = True
+
+
+@pytest.fixture
+def waiting(tmp_path: Path) -> Iterator[LmdbStore]:
+    s = WaitingLmdbStore(tmp_path / "waiting", LmdbOptions(sync=False))
+
+    def fill(view: WriteView) -> None:
+        for i in range(ROWS):
+            view.put(Table.CHECKPOINTS, b"row-%03d" % i, b"x")
+
+    s.submit(fill).result()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_a_point_read_of_a_store_whose_reads_never_wait_runs_inline(
+    store: LmdbStore,
+) -> None:
+    """LMDB: a point read runs on the loop's own thread, no hop to a thread;
+    and, inline, it reads as the store does once the scans are closed."""
+
+    async def scenario() -> None:
+        scans = Scans(store)
+        held = Held(at=ROWS + 1)
+        assert await scans.point_read(held) == ROWS
+        assert held.thread == threading.get_ident()
+        await scans.close()
+        assert await scans.point_read(lambda v: v.get(Table.CHECKPOINTS, b"row-001"))
+
+    asyncio.run(scenario())
+
+
+def test_a_point_read_of_a_store_whose_reads_may_wait_runs_on_a_thread(
+    waiting: LmdbStore,
+) -> None:
+    """While a point read is held, the loop runs other tasks, and other point
+    reads, beyond the scans' limit; it runs in its caller's context."""
+
+    async def scenario() -> None:
+        scans = Scans(waiting, limit=1)
+        REQUEST.set("req-9")
+        held = Held()
+        task = asyncio.create_task(scans.point_read(held))
+        await _reached(held)
+        assert held.thread != threading.get_ident()
+        assert await scans.point_read(lambda _: REQUEST.get()) == "req-9"
+        assert not task.done()
+        held.go.set()
+        assert await task == ROWS
+        await _until_idle(scans)
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_point_read_stops_at_its_next_key_and_close_waits_for_it(
+    waiting: LmdbStore,
+) -> None:
+    """A caller gone (its deadline passed) stops its read's thread at the next
+    key it reads; `close` waits for that thread, then refuses new reads."""
+
+    async def scenario() -> None:
+        scans = Scans(waiting)
+        held = Held()
+        task = asyncio.create_task(scans.point_read(held))
+        await _reached(held)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        closing = asyncio.create_task(scans.close())
+        await asyncio.sleep(0)
+        assert not closing.done()  # waits for the held thread
+        held.go.set()
+        await closing
+        assert scans.running == 0
+        assert held.rows == held.at
+        assert isinstance(held.error, ShuttingDown)
+        with pytest.raises(ShuttingDown):
+            await scans.point_read(Held())
+
+    asyncio.run(scenario())

@@ -323,11 +323,11 @@ class _Services:
             specs = [_spec(CallRef(op.ns, "run", c), op.flag) for c in CALL_IDS]
             await self.ledger.prepare_many(specs)
         elif op.kind == "put":
-            revision = self._revision(op.ns, op.name)
+            revision = await self._revision(op.ns, op.name)
             value = b"v" * op.size
             await self.checkpoints.put(op.ns, Expect(op.name, revision), value)
         elif op.kind == "delete":
-            revision = self._revision(op.ns, op.name)
+            revision = await self._revision(op.ns, op.name)
             if revision is not None:
                 await self.checkpoints.delete(op.ns, op.name, revision)
         elif op.kind == "compact":
@@ -336,7 +336,7 @@ class _Services:
 
     async def _advance(self, ref: CallRef, op: Step) -> None:
         try:
-            call = self.ledger.get(ref)
+            call = await self.ledger.get(ref)
         except NotFound:  # absent, or compacted: prepare it (again)
             await self.ledger.prepare(_spec(ref, op.flag))
             return
@@ -358,9 +358,9 @@ class _Services:
         else:  # UNKNOWN, or acknowledged: a repeated prepare is answered
             await self.ledger.prepare(_spec(ref, op.flag))
 
-    def _revision(self, ns: str, key: str) -> int | None:
+    async def _revision(self, ns: str, key: str) -> int | None:
         try:
-            return self.checkpoints.get(ns, key).revision
+            return (await self.checkpoints.get(ns, key)).revision
         except EffectdError:
             return None
 

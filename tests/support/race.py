@@ -42,7 +42,7 @@ class RacyLedger(LedgerService):
         expected_revision: int | None,
         actor: str = rules.AGENT,
     ) -> Answer:
-        old = self.get(ref)
+        old = await self.get(ref)
         # A real pause between the read and the write: the window the race needs.
         await asyncio.sleep(0.001)
         policy = self._policy.current()
