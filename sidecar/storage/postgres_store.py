@@ -94,6 +94,7 @@ class PostgresStore:
             kwargs={"autocommit": False, "application_name": o.application_name},
             configure=self._configure_writer,
             timeout=o.pool_timeout,
+            reconnect_timeout=o.reconnect_seconds,
             name="effectd-writes",
             open=False,
         )
@@ -107,6 +108,7 @@ class PostgresStore:
             },
             configure=self._configure_reader,
             timeout=o.pool_timeout,
+            reconnect_timeout=o.reconnect_seconds,
             name="effectd-reads",
             open=False,
         )

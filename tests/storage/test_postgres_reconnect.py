@@ -1,0 +1,98 @@
+"""The PostgreSQL store serves again as soon as its database is back, however
+long the database was away.
+
+Regression: the connection pools backed off (1, 2, 4, 8 s... up to psycopg_pool's
+default of 5 minutes) while the database was away and kept that schedule
+after it returned, so the next connection attempt came about as long after
+the return as the outage had lasted, and every request in between answered
+UNAVAILABLE (a 30 s outage: 27 s more of it). Now a pool stops trying after
+`reconnect_seconds`, and the next request that needs a connection starts a
+new try at once.
+
+On a private cluster (`tests.support.pg_cluster`): the test stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sidecar.errors import StorageUnavailable
+from sidecar.storage import pg_schema
+from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.postgres_store import PostgresStore
+from tests.support.pg_cluster import private_cluster
+
+# Failed connection attempts of the write pool awaited while the database is
+# away: the old backoff's fourth comes 7 s after the first and its fifth 15 s
+# after it, further from the return than a request waits for a connection.
+FAILED_ATTEMPTS = 4
+
+
+class _Attempts(logging.Handler):
+    """Counts psycopg_pool's failed connection attempts of one pool."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__(logging.WARNING)
+        self.prefix = f"error connecting in '{pool}'"
+        self.failed = 0
+        self.changed = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            with self.changed:
+                self.failed += 1
+                self.changed.notify_all()
+
+    def wait(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.failed >= count, timeout)
+
+
+@pytest.fixture
+def attempts() -> Iterator[_Attempts]:
+    logger = logging.getLogger("psycopg.pool")
+    handler = _Attempts("effectd-writes")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def _put(key: bytes) -> Callable[[WriteView], bytes]:
+    def fn(view: WriteView) -> bytes:
+        view.put(Table.CHECKPOINTS, b"ns\x00" + key, b"v")
+        return key
+
+    return fn
+
+
+def _get(key: bytes) -> Callable[[ReadView], bytes | None]:
+    return lambda view: view.get(Table.CHECKPOINTS, b"ns\x00" + key)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_first_write_after_a_long_outage_commits(attempts: _Attempts) -> None:
+    """The database away while a write fails and the pool tries to reconnect
+    several times, then back: the next write commits, on its first try."""
+    with private_cluster() as cluster:
+        pg_schema.migrate_url(cluster.url)
+        store = PostgresStore(cluster.url)
+        try:
+            assert store.submit(_put(b"before")).result() == b"before"
+            cluster.stop("immediate")
+            with pytest.raises(StorageUnavailable):
+                store.submit(_put(b"away")).result()
+            assert attempts.wait(FAILED_ATTEMPTS, timeout=60)
+            cluster.start()
+            assert store.submit(_put(b"after")).result() == b"after"
+            assert store.read(_get(b"after")) == b"v"
+            assert store.read(_get(b"before")) == b"v"
+        finally:
+            store.close()
