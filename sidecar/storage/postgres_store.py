@@ -43,6 +43,7 @@ from sidecar.storage.pg_faults import (
     Failed,
     before_commit,
     connection_lost,
+    getconn,
     rollback,
     unavailable,
     xact_status,
@@ -276,7 +277,7 @@ class PostgresStore:
 
     def _attempt(self, batch: list[_Item]) -> list[_Outcome]:
         try:
-            conn = self._writes.getconn()
+            conn = getconn(self._writes, self.options.pool_timeout)
         except PoolTimeout:
             raise Failed(
                 "no PostgreSQL connection for a write within "

@@ -7,7 +7,9 @@ after it returned, so the next connection attempt came about as long after
 the return as the outage had lasted, and every request in between answered
 UNAVAILABLE (a 30 s outage: 27 s more of it). Now a pool stops trying after
 `reconnect_seconds`, and the next request that needs a connection starts a
-new try at once.
+new try at once; the writer, waiting for a connection, asks again every
+second, so a write that waited since before the return is not left waiting
+on a pool that stopped trying.
 
 On a private cluster (`tests.support.pg_cluster`): the test stops it.
 """
@@ -23,39 +25,44 @@ import pytest
 from sidecar.errors import StorageUnavailable
 from sidecar.storage import pg_schema
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
 from tests.support.pg_cluster import private_cluster
 
 # Failed connection attempts of the write pool awaited while the database is
 # away: the old backoff's fourth comes 7 s after the first and its fifth 15 s
 # after it, further from the return than a request waits for a connection.
 FAILED_ATTEMPTS = 4
+FAILED = "error connecting in 'effectd-writes'"
+GAVE_UP = "reconnection attempt in pool 'effectd-writes' failed"
 
 
-class _Attempts(logging.Handler):
-    """Counts psycopg_pool's failed connection attempts of one pool."""
+class _PoolLog(logging.Handler):
+    """What psycopg_pool logs, as it comes."""
 
-    def __init__(self, pool: str) -> None:
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.prefix = f"error connecting in '{pool}'"
-        self.failed = 0
+        self.messages: list[str] = []
         self.changed = threading.Condition()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith(self.prefix):
-            with self.changed:
-                self.failed += 1
-                self.changed.notify_all()
-
-    def wait(self, count: int, timeout: float) -> bool:
         with self.changed:
-            return self.changed.wait_for(lambda: self.failed >= count, timeout)
+            self.messages.append(record.getMessage())
+            self.changed.notify_all()
+
+    def wait(self, prefix: str, count: int, timeout: float = 60.0) -> bool:
+        """Whether `count` messages starting with `prefix` came in time."""
+
+        def seen() -> bool:
+            return sum(m.startswith(prefix) for m in self.messages) >= count
+
+        with self.changed:
+            return self.changed.wait_for(seen, timeout)
 
 
 @pytest.fixture
-def attempts() -> Iterator[_Attempts]:
+def pool_log() -> Iterator[_PoolLog]:
     logger = logging.getLogger("psycopg.pool")
-    handler = _Attempts("effectd-writes")
+    handler = _PoolLog()
     level = logger.level
     logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
@@ -78,7 +85,7 @@ def _get(key: bytes) -> Callable[[ReadView], bytes | None]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_first_write_after_a_long_outage_commits(attempts: _Attempts) -> None:
+def test_first_write_after_a_long_outage_commits(pool_log: _PoolLog) -> None:
     """The database away while a write fails and the pool tries to reconnect
     several times, then back: the next write commits, on its first try."""
     with private_cluster() as cluster:
@@ -89,10 +96,34 @@ def test_first_write_after_a_long_outage_commits(attempts: _Attempts) -> None:
             cluster.stop("immediate")
             with pytest.raises(StorageUnavailable):
                 store.submit(_put(b"away")).result()
-            assert attempts.wait(FAILED_ATTEMPTS, timeout=60)
+            assert pool_log.wait(FAILED, FAILED_ATTEMPTS)
             cluster.start()
             assert store.submit(_put(b"after")).result() == b"after"
             assert store.read(_get(b"after")) == b"v"
             assert store.read(_get(b"before")) == b"v"
+        finally:
+            store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_write_waiting_on_a_pool_that_stopped_trying_commits(
+    pool_log: _PoolLog,
+) -> None:
+    """A write waiting for a connection (30 s allowed) while the database is
+    away and the pool gives up reconnecting: once the database is back, it
+    commits, without waiting out its 30 s."""
+    with private_cluster() as cluster:
+        pg_schema.migrate_url(cluster.url)
+        store = PostgresStore(cluster.url, PostgresOptions(pool_timeout=30.0))
+        try:
+            assert store.submit(_put(b"before")).result() == b"before"
+            cluster.stop("immediate")
+            waiting = store.submit(_put(b"waiting"))
+            assert pool_log.wait(GAVE_UP, 1)
+            assert not waiting.done()
+            cluster.start()
+            assert waiting.result() == b"waiting"
+            assert store.read(_get(b"waiting")) == b"v"
         finally:
             store.close()
