@@ -11,7 +11,8 @@ new try at once; the writer, waiting for a connection, asks again every
 second, so a write that waited since before the return is not left waiting
 on a pool that stopped trying.
 
-On a private cluster (`tests.support.pg_cluster`): the test stops it.
+On a private cluster (`tests.support.pg_cluster`), a schema of it per test:
+the tests stop it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from sidecar.errors import StorageUnavailable
-from sidecar.storage import pg_schema
 from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
-from tests.support.pg_cluster import private_cluster
+from tests.support import postgres
+from tests.support.pg_cluster import PrivateCluster, private_cluster
 
 # Failed connection attempts of the write pool awaited while the database is
 # away: the old backoff's fourth comes 7 s after the first and its fifth 15 s
@@ -59,6 +60,24 @@ class _PoolLog(logging.Handler):
             return self.changed.wait_for(seen, timeout)
 
 
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PrivateCluster]:
+    with private_cluster() as c:
+        yield c
+
+
+@pytest.fixture
+def store_url(cluster: PrivateCluster) -> Iterator[str]:
+    """A schema of its own; the cluster running again at the end, whatever
+    the test left."""
+    with postgres.schema(cluster.url) as url:
+        try:
+            yield url
+        finally:
+            if not cluster.running():
+                cluster.start()
+
+
 @pytest.fixture
 def pool_log() -> Iterator[_PoolLog]:
     logger = logging.getLogger("psycopg.pool")
@@ -85,45 +104,43 @@ def _get(key: bytes) -> Callable[[ReadView], bytes | None]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_first_write_after_a_long_outage_commits(pool_log: _PoolLog) -> None:
+def test_first_write_after_a_long_outage_commits(
+    cluster: PrivateCluster, store_url: str, pool_log: _PoolLog
+) -> None:
     """The database away while a write fails and the pool tries to reconnect
     several times, then back: the next write commits, on its first try."""
-    with private_cluster() as cluster:
-        pg_schema.migrate_url(cluster.url)
-        store = PostgresStore(cluster.url)
-        try:
-            assert store.submit(_put(b"before")).result() == b"before"
-            cluster.stop("immediate")
-            with pytest.raises(StorageUnavailable):
-                store.submit(_put(b"away")).result()
-            assert pool_log.wait(FAILED, FAILED_ATTEMPTS)
-            cluster.start()
-            assert store.submit(_put(b"after")).result() == b"after"
-            assert store.read(_get(b"after")) == b"v"
-            assert store.read(_get(b"before")) == b"v"
-        finally:
-            store.close()
+    store = PostgresStore(store_url)
+    try:
+        assert store.submit(_put(b"before")).result() == b"before"
+        cluster.stop("immediate")
+        with pytest.raises(StorageUnavailable):
+            store.submit(_put(b"away")).result()
+        assert pool_log.wait(FAILED, FAILED_ATTEMPTS)
+        cluster.start()
+        assert store.submit(_put(b"after")).result() == b"after"
+        assert store.read(_get(b"after")) == b"v"
+        assert store.read(_get(b"before")) == b"v"
+    finally:
+        store.close()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_write_waiting_on_a_pool_that_stopped_trying_commits(
-    pool_log: _PoolLog,
+    cluster: PrivateCluster, store_url: str, pool_log: _PoolLog
 ) -> None:
     """A write waiting for a connection (30 s allowed) while the database is
     away and the pool gives up reconnecting: once the database is back, it
     commits, without waiting out its 30 s."""
-    with private_cluster() as cluster:
-        pg_schema.migrate_url(cluster.url)
-        store = PostgresStore(cluster.url, PostgresOptions(pool_timeout=30.0))
-        try:
-            assert store.submit(_put(b"before")).result() == b"before"
-            cluster.stop("immediate")
-            waiting = store.submit(_put(b"waiting"))
-            assert pool_log.wait(GAVE_UP, 1)
-            assert not waiting.done()
-            cluster.start()
-            assert waiting.result() == b"waiting"
-            assert store.read(_get(b"waiting")) == b"v"
-        finally:
-            store.close()
+    store = PostgresStore(store_url, PostgresOptions(pool_timeout=30.0))
+    try:
+        assert store.submit(_put(b"before")).result() == b"before"
+        cluster.stop("immediate")
+        waiting = store.submit(_put(b"waiting"))
+        assert pool_log.wait(GAVE_UP, 1)
+        assert not waiting.done()
+        cluster.start()
+        assert waiting.result() == b"waiting"
+        assert store.read(_get(b"waiting")) == b"v"
+    finally:
+        store.close()
