@@ -72,7 +72,8 @@ node-test: $(INSTALLED)
 ## TORTURE_REPORT (`make test` runs the fast setting); the failpoint table's
 ## cases each FAILPOINT_REPEAT times, every point on both stores; the crash
 ## loops (tests/torture/test_crash_loops.py): TORTURE_CRASH_CYCLES kill cycles
-## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL, figures beside TORTURE_REPORT;
+## on LMDB, TORTURE_CRASH_PG_CYCLES on PostgreSQL (one in eight restarts its
+## database, some with an outage of seconds), figures beside TORTURE_REPORT;
 ## TORTURE_LIN_HISTORIES linearizability histories per store of
 ## TORTURE_LIN_SECONDS seconds each, with TORTURE_LIN_CLIENTS clients on calls and
 ## as many on checkpoints, under pauses and kills, figures beside TORTURE_REPORT.

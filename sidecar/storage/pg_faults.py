@@ -24,6 +24,8 @@ _Conn = psycopg.Connection[tuple[object, ...]]
 MAY_HAVE_BEEN_APPLIED = "mayHaveBeenApplied"
 # Aborted by the database for another transaction: run the function again.
 CONFLICTS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+# While waiting for a pooled connection, asked for again this often.
+ASK_SECONDS = 1.0
 
 
 def unavailable(message: str, *, applied: bool) -> StorageUnavailable:
@@ -69,6 +71,26 @@ def before_commit(exc: psycopg.Error) -> Exception:
         return Failed(f"a PostgreSQL statement timed out: {exc}", applied=False)
     log.error("PostgreSQL refused a write: %s", exc)
     return Failed(f"a PostgreSQL write failed: {exc}", applied=False)
+
+
+def getconn(pool: ConnectionPool[_Conn], timeout: float) -> _Conn:
+    """A connection of `pool` within `timeout` seconds, asked for again every
+    ASK_SECONDS: a pool that stopped trying to reconnect (after
+    `reconnect_seconds`) starts again only when asked, so a writer that began
+    waiting while the database was away is served soon after its return,
+    not when its wait ends.
+
+    Raises:
+        PoolTimeout: no connection within `timeout`.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        wait = min(ASK_SECONDS, deadline - time.monotonic())
+        try:
+            return pool.getconn(timeout=max(wait, 0.0))
+        except PoolTimeout:
+            if wait < ASK_SECONDS:
+                raise
 
 
 def xact_status(pool: ConnectionPool[_Conn], xid: str) -> str | None:

@@ -22,6 +22,13 @@ class PostgresOptions:
     readers: int = 4
     # Seconds a request waits for a pool connection before UNAVAILABLE.
     pool_timeout: float = 5.0
+    # Seconds a pool keeps trying, backing off (1, 2, 4 s...), to replace a
+    # connection it lost; then it stops until a request needs a connection,
+    # which starts a new try at once. Short, so that the daemon serves again
+    # within a few seconds of the database's return, however long it was away
+    # (psycopg_pool's default, 5 minutes, lets the backoff grow as long as
+    # the outage).
+    reconnect_seconds: float = 5.0
     # Seconds a statement may run (the server cancels it): a stuck database
     # answers UNAVAILABLE instead of holding requests forever. None: the
     # server's (or the URL's) setting.

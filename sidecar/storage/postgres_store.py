@@ -43,6 +43,7 @@ from sidecar.storage.pg_faults import (
     Failed,
     before_commit,
     connection_lost,
+    getconn,
     rollback,
     unavailable,
     xact_status,
@@ -94,6 +95,7 @@ class PostgresStore:
             kwargs={"autocommit": False, "application_name": o.application_name},
             configure=self._configure_writer,
             timeout=o.pool_timeout,
+            reconnect_timeout=o.reconnect_seconds,
             name="effectd-writes",
             open=False,
         )
@@ -107,6 +109,7 @@ class PostgresStore:
             },
             configure=self._configure_reader,
             timeout=o.pool_timeout,
+            reconnect_timeout=o.reconnect_seconds,
             name="effectd-reads",
             open=False,
         )
@@ -277,7 +280,7 @@ class PostgresStore:
 
     def _attempt(self, batch: list[_Item]) -> list[_Outcome]:
         try:
-            conn = self._writes.getconn()
+            conn = getconn(self._writes, self.options.pool_timeout)
         except PoolTimeout:
             raise Failed(
                 "no PostgreSQL connection for a write within "

@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -171,8 +172,10 @@ class PrivateCluster:
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
 
-    def restart(self, mode: StopMode = "fast") -> None:
+    def restart(self, mode: StopMode = "fast", down_seconds: float = 0.0) -> None:
+        """Stopped in `mode`, left down `down_seconds`, started again."""
         self.stop(mode)
+        time.sleep(down_seconds)
         self.start()
 
     def connect(self) -> psycopg.Connection[tuple[object, ...]]:

@@ -37,6 +37,15 @@ class Figures:
     daemon_kills: int = 0
     agent_kills: int = 0
     connections_dropped: int = 0
+    # Database restarts (of them, immediate stops: crashes; outages of
+    # seconds), the time the daemon took to commit a write once the database
+    # was back, and the writes so acknowledged (`tests.torture.crash_database`).
+    database_restarts: int = 0
+    database_crashes: int = 0
+    long_outages: int = 0
+    recovery_ms_total: int = 0
+    recovery_ms_max: int = 0
+    probe_writes: int = 0
     lmdb_checks: int = 0
     lmdb_keys_read: int = 0
     runs: int = 0

@@ -4,11 +4,12 @@ with SIGKILL at random moments and started again, checked after every cycle.
 A cycle waits a random delay while the agents work, then kills either the
 daemon (and starts it again on the same data) or one agent (and starts it
 again on its run, which it resumes), or on PostgreSQL ends the daemon's
-database connections as a database restart would; then
-`crash_checks.Checker` compares the store with the side-effect counter and
-the acknowledgement log the agents wrote. On LMDB, the data files left by
-each daemon kill are also checked (`lmdb_consistency`) before the daemon
-starts again.
+database connections (`pg_terminate_backend`), or restarts the database
+server itself and waits for the daemon to serve again
+(`tests.torture.crash_database`); then `crash_checks.Checker` compares the
+store with the side-effect counter and the acknowledgement log the agents
+wrote. On LMDB, the data files left by each daemon kill are also checked
+(`lmdb_consistency`) before the daemon starts again.
 
 Every process comes from a fork server that imported the daemon and the
 client once (`multiprocessing`'s "forkserver": a clean process, no gRPC
@@ -33,6 +34,7 @@ import lmdb.verify
 from effectd_client import Client, EffectdError
 from tests.torture import crash_agent
 from tests.torture.crash_checks import Checker, Figures
+from tests.torture.crash_database import DatabaseRestarts, RestartDatabase
 
 # What a daemon's start would import (httpcore and h2 come with its provider
 # transport, the PostgreSQL store on its first use): imported once, in the
@@ -49,6 +51,8 @@ PRELOAD = [
     "tests.torture.crash_loop",
 ]
 READY_SECONDS = 60.0
+# On PostgreSQL, the share of cycles that restart the database server.
+RESTART_SHARE = 0.125
 CHECK_TRIES = 50
 
 
@@ -70,7 +74,11 @@ def serve(argv: list[str], log: Path, ack_before_commit: bool) -> None:
     from sidecar import cli, server  # noqa: PLC0415 - preloaded, in the child
     from tests.torture import crash_broken as broken  # noqa: PLC0415
 
-    daemon = broken.AckBeforeCommitDaemon if ack_before_commit else server.Daemon
+    daemon: type[server.Daemon] = server.Daemon
+    if ack_before_commit and "--store" in argv:
+        daemon = broken.AckBeforeCommitPgDaemon
+    elif ack_before_commit:
+        daemon = broken.AckBeforeCommitDaemon
     raise SystemExit(cli.main(argv, daemon_class=daemon))
 
 
@@ -98,10 +106,16 @@ class LoopSpec:
     reexecute_unknown: bool = False
     # Stop at the first cycle whose check fails (the controls).
     stop_on_violation: bool = False
-    # On PostgreSQL: ends the daemon's database connections, as a database
-    # restart does (`pg_terminate_backend`); some cycles do that instead of
-    # a kill.
+    # On PostgreSQL: ends the daemon's database connections
+    # (`pg_terminate_backend`); some cycles do that instead of a kill.
     drop_connections: Callable[[], int] | None = None
+    # On PostgreSQL: stops the database server and starts it again; this
+    # share of the cycles, at places drawn from the seed, do that.
+    restart_database: RestartDatabase | None = None
+    restart_share: float = RESTART_SHARE
+    # How long the database stays away in a long outage, seconds; None: no
+    # long outages (`crash_database.LONG_SHARE`).
+    long_outage: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -138,6 +152,18 @@ class Loop:
         self.runs = 0
         self.checker = Checker(self.counter, self.acks)
         self.figures = self.checker.figures
+        self.database: DatabaseRestarts | None = None
+        self.restart_cycles: set[int] = set()
+        if spec.restart_database is not None:
+            self.database = DatabaseRestarts(
+                spec.restart_database,
+                self.target,
+                self.rng,
+                self.figures,
+                spec.long_outage,
+            )
+            count = round(spec.cycles * spec.restart_share)
+            self.restart_cycles = set(self.rng.sample(range(1, spec.cycles + 1), count))
 
     # -- processes -----------------------------------------------------------
 
@@ -237,7 +263,11 @@ class Loop:
         found = self.refill()
         time.sleep(self.rng.uniform(*self.spec.delay))
         draw = self.rng.random()
-        if self.spec.drop_connections is not None and draw < 0.2:
+        if n in self.restart_cycles:
+            assert self.database is not None
+            assert self.daemon is not None
+            found += self.database.cycle(n, self.daemon.is_alive)
+        elif self.spec.drop_connections is not None and draw < 0.2:
             self.figures.connections_dropped += self.spec.drop_connections()
         elif draw < 0.6:
             self.kill_daemon()
@@ -258,16 +288,21 @@ class Loop:
         active = {s.run_id for s in self.agents}
         for _ in range(CHECK_TRIES - 1):
             try:
-                with Client(self.target, timeout=30.0, session=False) as client:
-                    return self.checker.check(client, active, full=full)
+                return self._check(active, full=full)
             except EffectdError as exc:
                 # Storage unavailable for a moment (its connections just
                 # ended): the answer says to try again.
                 if exc.code.name != "UNAVAILABLE":
                     raise
                 time.sleep(0.1)
+        return self._check(active, full=full)
+
+    def _check(self, active: set[str], *, full: bool) -> list[str]:
         with Client(self.target, timeout=30.0, session=False) as client:
-            return self.checker.check(client, active, full=full)
+            found = self.checker.check(client, active, full=full)
+            if full and self.database is not None:
+                found += self.database.probes.check(client)
+            return found
 
     def finish(self) -> list[str]:
         """The last check: every agent stopped, every record listed."""

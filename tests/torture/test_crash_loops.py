@@ -1,18 +1,25 @@
 """Crash loops with an external side-effect counter (issue 15): agents in
 their own processes run tool calls through the safe tool call while the
 daemon, or one agent, is killed with SIGKILL at random moments and started
-again; after every cycle the store is compared with what the agents executed
-and what the daemon acknowledged (`tests.torture.crash_checks`), and on LMDB
-the files a daemon kill left are verified (`crash_loop.lmdb_consistency`).
+again, and on PostgreSQL the daemon's connections are ended and the database
+server itself restarted (immediate and fast stops of a private cluster,
+`tests.support.pg_cluster`); after every cycle the store is compared with
+what the agents executed and what the daemon acknowledged
+(`tests.torture.crash_checks`), and on LMDB the files a daemon kill left are
+verified (`crash_loop.lmdb_consistency`).
 
 `TORTURE_CRASH_CYCLES` sets the cycles on LMDB (150 here, thousands in `make
 torture-deep`), `TORTURE_CRASH_PG_CYCLES` on PostgreSQL (50 here),
 `TORTURE_CRASH_SEED` the seed (printed), and `TORTURE_REPORT` a file to which
 the figures are written (NAME-crash-lmdb.json, NAME-crash-postgres.json).
+One PostgreSQL cycle in eight restarts the database; beyond the fast
+setting's cycles, one restart in eight of those leaves it away for
+`LONG_OUTAGE` seconds.
 
-The negative controls: a daemon that answers before its commit, and an agent
-that executes a side effect the ledger handed to reconciliation; the same
-checks must catch each.
+The negative controls: a daemon that answers before its commit (killed, on
+LMDB; its database restarted, on PostgreSQL), and an agent that executes a
+side effect the ledger handed to reconciliation; the same checks must catch
+each.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import postgres
-from tests.torture.crash_loop import LoopSpec, Outcome, run_loop
+from sidecar.storage import pg_schema
+from tests.support.pg_cluster import private_cluster
+from tests.torture.crash_loop import RESTART_SHARE, LoopSpec, Outcome, run_loop
 
 # The fast setting of `make test`: 200 cycles in all, about a minute on a
 # quiet machine.
@@ -35,6 +43,9 @@ VARIABLES = {"lmdb": "TORTURE_CRASH_CYCLES", "postgres": "TORTURE_CRASH_PG_CYCLE
 # The loop's bound in time: a few seconds a cycle at the most, on a loaded
 # machine.
 SECONDS_PER_CYCLE = 3
+# A long outage of the database, seconds: long enough for the daemon's
+# connection pools to back off (`crash_database`).
+LONG_OUTAGE = (5.0, 20.0)
 
 
 def _cycles(store: str) -> int:
@@ -73,13 +84,16 @@ def test_every_promise_holds_through_kill_loops(store: str, short_tmp: Path) -> 
     cycles = _cycles(store)
     print(f"crash loop on {store}: seed={seed} cycles={cycles}", flush=True)
     if store == "postgres":
-        with postgres.database() as url, postgres.schema(url) as store_url:
+        with private_cluster() as cluster:
+            pg_schema.migrate_url(cluster.url)
             spec = LoopSpec(
                 short_tmp,
                 seed,
                 cycles,
-                store_url=store_url,
-                drop_connections=functools.partial(postgres.terminate, "effectd", url),
+                store_url=cluster.url,
+                drop_connections=functools.partial(cluster.terminate, "effectd"),
+                restart_database=cluster.restart,
+                long_outage=LONG_OUTAGE if cycles > FAST_CYCLES[store] else None,
             )
             outcome = run_loop(spec)
     else:
@@ -92,6 +106,8 @@ def test_every_promise_holds_through_kill_loops(store: str, short_tmp: Path) -> 
     # acknowledged commits compared.
     assert figures.daemon_kills > 0
     assert figures.agent_kills > 0
+    if store == "postgres":
+        assert figures.database_restarts == round(cycles * RESTART_SHARE)
     assert figures.effects > 0
     assert figures.acknowledged > 0
 
@@ -124,3 +140,31 @@ def test_negative_control_is_caught(
     outcome = run_loop(spec)
     print(f"caught at cycle {outcome.caught_at}: {outcome.violations[:3]}")
     assert any(caught_by in v for v in outcome.violations), outcome.violations
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_database_restarts_catch_an_answer_before_commit(short_tmp: Path) -> None:
+    """A PostgreSQL daemon that answers before its COMMIT returns
+    (`tests.support.pg_ack_before_commit`), its database restarted at every
+    cycle and never killed itself: the loop's checks find a write
+    acknowledged as committed that the database does not hold, within a few
+    cycles."""
+    seed = _seed()
+    print(f"crash loop control pg_ack_before_commit: seed={seed}", flush=True)
+    with private_cluster() as cluster:
+        pg_schema.migrate_url(cluster.url)
+        spec = LoopSpec(
+            short_tmp,
+            seed,
+            CONTROL_CYCLES,
+            store_url=cluster.url,
+            restart_database=cluster.restart,
+            restart_share=1.0,
+            ack_before_commit=True,
+            stop_on_violation=True,
+        )
+        outcome = run_loop(spec)
+    print(f"caught at cycle {outcome.caught_at}: {outcome.violations[:3]}")
+    assert outcome.figures.daemon_kills == 0
+    assert any("acknowledged" in v for v in outcome.violations), outcome.violations
