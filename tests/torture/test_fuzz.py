@@ -165,7 +165,11 @@ def fuzz(
         )
         @hypothesis.given(strategy, st.integers(0, (1 << 32) - 1))
         def one(sequence: list[Step], mutation_seed: int) -> None:
-            if done() and not found:
+            if found:
+                # Hypothesis runs the failing example again: it fails alike
+                # (the daemon's state moved on; it might not fail again).
+                raise AssertionError(f"{found[-1].step[0]}: {found[-1].problems}")
+            if done():
                 return
             rng = random.Random(mutation_seed)  # noqa: S311 - not a secret
             for step in sequence:
