@@ -77,8 +77,9 @@ node-test: $(INSTALLED)
 ## TORTURE_LIN_HISTORIES linearizability histories per store of
 ## TORTURE_LIN_SECONDS seconds each, with TORTURE_LIN_CLIENTS clients on calls and
 ## as many on checkpoints, under pauses and kills, figures beside TORTURE_REPORT.
-## The fuzz test sends TORTURE_FUZZ_EXECS requests, TORTURE_FUZZ_MUTANTS mutants
-## of each drawn one (its figures beside TORTURE_REPORT, NAME-fuzz.json).
+## The fuzz test sends TORTURE_FUZZ_EXECS requests on LMDB and TORTURE_FUZZ_PG_EXECS
+## on PostgreSQL, TORTURE_FUZZ_MUTANTS mutants of each drawn one (its figures beside
+## TORTURE_REPORT, NAME-fuzz-lmdb.json and NAME-fuzz-postgres.json).
 TORTURE_EXAMPLES ?= 2000
 TORTURE_PG_EXAMPLES ?= 300
 TORTURE_STEPS ?= 60
@@ -90,6 +91,7 @@ TORTURE_LIN_SECONDS ?= 30
 TORTURE_LIN_CLIENTS ?= 5
 TORTURE_REPORT ?= torture-report.json
 TORTURE_FUZZ_EXECS ?= 100000
+TORTURE_FUZZ_PG_EXECS ?= $(TORTURE_FUZZ_EXECS)
 TORTURE_FUZZ_MUTANTS ?= 9
 torture-deep: $(DEV_INSTALLED)
 	TORTURE_EXAMPLES=$(TORTURE_EXAMPLES) TORTURE_PG_EXAMPLES=$(TORTURE_PG_EXAMPLES) \
@@ -98,7 +100,7 @@ torture-deep: $(DEV_INSTALLED)
 	  TORTURE_CRASH_PG_CYCLES=$(TORTURE_CRASH_PG_CYCLES) \
 	  TORTURE_LIN_HISTORIES=$(TORTURE_LIN_HISTORIES) TORTURE_LIN_SECONDS=$(TORTURE_LIN_SECONDS) \
 	  TORTURE_LIN_CLIENTS=$(TORTURE_LIN_CLIENTS) \
-	  TORTURE_FUZZ_EXECS=$(TORTURE_FUZZ_EXECS) \
+	  TORTURE_FUZZ_EXECS=$(TORTURE_FUZZ_EXECS) TORTURE_FUZZ_PG_EXECS=$(TORTURE_FUZZ_PG_EXECS) \
 	  TORTURE_FUZZ_MUTANTS=$(TORTURE_FUZZ_MUTANTS) \
 	  TORTURE_REPORT=$(abspath $(TORTURE_REPORT)) TORTURE_CONTROL_SEARCH=1 \
 	  $(PY) -m pytest tests/torture -q -s -p no:cacheprovider $(PYTEST_ARGS)

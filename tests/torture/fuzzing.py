@@ -1,17 +1,20 @@
-"""The daemon side of the fuzz test: one real daemon (LMDB, the manual clock,
-a provider route to a local upstream) with records seeded in every state,
-every RPC of every service found from the descriptors, raw request bytes sent
-on a generic channel, and each answer checked.
+"""The daemon side of the fuzz test: one real daemon (on LMDB or on a
+PostgreSQL store of its own, the manual clock, a provider route to a local
+upstream) with records seeded in every state, every RPC of every service
+found from the descriptors, raw request bytes sent on a generic channel, and
+each answer checked.
 
 Checked for every request: the answer is never UNKNOWN or INTERNAL (nor a
 plain DEADLINE_EXCEEDED: a hang); a refusal of an effectd service carries
 ErrorInfo (domain `effectd`) whose reason is a value of the `ErrorReason`
 enum and whose code is the one the error table gives that reason; bad input
 is INVALID_REQUEST with its field violations; and a refused request writes
-nothing (the LMDB store's count of rows written is unchanged). Only the
-transport's RESOURCE_EXHAUSTED for a message over its limit carries no
-ErrorInfo. The session stream is sent its messages one at a time, each
-answer checked the same way.
+nothing: the count of rows the store committed is unchanged (LMDB's own
+count; on PostgreSQL, one kept by triggers on the store's tables,
+`tests.support.pg_writes`, which counts every row any transaction committed,
+whoever wrote it). Only the transport's RESOURCE_EXHAUSTED for a message
+over its limit carries no ErrorInfo. The session stream is sent its messages
+one at a time, each answer checked the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import os
 import pkgutil
 import queue
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +53,7 @@ from sidecar.testing import RunningDaemon, running_daemon
 from tests.provider.support import FakeSleep
 from tests.provider.upstream import Reply, serving
 from tests.rpc.support import Refusal, decode, decode_status, prepare_request, ref
+from tests.support import pg_writes
 
 NS, RUN = "fz", "run"
 SESSION = "/effectd.v1.ToolLedger/Session"
@@ -143,32 +149,84 @@ class Figures:
         self.by_answer[answer] = self.by_answer.get(answer, 0) + 1
 
 
+class InFlight:
+    """The writes handed to a store's writer threads (`Store.submit`) and
+    not resolved yet. A session message cut by its own short deadline may
+    have handed its write over: the write commits (or not) after the answer,
+    and must not be counted as the next request's."""
+
+    # A write the store has not resolved by then is a hang.
+    SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[futures.Future[Any]] = set()
+
+    def track(self, store: Store) -> None:
+        submit = store.submit
+
+        def tracked(fn: Callable[[Any], Any]) -> futures.Future[Any]:
+            future = submit(fn)
+            with self._lock:
+                self._pending.add(future)
+            future.add_done_callback(self._resolved)
+            return future
+
+        store.submit = tracked  # type: ignore[method-assign]
+
+    def _resolved(self, future: futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def settle(self) -> None:
+        """Waits until every write handed over so far is resolved."""
+        with self._lock:
+            pending = list(self._pending)
+        _, unresolved = futures.wait(pending, timeout=self.SECONDS)
+        assert not unresolved, f"{len(unresolved)} store writes never resolved"
+
+
 class KeepingDaemon(Daemon):
-    """Keeps the store it opens, so the test can count its writes."""
+    """Keeps the store it opens, so the test can count its writes, and
+    tracks the writes it hands to the store's writer threads."""
 
     store: Store
 
     def open_store(self) -> Store:
         self.store = super().open_store()
+        self.in_flight = InFlight()
+        self.in_flight.track(self.store)
         return self.store
 
 
 class Target:
-    """One fuzzed daemon and the checks of its answers."""
+    """One fuzzed daemon and the checks of its answers; `store` names its
+    store ("lmdb" or "postgres")."""
 
-    def __init__(self, running: RunningDaemon, channel: grpc.Channel, root: Path):
+    def __init__(
+        self,
+        running: RunningDaemon,
+        channel: grpc.Channel,
+        root: Path,
+        rows_written: Callable[[], int],
+        store: str,
+    ):
         self.running = running
+        self.store = store
         self.channel = channel
         self.root = root
+        self._rows_written = rows_written
         daemon = running.daemon
         assert isinstance(daemon, KeepingDaemon)
-        assert isinstance(daemon.store, LmdbStore)
-        self.store: LmdbStore = daemon.store
+        self._in_flight = daemon.in_flight
         self.codes = reason_codes()
         self.figures = Figures()
 
     def writes(self) -> int:
-        return self.store.stats.writes
+        """The rows the store has committed, once every write handed to it
+        is resolved."""
+        self._in_flight.settle()
+        return self._rows_written()
 
     # -- sending -------------------------------------------------------------
 
@@ -345,10 +403,11 @@ def _seed(channel: grpc.Channel) -> None:
 
 @contextmanager
 def fuzzed_daemon(
-    daemon_class: type[KeepingDaemon] = KeepingDaemon,
+    daemon_class: type[KeepingDaemon] = KeepingDaemon, store: str | None = None
 ) -> Iterator[Target]:
     """A daemon for a fuzz run, seeded, with a provider route `up` to a local
-    upstream that answers 200 to everything."""
+    upstream that answers 200 to everything; on LMDB, or on the PostgreSQL
+    store at `store` (a migrated schema the run owns)."""
     with ExitStack() as stack:
         root = Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="effectd-fz-"))
@@ -360,8 +419,12 @@ def fuzzed_daemon(
             f'[routes.up]\nbase_url = "{upstream.base_url}"\n'
             f'credential_file = "{root / "key"}"\npaths = ["/v1/"]\n'
         )
+        rows_written: Callable[[], int] | None = None
+        if store is not None:
+            rows_written = stack.enter_context(pg_writes.counted(store))
         config = ServeConfig(
             data_dir=root / "data",
+            store=store,
             sync=False,
             providers_file=providers,
             settle_interval_seconds=1e9,
@@ -381,8 +444,16 @@ def fuzzed_daemon(
                 ],
             )
         )
+        if rows_written is None:
+            lmdb = daemon.store
+            assert isinstance(lmdb, LmdbStore)
+            rows_written = lambda: lmdb.stats.writes  # noqa: E731
         _seed(channel)
-        yield Target(running, channel, root)
+        # The count sees the seeding's writes: it cannot pass by counting
+        # nothing.
+        assert rows_written() > 0, "the count of rows written missed the seeding"
+        kind = "lmdb" if store is None else "postgres"
+        yield Target(running, channel, root, rows_written, kind)
 
 
 def with_sandbox_pools(root: Path) -> dict[str, tuple[str, ...]]:
