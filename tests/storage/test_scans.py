@@ -24,9 +24,8 @@ ROWS = 50
 WAIT = 30.0
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LmdbStore]:
-    s = LmdbStore(tmp_path / "data", LmdbOptions(sync=False))
+def _filled(s: LmdbStore) -> Iterator[LmdbStore]:
+    """`s` holding ROWS rows, closed after the test."""
 
     def fill(view: WriteView) -> None:
         for i in range(ROWS):
@@ -37,6 +36,11 @@ def store(tmp_path: Path) -> Iterator[LmdbStore]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LmdbStore]:
+    yield from _filled(LmdbStore(tmp_path / "data", LmdbOptions(sync=False)))
 
 
 class Held:
@@ -232,17 +236,7 @@ class WaitingLmdbStore(LmdbStore):
 
 @pytest.fixture
 def waiting(tmp_path: Path) -> Iterator[LmdbStore]:
-    s = WaitingLmdbStore(tmp_path / "waiting", LmdbOptions(sync=False))
-
-    def fill(view: WriteView) -> None:
-        for i in range(ROWS):
-            view.put(Table.CHECKPOINTS, b"row-%03d" % i, b"x")
-
-    s.submit(fill).result()
-    try:
-        yield s
-    finally:
-        s.close()
+    yield from _filled(WaitingLmdbStore(tmp_path / "waiting", LmdbOptions(sync=False)))
 
 
 def test_a_point_read_of_a_store_whose_reads_never_wait_runs_inline(
