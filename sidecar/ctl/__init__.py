@@ -2,7 +2,9 @@
 human, inspect, approve, reject, reconcile, put a tool's open calls into
 reconciliation, recover, verify and list the audit log, back up while
 serving, reload the policy; and, offline, restore a backup
-(`sidecar.ctl.restore`).
+(`sidecar.ctl.restore`). Each command is a module of its own that builds its
+parser (`register`) and holds the function that runs it; `sidecar.ctl.parser`
+has the options every command shares.
 
 This module is the console's error boundary: it turns what can go wrong into
 the exit codes scripts rely on (0 ok, 1 refused by the daemon with its
@@ -20,7 +22,7 @@ import sys
 import grpc
 
 from effectd_client import EffectdError
-from sidecar.ctl.commands import command_of
+from sidecar.ctl.args import Run
 from sidecar.ctl.console import Console
 from sidecar.ctl.credentials import UsageError, connection
 from sidecar.ctl.output import emit_json
@@ -135,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"effectd ctl: {exc}", file=sys.stderr)
         return USAGE
     try:
-        return command_of(args)(console, args)
+        command: Run = args.handler
+        return command(console, args)
     except EffectdError as exc:
         handshake = _handshake_failure(exc, target, args) if _unreachable(exc) else None
         if handshake is not None:

@@ -1,155 +1,16 @@
-"""The Admin commands of `effectd ctl`: put a tool's open calls into
-reconciliation, verify and list the audit log, back up while serving, reload
-the policy, the store's statistics, and the daemons that share the store.
+"""The store views of `effectd ctl`: `stats`, what each namespace holds,
+and `daemons`, the daemons that share the store.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
 from effectd.v1 import admin_pb2 as apb
 
-from sidecar.ctl.console import OK, Console, actor
-from sidecar.ctl.output import emit_json, enum_name, fields, state_name, table, when
-
-AUDIT_BROKEN = 4
-
-
-def enter_reconciliation(con: Console, args: argparse.Namespace) -> int:
-    done = con.call(
-        con.admin.EnterReconciliation,
-        apb.EnterReconciliationRequest(
-            tool_name=args.tool,
-            namespace=con.namespace,
-            reason=args.reason,
-            operator=actor(con, args.operator),
-        ),
-    )
-    if args.json:
-        emit_json(done)
-        return OK
-    forced = done.prepared + done.awaiting_approval + done.started + done.unknown
-    audit = (
-        f"{done.first_audit_sequence}..{done.last_audit_sequence}" if forced else "-"
-    )
-    fields(
-        [
-            ("tool", done.tool_name),
-            ("now side effects", forced),
-            ("  unknown", done.unknown),
-            ("  started", done.started),
-            ("  awaiting", done.awaiting_approval),
-            ("  prepared", done.prepared),
-            ("already", done.already_side_effect),
-            ("audit entries", audit),
-            ("unknown scheme", done.skipped_unknown_key_scheme),
-        ]
-    )
-    return OK
-
-
-def audit_verify(con: Console, args: argparse.Namespace) -> int:
-    v = con.call(con.admin.VerifyAudit, apb.VerifyAuditRequest())
-    if args.json:
-        emit_json(v)
-    elif v.ok:
-        print(f"audit log intact: {v.entries_checked} entries verified")
-    else:
-        print(
-            f"audit log BROKEN at entry {v.first_bad_sequence}: {v.problem} "
-            f"({v.entries_checked} entries verified before it)"
-        )
-    return OK if v.ok else AUDIT_BROKEN
-
-
-def audit_list(con: Console, args: argparse.Namespace) -> int:
-    entries: list[apb.AuditEntry] = []
-    token = ""
-    while args.limit <= 0 or len(entries) < args.limit:
-        page = con.call(
-            con.admin.ListAudit,
-            apb.ListAuditRequest(
-                namespace=con.namespace,
-                newest_first=args.newest_first,
-                page_token=token,
-            ),
-        )
-        entries.extend(page.entries)
-        token = page.next_page_token
-        if not token:
-            break
-    if args.limit > 0:
-        entries = entries[: args.limit]
-    if args.json:
-        emit_json(entries)
-        return OK
-    rows = [
-        [
-            e.sequence,
-            when(e.at),
-            enum_name(apb.AuditAction.Name(e.action), "AUDIT_ACTION_"),
-            e.actor,
-            f"{e.ref.namespace}/{e.ref.run_id}/{e.ref.call_id}"
-            if e.ref.run_id
-            else "-",
-            f"{state_name(e.state_before)}->{state_name(e.state_after)}"
-            if e.ref.run_id
-            else "-",
-            e.reason,
-        ]
-        for e in entries
-    ]
-    if rows:
-        table(("SEQ", "AT", "ACTION", "ACTOR", "CALL", "STATES", "REASON"), rows)
-    else:
-        print("no audit entries")
-    return OK
-
-
-def backup(con: Console, args: argparse.Namespace) -> int:
-    # The daemon resolves nothing: send it an absolute path.
-    path = os.path.abspath(args.path)
-    done = con.call(con.admin.Backup, apb.BackupRequest(path=path))
-    if args.json:
-        emit_json(done)
-    else:
-        # `ctl restore` only reads the backup and marks its copy; a daemon
-        # started on the backup itself would change it and mark nothing.
-        print(
-            f"backed up {done.bytes} bytes to {done.path}\n"
-            "restore (offline, the daemon stopped): "
-            f"effectd ctl restore {done.path} --data-dir DIR"
-        )
-    return OK
-
-
-def policy_reload(con: Console, args: argparse.Namespace) -> int:
-    done = con.call(con.admin.ReloadPolicy, apb.ReloadPolicyRequest(reason=args.reason))
-    if args.json:
-        emit_json(done)
-        return OK
-    p = done.policy
-    fields(
-        [
-            ("file", done.file),
-            ("audit entry", done.audit_sequence),
-            ("changed", ", ".join(done.changed) or "nothing"),
-            ("retry_safe", "on" if p.retry_safe else "off"),
-            ("max_attempts", p.max_attempts),
-            ("default_lease_ms", p.default_lease_ms),
-            ("retention_seconds", p.retention_seconds),
-            ("unacknowledged_retention_seconds", p.unacknowledged_retention_seconds),
-            ("tombstone_seconds", p.tombstone_seconds),
-            ("forced side effects", ", ".join(p.forced_side_effect_tools) or "-"),
-            (
-                "kept inputs",
-                ("every call" if p.keep_inputs else "calls awaiting approval")
-                + f" (policy cap {p.max_kept_input_bytes} bytes)",
-            ),
-        ]
-    )
-    return OK
+from sidecar.ctl import args as a
+from sidecar.ctl.console import OK, Console
+from sidecar.ctl.output import emit_json, enum_name, table, when
 
 
 def _limit(value: float) -> str:
@@ -251,3 +112,28 @@ def daemons(con: Console, args: argparse.Namespace) -> int:
         f"read at {when(done.read_at)}"
     )
     return OK
+
+
+def register(cmds: a.Subparsers) -> None:
+    """`stats` and `daemons`: what the store holds, and who serves it."""
+    a.command(
+        cmds,
+        "stats",
+        stats,
+        help="what each namespace holds: open calls by state, bytes, quotas",
+        description="Per namespace (or the one of --namespace): calls not yet "
+        "committed, by state (AWAITING and UNKNOWN wait for a person), and the "
+        "bytes stored, against the quotas in force.",
+    )
+    a.command(
+        cmds,
+        "daemons",
+        daemons,
+        help="the daemons sharing the store: registrations, standing, calls held",
+        description="Every registration the store keeps, oldest first: the "
+        "daemon id, its incarnation, whether it is live, lapsed (its daemon "
+        "died or lost the store), ended (a clean stop) or superseded (a "
+        "restart), when it registered, last renewed and lapses unless renewed, "
+        "and the STARTED calls whose lease it granted (those its lapse settles "
+        "to UNKNOWN). `*` marks the daemon that answers.",
+    )

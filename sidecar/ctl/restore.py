@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from sidecar.clock import SystemClock
+from sidecar.ctl import args as a
 from sidecar.ctl.console import user
 from sidecar.ctl.output import emit_json, fields
 from sidecar.storage.pg_restore import mark_database
@@ -32,6 +34,52 @@ UNKNOWABLE = (
     "agents resume; then reconcile the UNKNOWN calls (effectd ctl list --state "
     "unknown)."
 )
+
+
+def register(cmds: a.Subparsers) -> None:
+    p = cmds.add_parser(
+        "restore",
+        help="restore a backup into a data directory, or mark a restored "
+        "database, offline (audited)",
+        description="Copies BACKUP into --data-dir while no daemon runs there, "
+        "and marks the copy restored before it can answer anything: every call "
+        "that is not COMMITTED becomes UNKNOWN (a side effect then answers "
+        "RECONCILE until reconciled), and the restore is written to the audit "
+        "log. Refused while a daemon serves --data-dir, when --data-dir already "
+        "holds a store (move it aside), or when BACKUP is not a store. With "
+        "--store URL instead, marks the PostgreSQL database at URL the same way "
+        "in place, after you restored BACKUP into it with the database's own "
+        "tools (BACKUP is then only named in the marker and the audit entry); "
+        "refused while a daemon's registration there is live. Calls recorded "
+        "after the backup was taken are not in it: nothing can tell that they "
+        "ran. Talks to no daemon. Exit 0 restored, 1 refused, 2 usage.",
+    )
+    p.add_argument(
+        "backup",
+        type=Path,
+        metavar="BACKUP",
+        help="the backup directory (with --store: the dump or recovery point "
+        "restored, as you name it)",
+    )
+    into = p.add_mutually_exclusive_group(required=True)
+    into.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="the data directory to restore into: new, or without a store",
+    )
+    into.add_argument(
+        "--store",
+        metavar="URL",
+        help="the PostgreSQL database restored from BACKUP, to mark in place",
+    )
+    a.reason(p)
+    p.add_argument(
+        "--operator",
+        default=None,
+        metavar="NAME",
+        help="who restores (default $USER)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
