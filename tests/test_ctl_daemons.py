@@ -60,12 +60,12 @@ def test_one_daemon_lists_itself_with_the_calls_it_started(
         listing = daemons(running.target)
     (me,) = listing["daemons"]
     assert me["daemon_id"] == "pod-a"
-    assert me["standing"] == "DAEMON_STANDING_LIVE"
-    assert me["started_calls"] == "2"
+    assert me["standing"] == "LIVE"
+    assert me["started_calls"] == 2
     assert me["answering"] is True
     assert me["incarnation"] == listing["incarnation"]
     assert listing["shared"] is (store_kind == "postgres")
-    assert "ended_at" not in me
+    assert me["ended_at"] is None
 
 
 def test_a_restart_on_lmdb_shows_the_superseded_incarnation(
@@ -78,9 +78,9 @@ def test_a_restart_on_lmdb_shows_the_superseded_incarnation(
         _start(running.target, "run-1", "c1")
     with running_daemon(cfg, clock) as running:
         earlier, now = daemons(running.target)["daemons"]
-    assert earlier["standing"] == "DAEMON_STANDING_SUPERSEDED"
+    assert earlier["standing"] == "SUPERSEDED"
     assert earlier["superseded_by"] == now["incarnation"]
-    assert earlier["started_calls"] == "0"
+    assert earlier["started_calls"] == 0
     assert now["answering"] is True
 
 
@@ -115,19 +115,19 @@ def test_every_daemon_of_one_database_is_listed_by_any_of_them(
         seen = by_id(listing)
         assert set(seen) == {"pod-a", "pod-b"}
         assert {d: seen[d]["standing"] for d in seen} == {
-            "pod-a": "DAEMON_STANDING_LIVE",
-            "pod-b": "DAEMON_STANDING_LIVE",
+            "pod-a": "LIVE",
+            "pod-b": "LIVE",
         }
         assert (seen["pod-a"]["started_calls"], seen["pod-b"]["started_calls"]) == (
-            "1",
-            "2",
+            1,
+            2,
         )
         assert [d for d in seen if seen[d]["answering"]] == [answering]
         assert listing["shared"] is True
     ended = by_id(after)["pod-b"]
-    assert ended["standing"] == "DAEMON_STANDING_ENDED"
-    assert "ended_at" in ended
-    assert ended["started_calls"] == "2"
+    assert ended["standing"] == "ENDED"
+    assert ended["ended_at"] is not None
+    assert ended["started_calls"] == 2
 
 
 @pytest.mark.parametrize("store_kind", ["postgres"])

@@ -162,8 +162,11 @@ def run(args: argparse.Namespace) -> int:
                         "code": exc.code.name,
                         "reason": exc.reason,
                         "message": exc.message,
-                        "metadata": exc.metadata,
-                        "violations": list(exc.violations),
+                        "metadata": dict(exc.metadata),
+                        "violations": [
+                            {"field": v.field, "description": v.description}
+                            for v in exc.violations
+                        ],
                     }
                 }
             )

@@ -63,10 +63,22 @@ def actor(p: argparse.ArgumentParser, flag: str = "--operator") -> None:
     )
 
 
+def json_flag(p: argparse.ArgumentParser) -> None:
+    """`--json` after the command too: `ctl list --json` as `ctl --json list`.
+    Absent, it leaves the global flag's value as it is."""
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print JSON for scripts (docs/operations.md: one shape per record)",
+    )
+
+
 def command(
     cmds: Subparsers, name: str, run: Run, **kwargs: Any
 ) -> argparse.ArgumentParser:
-    """The parser of one command, which runs `run`."""
+    """The parser of one command, which runs `run`, with `--json`."""
     p = cmds.add_parser(name, **kwargs)
     p.set_defaults(handler=run)
+    json_flag(p)
     return p

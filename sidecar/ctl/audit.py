@@ -9,7 +9,8 @@ from effectd.v1 import admin_pb2 as apb
 
 from sidecar.ctl import args as a
 from sidecar.ctl.console import OK, Console
-from sidecar.ctl.output import emit_json, enum_name, state_name, table, when
+from sidecar.ctl.output import emit_json, enum_name, table, when
+from sidecar.ctl.states import audit_after, state_name
 
 AUDIT_BROKEN = 4
 
@@ -64,7 +65,7 @@ def audit_list(con: Console, args: argparse.Namespace) -> int:
     if args.limit > 0:
         entries = entries[: args.limit]
     if args.json:
-        emit_json(entries)
+        emit_json({"entries": entries})
         return OK
     rows = [
         [
@@ -75,9 +76,7 @@ def audit_list(con: Console, args: argparse.Namespace) -> int:
             f"{e.ref.namespace}/{e.ref.run_id}/{e.ref.call_id}"
             if e.ref.run_id
             else "-",
-            f"{state_name(e.state_before)}->{state_name(e.state_after)}"
-            if e.ref.run_id
-            else "-",
+            f"{state_name(e.state_before)}->{audit_after(e)}" if e.ref.run_id else "-",
             e.reason,
         ]
         for e in entries

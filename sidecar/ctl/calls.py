@@ -5,25 +5,31 @@ from __future__ import annotations
 
 import argparse
 
-from effectd_client import ToolCall
-from sidecar.ctl.output import emit_json, table
+from effectd.v1 import ledger_pb2 as pb
+
+from sidecar.ctl.output import emit_json, enum_name, table
+from sidecar.ctl.states import display_state
 
 CALL_HEADERS = ("STATE", "RUN", "CALL", "TOOL", "EFFECT", "REV", "ATTEMPT")
 
 
-def call_row(c: ToolCall) -> list[object]:
+def effect_name(value: pb.Effect.ValueType) -> str:
+    return enum_name(pb.Effect.Name(value), "EFFECT_")
+
+
+def call_row(c: pb.ToolCall) -> list[object]:
     return [
-        c.state.name,
-        c.run_id,
-        c.call_id,
+        display_state(c),
+        c.ref.run_id,
+        c.ref.call_id,
         c.tool_name,
-        c.effect.name,
+        effect_name(c.effect),
         c.revision,
         c.attempt,
     ]
 
 
-def print_call(args: argparse.Namespace, call: ToolCall) -> None:
+def print_call(args: argparse.Namespace, call: pb.ToolCall) -> None:
     """One call, as the answer to a command that changed it."""
     if args.json:
         emit_json(call)

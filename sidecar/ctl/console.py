@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import grpc
-from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc
+from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
+from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, Connection, EffectdError
 
@@ -63,6 +64,18 @@ class Console:
     @property
     def ledger(self) -> ledger_pb2_grpc.ToolLedgerStub:
         return ledger_pb2_grpc.ToolLedgerStub(self._stub_channel())
+
+    @property
+    def recovery(self) -> recovery_pb2_grpc.RecoveryStub:
+        return recovery_pb2_grpc.RecoveryStub(self._stub_channel())
+
+    def ref(self, run_id: str, call_id: str) -> pb.CallRef:
+        return pb.CallRef(namespace=self.namespace, run_id=run_id, call_id=call_id)
+
+    def tool_call(self, run_id: str, call_id: str) -> pb.ToolCall:
+        """The whole record of one call."""
+        request = pb.GetToolCallRequest(ref=self.ref(run_id, call_id))
+        return self.call(self.ledger.GetToolCall, request).call
 
     def call(self, method: Callable[..., T], request: object) -> T:
         try:

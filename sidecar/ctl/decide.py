@@ -8,6 +8,7 @@ import argparse
 from sidecar.ctl import args as a
 from sidecar.ctl.calls import print_call
 from sidecar.ctl.console import OK, Console, actor
+from sidecar.ctl.requests import decide_request
 
 
 def register(cmds: a.Subparsers) -> None:
@@ -32,15 +33,14 @@ def register(cmds: a.Subparsers) -> None:
 
 
 def decide(con: Console, args: argparse.Namespace) -> int:
-    seen = con.client.get_tool_call(args.run, args.call)
-    call = con.client.decide_approval(
-        args.run,
-        args.call,
+    seen = con.tool_call(args.run, args.call)
+    request = decide_request(
+        seen.ref,
         approve=args.ctl_command == "approve",
         approver=actor(con, args.approver),
         reason=args.reason,
-        expected_revision=seen.revision,
-        input_fingerprint=seen.input_fingerprint,
+        revision=seen.revision,
+        fingerprint=seen.input_fingerprint,
     )
-    print_call(args, call)
+    print_call(args, con.call(con.ledger.DecideApproval, request).call)
     return OK

@@ -1,46 +1,36 @@
 """How `effectd ctl` prints: aligned tables for people, JSON for scripts.
 
-Typed client values (frozen dataclasses and enums) and generated protobuf
-messages both become plain JSON values here, so every command prints through
-one of two functions, `table` or `emit_json`.
+Every record printed is the daemon's own message, which becomes JSON in the
+one shape of `sidecar.ctl.schema`; every command prints through one of two
+functions, `table` or `emit_json`.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import enum
 import json
 import sys
 import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from effectd.v1 import ledger_pb2 as pb
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from sidecar.ctl import schema
+
 
 def jsonable(value: Any) -> Any:
-    """A JSON value of a client dataclass, enum, message or container."""
+    """The JSON value of a record (a generated message, in the one shape of
+    `sidecar.ctl.schema`) or of a container of records and plain values."""
     if isinstance(value, Message):
-        return MessageToDict(
-            value,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-        )
-    if isinstance(value, enum.Enum):
-        return value.name
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
-        }
+        return schema.record(value)
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
-    return [jsonable(v) for v in value] if isinstance(value, list | tuple) else value
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    raise TypeError(f"no JSON shape for {type(value).__name__}")
 
 
 def emit_json(value: Any, out: TextIO | None = None) -> None:
@@ -102,8 +92,15 @@ def enum_name(text: str, prefix: str) -> str:
     return text.removeprefix(prefix)
 
 
-def state_name(value: pb.CallState.ValueType) -> str:
-    """A call state as the console prints it, "-" for none."""
-    if value == pb.CALL_STATE_UNSPECIFIED:
-        return "-"
-    return enum_name(pb.CallState.Name(value), "CALL_STATE_")
+def age(ns: int) -> str:
+    """A span of time in its two largest units: `42s`, `12m`, `3h12m`,
+    `2d4h`; a span below zero (another machine's clock) is `0s`."""
+    seconds = max(0, ns // 1_000_000_000)
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{minutes}m"
+    if seconds < 86400:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"

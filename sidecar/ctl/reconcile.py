@@ -8,6 +8,7 @@ import argparse
 from sidecar.ctl import args as a
 from sidecar.ctl.calls import print_call
 from sidecar.ctl.console import OK, Console, actor
+from sidecar.ctl.requests import reconcile_request
 
 
 def register(cmds: a.Subparsers) -> None:
@@ -54,11 +55,10 @@ def register(cmds: a.Subparsers) -> None:
 
 
 def reconcile(con: Console, args: argparse.Namespace) -> int:
-    seen = con.client.get_tool_call(args.run, args.call)
-    call = con.client.reconcile(
-        args.run,
-        args.call,
-        expected_revision=seen.revision,
+    seen = con.tool_call(args.run, args.call)
+    request = reconcile_request(
+        seen.ref,
+        revision=seen.revision,
         operator=actor(con, args.operator),
         reason=args.reason,
         evidence=args.evidence,
@@ -66,5 +66,5 @@ def reconcile(con: Console, args: argparse.Namespace) -> int:
         not_executed=args.not_executed,
         confirmed_dead_attempt=args.confirm_dead_attempt,
     )
-    print_call(args, call)
+    print_call(args, con.call(con.ledger.Reconcile, request).call)
     return OK

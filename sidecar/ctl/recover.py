@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 
+from effectd.v1 import recovery_pb2 as rpb
+
 from sidecar.ctl import args as a
+from sidecar.ctl.calls import effect_name
 from sidecar.ctl.console import OK, Console
-from sidecar.ctl.output import emit_json, table
+from sidecar.ctl.output import emit_json, enum_name, table
+from sidecar.ctl.states import display_state
 
 
 def register(cmds: a.Subparsers) -> None:
@@ -23,8 +27,27 @@ def register(cmds: a.Subparsers) -> None:
     p.add_argument("run", metavar="RUN", help="the run id")
 
 
+def _plan(con: Console, run_id: str) -> rpb.RecoverResponse:
+    """The whole plan of `run_id`, its pages in one answer."""
+    plan = rpb.RecoverResponse()
+    token = ""
+    while True:
+        page = con.call(
+            con.recovery.Recover,
+            rpb.RecoverRequest(
+                namespace=con.namespace, run_id=run_id, page_token=token
+            ),
+        )
+        plan.items.extend(page.items)
+        plan.interrupted |= page.interrupted
+        plan.settled += page.settled
+        token = page.next_page_token
+        if not token:
+            return plan
+
+
 def recover(con: Console, args: argparse.Namespace) -> int:
-    plan = con.client.recover(args.run)
+    plan = _plan(con, args.run)
     if args.json:
         emit_json(plan)
         return OK
@@ -35,11 +58,11 @@ def recover(con: Console, args: argparse.Namespace) -> int:
         ("ACTION", "CALL", "TOOL", "STATE", "EFFECT", "KEY"),
         [
             [
-                i.action.name,
-                i.call.call_id,
+                enum_name(rpb.RecoveryAction.Name(i.action), "RECOVERY_ACTION_"),
+                i.call.ref.call_id,
                 i.call.tool_name,
-                i.call.state.name,
-                i.call.effect.name,
+                display_state(i.call),
+                effect_name(i.call.effect),
                 i.idempotency_key or "-",
             ]
             for i in plan.items

@@ -15,10 +15,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from effectd.v1 import admin_pb2 as apb
+
 from sidecar.clock import SystemClock
 from sidecar.ctl import args as a
 from sidecar.ctl.console import user
 from sidecar.ctl.output import emit_json, fields
+from sidecar.ledger.restore import Marker
 from sidecar.storage.pg_restore import mark_database
 from sidecar.storage.restore import RestoreRefused, restore_backup
 
@@ -80,6 +83,22 @@ def register(cmds: a.Subparsers) -> None:
         metavar="NAME",
         help="who restores (default $USER)",
     )
+    a.json_flag(p)
+
+
+def _restore_info(m: Marker) -> apb.RestoreInfo:
+    """The marker as `ctl stats` shows it, one record in one shape."""
+    info = apb.RestoreInfo(
+        actor=m.actor,
+        reason=m.reason,
+        backup=m.backup,
+        backup_incarnation=m.backup_incarnation,
+        made_unknown=m.made_unknown,
+        restores=m.count,
+        audit_sequence=m.audit_sequence,
+    )
+    info.restored_at.FromNanoseconds(m.at_ns)
+    return info
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +115,13 @@ def run(args: argparse.Namespace) -> int:
         return REFUSED
     m = done.marker
     if args.json:
-        emit_json({"data_dir": str(done.data_dir), "bytes": done.bytes, "marker": m})
+        emit_json(
+            {
+                "data_dir": str(done.data_dir),
+                "bytes": done.bytes,
+                "restored": _restore_info(m),
+            }
+        )
     else:
         fields(
             [
@@ -127,7 +152,7 @@ def run_database(args: argparse.Namespace, *, shown: str, password: str | None) 
         print(f"effectd ctl restore: {shown}: refused: {text}", file=sys.stderr)
         return REFUSED
     if args.json:
-        emit_json({"store": shown, "marker": m})
+        emit_json({"store": shown, "restored": _restore_info(m)})
         return OK
     fields(
         [

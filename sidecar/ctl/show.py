@@ -15,10 +15,10 @@ from sidecar.ctl.output import (
     enum_name,
     fields,
     printable,
-    state_name,
     table,
     when,
 )
+from sidecar.ctl.states import display_state, state_name, transition_to
 from sidecar.ledger import fingerprint
 from sidecar.ledger.model import Payload, PayloadKind
 
@@ -81,8 +81,7 @@ def _kept_input(call: pb.ToolCall) -> list[tuple[str, object]]:
 
 
 def show(con: Console, args: argparse.Namespace) -> int:
-    ref = pb.CallRef(namespace=con.namespace, run_id=args.run, call_id=args.call)
-    call = con.call(con.ledger.GetToolCall, pb.GetToolCallRequest(ref=ref)).call
+    call = con.tool_call(args.run, args.call)
     if args.json:
         emit_json(call)
         return OK
@@ -101,7 +100,7 @@ def show(con: Console, args: argparse.Namespace) -> int:
             ("namespace", call.ref.namespace),
             ("tool", call.tool_name),
             ("effect", _effect_text(call)),
-            ("state", state_name(call.state)),
+            ("state", display_state(call)),
             ("revision", call.revision),
             ("attempt", call.attempt),
             ("lease until", when(call.lease_expires_at)),
@@ -125,7 +124,7 @@ def show(con: Console, args: argparse.Namespace) -> int:
                 when(t.at),
                 t.event,
                 state_name(t.from_state),
-                state_name(t.to_state),
+                transition_to(t),
                 t.attempt,
                 t.actor,
                 t.reason,

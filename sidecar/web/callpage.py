@@ -14,10 +14,20 @@ import json
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import EffectdError
-from sidecar.ctl.output import enum_name, printable, state_name, when
+from sidecar.ctl.output import enum_name, printable, when
+from sidecar.ctl.states import state_name, transition_to
 from sidecar.ledger import fingerprint
 from sidecar.ledger.model import Payload, PayloadKind
-from sidecar.web.html import at, esc, fields, hidden, notice, run_link, state, table
+from sidecar.web.html import (
+    at,
+    call_state,
+    esc,
+    fields,
+    hidden,
+    notice,
+    run_link,
+    table,
+)
 
 
 def refusal(exc: EffectdError) -> str:
@@ -176,7 +186,7 @@ def call_page(call: pb.ToolCall, csrf: str, message: str = "", kind: str = "") -
             ("Call", esc(call.ref.call_id)),
             ("Tool", esc(call.tool_name)),
             ("Effect", esc(effect)),
-            ("State", state(call.state)),
+            ("State", call_state(call)),
             ("Revision", esc(call.revision)),
             ("Attempt", esc(call.attempt)),
             ("Idempotency key", f"<code>{esc(call.idempotency_key)}</code>"),
@@ -200,7 +210,7 @@ def call_page(call: pb.ToolCall, csrf: str, message: str = "", kind: str = "") -
                 at(t.at),
                 esc(t.event),
                 esc(state_name(t.from_state)),
-                esc(state_name(t.to_state)),
+                esc(transition_to(t)),
                 esc(t.attempt),
                 esc(t.actor),
                 esc(t.reason),

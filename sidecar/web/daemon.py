@@ -6,7 +6,6 @@ reads the store: every answer and every refusal is the daemon's own.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -17,6 +16,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
 from effectd_client import Connection, EffectdError
+from sidecar.ctl import requests
 
 T = TypeVar("T")
 
@@ -101,17 +101,15 @@ class Daemon:
         revision: int,
         fingerprint: str,
     ) -> pb.ToolCall:
-        return self._call(
-            self._ledger.DecideApproval,
-            pb.DecideApprovalRequest(
-                ref=ref,
-                approve=approve,
-                approver=approver,
-                reason=reason,
-                expected_revision=revision,
-                input_fingerprint=fingerprint,
-            ),
-        ).call
+        request = requests.decide_request(
+            ref,
+            approve=approve,
+            approver=approver,
+            reason=reason,
+            revision=revision,
+            fingerprint=fingerprint,
+        )
+        return self._call(self._ledger.DecideApproval, request).call
 
     def reconcile(
         self,
@@ -125,23 +123,16 @@ class Daemon:
         not_executed: bool = False,
         confirmed_dead_attempt: int = 0,
     ) -> pb.ToolCall:
-        request = pb.ReconcileRequest(
-            ref=ref,
-            expected_revision=revision,
+        request = requests.reconcile_request(
+            ref,
+            revision=revision,
             operator=operator,
             reason=reason,
             evidence=evidence,
+            result=result,
+            not_executed=not_executed,
             confirmed_dead_attempt=confirmed_dead_attempt,
         )
-        if not_executed:
-            request.not_executed = True
-        else:
-            request.result.CopyFrom(
-                pb.ToolResult(
-                    outcome=pb.OUTCOME_OK,
-                    payload=pb.Payload(json=_json(result)),
-                )
-            )
         return self._call(self._ledger.Reconcile, request).call
 
     def recover(self, namespace: str, run_id: str) -> Iterator[rpb.RecoverResponse]:
@@ -177,10 +168,3 @@ class Daemon:
 
 def _key(ref: pb.CallRef) -> tuple[str, str, str]:
     return ref.namespace, ref.run_id, ref.call_id
-
-
-def _json(value: Any) -> str:
-    """A result as the Python client sends it (`effectd ctl reconcile`
-    included): compact, keys in the order given, text unescaped; the same
-    result found is stored in the same bytes whichever tool recorded it."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

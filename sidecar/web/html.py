@@ -13,7 +13,8 @@ from urllib.parse import quote
 from effectd.v1 import ledger_pb2 as pb
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.ctl.output import printable, state_name, when
+from sidecar.ctl.output import printable, when
+from sidecar.ctl.states import display_state
 
 
 def esc(value: object) -> str:
@@ -24,9 +25,13 @@ def at(ts: Timestamp) -> str:
     return esc(when(ts))
 
 
-def state(value: pb.CallState.ValueType) -> str:
-    name = state_name(value)
+def state(name: str) -> str:
+    """A state as a person reads it (`sidecar.ctl.states`)."""
     return f'<span class="state state-{esc(name.lower())}">{esc(name)}</span>'
+
+
+def call_state(call: pb.ToolCall) -> str:
+    return state(display_state(call))
 
 
 def table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

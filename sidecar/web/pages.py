@@ -12,16 +12,17 @@ from effectd.v1 import admin_pb2 as apb
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
-from sidecar.ctl.output import enum_name, state_name
+from sidecar.ctl.output import enum_name
+from sidecar.ctl.states import audit_after, state_name
 from sidecar.web.html import (
     at,
     call_link,
+    call_state,
     esc,
     fields,
     hidden,
     notice,
     run_link,
-    state,
     table,
 )
 
@@ -59,7 +60,7 @@ def _waiting_rows(calls: list[pb.ToolCall]) -> list[list[str]]:
             run_link(c.ref.namespace, c.ref.run_id),
             call_link(c.ref),
             esc(c.tool_name),
-            state(c.state),
+            call_state(c),
         ]
         for c in calls
     ]
@@ -123,7 +124,7 @@ def run_page(
     refused: str = "",
 ) -> str:
     rows = [
-        [call_link(c.ref), esc(c.tool_name), state(c.state), esc(c.revision)]
+        [call_link(c.ref), esc(c.tool_name), call_state(c), esc(c.revision)]
         for c in sorted(calls, key=lambda c: c.ref.call_id)
     ]
     out = fields([("Namespace", esc(namespace)), ("Run", esc(run_id))]) + table(
@@ -154,7 +155,7 @@ def run_page(
                     ),
                     call_link(i.call.ref),
                     esc(i.call.tool_name),
-                    state(i.call.state),
+                    call_state(i.call),
                     esc(i.idempotency_key or "-"),
                 ]
                 for i in items
@@ -210,7 +211,7 @@ def audit_page(
             call_link(e.ref, f"{e.ref.namespace}/{e.ref.run_id}/{e.ref.call_id}")
             if e.ref.run_id
             else "-",
-            esc(f"{state_name(e.state_before)} → {state_name(e.state_after)}")
+            esc(f"{state_name(e.state_before)} → {audit_after(e)}")
             if e.ref.run_id
             else "-",
             esc(e.reason),

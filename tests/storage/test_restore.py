@@ -294,7 +294,7 @@ def test_restore_prints_json_for_scripts(
     capsys.readouterr()
     assert _restore(backup, short_tmp / "restored", as_json=True) == 0
     done = json.loads(capsys.readouterr().out)
-    assert done["marker"]["made_unknown"] == 3
+    assert done["restored"]["made_unknown"] == 3
     assert done["data_dir"] == str(short_tmp / "restored")
 
 
