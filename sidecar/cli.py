@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import shtab
+
 from sidecar import __version__, ctl, failpoints, settings, web
 from sidecar.config import (
     ConfigError,
@@ -60,6 +62,17 @@ def parser() -> argparse.ArgumentParser:
     )
     ctl.add_parser(sub)
     web.add_parser(sub)
+    c = sub.add_parser(
+        "completion",
+        help="print the shell completion script of effectd and effectd ctl",
+        description="Prints a completion script for SHELL, made from these "
+        "very parsers. Bash: `effectd completion bash > "
+        "~/.local/share/bash-completion/completions/effectd`; zsh: `effectd "
+        "completion zsh > ~/.zfunc/_effectd` (with ~/.zfunc in $fpath).",
+    )
+    c.add_argument(
+        "shell", choices=("bash", "zsh"), metavar="SHELL", help="bash or zsh"
+    )
     return p
 
 
@@ -146,6 +159,12 @@ def _ctl(args: argparse.Namespace) -> int:
     return ctl.run(args)
 
 
+def _completion(args: argparse.Namespace) -> int:
+    """`effectd completion SHELL`: the script shtab makes from the parsers."""
+    sys.stdout.write(shtab.complete(parser(), shell=args.shell))
+    return 0
+
+
 def _mark_restored(args: argparse.Namespace) -> int:
     """`effectd ctl restore NAME --store URL`: the URL checked and masked by
     the configuration's rules, as `effectd migrate` does, before the marking
@@ -170,8 +189,11 @@ def main(
     """The program; `test_build`: a test build's daemon, which may arm
     failpoints (`sidecar.failpoints`); the shipped program is not one."""
     args = parser().parse_args(argv)
-    # The daemon's clients: `effectd ctl` and `effectd console`.
-    client = {"ctl": _ctl, "console": web.run}.get(args.command)
+    # The daemon's clients, `effectd ctl` and `effectd console`, and the
+    # completion script of the command line, none of which starts a daemon.
+    client = {"ctl": _ctl, "console": web.run, "completion": _completion}.get(
+        args.command
+    )
     if client is not None:
         return client(args)
     if args.command == "migrate":
