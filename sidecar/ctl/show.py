@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import base64
+import time
 
 from effectd.v1 import ledger_pb2 as pb
 
 from sidecar.ctl import args as a
+from sidecar.ctl.calls import input_matches
 from sidecar.ctl.console import OK, Console
 from sidecar.ctl.output import (
+    age,
     emit_json,
     enum_name,
     fields,
@@ -19,8 +22,6 @@ from sidecar.ctl.output import (
     when,
 )
 from sidecar.ctl.states import display_state, state_name, transition_to
-from sidecar.ledger import fingerprint
-from sidecar.ledger.model import Payload, PayloadKind
 
 
 def register(cmds: a.Subparsers) -> None:
@@ -60,24 +61,27 @@ def _kept_input(call: pb.ToolCall) -> list[tuple[str, object]]:
         return [("kept input", "not kept")]
     kept = call.kept_input
     if kept.WhichOneof("kind") == "raw":
-        payload = Payload(PayloadKind.RAW, kept.raw)
         text = f"<{len(kept.raw)} raw bytes> base64:" + base64.b64encode(
             kept.raw
         ).decode("ascii")
     else:
-        payload = Payload(PayloadKind.JSON, kept.json.encode("utf-8", "surrogatepass"))
         text = printable(kept.json)
-    try:
-        matches = fingerprint.fingerprint(payload) == call.input_fingerprint
-    except fingerprint.NotCanonicalizable:
-        matches = False
     check = (
         "hashes to the input fingerprint"
-        if matches
+        if input_matches(call)
         else "DOES NOT hash to the input fingerprint: decide on the agent's "
         "own account of the input, not on this text"
     )
     return [("kept input", text), ("input check", check)]
+
+
+def _quarantine(call: pb.ToolCall) -> str:
+    """When --not-executed is accepted without --confirm-dead-attempt."""
+    if not call.HasField("quarantine_ends_at"):
+        return "-"
+    left = call.quarantine_ends_at.ToNanoseconds() - time.time_ns()
+    after = f"in {age(left)}" if left > 0 else "over: --not-executed is accepted"
+    return f"ends {when(call.quarantine_ends_at)} ({after})"
 
 
 def show(con: Console, args: argparse.Namespace) -> int:
@@ -105,6 +109,7 @@ def show(con: Console, args: argparse.Namespace) -> int:
             ("attempt", call.attempt),
             ("lease until", when(call.lease_expires_at)),
             ("unknown from", when(call.unknown_since)),
+            ("quarantine", _quarantine(call)),
             ("key", call.idempotency_key),
             ("input", call.input_fingerprint),
             *_kept_input(call),

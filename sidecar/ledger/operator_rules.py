@@ -119,6 +119,12 @@ def enter_reconciliation(call: ToolCall, now: Now, operator: str, reason: str) -
     return Step(forced, Answer(rules.decide(forced), forced))
 
 
+def quarantine_end_ns(call: ToolCall, policy: Policy) -> int:
+    """When `policy`'s quarantine of the call's unknown outcome ends (wall
+    clock): from then on "never executed" needs no confirmed dead attempt."""
+    return call.outcome_unknown_since_ns + policy.reconcile_quarantine_ns(call.lease_ms)
+
+
 def _quarantined(call: ToolCall, now: Now, policy: Policy) -> EffectdError | None:
     """The refusal of "never executed" while the call is in quarantine."""
     quarantine = policy.reconcile_quarantine_ns(call.lease_ms)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from effectd.v1 import ledger_pb2 as pb
 from google.protobuf import timestamp_pb2
 
-from sidecar.ledger import fingerprint
+from sidecar.ledger import fingerprint, operator_rules
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
     Approval,
@@ -33,6 +33,7 @@ from sidecar.ledger.model import (
     ToolCall,
     Transition,
 )
+from sidecar.ledger.policy import Policy
 from sidecar.ledger.rules import AGENT, Answer, PrepareSpec
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.rpc.caller import Caller
@@ -277,9 +278,12 @@ def _transition_pb(t: Transition) -> pb.Transition:
     )
 
 
-def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
+def call_pb(
+    call: ToolCall, *, history: bool = True, policy: Policy | None = None
+) -> pb.ToolCall:
     """The record; with `history`, the whole of it (the kept input too),
-    without, the summary that lists and plans carry."""
+    without, the summary that lists and plans carry; with `policy`, when its
+    reconcile quarantine ends, for an UNKNOWN call."""
     msg = pb.ToolCall(
         ref=pb.CallRef(
             namespace=call.ref.namespace,
@@ -306,6 +310,9 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
         msg.lease_expires_at.CopyFrom(timestamp(call.lease.expires_wall_ns))
     if call.state is State.UNKNOWN:
         msg.unknown_since.CopyFrom(timestamp(call.outcome_unknown_since_ns))
+        if policy is not None:
+            ends = operator_rules.quarantine_end_ns(call, policy)
+            msg.quarantine_ends_at.CopyFrom(timestamp(ends))
     if call.result is not None:
         r = call.result
         msg.result.CopyFrom(
@@ -328,10 +335,12 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
     return msg
 
 
-def prepare_response(answer: Answer) -> pb.PrepareToolResponse:
+def prepare_response(
+    answer: Answer, policy: Policy | None = None
+) -> pb.PrepareToolResponse:
     return pb.PrepareToolResponse(
         decision=DECISION_TO_PB[answer.decision],
-        call=call_pb(answer.call),
+        call=call_pb(answer.call, policy=policy),
         idempotency_key=answer.idempotency_key,
         attempt_held=answer.attempt_held,
         retry_required=answer.retry_required,

@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 from effectd.v1 import ledger_pb2 as pb
 
+from sidecar.ledger.model import ToolCall
 from sidecar.ledger.rules import AGENT
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import caller, convert, operator_orders
@@ -22,6 +23,11 @@ class ToolLedger:
         self._operator = operator
         self._limits = ledger.limits
 
+    def _pb(self, call: ToolCall, *, history: bool = True) -> pb.ToolCall:
+        """The record as answered, with when its quarantine ends under the
+        policy in force."""
+        return convert.call_pb(call, history=history, policy=self._ledger.policy())
+
     async def PrepareTool(
         self, req: pb.PrepareToolRequest, _: Context
     ) -> pb.PrepareToolResponse:
@@ -29,7 +35,9 @@ class ToolLedger:
         v = Violations()
         spec = convert.prepare_spec(v, who, req, self._limits)
         v.require()
-        return convert.prepare_response(await self._ledger.prepare(spec))
+        return convert.prepare_response(
+            await self._ledger.prepare(spec), self._ledger.policy()
+        )
 
     async def PrepareTools(
         self, req: pb.PrepareToolsRequest, _: Context
@@ -53,8 +61,9 @@ class ToolLedger:
             seen.setdefault(spec.ref, i)
         v.require()
         answers = await self._ledger.prepare_many(specs)
+        policy = self._ledger.policy()
         return pb.PrepareToolsResponse(
-            results=[convert.prepare_response(a) for a in answers]
+            results=[convert.prepare_response(a, policy) for a in answers]
         )
 
     async def StartTool(
@@ -74,7 +83,7 @@ class ToolLedger:
         )
         return pb.StartToolResponse(
             decision=convert.DECISION_TO_PB[answer.decision],
-            call=convert.call_pb(answer.call),
+            call=self._pb(answer.call),
             idempotency_key=answer.idempotency_key,
         )
 
@@ -98,7 +107,7 @@ class ToolLedger:
             actor=who.actor(AGENT),
             acknowledge=req.acknowledge,
         )
-        return pb.CommitToolResponse(call=convert.call_pb(answer.call))
+        return pb.CommitToolResponse(call=self._pb(answer.call))
 
     async def ReportUnknown(
         self, req: pb.ReportUnknownRequest, _: Context
@@ -113,7 +122,7 @@ class ToolLedger:
         answer = await self._ledger.report_unknown(
             ref, attempt=req.attempt, reason=req.reason, actor=who.actor(AGENT)
         )
-        return pb.ReportUnknownResponse(call=convert.call_pb(answer.call))
+        return pb.ReportUnknownResponse(call=self._pb(answer.call))
 
     async def Heartbeat(
         self, req: pb.HeartbeatRequest, _: Context
@@ -128,7 +137,7 @@ class ToolLedger:
         answer = await self._ledger.heartbeat(
             ref, attempt=req.attempt, lease_ms=lease, actor=who.actor(AGENT)
         )
-        return pb.HeartbeatResponse(call=convert.call_pb(answer.call))
+        return pb.HeartbeatResponse(call=self._pb(answer.call))
 
     async def DecideApproval(
         self, req: pb.DecideApprovalRequest, _: Context
@@ -139,7 +148,7 @@ class ToolLedger:
         decision = operator_orders.approval_decision(v, who, req, self._limits)
         v.require()
         answer = await self._operator.decide_approval(ref, decision)
-        return pb.DecideApprovalResponse(call=convert.call_pb(answer.call))
+        return pb.DecideApprovalResponse(call=self._pb(answer.call))
 
     async def Reconcile(
         self, req: pb.ReconcileRequest, _: Context
@@ -150,7 +159,7 @@ class ToolLedger:
         order = operator_orders.reconcile_order(v, who, req, self._limits)
         v.require()
         answer = await self._operator.reconcile(ref, order)
-        return pb.ReconcileResponse(call=convert.call_pb(answer.call))
+        return pb.ReconcileResponse(call=self._pb(answer.call))
 
     async def GetToolCall(
         self, req: pb.GetToolCallRequest, _: Context
@@ -160,7 +169,7 @@ class ToolLedger:
         ref = convert.ref(v, who, req.ref, self._limits)
         v.require()
         call = await self._ledger.get(ref)
-        return pb.GetToolCallResponse(call=convert.call_pb(call))
+        return pb.GetToolCallResponse(call=self._pb(call))
 
     async def ListToolCalls(
         self, req: pb.ListToolCallsRequest, _: Context
@@ -186,7 +195,11 @@ class ToolLedger:
             page_token=req.page_token,
         )
         return pb.ListToolCallsResponse(
-            calls=[convert.call_pb(c, history=False) for c in page.calls],
+            calls=[self._pb(c, history=False) for c in page.calls],
             next_page_token=page.next_page_token,
             searched_namespaces=page.namespaces,
+            caller=who.principal.name if who.principal else "",
+            caller_roles=sorted(r.value for r in who.principal.roles)
+            if who.principal
+            else [],
         )

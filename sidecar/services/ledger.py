@@ -69,6 +69,10 @@ class LedgerService:
     def now(self, view: ReadView) -> Now:
         return moment(self._clock, self._store, view)
 
+    def policy(self) -> Policy:
+        """The policy in force now."""
+        return self._policy.current()
+
     async def _write(self, fn: Callable[[WriteView], Answer | EffectdError]) -> Answer:
         return await answered(self._store, fn)
 

@@ -380,6 +380,7 @@ class ToolCall(_message.Message):
     RECONCILIATIONS_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
     FORCED_EFFECT_FIELD_NUMBER: _builtins.int
+    QUARANTINE_ENDS_AT_FIELD_NUMBER: _builtins.int
     UNKNOWN_SINCE_FIELD_NUMBER: _builtins.int
     KEPT_INPUT_FIELD_NUMBER: _builtins.int
     tool_name: _builtins.str
@@ -444,6 +445,15 @@ class ToolCall(_message.Message):
         """
 
     @_builtins.property
+    def quarantine_ends_at(self) -> _timestamp_pb2.Timestamp:
+        """UNKNOWN only, in ToolLedger answers: when the reconcile quarantine ends
+        under the policy in force at the answer (`unknown_since` plus
+        `reconcile.quarantine_leases` times the last attempt's lease): from then
+        on Reconcile accepts "never executed" without a confirmed dead attempt.
+        A policy reload can move it; RECONCILE_QUARANTINE stays the word.
+        """
+
+    @_builtins.property
     def unknown_since(self) -> _timestamp_pb2.Timestamp:
         """UNKNOWN only: since when the outcome of the last attempt is unknown (the
         end of its lease, or its report); the reconcile quarantine counts from
@@ -484,12 +494,13 @@ class ToolCall(_message.Message):
         reconciliations: _abc.Iterable[Global___Reconciliation] | None = ...,
         channel: Global___CallChannel.ValueType = ...,
         forced_effect: Global___Effect.ValueType = ...,
+        quarantine_ends_at: _timestamp_pb2.Timestamp | None = ...,
         unknown_since: _timestamp_pb2.Timestamp | None = ...,
         kept_input: Global___Payload | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "kept_input", b"kept_input", "lease_expires_at", b"lease_expires_at", "ref", b"ref", "result", b"result", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "created_at", b"created_at", "kept_input", b"kept_input", "lease_expires_at", b"lease_expires_at", "quarantine_ends_at", b"quarantine_ends_at", "ref", b"ref", "result", b"result", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "channel", b"channel", "created_at", b"created_at", "effect", b"effect", "forced_effect", b"forced_effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "kept_input", b"kept_input", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "approval", b"approval", "approval_required", b"approval_required", "attempt", b"attempt", "channel", b"channel", "created_at", b"created_at", "effect", b"effect", "forced_effect", b"forced_effect", "history", b"history", "idempotency_key", b"idempotency_key", "input_fingerprint", b"input_fingerprint", "kept_input", b"kept_input", "key_scheme", b"key_scheme", "lease_expires_at", b"lease_expires_at", "quarantine_ends_at", b"quarantine_ends_at", "reconciliations", b"reconciliations", "ref", b"ref", "result", b"result", "revision", b"revision", "state", b"state", "tool_name", b"tool_name", "unknown_since", b"unknown_since", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1113,8 +1124,15 @@ class ListToolCallsResponse(_message.Message):
     CALLS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     SEARCHED_NAMESPACES_FIELD_NUMBER: _builtins.int
+    CALLER_FIELD_NUMBER: _builtins.int
+    CALLER_ROLES_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty when there are no more calls."""
+    caller: _builtins.str
+    """Who the daemon took the caller for: the token's name and its roles
+    ("agent", "approver", "operator"), sorted; empty without
+    authentication. A console says with it who is signed in.
+    """
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]: ...
     @_builtins.property
@@ -1124,16 +1142,20 @@ class ListToolCallsResponse(_message.Message):
         namespace listed.
         """
 
+    @_builtins.property
+    def caller_roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         calls: _abc.Iterable[Global___ToolCall] | None = ...,
         next_page_token: _builtins.str = ...,
         searched_namespaces: _abc.Iterable[_builtins.str] | None = ...,
+        caller: _builtins.str = ...,
+        caller_roles: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "next_page_token", b"next_page_token", "searched_namespaces", b"searched_namespaces"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller", "caller_roles", b"caller_roles", "calls", b"calls", "next_page_token", b"next_page_token", "searched_namespaces", b"searched_namespaces"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
