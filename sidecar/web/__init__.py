@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import ssl
 import sys
 import threading
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -26,6 +24,7 @@ from effectd_client import Connection
 from sidecar.config import ConfigError, is_loopback, loopback_host, split_host_port
 from sidecar.ctl.parser import default_target
 from sidecar.web.app import Handler
+from sidecar.web.listener import Listener
 from sidecar.web.plumbing import Settings
 from sidecar.web.sessions import Sessions
 
@@ -34,6 +33,9 @@ if TYPE_CHECKING:
 
 DEFAULT_LISTEN = "127.0.0.1:8470"
 DEFAULT_TIMEOUT_SECONDS = 10.0
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_IDLE_TIMEOUT_SECONDS = 10.0
+DEFAULT_MAX_SESSIONS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,11 @@ class ConsoleConfig:
     hosts: tuple[str, ...] = ()
     daemon_tls_ca: Path | None = None
     timeout: float = DEFAULT_TIMEOUT_SECONDS
+    # Connections served at once (each a thread), and how long each may
+    # take for any one read or write; signed-in sessions kept at once.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECONDS
+    max_sessions: int = DEFAULT_MAX_SESSIONS
 
     def address(self) -> tuple[str, int]:
         """HOST and PORT to bind; a host other than loopback needs TLS."""
@@ -65,24 +72,28 @@ class ConsoleServer:
         host, port = config.address()
         bare = host.strip("[]")
         roots = config.daemon_tls_ca.read_bytes() if config.daemon_tls_ca else None
-        self.sessions = Sessions()
-        server_class = _V6Server if ":" in bare else ThreadingHTTPServer
+        self.sessions = Sessions(max_sessions=config.max_sessions)
 
         class ConsoleHandler(Handler):
             pass
 
         handler = ConsoleHandler
-        self.httpd = server_class((bare, port), handler)
-        self.httpd.daemon_threads = True
+        context = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(config.tls_cert, config.tls_key)
+        self.httpd = Listener(
+            (bare, port),
+            handler,
+            max_connections=config.max_connections,
+            idle_timeout=config.idle_timeout,
+            tls=context,
+        )
         bound = self.httpd.server_address[1]
         hosts = {f"{host}:{bound}", *config.hosts}
         if is_loopback(host):
             hosts |= {f"localhost:{bound}", f"127.0.0.1:{bound}", f"[::1]:{bound}"}
-        tls = config.tls_cert is not None
-        if config.tls_cert is not None and config.tls_key is not None:
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(config.tls_cert, config.tls_key)
-            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        tls = context is not None
 
         def connect(token: str) -> Connection:
             return Connection(config.target, token=token, root_certificates=roots)
@@ -109,10 +120,6 @@ class ConsoleServer:
         self.httpd.server_close()
         self._thread.join(timeout=10)
         self.sessions.close_all()
-
-
-class _V6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -180,6 +187,29 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="deadline of each RPC (default %(default)s)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help="connections served at once; more are answered 503 (default %(default)s)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="a connection that sends or reads nothing this long is closed "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=DEFAULT_MAX_SESSIONS,
+        metavar="N",
+        help="people signed in at once; a new sign-in ends the session used "
+        "least recently (default %(default)s)",
+    )
     return p
 
 
@@ -197,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
         hosts=tuple(args.host),
         daemon_tls_ca=args.daemon_tls_ca,
         timeout=args.timeout,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        max_sessions=args.max_sessions,
     )
     try:
         server = ConsoleServer(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
@@ -123,12 +124,16 @@ class Handler(Plumbing):
 
     def _queue(self, session: Session, query: dict[str, str]) -> None:
         calls = session.daemon.waiting()
-        self._page("Waiting for a person", pages.queue_page(calls), session, live=True)
+        previews = session.daemon.previews(calls)
+        body = pages.queue_page(calls, previews, time.time_ns())
+        self._page("Waiting for a person", body, session, live=True)
 
     def _fragment(self, session: Session, query: dict[str, str]) -> None:
-        fragment = pages.queue(session.daemon.waiting())
+        calls = session.daemon.waiting()
+        previews = session.daemon.previews(calls)
+        fragment = pages.queue(calls, previews, time.time_ns())
         self._send(
-            HTTPStatus.OK, fragment, extra=(("X-Queue-Digest", pages.digest(fragment)),)
+            HTTPStatus.OK, fragment, extra=(("X-Queue-Digest", pages.digest(calls)),)
         )
 
     def _ref(self, query: dict[str, str]) -> pb.CallRef:
@@ -144,11 +149,26 @@ class Handler(Plumbing):
     def _call(self, session: Session, query: dict[str, str]) -> None:
         call = session.daemon.call(self._ref(query))
         done = _DONE.get(query.get("done", ""), "")
-        self._page(
-            f"Call {call.ref.call_id}",
-            callpage.call_page(call, session.csrf, done, "ok"),
-            session,
+        self._call_page(session, call, done, "ok")
+
+    def _call_page(
+        self,
+        session: Session,
+        call: pb.ToolCall,
+        message: str,
+        kind: str,
+        status: HTTPStatus = HTTPStatus.OK,
+    ) -> None:
+        """A call's page, with the other calls of its run."""
+        run = session.daemon.calls(
+            run_id=call.ref.run_id,
+            namespace=call.ref.namespace,
+            limit=callpage.RUN_CALLS + 2,
         )
+        body = callpage.call_page(
+            call, session.csrf, message, kind, run=run, now_ns=time.time_ns()
+        )
+        self._page(f"Call {call.ref.call_id}", body, session, status, live=True)
 
     def _run(self, session: Session, query: dict[str, str]) -> None:
         namespace, run_id = query.get("namespace", ""), query.get("run", "")
@@ -231,7 +251,7 @@ class Handler(Plumbing):
             self._signin_form("That is not a token.", HTTPStatus.UNAUTHORIZED)
             return
         try:
-            daemon.check()
+            caller, roles = daemon.check()
         except EffectdError as exc:
             daemon.close()
             why = (
@@ -249,8 +269,11 @@ class Handler(Plumbing):
                 HTTPStatus.BAD_REQUEST,
             )
             return
-        shown = name if not token else ""
-        sid = self.sessions.open(Session(daemon, "" if token else name, shown))
+        # With a token, the daemon's name for it, which it records too.
+        shown = caller if token else name
+        sid = self.sessions.open(
+            Session(daemon, "" if token else name, shown, roles=roles)
+        )
         self._redirect(
             "/",
             (self._cookie(COOKIE, sid), self._cookie(SIGNIN_COOKIE, "", max_age=0)),
@@ -288,8 +311,7 @@ class Handler(Plumbing):
                 status,
             )
             return
-        body = callpage.call_page(call, session.csrf, callpage.refusal(exc), "error")
-        self._page(f"Call {call.ref.call_id}", body, session, status)
+        self._call_page(session, call, callpage.refusal(exc), "error", status)
 
     def _revision(self, form: dict[str, str]) -> int:
         revision = whole_number(form.get("revision", ""), _UINT64)

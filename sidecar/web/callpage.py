@@ -14,20 +14,25 @@ import json
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import EffectdError
+from sidecar.ctl.calls import input_matches
 from sidecar.ctl.output import enum_name, printable, when
 from sidecar.ctl.states import state_name, transition_to
-from sidecar.ledger import fingerprint
-from sidecar.ledger.model import Payload, PayloadKind
 from sidecar.web.html import (
     at,
+    call_link,
     call_state,
+    countdown,
     esc,
     fields,
     hidden,
     notice,
     run_link,
     table,
+    waited,
 )
+
+# The other calls of the run a call's page shows at most.
+RUN_CALLS = 50
 
 
 def refusal(exc: EffectdError) -> str:
@@ -66,24 +71,18 @@ def _pretty_input(call: pb.ToolCall) -> tuple[str, str]:
         return "<p>The input is not kept for this call.</p>", ""
     kept = call.kept_input
     if kept.WhichOneof("kind") == "raw":
-        payload = Payload(PayloadKind.RAW, kept.raw)
         text = f"{len(kept.raw)} raw bytes, base64:\n" + base64.b64encode(
             kept.raw
         ).decode("ascii")
     else:
-        payload = Payload(PayloadKind.JSON, kept.json.encode("utf-8", "surrogatepass"))
         try:
             pretty = json.dumps(json.loads(kept.json), indent=2, ensure_ascii=False)
         except ValueError:
             pretty = kept.json
         text = "\n".join(printable(line) for line in pretty.split("\n"))
-    try:
-        matches = fingerprint.fingerprint(payload) == call.input_fingerprint
-    except fingerprint.NotCanonicalizable:
-        matches = False
     check = (
         notice("This input hashes to the fingerprint the decision is bound to.", "ok")
-        if matches
+        if input_matches(call)
         else notice(
             "This input DOES NOT hash to the fingerprint: decide on the agent's "
             "own account of the input, not on this text.",
@@ -135,7 +134,24 @@ def _bound(call: pb.ToolCall, csrf: str) -> str:
     )
 
 
-def _reconcile_form(call: pb.ToolCall, csrf: str) -> str:
+def _quarantine(call: pb.ToolCall, now_ns: int) -> str:
+    """When "it never ran" is accepted, from the daemon's own account."""
+    since = at(call.unknown_since)
+    if not call.HasField("quarantine_ends_at"):
+        return (
+            "refused until the call has been unknown for the daemon's quarantine "
+            f"(counted from {since})"
+        )
+    ends = call.quarantine_ends_at
+    if ends.ToNanoseconds() <= now_ns:
+        return f"accepted: the quarantine (counted from {since}) ended at {at(ends)}"
+    return (
+        f"refused until the quarantine ends at {at(ends)}, "
+        f'<b class="countdown">{countdown(ends, now_ns)}</b> (counted from {since})'
+    )
+
+
+def _reconcile_form(call: pb.ToolCall, csrf: str, now_ns: int) -> str:
     since = at(call.unknown_since)
     return (
         "<h2>Reconcile</h2>"
@@ -159,11 +175,9 @@ def _reconcile_form(call: pb.ToolCall, csrf: str) -> str:
         '<p><label for="reason">Reason (kept in the audit log)</label>'
         '<textarea id="reason" name="reason" required rows="2"></textarea></p>'
         '<div class="rule"><p><b>The quarantine rule.</b> "It never ran" is '
-        "refused until the call has been unknown for the daemon's quarantine "
-        "(counted from "
-        f"{since}): the attempt's process may still be running and could still "
-        "execute the call. Before then, only confirm that it is dead if you "
-        "know its process is gone.</p>"
+        f"{_quarantine(call, now_ns)}: until then the attempt's process may "
+        "still be running and could still execute the call. Before then, only "
+        "confirm that it is dead if you know its process is gone.</p>"
         '<p><input type="checkbox" id="dead" name="confirmed_dead_attempt" '
         f'value="{esc(call.attempt)}"> <label for="dead">I know attempt '
         f"{esc(call.attempt)}'s process is gone</label></p></div>"
@@ -171,7 +185,49 @@ def _reconcile_form(call: pb.ToolCall, csrf: str) -> str:
     )
 
 
-def call_page(call: pb.ToolCall, csrf: str, message: str = "", kind: str = "") -> str:
+def _run_calls(call: pb.ToolCall, run: list[pb.ToolCall], now_ns: int) -> str:
+    """The run's other calls, so that an approver sees what the run did and
+    asks for besides this call."""
+    others = [c for c in run if c.ref.call_id != call.ref.call_id]
+    shown = others[:RUN_CALLS]
+    more = (
+        f'<p class="summary">The first {RUN_CALLS} are shown: the '
+        f"{run_link(call.ref.namespace, call.ref.run_id, 'run page')} has "
+        "them all.</p>"
+        if len(others) > RUN_CALLS
+        else ""
+    )
+    return (
+        "<h2>Other calls of this run</h2>"
+        + table(
+            "The run's other calls, in call order",
+            ("Call", "Tool", "State", "Age"),
+            [
+                [
+                    call_link(c.ref),
+                    esc(c.tool_name),
+                    call_state(c),
+                    waited(c.created_at, now_ns),
+                ]
+                for c in shown
+            ],
+        )
+        + more
+    )
+
+
+def call_page(
+    call: pb.ToolCall,
+    csrf: str,
+    message: str = "",
+    kind: str = "",
+    *,
+    run: list[pb.ToolCall] | None = None,
+    now_ns: int = 0,
+) -> str:
+    """The call's page; `run`: calls of its run (RUN_CALLS + 2 of them
+    read at most, so that more than RUN_CALLS others can be told), shown
+    beside it."""
     shown, check = _pretty_input(call)
     effect = enum_name(pb.Effect.Name(call.effect), "EFFECT_")
     if call.forced_effect != pb.EFFECT_UNSPECIFIED:
@@ -200,7 +256,9 @@ def call_page(call: pb.ToolCall, csrf: str, message: str = "", kind: str = "") -
     if call.state == pb.CALL_STATE_AWAITING_APPROVAL:
         out += _decide_form(call, csrf)
     elif call.state == pb.CALL_STATE_UNKNOWN:
-        out += _reconcile_form(call, csrf)
+        out += _reconcile_form(call, csrf, now_ns)
+    if run is not None:
+        out += _run_calls(call, run, now_ns)
     out += "<h2>History</h2>" + table(
         "Every change of the call, oldest first",
         ("Rev", "At", "Event", "From", "To", "Attempt", "Actor", "Reason"),

@@ -13,8 +13,10 @@ from urllib.parse import quote
 from effectd.v1 import ledger_pb2 as pb
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.ctl.output import printable, when
+from sidecar.ctl.output import age, printable, when
+from sidecar.ctl.schema import rfc3339
 from sidecar.ctl.states import display_state
+from sidecar.web.sessions import Session
 
 
 def esc(value: object) -> str:
@@ -23,6 +25,33 @@ def esc(value: object) -> str:
 
 def at(ts: Timestamp) -> str:
     return esc(when(ts))
+
+
+def _ms(ts: Timestamp) -> int:
+    return ts.ToNanoseconds() // 1_000_000
+
+
+def waited(ts: Timestamp, now_ns: int) -> str:
+    """How long since `ts`, kept current in the page by the live script."""
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    return (
+        f'<time datetime="{esc(rfc3339(ts.seconds, ts.nanos))}" '
+        f'data-since="{_ms(ts)}" data-now="{now_ns // 1_000_000}" '
+        f'title="since {at(ts)}">{esc(age(now_ns - ts.ToNanoseconds()))}</time>'
+    )
+
+
+def countdown(ts: Timestamp, now_ns: int) -> str:
+    """The time left until `ts` ("now" once it passed), counted down in the
+    page by the live script."""
+    left = ts.ToNanoseconds() - now_ns
+    text = f"in {age(left)}" if left > 0 else "now"
+    return (
+        f'<time datetime="{esc(rfc3339(ts.seconds, ts.nanos))}" '
+        f'data-until="{_ms(ts)}" data-now="{now_ns // 1_000_000}" '
+        f'title="{at(ts)}">{esc(text)}</time>'
+    )
 
 
 def state(name: str) -> str:
@@ -78,10 +107,10 @@ def call_link(ref: pb.CallRef, text: str | None = None) -> str:
     return f'<a href="/call?{query}">{esc(text or ref.call_id)}</a>'
 
 
-def run_link(namespace: str, run_id: str) -> str:
+def run_link(namespace: str, run_id: str, text: str | None = None) -> str:
     return (
         f'<a href="/run?namespace={html.escape(_q(namespace))}'
-        f'&amp;run={html.escape(_q(run_id))}">{esc(run_id)}</a>'
+        f'&amp;run={html.escape(_q(run_id))}">{esc(text or run_id)}</a>'
     )
 
 
@@ -89,27 +118,39 @@ def _q(text: str) -> str:
     return quote(text, safe="")
 
 
+def signed_in(session: Session) -> str:
+    """Who is signed in, as the header says it: the token's name and roles
+    as the daemon named them, or the name given to a daemon without tokens."""
+    if session.actor:
+        return (
+            f"Signed in as <b>{esc(session.actor)}</b> "
+            "(the daemon has no tokens: the audit log records this name)"
+        )
+    if not session.shown_name:
+        return "Signed in with a token"
+    roles = ", ".join(session.roles) or "no roles"
+    return f"Signed in as <b>{esc(session.shown_name)}</b> ({esc(roles)})"
+
+
 def page(
     title: str,
     body: str,
     *,
-    who: str | None = None,
-    csrf: str = "",
+    session: Session | None = None,
     live: bool = False,
 ) -> str:
-    """The whole document: a skip link, the navigation (with sign-out when
-    signed in), and `body` as its main content."""
+    """The whole document: a skip link, the navigation (with who is signed
+    in and sign-out), and `body` as its main content; `live` loads the
+    script that refreshes the queue and counts down the quarantines."""
     nav = ""
-    if who is not None:
+    if session is not None:
         nav = (
             '<nav aria-label="Console"><ul>'
             '<li><a href="/">Queue</a></li>'
             '<li><a href="/audit">Audit log</a></li>'
             "</ul>"
             '<form method="post" action="/signout" class="signout">'
-            f"{hidden('csrf', csrf)}<span>"
-            + (f"Signed in as <b>{esc(who)}</b>" if who else "Signed in with a token")
-            + "</span> "
+            f"{hidden('csrf', session.csrf)}<span>{signed_in(session)}</span> "
             '<button type="submit">Sign out</button></form></nav>'
         )
     script = '<script src="/static/live.js" defer></script>' if live else ""

@@ -11,19 +11,23 @@ from collections import Counter
 from effectd.v1 import admin_pb2 as apb
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from sidecar.ctl.output import enum_name
 from sidecar.ctl.states import audit_after, state_name
+from sidecar.web.daemon import Preview
 from sidecar.web.html import (
     at,
     call_link,
     call_state,
+    countdown,
     esc,
     fields,
     hidden,
     notice,
     run_link,
     table,
+    waited,
 )
 
 
@@ -52,24 +56,66 @@ def signin(csrf: str, error: str = "", *, token_required: bool = False) -> str:
     )
 
 
-def _waiting_rows(calls: list[pb.ToolCall]) -> list[list[str]]:
+def _input(found: Preview | None) -> str:
+    if found is None:
+        return '<span class="muted">open the call</span>'
+    if not found.text:
+        return '<span class="muted">not kept</span>'
+    check = (
+        ""
+        if found.matches
+        else ' <strong class="mismatch">does not hash to the fingerprint</strong>'
+    )
+    return f'<code class="preview">{esc(found.text)}</code>{check}'
+
+
+def waiting_since(call: pb.ToolCall) -> Timestamp:
+    """Since when a call waits for a person: its outcome unknown, or its
+    approval asked for."""
+    if call.state == pb.CALL_STATE_UNKNOWN and call.HasField("unknown_since"):
+        return call.unknown_since
+    return call.created_at
+
+
+def _waiting_rows(
+    calls: list[pb.ToolCall],
+    previews: dict[tuple[str, str, str], Preview],
+    now_ns: int,
+    *,
+    quarantine: bool = False,
+) -> list[list[str]]:
     return [
         [
-            at(c.created_at),
+            waited(waiting_since(c), now_ns),
             esc(c.ref.namespace),
             run_link(c.ref.namespace, c.ref.run_id),
             call_link(c.ref),
             esc(c.tool_name),
+            _input(previews.get((c.ref.namespace, c.ref.run_id, c.ref.call_id))),
+            *([never_ran(c, now_ns)] if quarantine else []),
             call_state(c),
         ]
         for c in calls
     ]
 
 
-_HEADERS = ("Since", "Namespace", "Run", "Call", "Tool", "State")
+_HEADERS = ("Waiting", "Namespace", "Run", "Call", "Tool", "Input", "State")
+_UNKNOWN_HEADERS = (*_HEADERS[:-1], '"Never ran" accepted', "State")
 
 
-def queue(calls: list[pb.ToolCall]) -> str:
+def never_ran(call: pb.ToolCall, now_ns: int) -> str:
+    """When reconciling "it never ran" is accepted without a confirmation
+    that the attempt is dead: at the end of the quarantine."""
+    if not call.HasField("quarantine_ends_at"):
+        return "-"
+    return countdown(call.quarantine_ends_at, now_ns)
+
+
+def queue(
+    calls: list[pb.ToolCall],
+    previews: dict[tuple[str, str, str], Preview],
+    now_ns: int,
+) -> str:
     """The queue's content (also served alone, for the live update)."""
     approval = [c for c in calls if c.state == pb.CALL_STATE_AWAITING_APPROVAL]
     unknown = [c for c in calls if c.state == pb.CALL_STATE_UNKNOWN]
@@ -88,29 +134,51 @@ def queue(calls: list[pb.ToolCall]) -> str:
         )
         + "<h2>Awaiting approval</h2>"
         + table(
-            "Calls awaiting approval, oldest first", _HEADERS, _waiting_rows(approval)
+            "Calls awaiting approval, oldest first",
+            _HEADERS,
+            _waiting_rows(approval, previews, now_ns),
         )
         + "<h2>Needs reconciliation</h2>"
         + table(
             "Calls whose outcome is unknown, oldest first",
-            _HEADERS,
-            _waiting_rows(unknown),
+            _UNKNOWN_HEADERS,
+            _waiting_rows(unknown, previews, now_ns, quarantine=True),
         )
     )
 
 
-def digest(fragment: str) -> str:
-    """What the live update compares: the queue changed or it did not."""
-    return hashlib.sha256(fragment.encode()).hexdigest()[:16]
+def digest(calls: list[pb.ToolCall]) -> str:
+    """What the live update compares: the queue changed or it did not. The
+    times shown change by themselves (the live script counts them), so
+    only the calls, their revisions and quarantines count here."""
+    h = hashlib.sha256()
+    for c in calls:
+        h.update(
+            "\0".join(
+                (
+                    c.ref.namespace,
+                    c.ref.run_id,
+                    c.ref.call_id,
+                    str(c.revision),
+                    str(c.quarantine_ends_at.ToNanoseconds()),
+                )
+            ).encode("utf-8", "surrogatepass")
+            + b"\1"
+        )
+    return h.hexdigest()[:16]
 
 
-def queue_page(calls: list[pb.ToolCall]) -> str:
-    content = queue(calls)
+def queue_page(
+    calls: list[pb.ToolCall],
+    previews: dict[tuple[str, str, str], Preview],
+    now_ns: int,
+) -> str:
+    content = queue(calls, previews, now_ns)
     return (
         '<p id="live" class="live" role="status" aria-live="polite">'
         "This list updates by itself.</p>"
         '<noscript><p class="live">Reload the page to see new calls.</p></noscript>'
-        f'<div id="queue" data-digest="{digest(content)}">{content}</div>'
+        f'<div id="queue" data-digest="{digest(calls)}">{content}</div>'
     )
 
 

@@ -133,10 +133,8 @@ class Plumbing(BaseHTTPRequestHandler):
         live: bool = False,
         cookies: tuple[str, ...] = (),
     ) -> None:
-        who = session.shown_name if session is not None else None
-        csrf = session.csrf if session is not None else ""
         self._send(
-            status, page(title, body, who=who, csrf=csrf, live=live), cookies=cookies
+            status, page(title, body, session=session, live=live), cookies=cookies
         )
 
     def _check_host(self) -> None:

@@ -8,6 +8,7 @@ shows (docs/console.md)."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -284,3 +285,24 @@ def test_a_forged_cross_site_post_is_refused(
         evil.server_close()
         thread.join(timeout=10)
     assert _state(daemon, "mail-3") == "AWAITING_APPROVAL"
+
+
+def test_the_waiting_times_and_the_quarantine_count_in_the_page(
+    served: tuple[RunningDaemon, ConsoleServer], browser: Browser
+) -> None:
+    """The live script keeps the queue's waiting times and the reconcile
+    form's countdown current (issue 25 item 10): it takes each time over
+    (data-seen) and writes it in the page's format."""
+    daemon, server = served
+    unknown(daemon, "c-1")
+    page = _person(browser, server, ONCALL_OLA)
+    waited = page.locator("time[data-since]").first
+    expect(waited).to_have_attribute("data-seen", re.compile(r"^\d+$"))
+    expect(waited).to_have_text(re.compile(r"^\d+[smhd]"))
+    left = page.locator("time[data-until]").first
+    expect(left).to_have_text(re.compile(r"^in \d+[smh]"))
+    _open_call(page, "c-1")
+    countdown = page.locator(".rule time[data-until]")
+    expect(countdown).to_have_attribute("data-seen", re.compile(r"^\d+$"))
+    expect(countdown).to_have_text(re.compile(r"^in \d+[smh]"))
+    expect(page.get_by_role("heading", name="Other calls of this run")).to_be_visible()
