@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check chromium node-test protos bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
+.PHONY: help run test test-fast check chromium node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -123,6 +123,20 @@ many-daemons-deep: $(DEV_INSTALLED)
 ## bench-node: the Node client's round trips, session stream against unary (ratios in one run)
 bench-node: $(INSTALLED)
 	cd clients/node && npm ci --no-audit --no-fund && EFFECTD_PYTHON=$(abspath $(PY)) node bench/session.mjs
+
+## dist: the packages, built from this checkout into DIST (none is published):
+## the daemon's and the Python client's wheels and sdists (`python -m build`,
+## with the pinned setuptools of the venv), and the Node client's npm tarball,
+## the protos inside it
+DIST ?= dist
+dist: $(DEV_INSTALLED)
+	rm -rf $(DIST) build/node-package && mkdir -p $(DIST) build/node-package/protos
+	$(PY) -m build --no-isolation --outdir $(DIST) .
+	$(PY) -m build --no-isolation --outdir $(DIST) clients/python
+	cp -R clients/node/package.json clients/node/README.md clients/node/src build/node-package/
+	cp -R clients/node/protos/. protos/. build/node-package/protos/
+	cd build/node-package && npm pack --silent --pack-destination $(abspath $(DIST))
+	rm -rf build/node-package
 
 ## protos: regenerate clients/python/src/effectd from protos/
 protos: $(DEV_INSTALLED)

@@ -23,6 +23,9 @@ DOCUMENTS = (
     "docs/langgraph.md",
     "docs/openai-agents.md",
 )
+# The documents that start their daemon themselves, as a reader does on a
+# fresh clone: the README's first block is `make run`.
+SERVES_ITSELF = {"README.md"}
 # Blocks each document must run here, so that no marker or parser slip can
 # quietly turn the test off.
 AT_LEAST = {
@@ -43,14 +46,25 @@ def test_the_documents_blocks_run_as_written(short_tmp: Path, document: str) -> 
     """Each runnable block exits 0 in document order (issue 10 item 31:
     fails before the fix: the backup's parent did not exist, the restore
     started a daemon on the backup, the ctl examples reconciled one call
-    twice, and none of the blocks was run by any test)."""
-    with docs.sandbox(short_tmp) as box:
+    twice, and none of the blocks was run by any test; issue 25 item 14: the
+    README's blocks run on what its own blocks made, from its `make run`
+    on, without a daemon or calls of the test's)."""
+    with docs.sandbox(short_tmp, daemon=document not in SERVES_ITSELF) as box:
         report = docs.run_document(ROOT / document, box)
     print(f"{document}: ran blocks at lines {report.ran}")
     for skipped in report.skipped:
         print(f"skipped {skipped}")
     assert report.failures == []
     assert len(report.ran) >= AT_LEAST[document]
+
+
+def test_the_readme_needs_no_fixture_of_the_tests() -> None:
+    """What the README's blocks need, its blocks make: none says `given`
+    (issue 25 item 14: fails before the fix, its `effectd ctl` block was
+    given calls it never made)."""
+    markers = [b.marker for b in docs.blocks((ROOT / "README.md").read_text())]
+    assert "given" not in markers
+    assert markers[0] == "serves"
 
 
 def test_every_marker_is_understood() -> None:

@@ -1,10 +1,14 @@
 """Runs the fenced code blocks of a Markdown document as a reader would.
 
-Each document gets a sandbox: a temporary directory (the reader's checkout)
-holding `.effectd/`, the data directory of a real daemon started for it
-(its socket is the `.effectd/effectd.sock` that `make run` serves, its
-policy file `policy.toml`), `.venv` (this checkout's virtual environment),
-`home/` (HOME) and, for JavaScript, `clients/node/` (the Node package).
+Each document gets a sandbox: a temporary directory (the reader's checkout,
+installed) holding the `Makefile`, `.venv` (this checkout's virtual
+environment, entry by entry, with the marker `make` leaves once it has
+installed it, so that `make run` starts the daemon at once), `home/` (HOME)
+and, for JavaScript, `clients/node/` (the Node package). A document that
+starts its daemon itself, as README.md does with `make run`, gets nothing
+more; any other gets `.effectd/`, the data directory of a real daemon
+started for it (its socket is the `.effectd/effectd.sock` that `make run`
+serves, its policy file `policy.toml`).
 Blocks run in document order, each in its own process with the sandbox as
 the working directory and the virtual environment first on PATH:
 
@@ -26,8 +30,10 @@ comment on the line before it says otherwise (`MARKER`):
 - `<!-- docs-test: given FIXTURE -->`: the daemon holds FIXTURE's records
   (`FIXTURES`) before the block runs;
 - `<!-- docs-test: serves -->`: the block ends by starting a daemon in the
-  foreground; it must say it is ready, serves the blocks after it, and
-  must stop cleanly (SIGTERM, exit 0) at the end of the document.
+  foreground (`effectd serve`, or `make run`); it must say it is ready,
+  serves the blocks after it, and must stop cleanly at the end of the
+  document: SIGTERM to the daemon (the processes of the block other than
+  its first, or the first when alone), then exit 0.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import textwrap
 import threading
 import tomllib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,10 +189,13 @@ class _Server:
         self.ready.set()  # ended: whoever waits looks at the process
 
     def stop(self) -> int:
-        """SIGTERM to its group; its exit status (-9 if it had to be
-        killed)."""
+        """SIGTERM to the daemon (the group's processes but its leader, a
+        shell or `make` waiting for the daemon; the leader when alone); its
+        exit status (-9 if it had to be killed)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            for pid in _group(self.proc.pid) or [self.proc.pid]:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=BLOCK_TIMEOUT)
             except subprocess.TimeoutExpired:
@@ -199,22 +208,54 @@ class _Server:
         return self.proc.returncode
 
 
+def _group(pgid: int) -> list[int]:
+    """The processes of group `pgid` other than its leader."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError):
+            # pid (comm) state ppid pgrp ...; comm may hold spaces.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            pid = int(stat.parent.name)
+            if int(fields[2]) == pgid and pid != pgid:
+                found.append(pid)
+    return found
+
+
 @dataclass(slots=True)
 class Sandbox:
-    """The reader's directory, environment and daemon for one document."""
+    """The reader's directory, environment and daemon for one document
+    (None: the document starts its own)."""
 
     root: Path
-    daemon: RunningDaemon
+    daemon: RunningDaemon | None
     env: dict[str, str]
     given: set[str] = field(default_factory=set)
     servers: list[_Server] = field(default_factory=list)
 
 
+def _installed_checkout(root: Path) -> None:
+    """`root` as a checkout `make` has installed: the Makefile, the files
+    its install step depends on (older than its marker), and `.venv`, this
+    environment's entries each linked, with the marker of its own."""
+    shutil.copy(ROOT / "Makefile", root / "Makefile")
+    for name in ("pyproject.toml", "clients/python/pyproject.toml"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, root / name)
+        os.utime(root / name, (0, 0))
+    venv = root / ".venv"
+    venv.mkdir()
+    for entry in Path(sys.prefix).iterdir():
+        if not entry.name.startswith("."):
+            (venv / entry.name).symlink_to(entry)
+    (venv / ".installed").touch()
+
+
 @contextmanager
-def sandbox(root: Path) -> Iterator[Sandbox]:
-    """`root` made into a reader's checkout with a daemon serving
-    `.effectd/effectd.sock`; its daemons are stopped on the way out."""
-    (root / ".venv").symlink_to(Path(sys.prefix))
+def sandbox(root: Path, *, daemon: bool = True) -> Iterator[Sandbox]:
+    """`root` made into a reader's installed checkout, with a daemon serving
+    `.effectd/effectd.sock` unless the document starts its own (`daemon`
+    false); its daemons are stopped on the way out."""
+    _installed_checkout(root)
     (root / "home").mkdir()
     policy = root / "policy.toml"
     policy.write_text("")
@@ -229,8 +270,9 @@ def sandbox(root: Path) -> Iterator[Sandbox]:
         USER="docs-reader",
     )
     config = ServeConfig(data_dir=root / ".effectd", policy_file=policy)
-    with running_daemon(config) as daemon:
-        box = Sandbox(root, daemon, env)
+    with ExitStack() as stack:
+        running = stack.enter_context(running_daemon(config)) if daemon else None
+        box = Sandbox(root, running, env)
         try:
             yield box
         finally:
@@ -296,6 +338,8 @@ def _given(block: Block, box: Sandbox) -> str | None:
     fixture = FIXTURES.get(block.arg)
     if fixture is None:
         return f"no fixture named {block.arg!r} (known: {', '.join(FIXTURES)})"
+    if box.daemon is None:
+        return f"{block.arg!r} needs the daemon of the test, and this document has none"
     fixture(box.daemon)
     box.given.add(block.arg)
     return None
