@@ -28,7 +28,7 @@ from sidecar.ctl.output import jsonable
 from sidecar.ledger.model import CallRef, Payload, PayloadKind
 from sidecar.storage import records
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import prepare_request, refused
 from tests.support.certs import Pki, make_pki

@@ -51,7 +51,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "probe": frozenset(),
     # Pure rules: records, transitions, quotas, policy.
     "ledger": BASE,
-    "config": BASE | {"ledger"},
+    # The configuration checks a store URL against the backends' registry
+    # (`storage.backends`).
+    "config": BASE | {"ledger", "storage"},
     "directories": BASE | {"config"},
     "settings": BASE | {"config", "ledger"},
     "policy_file": BASE | {"ledger"},
@@ -252,6 +254,66 @@ def test_an_upward_import_is_reported() -> None:
     assert upward_imports(
         "from sidecar import errors\n", "sidecar.clock", modules=modules
     ) == ["sidecar.clock:1 imports sidecar.errors"]
+
+
+# The store backends, each a package of `sidecar.storage`: none imports
+# another, and the backend-neutral part of `storage` imports none of them
+# (`storage.backends` names them as text, imported when used).
+BACKEND_PACKAGES = ("sidecar.storage.lmdb", "sidecar.storage.postgres")
+
+
+def backend_of(name: str) -> str | None:
+    for package in BACKEND_PACKAGES:
+        if name == package or name.startswith(package + "."):
+            return package
+    return None
+
+
+def crossing_imports(
+    source: str,
+    module: str,
+    *,
+    is_package: bool = False,
+    modules: frozenset[str] = frozenset(),
+) -> list[str]:
+    """The imports of storage module `module` that reach a backend package
+    other than its own (the neutral part has none of its own)."""
+    own = backend_of(module)
+    found = [
+        f"{module}:{line} imports {name}"
+        for line, name in imported(source, module, is_package, modules)
+        if backend_of(name) not in (None, own)
+    ]
+    return list(dict.fromkeys(found))
+
+
+def test_store_backends_import_neither_each_other_nor_from_the_neutral_part() -> None:
+    modules = known_modules()
+    found = [
+        problem
+        for module, is_package, text in sources(SIDECAR)
+        if module.startswith("sidecar.storage")
+        for problem in crossing_imports(
+            text, module, is_package=is_package, modules=modules
+        )
+    ]
+    assert found == []
+
+
+def test_a_backend_reaching_into_another_is_reported() -> None:
+    """The negative control: PostgreSQL's views taking an LMDB name, and a
+    neutral module importing a backend, are each reported."""
+    modules = known_modules()
+    assert crossing_imports(
+        "from sidecar.storage.lmdb.views import TxnView\n",
+        "sidecar.storage.postgres.views",
+        modules=modules,
+    ) == ["sidecar.storage.postgres.views:1 imports sidecar.storage.lmdb.views"]
+    assert crossing_imports(
+        "from sidecar.storage.postgres import schema\n",
+        "sidecar.storage.records",
+        modules=modules,
+    ) == ["sidecar.storage.records:1 imports sidecar.storage.postgres.schema"]
 
 
 def test_the_client_never_imports_the_daemon_and_has_no_cycle() -> None:

@@ -15,7 +15,7 @@ from sidecar.config import ServeConfig
 from sidecar.ledger.ownership import Registration
 from sidecar.services.membership import SETTLEMENT
 from sidecar.storage import daemons
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 
 TTL = 3.0

@@ -34,7 +34,7 @@ from effectd.v1 import ledger_pb2_grpc
 from sidecar import cli
 from sidecar.server import Daemon, Endpoints
 from sidecar.storage.api import Store
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 from tests.support.ack_before_commit import AckBeforeCommitStore
 from tests.support.processes import DaemonProcess, daemon_process
 

@@ -92,7 +92,7 @@ class LedgerService:
         # A repeat that changes nothing (the duplicate of a committed call, a
         # call in progress under a live lease, a refusal) is answered from a
         # read snapshot, without the writer: LMDB shows a reader only commits
-        # that are durable (`storage.lmdb_store`), and a rule that would
+        # that are durable (`storage.lmdb.store`), and a rule that would
         # change the record (a lease ran out, a forced effect) is left to the
         # write transaction below, which decides again.
         unchanged = await self._scans.point_read(

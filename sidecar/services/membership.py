@@ -27,7 +27,7 @@ from sidecar.ledger import ownership
 from sidecar.ledger.model import State
 from sidecar.ledger.ownership import Registration, Standing
 from sidecar.services._common import committed, moment
-from sidecar.storage import daemons, records, restore
+from sidecar.storage import daemons, marking, records
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
 
@@ -139,7 +139,7 @@ class MembershipService:
         """
 
         def apply(view: WriteView) -> Registered:
-            restore.refuse_unfinished_marking(view)
+            marking.refuse_unfinished_marking(view)
             mine, ended = ownership.register(
                 daemons.every(view),
                 daemon_id=self.daemon_id,

@@ -54,6 +54,11 @@ class Table(enum.Enum):
     PASSES = "passes"
 
 
+class FormatError(RuntimeError):
+    """The store holds a format (LMDB) or schema (PostgreSQL) this effectd
+    does not read; the message says what to do."""
+
+
 class ReadView(Protocol):
     def get(self, table: Table, key: bytes) -> bytes | None: ...
 

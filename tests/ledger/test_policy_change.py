@@ -20,7 +20,7 @@ from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.policy_file import PolicyFile
 from sidecar.services.policy import PolicyService
 from sidecar.storage import records
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 
 BASE = Policy()
 

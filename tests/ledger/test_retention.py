@@ -35,7 +35,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.retention import RetentionService
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.ledger.builders import (
     OTHER_INPUT,
     REF,

@@ -20,7 +20,7 @@ from sidecar.config import ServeConfig
 from sidecar.ledger.audit import GENESIS
 from sidecar.storage import records
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import running_daemon
 from tests.rpc.support import prepare_request, ref, refused
 

@@ -31,7 +31,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.settlement import SettlementService, SettlePass
 from sidecar.storage import records
 from sidecar.storage.api import Table
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import running_daemon
 from tests.ledger.builders import started
 from tests.rpc.support import prepare_request, ref

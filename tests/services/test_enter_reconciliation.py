@@ -24,7 +24,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.ledger.builders import ok_result
 from tests.services.support import TOOL, spec
 

@@ -43,9 +43,9 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.membership import KEEP_GONE_NS, SETTLEMENT, MembershipService
 from sidecar.services.settlement import SettlementService
 from sidecar.storage.api import ReadView, Store, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
 from tests.ledger.builders import ok_result
 
 T = TypeVar("T")

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sidecar import cli, server
-from sidecar.storage import answers
 from sidecar.storage.api import Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 
 T = TypeVar("T")
 

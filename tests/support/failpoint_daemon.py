@@ -19,9 +19,9 @@ from typing import TypeVar
 from sidecar import callstate, cli, failpoints, server
 from sidecar.config import ServeConfig
 from sidecar.seams import Seams
-from sidecar.storage import answers
 from sidecar.storage.api import Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 
 T = TypeVar("T")
 # The variable that picks a broken build in a forked child.

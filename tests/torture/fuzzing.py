@@ -48,7 +48,7 @@ from sidecar.rpc.errors import CODES
 from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.provider.support import FakeSleep
 from tests.provider.upstream import Reply, serving

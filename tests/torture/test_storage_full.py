@@ -31,8 +31,8 @@ from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
-from sidecar.storage import answers
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import Refusal, assert_serving, decode, prepare_request
 

@@ -3,7 +3,7 @@
 A write function submitted from a thread (`submit`) is queued to one writer
 thread; the writer drains what is queued into one transaction, commits it
 once (one fsync for many requests), and only then answers them
-(`storage.answers`): no answer leaves before its data is durable. A write
+(`storage.lmdb.answers`): no answer leaves before its data is durable. A write
 awaited on the event loop (`write`) is committed on the loop itself: the
 writes of one pass of the loop are gathered and committed together, once,
 at the start of its next pass (group commit across every message of the
@@ -44,14 +44,16 @@ from sidecar.errors import (
 from sidecar.failpoints import Failpoints, Point
 from sidecar.ledger.quota import StoreFill
 from sidecar.locking import ExclusiveLock
-from sidecar.storage import answers, migration, usage
+from sidecar.storage import usage
 from sidecar.storage.api import (
+    FormatError,
     ReadView,
     Table,
     WriteView,
 )
 from sidecar.storage.keys import MAX_KEY_BYTES
-from sidecar.storage.views import BufferedView, TxnView
+from sidecar.storage.lmdb import answers, migration
+from sidecar.storage.lmdb.views import BufferedView, TxnView
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ log = logging.getLogger(__name__)
 # 4: the retention index (`storage.retention_times`); 5: the plan rows
 # (`storage.plan_rows`). A daemon of the format before would leave them stale
 # (a row would answer for an older record): it must not open the store.
-# Formats 1 to 4 are upgraded at open (`storage.migration`);
+# Formats 1 to 4 are upgraded at open (`storage.lmdb.migration`);
 # `storage.daemons` changes no format.
 FORMAT_VERSION = b"5"
 _UPGRADABLE = frozenset({b"1", b"2", b"3", b"4"})
@@ -80,7 +82,7 @@ _FULL_DISK = ("No space left on device", "Disk quota exceeded", "File too large"
 _NEARLY_FULL = 16 << 20
 
 
-class StoreFormatError(RuntimeError):
+class StoreFormatError(FormatError):
     """The data directory holds a store of another format version."""
 
 
