@@ -285,7 +285,7 @@ class LedgerService:
         the earlier incarnations of this daemon (`ownership.register` ended
         them) and of any other daemon that restarted: a live daemon's calls
         are never settled here, and a lapsed one's are left to the
-        settlement pass."""
+        lease sweep."""
 
         def apply(view: WriteView) -> int:
             now = self.now(view)

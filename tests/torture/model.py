@@ -237,8 +237,8 @@ class Model:
             if self.wall - t.made_wall >= TOMBSTONE_NS:
                 del self.tombstones[ref]
 
-    def settle_expired(self) -> None:
-        """The settlement pass: every STARTED call whose lease ran out
+    def sweep_leases(self) -> None:
+        """The lease sweep: every STARTED call whose lease ran out
         becomes UNKNOWN, untouched by any request (docs/ledger.md)."""
         for c in self.calls.values():
             if self._expired(c):

@@ -97,7 +97,7 @@ class _DaemonStandingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Daemon
     """Renewed in time: the daemon serves, and vouches for the calls it started."""
     DAEMON_STANDING_LAPSED: _DaemonStanding.ValueType  # 2
     """Not renewed in time, never ended: the daemon died, or lost the store.
-    Its STARTED calls become UNKNOWN at their next touch or settlement pass.
+    Its STARTED calls become UNKNOWN at their next touch or lease sweep.
     """
     DAEMON_STANDING_ENDED: _DaemonStanding.ValueType  # 3
     """Ended at a clean stop; its STARTED calls become UNKNOWN as above."""
@@ -114,7 +114,7 @@ DAEMON_STANDING_LIVE: DaemonStanding.ValueType  # 1
 """Renewed in time: the daemon serves, and vouches for the calls it started."""
 DAEMON_STANDING_LAPSED: DaemonStanding.ValueType  # 2
 """Not renewed in time, never ended: the daemon died, or lost the store.
-Its STARTED calls become UNKNOWN at their next touch or settlement pass.
+Its STARTED calls become UNKNOWN at their next touch or lease sweep.
 """
 DAEMON_STANDING_ENDED: DaemonStanding.ValueType  # 3
 """Ended at a clean stop; its STARTED calls become UNKNOWN as above."""
