@@ -141,7 +141,7 @@ class Daemon:
         settled = await services.ledger.settle_earlier_incarnations()
         if settled:
             log.warning("%d calls started before the restart are now UNKNOWN", settled)
-        # DESIGN §4: a compaction pass at start, then one per interval.
+        # contract §4.7: a compaction pass at start, then one per interval.
         await self.compact_expired()
 
         server = self._server = grpc.aio.server(
@@ -250,7 +250,7 @@ class Daemon:
             log.exception("renewing this daemon's registration failed")
 
     async def compact_expired(self) -> PassResult | None:
-        """One compaction pass of the retention window (DESIGN §4), unless
+        """One compaction pass of the retention window (contract §4.7), unless
         another daemon sharing the store runs it this interval (None then);
         a failure is logged and leaves every record in place."""
         if not await self._claim(RETENTION, self.config.retention_interval_seconds):

@@ -1,5 +1,5 @@
 """Who holds a STARTED call, and whether its holder still runs: the rules of
-several daemons sharing one store (DESIGN §4 "started under an earlier
+several daemons sharing one store (contract §4.4 "started under an earlier
 daemon incarnation", ADR-010 D3).
 
 Every open of a store is an incarnation, unique among every daemon that ever

@@ -2,7 +2,7 @@
 6): leases and rate limits are judged on the monotonic clock, so a jump of
 the wall clock neither ends a live lease (no premature settlement, no
 RECONCILE for a call that is running) nor refills a rate limit; approvals do
-not expire; retention (a wall-clock window, DESIGN §4) compacts nothing while
+not expire; retention (a wall-clock window, contract §4.7) compacts nothing while
 the clock is behind the commit, and a tombstone still refuses a
 re-execution (RESULT_COMPACTED); no answer carries a negative duration, and
 nothing is answered INTERNAL. Each has its control: the monotonic clock
