@@ -32,7 +32,7 @@ DEFAULT_LIMIT = 50
 # Calls per request; the same on every page of one listing, so that a
 # place within a page means the same call when the listing resumes.
 PAGE_SIZE = 100
-# Calls that wait for a human come first (DESIGN §10), each state a pass.
+# Calls that wait for a human come first (contract §10.8), each state a pass.
 _FIRST = (pb.CALL_STATE_UNKNOWN, pb.CALL_STATE_AWAITING_APPROVAL)
 _STATES = (*_FIRST, pb.CALL_STATE_PREPARED, pb.CALL_STATE_STARTED)
 _ALL = (*_STATES, pb.CALL_STATE_COMMITTED)

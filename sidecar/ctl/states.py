@@ -1,6 +1,6 @@
 """The state a person reads, derived in this one place for `effectd ctl`
 and the console. On the wire a call an approver rejected is COMMITTED, with
-the error result APPROVAL_REJECTED (DESIGN §4), and stays so in the JSON's
+the error result APPROVAL_REJECTED (contract §4.5), and stays so in the JSON's
 `state`; for a person it is REJECTED: it never ran, and nobody may run it.
 Every state shown in a table, a record, a history, a plan or the audit log
 goes through here."""
@@ -25,7 +25,7 @@ def state_name(value: pb.CallState.ValueType) -> str:
 
 
 def rejected(call: pb.ToolCall) -> bool:
-    """Committed by an approver's rejection (DESIGN §4)."""
+    """Committed by an approver's rejection (contract §4.5)."""
     return (
         call.state == pb.CALL_STATE_COMMITTED
         and call.HasField("result")

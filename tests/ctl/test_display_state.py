@@ -1,6 +1,6 @@
 """A call an approver rejected reads REJECTED wherever `effectd ctl` shows a
 state (issue 25 item 8): on the wire it stays COMMITTED with the error result
-APPROVAL_REJECTED (DESIGN §4), and the JSON keeps that as `state`."""
+APPROVAL_REJECTED (contract §4.5), and the JSON keeps that as `state`."""
 
 from __future__ import annotations
 
