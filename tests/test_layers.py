@@ -121,7 +121,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "ctl": BASE | {"ledger", "storage", CLIENT_PUBLIC},
     # The people's console: a web client of the daemon through the public
     # client, sharing the operator tool's rendering of records.
-    "web": BASE | {"ledger", "config", "ctl", CLIENT_PUBLIC},
+    "web": BASE | {"config", "ctl", CLIENT_PUBLIC},
     "cli": BASE
     | {
         "ledger",
