@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import EffectdError
+from sidecar.ctl import requests
 from sidecar.web import callpage, pages
 from sidecar.web.daemon import Daemon
 from sidecar.web.html import notice
@@ -325,7 +326,7 @@ class Handler(Plumbing):
         if decision not in ("approve", "reject"):
             raise Refused(HTTPStatus.BAD_REQUEST, "Approve or reject.")
         try:
-            session.daemon.decide(
+            request = requests.decide_request(
                 ref,
                 approve=decision == "approve",
                 approver=session.actor,
@@ -333,6 +334,7 @@ class Handler(Plumbing):
                 revision=self._revision(form),
                 fingerprint=form.get("fingerprint", ""),
             )
+            session.daemon.decide(request)
         except EffectdError as exc:
             self._refused_decision(session, ref, exc)
             return
@@ -355,7 +357,7 @@ class Handler(Plumbing):
         if dead is None:
             raise Refused(HTTPStatus.BAD_REQUEST, "The attempt is not a number.")
         try:
-            session.daemon.reconcile(
+            reconciliation = requests.reconcile_request(
                 ref,
                 revision=self._revision(form),
                 operator=session.actor,
@@ -365,6 +367,7 @@ class Handler(Plumbing):
                 not_executed=resolution == "not_executed",
                 confirmed_dead_attempt=dead,
             )
+            session.daemon.reconcile(reconciliation)
         except EffectdError as exc:
             self._refused_decision(session, ref, exc)
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 from effectd.v1 import admin_pb2 as apb
@@ -18,7 +18,6 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
 from effectd_client import Connection, EffectdError
-from sidecar.ctl import requests
 from sidecar.ctl.calls import input_matches
 from sidecar.ctl.output import printable
 
@@ -133,48 +132,12 @@ class Daemon:
             shown[_key(c.ref)] = found
         return shown
 
-    def decide(
-        self,
-        ref: pb.CallRef,
-        *,
-        approve: bool,
-        approver: str,
-        reason: str,
-        revision: int,
-        fingerprint: str,
-    ) -> pb.ToolCall:
-        request = requests.decide_request(
-            ref,
-            approve=approve,
-            approver=approver,
-            reason=reason,
-            revision=revision,
-            fingerprint=fingerprint,
-        )
+    def decide(self, request: pb.DecideApprovalRequest) -> pb.ToolCall:
+        """The decision (`sidecar.ctl.requests.decide_request`), as decided."""
         return self._call(self._ledger.DecideApproval, request).call
 
-    def reconcile(
-        self,
-        ref: pb.CallRef,
-        *,
-        revision: int,
-        operator: str,
-        reason: str,
-        evidence: str,
-        result: Any = None,
-        not_executed: bool = False,
-        confirmed_dead_attempt: int = 0,
-    ) -> pb.ToolCall:
-        request = requests.reconcile_request(
-            ref,
-            revision=revision,
-            operator=operator,
-            reason=reason,
-            evidence=evidence,
-            result=result,
-            not_executed=not_executed,
-            confirmed_dead_attempt=confirmed_dead_attempt,
-        )
+    def reconcile(self, request: pb.ReconcileRequest) -> pb.ToolCall:
+        """The reconciliation (`sidecar.ctl.requests.reconcile_request`)."""
         return self._call(self._ledger.Reconcile, request).call
 
     def recover(self, namespace: str, run_id: str) -> Iterator[rpb.RecoverResponse]:

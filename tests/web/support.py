@@ -12,9 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from effectd_client import Client
+from sidecar.clock import Clock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from sidecar.web import ConsoleConfig, ConsoleServer
@@ -25,12 +27,15 @@ RUN = "run-c"
 
 
 @contextmanager
-def console_daemon(data_dir: Path) -> Iterator[tuple[RunningDaemon, ConsoleServer]]:
-    """A daemon requiring the console's tokens, and a console in front of it."""
+def console_daemon(
+    data_dir: Path, clock: Clock | None = None, **options: Any
+) -> Iterator[tuple[RunningDaemon, ConsoleServer]]:
+    """A daemon requiring the console's tokens (on `clock`), and a console
+    in front of it (with the ConsoleConfig `options`)."""
     config = ServeConfig(data_dir=data_dir, tokens_text=tokens_text(*CONSOLE))
-    with running_daemon(config) as daemon:
+    with running_daemon(config, clock) as daemon:
         server = ConsoleServer(
-            ConsoleConfig(target=daemon.target, listen="127.0.0.1:0")
+            ConsoleConfig(target=daemon.target, listen="127.0.0.1:0", **options)
         ).start()
         try:
             yield daemon, server

@@ -23,7 +23,7 @@ from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from sidecar.web import ConsoleConfig, ConsoleServer
-from tests.support.tokens import APPROVER_ANA, CONSOLE, ONCALL_OLA, tokens_text
+from tests.support.tokens import APPROVER_ANA, ONCALL_OLA
 from tests.web.support import (
     NAMESPACE,
     RUN,
@@ -102,15 +102,8 @@ def _console_at(
     """A daemon requiring the console's tokens whose wall clock is `shift_s`
     seconds off the real one (which the console reads), and its console."""
     clock = ManualClock(wall_ns=time.time_ns() + int(shift_s * 1e9))
-    config = ServeConfig(data_dir=data_dir, tokens_text=tokens_text(*CONSOLE))
-    with running_daemon(config, clock) as daemon:
-        server = ConsoleServer(
-            ConsoleConfig(target=daemon.target, listen="127.0.0.1:0", **options)
-        ).start()
-        try:
-            yield daemon, server
-        finally:
-            server.stop()
+    with console_daemon(data_dir, clock, **options) as both:
+        yield both
 
 
 def _ms(ts: Timestamp) -> int:
