@@ -52,7 +52,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # Pure rules: records, transitions, quotas, policy.
     "ledger": BASE,
     "config": BASE | {"ledger"},
-    "directories": BASE | {"config"},
+    "directories": BASE | {"config", "ledger"},
     "settings": BASE | {"config", "ledger"},
     "policy_file": BASE | {"ledger"},
     "storage": BASE | {"ledger"},

@@ -203,6 +203,8 @@ def stats(con: Console, args: argparse.Namespace) -> int:
             f"store: {fill.used_bytes} of {fill.map_size_bytes} bytes used "
             f"({share:.1%}); the data file reaches {fill.high_water_bytes}"
         )
+    if done.HasField("data_directory"):
+        _print_disk(done)
     if done.HasField("restored"):
         r = done.restored
         print(
@@ -212,6 +214,28 @@ def stats(con: Console, args: argparse.Namespace) -> int:
             "backup are unknown to this store"
         )
     return OK
+
+
+def _print_disk(done: apb.GetStatsResponse) -> None:
+    disk = done.data_directory
+    share = disk.free_bytes / disk.total_bytes if disk.total_bytes else 0.0
+    where = (
+        "it holds the store"
+        if disk.holds_store
+        else "the store is not on it: watch the database server's disk"
+    )
+    print(
+        f"data directory {disk.path}: {disk.free_bytes} of {disk.total_bytes} "
+        f"bytes free ({share:.1%}); {where}"
+    )
+    fill = done.store_fill
+    room = fill.map_size_bytes - fill.high_water_bytes
+    if disk.holds_store and done.HasField("store_fill") and room > disk.free_bytes:
+        print(
+            f"warning: the store may grow {room} more bytes but the disk has "
+            f"{disk.free_bytes} free: writes fail with STORAGE_FULL when it is "
+            "full; grow the volume, or set --map-size to what it holds"
+        )
 
 
 def daemons(con: Console, args: argparse.Namespace) -> int:

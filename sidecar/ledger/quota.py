@@ -64,6 +64,21 @@ class StoreFill:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskSpace:
+    """The filesystem of the daemon's data directory, as it is now. On LMDB
+    it holds the store: a write the disk has no room for is refused
+    (STORAGE_FULL) however far `StoreFill.used_bytes` is from the map, so
+    alert on `free_bytes / total_bytes` too. On a shared store (PostgreSQL)
+    it holds only the socket and its lock."""
+
+    path: str
+    holds_store: bool
+    # What the daemon's user may still write (not the blocks kept for root).
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Quotas:
     """Per-namespace limits; 0 means unlimited."""
 

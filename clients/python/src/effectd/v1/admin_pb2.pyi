@@ -620,6 +620,43 @@ class StoreFill(_message.Message):
 Global___StoreFill: _TypeAlias = StoreFill  # noqa: Y015
 
 @_typing.final
+class DataDirectory(_message.Message):
+    """The filesystem of the daemon's data directory (--data-dir), read when
+    asked. On LMDB it holds the store: a write the disk has no room for is
+    refused with STORAGE_FULL however little of the map is used, so alert on
+    free_bytes / total_bytes too. On a shared store (PostgreSQL) it holds only
+    the socket and its lock: the store's disk is the database server's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    HOLDS_STORE_FIELD_NUMBER: _builtins.int
+    FREE_BYTES_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    holds_store: _builtins.bool
+    """Whether the store's files are in it (LMDB)."""
+    free_bytes: _builtins.int
+    """What the daemon's user may still write there."""
+    total_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        holds_store: _builtins.bool = ...,
+        free_bytes: _builtins.int = ...,
+        total_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_bytes", b"free_bytes", "holds_store", b"holds_store", "path", b"path", "total_bytes", b"total_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DataDirectory: _TypeAlias = DataDirectory  # noqa: Y015
+
+@_typing.final
 class NamespaceQuotas(_message.Message):
     """The per-namespace limits in force; 0 means unlimited."""
 
@@ -657,6 +694,7 @@ class GetStatsResponse(_message.Message):
     QUOTAS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     STORE_FILL_FIELD_NUMBER: _builtins.int
+    DATA_DIRECTORY_FIELD_NUMBER: _builtins.int
     RESTORED_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.int
     """How many times a daemon opened this store, this one included."""
@@ -673,6 +711,12 @@ class GetStatsResponse(_message.Message):
         """
 
     @_builtins.property
+    def data_directory(self) -> Global___DataDirectory:
+        """The data directory's filesystem, for a caller who may see every
+        namespace; absent for others, and when it cannot be read.
+        """
+
+    @_builtins.property
     def restored(self) -> Global___RestoreInfo:
         """Set when the store was restored from a backup (`effectd ctl restore`):
         the latest restore. Calls recorded after that backup are unknown to it.
@@ -685,11 +729,12 @@ class GetStatsResponse(_message.Message):
         quotas: Global___NamespaceQuotas | None = ...,
         incarnation: _builtins.int = ...,
         store_fill: Global___StoreFill | None = ...,
+        data_directory: Global___DataDirectory | None = ...,
         restored: Global___RestoreInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data_directory", b"data_directory", "quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_directory", b"data_directory", "incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
