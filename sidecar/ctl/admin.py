@@ -196,6 +196,13 @@ def stats(con: Console, args: argparse.Namespace) -> int:
         f"{_limit(q.stored_bytes)}, requests/s {_limit(q.requests_per_second)}"
         f"; incarnation {done.incarnation}"
     )
+    for n in done.namespaces:
+        if n.stored_bytes_over_quota:
+            print(
+                f"over quota: {n.namespace} stores {n.stored_bytes} bytes, "
+                f"{n.stored_bytes_over_quota} past its quota: its new calls are "
+                "refused (QUOTA_EXCEEDED) until retention frees them"
+            )
     if done.HasField("store_fill"):
         fill = done.store_fill
         share = fill.used_bytes / fill.map_size_bytes if fill.map_size_bytes else 0.0

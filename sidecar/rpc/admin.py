@@ -258,6 +258,7 @@ class Admin:
                     unknown=n.by_state.get(State.UNKNOWN, 0),
                     stored_bytes=n.usage.stored_bytes,
                     tombstone_bytes=n.usage.tombstone_bytes,
+                    stored_bytes_over_quota=q.bytes_over(n.usage),
                 )
                 for n in await self._operator.stats(namespace)
             ],

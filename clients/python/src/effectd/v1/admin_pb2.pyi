@@ -549,6 +549,7 @@ class NamespaceStats(_message.Message):
     UNKNOWN_FIELD_NUMBER: _builtins.int
     STORED_BYTES_FIELD_NUMBER: _builtins.int
     TOMBSTONE_BYTES_FIELD_NUMBER: _builtins.int
+    STORED_BYTES_OVER_QUOTA_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     open_calls: _builtins.int
     """Calls not yet COMMITTED (what the open_calls quota counts) ..."""
@@ -565,6 +566,12 @@ class NamespaceStats(_message.Message):
     """Keys and values of its tombstones: counted by no quota, bounded by
     their lifetime (PolicySummary.tombstone_seconds).
     """
+    stored_bytes_over_quota: _builtins.int
+    """How far stored_bytes is past the stored_bytes quota (0: within it).
+    Work already done is always recorded, so results committed after a
+    call was admitted can take a namespace past its quota: its new calls
+    are then refused (QUOTA_EXCEEDED) until retention brings it back.
+    """
     def __init__(
         self,
         *,
@@ -576,10 +583,11 @@ class NamespaceStats(_message.Message):
         unknown: _builtins.int = ...,
         stored_bytes: _builtins.int = ...,
         tombstone_bytes: _builtins.int = ...,
+        stored_bytes_over_quota: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "namespace", b"namespace", "open_calls", b"open_calls", "prepared", b"prepared", "started", b"started", "stored_bytes", b"stored_bytes", "tombstone_bytes", b"tombstone_bytes", "unknown", b"unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "namespace", b"namespace", "open_calls", b"open_calls", "prepared", b"prepared", "started", b"started", "stored_bytes", b"stored_bytes", "stored_bytes_over_quota", b"stored_bytes_over_quota", "tombstone_bytes", b"tombstone_bytes", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
