@@ -169,7 +169,7 @@ class LedgerService:
         return await self._write(
             self._mutation(
                 ref,
-                lambda call, now, _: rules.commit(
+                lambda call, now, policy: rules.commit(
                     call,
                     now,
                     attempt=attempt,
@@ -177,6 +177,7 @@ class LedgerService:
                     expected_revision=expected_revision,
                     actor=actor,
                     acknowledge=acknowledge,
+                    policy=policy,
                 ),
             )
         )

@@ -84,7 +84,9 @@ class OperatorService:
 
         def apply(view: WriteView, now: Now) -> Answer | EffectdError:
             old = _load(view, ref)
-            step = operator_rules.decide_approval(old, now, decision)
+            # Whether a rejected call keeps its input (`kept_inputs`).
+            policy = self._policy.current()
+            step = operator_rules.decide_approval(old, now, decision, policy)
             if isinstance(step.reply, EffectdError):
                 return step.reply
             records.save_call(view, old, step.call)

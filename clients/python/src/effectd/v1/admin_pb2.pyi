@@ -365,8 +365,9 @@ class PolicySummary(_message.Message):
     in proven_idempotent_tools (evidence of downstream de-duplication).
     """
     keep_inputs: _builtins.bool
-    """Every call keeps its exact input until it is committed, when the input is
-    at most `max_kept_input_bytes` (calls awaiting approval always keep it).
+    """Every call keeps its exact input until it is settled; with keep_inputs,
+    a settled call keeps it too, when it is at most `max_kept_input_bytes`,
+    until retention compacts the record.
     """
     max_kept_input_bytes: _builtins.int
     @_builtins.property
