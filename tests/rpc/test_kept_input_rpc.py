@@ -120,6 +120,21 @@ def _commit(ledger: Ledger, call_id: str, attempt: int) -> pb.ToolCall:
     ).call
 
 
+def _found(ledger: Ledger, revision: int) -> pb.ToolCall:
+    """The operator records the result found in the target system."""
+    return ledger.Reconcile(
+        pb.ReconcileRequest(
+            ref=ref(),
+            expected_revision=revision,
+            result=pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json="1")),
+            operator="ops",
+            reason="found",
+            evidence="in the PSP",
+        ),
+        timeout=5,
+    ).call
+
+
 def test_an_unknown_side_effect_keeps_its_input_until_settled(
     daemon: RunningDaemon,
     ledger_stub: Ledger,
@@ -146,17 +161,7 @@ def test_an_unknown_side_effect_keeps_its_input_until_settled(
     shown = capsys.readouterr().out
     assert SENT in shown
     assert "hashes to the input fingerprint" in shown
-    done = ledger_stub.Reconcile(
-        pb.ReconcileRequest(
-            ref=ref(),
-            expected_revision=lost.revision,
-            result=pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json="1")),
-            operator="ops",
-            reason="found",
-            evidence="in the PSP",
-        ),
-        timeout=5,
-    ).call
+    done = _found(ledger_stub, lost.revision)
     assert done.state == pb.CALL_STATE_COMMITTED
     assert not _get(ledger_stub).HasField("kept_input")
     assert done.input_fingerprint == lost.input_fingerprint
@@ -222,17 +227,7 @@ def test_a_record_written_without_its_input_still_works(
     assert not lost.HasField("kept_input")
     again = ledger_stub.PrepareTool(prepare_request("run", "call", json=SENT))
     assert again.decision == pb.DECISION_RECONCILE
-    done = ledger_stub.Reconcile(
-        pb.ReconcileRequest(
-            ref=ref(),
-            expected_revision=lost.revision,
-            result=pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json="1")),
-            operator="ops",
-            reason="found",
-            evidence="in the PSP",
-        ),
-        timeout=5,
-    ).call
+    done = _found(ledger_stub, lost.revision)
     assert done.state == pb.CALL_STATE_COMMITTED
     replay = ledger_stub.PrepareTool(prepare_request("run", "call", json=SENT))
     assert replay.decision == pb.DECISION_RETURN_RESULT
