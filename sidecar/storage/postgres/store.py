@@ -19,6 +19,7 @@ COMMIT it settles are one path, read together.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import random
@@ -34,8 +35,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point
-from sidecar.storage import usage
-from sidecar.storage.api import ReadView, WriteView
+from sidecar.storage import calls, usage
+from sidecar.storage.api import CallWrite, ReadView, WriteView
 from sidecar.storage.postgres import schema as pg_schema
 from sidecar.storage.postgres.faults import (
     CONFLICTS,
@@ -227,6 +228,11 @@ class PostgresStore:
         transaction on PostgreSQL is network round trips the event loop
         must not wait for."""
         return await asyncio.wrap_future(self.submit(fn))
+
+    async def save_call(self, write: CallWrite) -> None:
+        """The compare-and-swap of one record (`storage.calls`), as a write
+        of its own."""
+        await self.write(functools.partial(calls.compare_and_save, write=write))
 
     def _run(self) -> None:
         """A writer thread: what is queued, up to `max_batch`, goes into one
