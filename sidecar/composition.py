@@ -54,6 +54,7 @@ from sidecar.rpc.retry import RetryPolicy
 from sidecar.rpc.session import Draining, LedgerSession
 from sidecar.seams import Seams
 from sidecar.services.checkpoints import CheckpointService
+from sidecar.services.lease_sweep import LeaseSweep
 from sidecar.services.ledger import LedgerService
 from sidecar.services.membership import MembershipService, daemon_id
 from sidecar.services.operator import OperatorService
@@ -61,7 +62,6 @@ from sidecar.services.policy import PolicyService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
 from sidecar.services.retry import RetryService
-from sidecar.services.settlement import SettlementService
 from sidecar.storage import backends, marking
 from sidecar.storage.api import ReportsFill, Store
 from sidecar.storage.backends import Opening
@@ -216,7 +216,7 @@ class Services:
     retry: RetryService
     policies: PolicyService
     retention: RetentionService
-    settlement: SettlementService
+    lease_sweep: LeaseSweep
     # This daemon's registration among those sharing the store.
     membership: MembershipService
     monitor: ProviderMonitor
@@ -278,7 +278,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
         retry=RetryService(store, clock, policy, random=seams.random, scans=scans),
         policies=PolicyService(store, clock, policy),
         retention=RetentionService(store, clock, policy, scans=scans),
-        settlement=SettlementService(store, clock),
+        lease_sweep=LeaseSweep(store, clock),
         membership=MembershipService(
             store,
             clock,

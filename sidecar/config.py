@@ -211,7 +211,7 @@ class ServeConfig:
     # A TOML file of provider routes (see sidecar.provider.routes); None: the
     # Provider service reaches no upstream.
     providers_file: Path | None = None
-    # Seconds between compaction passes of the retention window (DESIGN §4);
+    # Seconds between compaction passes of the retention window (contract §4.7);
     # the first pass runs at start.
     retention_interval_seconds: float = DEFAULT_RETENTION_INTERVAL_SECONDS
     # Seconds between passes that turn STARTED calls whose lease ran out into

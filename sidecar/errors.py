@@ -144,7 +144,7 @@ class ReconcileQuarantine(PreconditionFailed):
     reason = "RECONCILE_QUARANTINE"
 
 
-# Retry denials (DESIGN §7): DecideRetry answers them as data; StartTool with
+# Retry denials (contract §7.2): DecideRetry answers them as data; StartTool with
 # `retry` refuses with them.
 
 
@@ -174,7 +174,7 @@ class RetryDisabled(PreconditionFailed):
 
 class ResultCompacted(PreconditionFailed):
     """The call's record became a tombstone after the retention window; it
-    still refuses a re-execution (DESIGN §4)."""
+    still refuses a re-execution (contract §4.7)."""
 
     reason = "RESULT_COMPACTED"
 

@@ -1,4 +1,4 @@
-"""SIGTERM while 32 clients are mid-call (DESIGN §10, ADR-010 D1).
+"""SIGTERM while 32 clients are mid-call (contract §10.9, ADR-010 D1).
 
 The daemon runs as its own process; 32 client threads, each on its own
 connection, loop PrepareTool(start) + CommitTool with distinct call ids and

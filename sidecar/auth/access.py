@@ -1,5 +1,5 @@
 """The access rules: which role each RPC needs, and which namespace a
-request may touch (DESIGN §3, §10; reliability-anchors §7).
+request may touch (contract §3.1, §10.2; reliability-anchors §7).
 
 Pure: no I/O, no gRPC. Default deny: a method missing from `RULES` is
 refused to every credential, so a new RPC cannot ship unguarded.

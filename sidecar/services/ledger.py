@@ -102,7 +102,7 @@ class LedgerService:
         spec = _with_lease(asked, policy)
         old, tomb = calls.find(view, spec.ref)
         if tomb is not None:
-            # DESIGN §4: the tombstone still refuses a re-execution.
+            # contract §4.7: the tombstone still refuses a re-execution.
             return Decided(
                 retention.duplicate_prepare(
                     tomb, _in_scheme(spec, tomb.fingerprint_scheme)
@@ -233,7 +233,7 @@ class LedgerService:
 
     async def get(self, ref: CallRef) -> ToolCall:
         """The record; NOT_FOUND, with metadata saying so, for a call that
-        was compacted after the retention window (DESIGN §4)."""
+        was compacted after the retention window (contract §4.7)."""
 
         def load(view: ReadView) -> ToolCall:
             call = records.load_call(view, ref)
@@ -302,7 +302,7 @@ class LedgerService:
         the earlier incarnations of this daemon (`ownership.register` ended
         them) and of any other daemon that restarted: a live daemon's calls
         are never settled here, and a lapsed one's are left to the
-        settlement pass."""
+        lease sweep."""
 
         def apply(view: WriteView) -> int:
             now = self.now(view)
@@ -349,7 +349,7 @@ def _prepare_one(
     if old is None:
         tomb = tombstones.load(view, spec.ref)
         if tomb is not None:
-            # DESIGN §4: the tombstone still refuses a re-execution.
+            # contract §4.7: the tombstone still refuses a re-execution.
             return retention.duplicate_prepare(
                 tomb, _in_scheme(spec, tomb.fingerprint_scheme)
             )

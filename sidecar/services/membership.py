@@ -33,7 +33,9 @@ from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
 
-SETTLEMENT = "settlement"
+# The claim of the lease sweep keeps the name it is stored under, which
+# daemons of earlier versions sharing the store claim too.
+LEASE_SWEEP = "settlement"
 RETENTION = "retention"
 # How long a registration is kept after it ended or lapsed, for whoever
 # reads the table; a deleted one judges its leases as a lapsed one does.

@@ -33,7 +33,7 @@ class Table(enum.Enum):
     # Big-endian sequence number -> audit entry; append-only, hash-chained.
     AUDIT = "audit"
     # Record key -> tombstone of a call compacted after the retention window
-    # (DESIGN §4); it still refuses a re-execution.
+    # (contract §4.7); it still refuses a re-execution.
     TOMBSTONES = "tombstones"
     # (compacted wall time, 8 bytes big-endian) + record key -> b"": the
     # tombstones in the order their lifetime ends.

@@ -1,4 +1,4 @@
-"""The audit log through the real server (DESIGN §10): every approval and
+"""The audit log through the real server (contract §10.5): every approval and
 reconciliation leaves one hash-chained entry; VerifyAudit walks the chain and
 ListAudit pages through it. The tampering tests edit the stored log with the
 daemon stopped and must see VerifyAudit fail: they are the negative controls

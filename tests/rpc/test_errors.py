@@ -1,4 +1,4 @@
-"""The one table from domain errors to gRPC statuses (DESIGN §11, STYLE
+"""The one table from domain errors to gRPC statuses (contract §11, STYLE
 "Errors"): every reason-owning class is mapped, every reason is a value of
 `effectd.v1.ErrorReason`, and the status carries ErrorInfo (+ BadRequest)."""
 

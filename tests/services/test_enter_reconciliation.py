@@ -1,5 +1,5 @@
-"""Putting every open call of a tool into reconciliation (ADR-010 R2, DESIGN
-§12), on a real store: every open call of the tool in scope becomes a
+"""Putting every open call of a tool into reconciliation (ADR-010 R2, contract
+§7.3), on a real store: every open call of the tool in scope becomes a
 SIDE_EFFECT for good, each with its audit entry, in bounded batches, and
 none is offered a retry afterwards whatever the policy says."""
 

@@ -34,7 +34,7 @@ from sidecar.ctl import restore as ctl_restore
 from sidecar.storage import marking
 from sidecar.storage.lmdb import restore as restoring
 from sidecar.testing import running_daemon
-from tests.conftest import NO_SETTLEMENT_SECONDS
+from tests.conftest import NO_SWEEP_SECONDS
 from tests.rpc.support import assert_serving, prepare_request, ref
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
@@ -49,7 +49,7 @@ class Crash(BaseException):
 
 
 def _config(data_dir: Path) -> ServeConfig:
-    return ServeConfig(data_dir=data_dir, settle_interval_seconds=NO_SETTLEMENT_SECONDS)
+    return ServeConfig(data_dir=data_dir, settle_interval_seconds=NO_SWEEP_SECONDS)
 
 
 @contextmanager

@@ -38,7 +38,7 @@ class AckBeforeCommitStore(LmdbStore):
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)  # the reply leaves before the commit
+            answers.resolve(outcomes)  # the reply leaves before the commit
             # A real window between the reply and the commit, for kill -9 to land in.
             time.sleep(3.0)
 

@@ -53,7 +53,7 @@ class AnswersBeforeCommit(LmdbStore):
         failpoints_ = self.options.failpoints
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)
+            answers.resolve(outcomes)
             time.sleep(1.0)  # the answer leaves
             if failpoints_ is not None:
                 fns = [fn for fn, _ in batch]

@@ -27,7 +27,7 @@ class ShortWindowStore(AckBeforeCommitStore):
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)  # the reply leaves before the commit
+            answers.resolve(outcomes)  # the reply leaves before the commit
             time.sleep(WINDOW_SECONDS)
 
 

@@ -244,12 +244,12 @@ class LmdbStore:
                         self._queue.put(item)
                     return
             error = ShuttingDown("the store is closed")
-            answers.settle([(w, None, error) for _, w in batch])
+            answers.resolve([(w, None, error) for _, w in batch])
             return
         try:
             if self._closed:
                 error = ShuttingDown("the store is closed")
-                answers.settle([(w, None, error) for _, w in batch])
+                answers.resolve([(w, None, error) for _, w in batch])
                 return
             for start in range(0, len(batch), self.options.max_batch):
                 part = batch[start : start + self.options.max_batch]
@@ -373,7 +373,7 @@ class LmdbStore:
                 _, waiter = pending.pop(failed.index)
                 log.error("LMDB refused a request's writes: %s", failed.error)
                 error = StorageUnavailable(f"storage write failed: {failed.error}")
-                answers.settle([(waiter, None, error)])
+                answers.resolve([(waiter, None, error)])
                 continue
             except (lmdb.MapFullError, lmdb.TxnFullError) as exc:
                 if isinstance(exc, lmdb.MapFullError) and self._clear_stale_readers():
@@ -383,7 +383,7 @@ class LmdbStore:
             except lmdb.Error as exc:
                 log.error("LMDB commit failed: %s", exc)
                 failure = self._commit_error(exc)
-                answers.settle([(waiter, None, failure) for _, waiter in pending])
+                answers.resolve([(waiter, None, failure) for _, waiter in pending])
                 return
             # Durable now: answer.
             if failpoints is not None:
@@ -391,7 +391,7 @@ class LmdbStore:
             self.stats.transactions += 1
             self.stats.writes += writes
             self.stats.largest_batch = max(self.stats.largest_batch, len(pending))
-            answers.settle(outcomes)
+            answers.resolve(outcomes)
             if self.options.on_commit is not None:
                 try:
                     self.options.on_commit(len(pending), committed)
@@ -413,7 +413,7 @@ class LmdbStore:
             message = f"the storage map of {size} bytes is full"
         else:
             message = "the request writes more than one transaction holds"
-        answers.settle([(batch[0][1], None, StorageFull(message))])
+        answers.resolve([(batch[0][1], None, StorageFull(message))])
 
     def _clear_stale_readers(self) -> int:
         """Frees the reader slots of processes that died holding a read
