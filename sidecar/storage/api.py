@@ -183,6 +183,17 @@ class SkipsRevisions(Protocol):
 
 
 @runtime_checkable
+class ReadsPoints(Protocol):
+    """A store that serves a read of a few keys cheaper than a snapshot
+    (PostgreSQL: each key one statement, outside a transaction), where each
+    key may be read on its own snapshot. For a rule that decides on a record
+    it then saves by compare-and-swap (`Store.save_call`), which holds the
+    record to what was read; never for what must be read together."""
+
+    def read_point(self, fn: Callable[[ReadView], T]) -> T: ...
+
+
+@runtime_checkable
 class ReportsFill(Protocol):
     """A store that knows how full it is (LMDB)."""
 

@@ -53,6 +53,11 @@ class AckBeforeCommitPgStore(PostgresStore):
             pass
         return super().read(fn)
 
+    def read_point(self, fn: Callable[[ReadView], T]) -> T:
+        with self._answered:
+            pass
+        return super().read_point(fn)
+
     def _transaction(self, conn: _Conn, batch: list[_Item]) -> list[_Outcome]:
         with self._answered:
             return self._answer_then_commit(conn, batch)

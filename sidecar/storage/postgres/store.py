@@ -115,6 +115,22 @@ class PostgresStore:
             name="effectd-reads",
             open=False,
         )
+        # Point reads: each statement on its own snapshot, with no transaction
+        # around it (one statement where a snapshot costs BEGIN and ROLLBACK).
+        self._points = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=o.readers,
+            kwargs={
+                "autocommit": True,
+                "application_name": o.application_name + "/points",
+            },
+            configure=self._configure_points,
+            timeout=o.pool_timeout,
+            reconnect_timeout=o.reconnect_seconds,
+            name="effectd-points",
+            open=False,
+        )
         self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
         self._writers = [
             threading.Thread(target=self._run, name="effectd-pg-writer", daemon=True)
@@ -125,6 +141,7 @@ class PostgresStore:
                 writer.start()
             self._writes.open(wait=True, timeout=o.pool_timeout)
             self._reads.open(wait=True, timeout=o.pool_timeout)
+            self._points.open(wait=True, timeout=o.pool_timeout)
             with self._writes.connection() as conn:
                 pg_schema.check(conn)
                 row = conn.execute("SELECT nextval('effectd_incarnation')").fetchone()
@@ -165,6 +182,13 @@ class PostgresStore:
     def _configure_reader(self, conn: _Conn) -> None:
         self._configure(conn, read_only=True)
 
+    def _configure_points(self, conn: _Conn) -> None:
+        if self.options.statement_timeout is not None:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (f"{int(self.options.statement_timeout * 1000)}ms",),
+            )
+
     @property
     def incarnation(self) -> int:
         return self._incarnation
@@ -180,19 +204,36 @@ class PostgresStore:
     # -- reads ------------------------------------------------------------
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
-        """`fn` on a snapshot. A connection found broken (the database
-        restarted since it was pooled) means the others pooled with it may
-        be too: the pool's idle connections are checked (the broken ones
-        replaced) and `fn` runs once more."""
+        """`fn` on a snapshot (a REPEATABLE READ read-only transaction)."""
+        return self._read(self._reads, fn, snapshot=True)
+
+    def read_point(self, fn: Callable[[ReadView], T]) -> T:
+        """`fn`, a read of a few keys (`api.ReadsPoints`), each statement on
+        its own snapshot, outside any transaction: a one-key read is one
+        statement."""
+        return self._read(self._points, fn, snapshot=False)
+
+    def _read(
+        self,
+        pool: ConnectionPool[_Conn],
+        fn: Callable[[ReadView], T],
+        *,
+        snapshot: bool,
+    ) -> T:
+        """`fn` on a connection of `pool`. A connection found broken (the
+        database restarted since it was pooled) means the others pooled with
+        it may be too: the pool's idle connections are checked (the broken
+        ones replaced) and `fn` runs once more."""
         if self._closed:
             raise ShuttingDown("the store is closed")
         for attempt in (1, 2):
             try:
-                with self._reads.connection() as conn:
+                with pool.connection() as conn:
                     try:
                         return fn(PgReadView(conn))
                     finally:
-                        rollback(conn)
+                        if snapshot:
+                            rollback(conn)
             except PoolTimeout:
                 raise unavailable(
                     "no PostgreSQL connection for a read within "
@@ -201,7 +242,7 @@ class PostgresStore:
                 ) from None
             except DatabaseFailed as failed:
                 if attempt == 1 and connection_lost(failed.error):
-                    self._reads.check()
+                    pool.check()
                     continue
                 raise unavailable(
                     f"a PostgreSQL read failed: {failed.error}", applied=False
@@ -401,6 +442,7 @@ class PostgresStore:
                 writer.join()
         self._writes.close()
         self._reads.close()
+        self._points.close()
 
     def backup(self, path: Path) -> int:
         raise NotImplementedYet(
