@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
+from sidecar.ledger.audit import Fact
 from sidecar.ledger.model import ToolCall
 from sidecar.ledger.quota import Quotas, StoreFill
 
@@ -75,12 +76,15 @@ class CallWrite:
     a record nor a tombstone of it, and, with `quotas`, only while the
     namespace stays within them (`ledger.quota.refuse_growth`). `holds` is
     what else the decision assumed (the policy it was made under), asked in
-    the write transaction: False is a `Conflict` too."""
+    the write transaction: False is a `Conflict` too. `audit` is the entry
+    the rule writes with the record (an operator's decision), appended to
+    the audit chain in the same transaction."""
 
     old: ToolCall | None
     new: ToolCall
     quotas: Quotas | None = None
     holds: Callable[[], bool] | None = None
+    audit: Fact | None = None
 
 
 class ReadView(Protocol):

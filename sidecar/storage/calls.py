@@ -1,14 +1,16 @@
 """The compare-and-swap of one call record (`api.CallWrite`), on a write view:
-the write of the ledger's hot path (PrepareTool, StartTool, CommitTool,
-Heartbeat, ReportUnknown).
+the write of every request on one call (PrepareTool, StartTool, CommitTool,
+Heartbeat, ReportUnknown, and an operator's approval or reconciliation, with
+its audit entry).
 
 The service reads the record on a snapshot and decides with the pure rules
 (`ledger.rules`); the store then saves the new record only if the stored one
 is still the one decided on, else nothing is written and `api.Conflict` is
 raised, and the service reads and decides again. Deciding off the writer
 keeps the write transaction to what must be atomic: the compare, the record
-with its index entries (`records.save_call`) and, for a new call, the
-namespace's quota, checked against its usage as the write finds it.
+with its index entries (`records.save_call`), the audit entry the rule
+writes with it, and, for a new call, the namespace's quota, checked against
+its usage as the write finds it.
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ def compare_and_save(view: WriteView, write: CallWrite) -> None:
     limits = write.quotas
     if write.old is not None or limits is None or not limits.limits_storage:
         records.save_call(view, stored, write.new)
-        return
-    before = usage.load(view, ref.namespace)
-    records.save_call(view, None, write.new)
-    # Measured after the save: the stored size is the encoded record's.
-    refusal = quota.refuse_growth(
-        ref.namespace, before, usage.load(view, ref.namespace), limits
-    )
-    if refusal is not None:
-        # Raised inside the write function: nothing of it is kept.
-        raise refusal
+    else:
+        before = usage.load(view, ref.namespace)
+        records.save_call(view, None, write.new)
+        # Measured after the save: the stored size is the encoded record's.
+        refusal = quota.refuse_growth(
+            ref.namespace, before, usage.load(view, ref.namespace), limits
+        )
+        if refusal is not None:
+            # Raised inside the write function: nothing of it is kept.
+            raise refusal
+    if write.audit is not None:
+        records.append_audit(view, write.audit)
