@@ -27,6 +27,8 @@ import secrets
 import sys
 import tempfile
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,19 @@ _TICK = os.sysconf("SC_CLK_TCK")
 # A statement in the server's log: `[pid] user@database LOG:  statement: ...`
 # (the simple protocol) or `... LOG:  execute name: ...` (the extended one).
 _STATEMENT = re.compile(r"\[\d+\] \S*@(\S+) LOG:  (?:statement|execute [^:]*):")
+
+
+@contextmanager
+def wal_kept(admin: psycopg.Connection[tuple[object, ...]]) -> Iterator[None]:
+    """The server keeps its WAL from now on until exit (a temporary physical
+    replication slot), so that `Probe.wal` can read what a phase wrote even
+    after checkpoints of other work."""
+    slot = f"effectd_bench_{secrets.token_hex(4)}"
+    admin.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
+    try:
+        yield
+    finally:
+        admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
 def _cpu_ms(pid: int) -> float:
@@ -187,7 +202,8 @@ def main() -> int:
             if log is not None:
                 admin.execute(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'")
             schema.migrate_url(_url(name))
-            _measure(admin, name, log, args.calls, args.flags)
+            with wal_kept(admin):
+                _measure(admin, name, log, args.calls, args.flags)
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0

@@ -46,7 +46,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lifecycle import _daemon
-from pg_cost import SERVER, Probe, _cpu_ms, _url
+from pg_cost import SERVER, Probe, _cpu_ms, _url, wal_kept
 
 from sidecar.storage.postgres import schema
 
@@ -256,7 +256,10 @@ def main() -> int:
                 with psycopg.connect(_url(name), autocommit=True) as conn:
                     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             schema.migrate_url(_url(names["e"]))
-            with tempfile.TemporaryDirectory(prefix="effectd-vs-", dir="/tmp") as t:
+            with (
+                wal_kept(admin),
+                tempfile.TemporaryDirectory(prefix="effectd-vs-", dir="/tmp") as t,
+            ):
                 _bench(args, admin, names, Path(t))
         finally:
             for name in names.values():
