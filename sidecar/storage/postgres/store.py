@@ -90,46 +90,20 @@ class PostgresStore:
         self._stats_lock = threading.Lock()
         self._closing = threading.Lock()
         self._closed = False
-        self._writes = ConnectionPool(
-            url,
-            min_size=1,
-            max_size=o.writers,
-            kwargs={"autocommit": False, "application_name": o.application_name},
-            configure=self._configure_writer,
-            timeout=o.pool_timeout,
-            reconnect_timeout=o.reconnect_seconds,
-            name="effectd-writes",
-            open=False,
+        self._writes = self._pool(
+            url, "writes", o.writers, configure=self._configure_writer
         )
-        self._reads = ConnectionPool(
-            url,
-            min_size=1,
-            max_size=o.readers,
-            kwargs={
-                "autocommit": False,
-                "application_name": o.application_name + "/reads",
-            },
-            configure=self._configure_reader,
-            timeout=o.pool_timeout,
-            reconnect_timeout=o.reconnect_seconds,
-            name="effectd-reads",
-            open=False,
+        self._reads = self._pool(
+            url, "reads", o.readers, configure=self._configure_reader
         )
         # Point reads: each statement on its own snapshot, with no transaction
         # around it (one statement where a snapshot costs BEGIN and ROLLBACK).
-        self._points = ConnectionPool(
+        self._points = self._pool(
             url,
-            min_size=1,
-            max_size=o.readers,
-            kwargs={
-                "autocommit": True,
-                "application_name": o.application_name + "/points",
-            },
+            "points",
+            o.readers,
             configure=self._configure_points,
-            timeout=o.pool_timeout,
-            reconnect_timeout=o.reconnect_seconds,
-            name="effectd-points",
-            open=False,
+            autocommit=True,
         )
         self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
         self._writers = [
@@ -157,6 +131,31 @@ class PostgresStore:
         except BaseException:
             self.close()
             raise
+
+    def _pool(
+        self,
+        url: str,
+        use: str,
+        size: int,
+        *,
+        configure: Callable[[_Conn], None],
+        autocommit: bool = False,
+    ) -> ConnectionPool[_Conn]:
+        """A pool named for its `use`, shown in pg_stat_activity as
+        `effectd` (writes) or `effectd/<use>`; opened by `__init__`."""
+        o = self.options
+        name = o.application_name + ("" if use == "writes" else "/" + use)
+        return ConnectionPool(
+            url,
+            min_size=1,
+            max_size=size,
+            kwargs={"autocommit": autocommit, "application_name": name},
+            configure=configure,
+            timeout=o.pool_timeout,
+            reconnect_timeout=o.reconnect_seconds,
+            name="effectd-" + use,
+            open=False,
+        )
 
     def _configure(self, conn: _Conn, *, read_only: bool) -> None:
         if not read_only:
