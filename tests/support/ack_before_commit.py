@@ -21,6 +21,9 @@ T = TypeVar("T")
 
 
 class AckBeforeCommitStore(LmdbStore):
+    # Its reads may wait (below): off the event loop, on worker threads.
+    reads_wait = True
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         # A read waits for the commit in flight, so that a request after an
         # answered write finds it (as it would once committed): the answer

@@ -38,6 +38,9 @@ def current_method() -> str:
 class AnswersBeforeCommit(LmdbStore):
     """BROKEN on purpose: answers a batch, then commits it."""
 
+    # Its reads may wait (below): off the event loop, on worker threads.
+    reads_wait = True
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         # A read waits for the commit in flight, so that a request after an
         # answered write finds it (as it would once committed).
