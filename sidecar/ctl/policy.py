@@ -40,8 +40,12 @@ def policy_reload(con: Console, args: argparse.Namespace) -> int:
             ("forced side effects", ", ".join(p.forced_side_effect_tools) or "-"),
             (
                 "kept inputs",
-                ("every call" if p.keep_inputs else "calls awaiting approval")
-                + f" (policy cap {p.max_kept_input_bytes} bytes)",
+                "every call's, until settled"
+                + (
+                    f", then up to {p.max_kept_input_bytes} bytes until compacted"
+                    if p.keep_inputs
+                    else ""
+                ),
             ),
         ]
     )

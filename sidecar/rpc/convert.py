@@ -284,6 +284,21 @@ def call_pb(
     """The record; with `history`, the whole of it (the kept input too),
     without, the summary that lists and plans carry; with `policy`, when its
     reconcile quarantine ends, for an UNKNOWN call."""
+    return _call_pb(call, history=history, kept_input=history, policy=policy)
+
+
+def agent_call_pb(call: ToolCall, policy: Policy | None = None) -> pb.ToolCall:
+    """The record as the answers to the agent's own steps carry it: whole,
+    but the input the agent just sent only while an approver must see it
+    (AWAITING_APPROVAL); echoing every call's input would send each one back
+    with every prepare, start, heartbeat and commit."""
+    awaiting = call.state is State.AWAITING_APPROVAL
+    return _call_pb(call, history=True, kept_input=awaiting, policy=policy)
+
+
+def _call_pb(
+    call: ToolCall, *, history: bool, kept_input: bool, policy: Policy | None
+) -> pb.ToolCall:
     msg = pb.ToolCall(
         ref=pb.CallRef(
             namespace=call.ref.namespace,
@@ -329,9 +344,9 @@ def call_pb(
     msg.reconciliations.extend(_reconciliation_pb(r) for r in call.reconciliations)
     if history:
         msg.history.extend(_transition_pb(t) for t in call.history)
-        kept = payload_pb(call.kept_input)
-        if kept is not None:
-            msg.kept_input.CopyFrom(kept)
+    kept = payload_pb(call.kept_input) if kept_input else None
+    if kept is not None:
+        msg.kept_input.CopyFrom(kept)
     return msg
 
 
@@ -340,7 +355,7 @@ def prepare_response(
 ) -> pb.PrepareToolResponse:
     return pb.PrepareToolResponse(
         decision=DECISION_TO_PB[answer.decision],
-        call=call_pb(answer.call, policy=policy),
+        call=agent_call_pb(answer.call, policy),
         idempotency_key=answer.idempotency_key,
         attempt_held=answer.attempt_held,
         retry_required=answer.retry_required,

@@ -28,6 +28,11 @@ class ToolLedger:
         policy in force."""
         return convert.call_pb(call, history=history, policy=self._ledger.policy())
 
+    def _agent_pb(self, call: ToolCall) -> pb.ToolCall:
+        """The record as an agent's own step answers it, with when its
+        quarantine ends."""
+        return convert.agent_call_pb(call, self._ledger.policy())
+
     async def PrepareTool(
         self, req: pb.PrepareToolRequest, _: Context
     ) -> pb.PrepareToolResponse:
@@ -83,7 +88,7 @@ class ToolLedger:
         )
         return pb.StartToolResponse(
             decision=convert.DECISION_TO_PB[answer.decision],
-            call=self._pb(answer.call),
+            call=self._agent_pb(answer.call),
             idempotency_key=answer.idempotency_key,
         )
 
@@ -107,7 +112,7 @@ class ToolLedger:
             actor=who.actor(AGENT),
             acknowledge=req.acknowledge,
         )
-        return pb.CommitToolResponse(call=self._pb(answer.call))
+        return pb.CommitToolResponse(call=self._agent_pb(answer.call))
 
     async def ReportUnknown(
         self, req: pb.ReportUnknownRequest, _: Context
@@ -122,7 +127,7 @@ class ToolLedger:
         answer = await self._ledger.report_unknown(
             ref, attempt=req.attempt, reason=req.reason, actor=who.actor(AGENT)
         )
-        return pb.ReportUnknownResponse(call=self._pb(answer.call))
+        return pb.ReportUnknownResponse(call=self._agent_pb(answer.call))
 
     async def Heartbeat(
         self, req: pb.HeartbeatRequest, _: Context
@@ -137,7 +142,7 @@ class ToolLedger:
         answer = await self._ledger.heartbeat(
             ref, attempt=req.attempt, lease_ms=lease, actor=who.actor(AGENT)
         )
-        return pb.HeartbeatResponse(call=self._pb(answer.call))
+        return pb.HeartbeatResponse(call=self._agent_pb(answer.call))
 
     async def DecideApproval(
         self, req: pb.DecideApprovalRequest, _: Context
