@@ -130,13 +130,13 @@ bench-node: $(INSTALLED)
 ## the protos inside it
 DIST ?= dist
 dist: $(DEV_INSTALLED)
-	rm -rf $(DIST) build/node-package && mkdir -p $(DIST) build/node-package/protos
+	rm -rf $(DIST) && mkdir -p $(DIST)/node-package/protos
 	$(PY) -m build --no-isolation --outdir $(DIST) .
 	$(PY) -m build --no-isolation --outdir $(DIST) clients/python
-	cp -R clients/node/package.json clients/node/README.md clients/node/src build/node-package/
-	cp -R clients/node/protos/. protos/. build/node-package/protos/
-	cd build/node-package && npm pack --silent --pack-destination $(abspath $(DIST))
-	rm -rf build/node-package
+	cp -R clients/node/package.json clients/node/README.md clients/node/src $(DIST)/node-package/
+	cp -R clients/node/protos/. protos/. $(DIST)/node-package/protos/
+	cd $(DIST)/node-package && npm pack --silent --pack-destination $(abspath $(DIST))
+	rm -rf $(DIST)/node-package
 
 ## protos: regenerate clients/python/src/effectd from protos/
 protos: $(DEV_INSTALLED)

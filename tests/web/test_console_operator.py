@@ -145,7 +145,7 @@ def test_the_queue_shows_how_long_each_call_waited_its_input_and_its_quarantine(
         '<code class="preview">{&quot;to&quot;:&quot;ana@example.com&quot;,'
         "&quot;x&quot;:&quot;\\u202e&lt;b&gt;&quot;}</code>"
     ) in queue
-    assert '<span class="muted">not kept</span>' in queue
+    assert '<code class="preview">{&quot;id&quot;:&quot;c-2&quot;}</code>' in queue
     assert f'data-until="{_ms(lost.quarantine_ends_at)}"' in queue
     assert "\u202e" not in queue
 
