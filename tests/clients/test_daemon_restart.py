@@ -48,8 +48,15 @@ from effectd_client.openai_agents import AgentLedger
 from effectd_client.pydantic_ai import EffectdToolset
 from tests.clients.lg.agent import ScriptedModel as ScriptedChatModel
 from tests.clients.mcp.servers import connect, executions
-from tests.clients.test_reconnect import waits
-from tests.support.restarts import BOUND, Restarts, Steps, effect, effects, restarting
+from tests.support.restarts import (
+    BOUND,
+    Restarts,
+    Steps,
+    effect,
+    effects,
+    restarting,
+    waits,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 set_tracing_disabled(True)

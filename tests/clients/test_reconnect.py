@@ -34,21 +34,13 @@ from effectd_client._reconnect import Outage, not_sent
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.clients.flaky_proxy import Fault, FlakyProxy, flaky_proxy
+from tests.support.restarts import waits
 
 CALLERS = 3
 # Long enough for any daemon to start on a loaded machine; bounded.
 PATIENT = 60.0
 LOST = Fault(grpc.StatusCode.UNAVAILABLE, lost=True)
 STOPPING = Fault(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN")
-
-
-def waits(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """The client's warnings that it waits for the daemon."""
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "effectd_client" and "waiting up to" in r.getMessage()
-    ]
 
 
 def until(predicate: Callable[[], bool], what: str) -> None:

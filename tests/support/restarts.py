@@ -12,7 +12,8 @@ between two requests does: a request written in the instant between the
 daemon's death and the client seeing it may have been applied, and keeps that
 unknown outcome (`tests/clients/test_reconnect.py`), as any request in flight
 at a crash. `effects(path)` reads the side effects an agent's tools appended,
-one line each, to a file.
+one line each, to a file; `waits(caplog)` the client's warnings that it
+waits for the daemon.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from effectd_client import AsyncClient, Client
 from tests.support.processes import DaemonProcess
@@ -118,6 +121,15 @@ def restarting(data_dir: Path) -> Iterator[Restarts]:
         yield restarts
     finally:
         restarts.close()
+
+
+def waits(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The Python client's warnings that it waits for the daemon."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "effectd_client" and "waiting up to" in r.getMessage()
+    ]
 
 
 def effect(path: Path, what: str) -> None:
