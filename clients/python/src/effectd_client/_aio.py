@@ -104,10 +104,12 @@ class AsyncClient:
         self,
         method: Callable[..., Awaitable[T]],
         request: object,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline
     ) -> T:
         """One request; sent again once the daemon is back when it was not
-        sent (`effectd_client._reconnect`)."""
+        sent (`effectd_client._reconnect`). `timeout` (the client's when None)
+        is the call's deadline, sent with it; the wait for the daemon ends
+        with it too."""
         timeout = self.timeout if timeout is None else timeout
         started = time.monotonic()
         try:
