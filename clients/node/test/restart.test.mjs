@@ -6,6 +6,7 @@
 // dies at the restart with UNAVAILABLE. One daemon for the file, restarted by each test.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, beforeEach, test } from 'node:test';
@@ -14,6 +15,9 @@ import { LedgeredMcpClient } from '../src/mcp.js';
 import { WARNING_CODE } from '../src/reconnect.js';
 import { startDaemon } from '../src/testing.js';
 import { connect, executions, startServer, waitFor } from '../fixtures/mcp-servers.mjs';
+
+const require = createRequire(import.meta.url);
+const grpc = require('@grpc/grpc-js');
 
 const CITIES = ['Paris', 'Rome', 'Oslo'];
 const BOOKED = CITIES.map((city) => `book ${city}`);
@@ -75,13 +79,19 @@ function steps(effectd, at) {
     const exited = new Promise((resolve) => daemon.process.once('exit', resolve));
     daemon.process.kill('SIGKILL');
     await exited;
-    await waitFor(() => !effectd._session?._stream, 'the client to see the daemon go');
+    await waitFor(() => sawItGo(effectd), 'the client to see the daemon go');
     await daemon.stop(); // its listeners; the data directory stays
     starting = startDaemon({ dataDir });
     step.kills += 1;
   };
   step.kills = 0;
   return step;
+}
+
+/** `effectd` saw its connection go: its channel is no longer READY, and its session stream ended. */
+function sawItGo(effectd) {
+  const state = effectd._ledger.getChannel().getConnectivityState(false);
+  return state !== grpc.connectivityState.READY && !effectd._session?._stream;
 }
 
 /** The agent: books each city with a safe tool call, a step each; the bookings go to `booked`. */
