@@ -1,7 +1,7 @@
 """The composition root: the daemon's services wired from its configuration
 and its seams.
 
-`open_store` opens the store a daemon serves; `compose` reads the files the
+`sidecar.stores` opens the store a daemon serves; `compose` reads the files the
 configuration names (tokens, policy, provider routes), builds every service
 over that store with the injected clock, random source, HTTP transport and
 tracer, and returns them as `Services`; `handlers` turns those into the gRPC
@@ -29,9 +29,7 @@ from effectd.v1 import (
 from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
 from sidecar.clock import monotonic_seconds
-from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
-from sidecar.directories import refuse_unsafe_directory
-from sidecar.failpoints import Failpoints
+from sidecar.config import ConfigError, ServeConfig
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
 from sidecar.ledger.restore import Marker
@@ -64,7 +62,6 @@ from sidecar.services.retry import RetryService
 from sidecar.services.settlement import SettlementService
 from sidecar.storage import restore
 from sidecar.storage.api import ReportsFill, Store
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
 from sidecar.storage.scans import Scans
 
 if TYPE_CHECKING:
@@ -141,52 +138,6 @@ def load_tracing(cfg: ServeConfig) -> Tracer | None:
             "otel", "needs the otel extra (pip install effectd[otel])"
         ) from None
     return otel.from_environment()
-
-
-def open_store(
-    cfg: ServeConfig, metrics: Metrics, failpoints: Failpoints | None = None
-) -> Store:
-    """The store of `cfg.data_dir`, or the shared store `cfg.store` names,
-    its commits counted by `metrics`, crashing at `failpoints` (a test
-    build's); the caller holds the socket lock (the LMDB store takes the data
-    directory's)."""
-    if cfg.store is not None:
-        return _open_shared_store(cfg.store, metrics, failpoints)
-    refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
-    try:
-        restore.refuse_unfinished(cfg.data_dir)
-    except restore.UnfinishedRestore as exc:
-        raise ConfigError("data_dir", str(exc)) from None
-    if not cfg.sync:
-        log.warning(
-            "sync is off (--no-sync): an answer can leave before its write "
-            "is on disk, so after a power loss a call answered STARTED can "
-            "be answered EXECUTE again and its side effect run twice"
-        )
-    options = LmdbOptions(
-        map_size=cfg.map_size,
-        sync=cfg.sync,
-        on_commit=metrics.commit_observed,
-        failpoints=failpoints,
-    )
-    return LmdbStore(cfg.data_dir, options)
-
-
-def _open_shared_store(
-    url: str, metrics: Metrics, failpoints: Failpoints | None
-) -> Store:
-    # Imported here: a daemon of the LMDB store loads no PostgreSQL driver.
-    from sidecar.storage.postgres_store import (  # noqa: PLC0415
-        PostgresOptions,
-        PostgresStore,
-    )
-
-    password = url_password(url)
-    if password:
-        logs.add_secrets([password])
-    log.info("opening the shared store %s", masked_url(url))
-    options = PostgresOptions(on_commit=metrics.commit_observed, failpoints=failpoints)
-    return PostgresStore(url, options)
 
 
 def _restore_marker(store: Store) -> Marker | None:

@@ -171,6 +171,11 @@ def url_password(url: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     data_dir: Path = Path(".effectd")
+    # Create a new, empty LMDB ledger if the data directory holds none
+    # (`storage.ledger_files` says what counts); without it such a directory
+    # is refused, so that a mistyped or unmounted one is not served as a new
+    # memory. Harmless on an existing ledger; no effect with `store`.
+    init: bool = False
     # The shared store: a postgresql:// URL; None: LMDB under data_dir.
     store: str | None = None
     # Default: effectd.sock in the data directory.

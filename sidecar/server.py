@@ -32,11 +32,10 @@ from sidecar.composition import (
     Services,
     compose,
     handlers,
-    open_store,
     server_options,
 )
-from sidecar.config import ServeConfig, split_host_port
-from sidecar.directories import refuse_unsafe_directory
+from sidecar.config import ConfigError, ServeConfig, split_host_port
+from sidecar.directories import make_private_directory, refuse_unsafe_directory
 from sidecar.errors import ShuttingDown
 from sidecar.locking import ExclusiveLock
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
@@ -47,6 +46,7 @@ from sidecar.services.policy import Reload
 from sidecar.services.retention import PassResult
 from sidecar.services.settlement import SettlePass
 from sidecar.storage.api import Store
+from sidecar.stores import ledger_to_create, open_store
 
 if TYPE_CHECKING:
     from sidecar.seams import Tracer
@@ -109,13 +109,21 @@ class Daemon:
         cfg = self.config
         sock = cfg.socket_path
         refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
-        sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Before anything is created: a data directory without a ledger is
+        # refused unless a new one is asked for.
+        ledger_to_create(cfg)
+        setting = "data_dir" if cfg.socket is None else "socket"
+        make_private_directory(sock.parent, setting)
         # The socket itself is 0600, but whoever may write its directory could
         # rename it and put a socket of their own in its place.
         refuse_unsafe_directory(sock.parent, "socket", sticky_ok=True)
-        self._socket_lock = ExclusiveLock(
-            sock.with_name(sock.name + ".lock"), f"socket {sock}"
-        )
+        lock = sock.with_name(sock.name + ".lock")
+        try:
+            self._socket_lock = ExclusiveLock(lock, f"socket {sock}")
+        except OSError as exc:
+            raise ConfigError(
+                setting, f"cannot create {lock}: {exc.strerror}"
+            ) from None
         try:
             return await self._start()
         except BaseException:

@@ -170,6 +170,10 @@ def dockerfile_problems(instructions: Instructions) -> list[str]:
     for key, value in wanted_env.items():
         if env.get(key) != value:
             found.append(f"ENV {key} is {env.get(key)!r}, not {value!r}")
+    if "EFFECTD_INIT" in env:
+        found.append(
+            "ENV EFFECTD_INIT: any volume without a ledger would get a new one"
+        )
     health = env.get("EFFECTD_HEALTH_LISTEN")
     exposed = [rest for w, rest in instructions if w == "EXPOSE"]
     if health is None or [str(split_host_port("h", health)[1])] != exposed:
@@ -276,6 +280,8 @@ def kube_problems(deploy: Any) -> list[str]:
         return [*found, "no effectd init container or no agent container"]
     found += _sidecar_problems(pod, effectd)
     found += _volume_problems(pod, effectd, agent)
+    if not container_config(effectd).init:
+        found.append("effectd: no --init, and the claim is empty at the first start")
     return found
 
 
@@ -310,6 +316,8 @@ def unit_problems(unit: Unit) -> list[str]:
     if not service.get("ReadWritePaths"):
         found.append("ReadWritePaths is not limited")
     args = shlex.split(service.get("ExecStart", [""])[-1])[1:]
+    if "--init" in args or "--init=true" in args:
+        found.append("ExecStart has --init: a lost state directory would start empty")
     grace = float(flag_value(args, "--grace") or 5)
     if not float(service.get("TimeoutStopSec", ["0"])[-1]) > grace:
         found.append("TimeoutStopSec is not longer than --grace")
@@ -332,6 +340,7 @@ def test_dockerfile_builds_a_non_root_image_with_a_grpc_healthcheck() -> None:
         ("ARG BASE=python:3.11-slim", "ARG BASE=python:3.12"),
         ("EXPOSE 50052", "EXPOSE 8080"),
         ("STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"),
+        ("PYTHONUNBUFFERED=1 \\", "PYTHONUNBUFFERED=1 EFFECTD_INIT=true \\"),
     ],
 )
 def test_negative_control_a_broken_dockerfile_is_caught(old: str, new: str) -> None:
@@ -395,6 +404,7 @@ def _effectd(pod: Any) -> Any:
         lambda pod: _effectd(pod)["env"][0].update(value="/var/lib/effectd"),
         lambda pod: _effectd(pod)["env"][1].update(value="/run/effectd/x.sock"),
         lambda pod: _effectd(pod)["env"][1].update(value="/var/run/other/x.sock"),
+        lambda pod: _effectd(pod)["args"].remove("--init"),
     ],
     ids=[
         "not-native",
@@ -409,6 +419,7 @@ def _effectd(pod: Any) -> Any:
         "data-in-volume-root",
         "socket-in-volume-root",
         "socket-not-shared",
+        "no-init",
     ],
 )
 def test_negative_control_a_weakened_deployment_is_caught(
@@ -471,6 +482,7 @@ def test_systemd_unit_is_hardened() -> None:
         ("User=effectd", "User=root"),
         ("TimeoutStopSec=30", "TimeoutStopSec=5"),
         ("UMask=0077", "UMask=0022"),
+        ("serve \\\n", "serve --init \\\n"),
     ],
 )
 def test_negative_control_a_weakened_unit_is_caught(old: str, new: str) -> None:

@@ -75,10 +75,13 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     },
     # The seams a daemon is constructed with; the tracer's type is the gate's.
     "seams": BASE | {"rpc"},
+    # The store a daemon serves, opened from the configuration.
+    "stores": BASE | {"config", "directories", "storage", "observability"},
     # The composition root: every service wired from the configuration and
     # the seams.
     "composition": BASE
     | {
+        "stores",
         "ledger",
         "config",
         "directories",
@@ -102,6 +105,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "observability",
         "rpc",
         "seams",
+        "stores",
         "composition",
     },
     # The operator's tool: a client of the daemon through the public client,

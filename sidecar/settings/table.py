@@ -107,6 +107,12 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="DIR",
     ),
     Setting(
+        "init",
+        Kind.BOOL,
+        "create a new, empty ledger in data-dir if it holds none (without it, "
+        "such a data-dir is refused); harmless on an existing ledger",
+    ),
+    Setting(
         "store",
         Kind.TEXT,
         "the shared store, postgresql://USER@HOST/DB (create its schema with "

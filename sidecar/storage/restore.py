@@ -40,10 +40,10 @@ from sidecar.ledger.restore import Marker
 from sidecar.locking import AlreadyLocked, ExclusiveLock
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.ledger_files import DATA_FILE
 from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, StoreFormatError
 
 STAGING = "restore-staging"
-DATA_FILE = "data.mdb"
 _MARKER_KEY = b"restored"
 # Present from a marking's first transaction to its last: the backup's name.
 _MARKING_KEY = b"restore-marking"

@@ -247,7 +247,7 @@ def _unary(channel: grpc.Channel) -> Callable[[str, Message], bytes]:
 def seeded() -> Iterator[Seeded]:
     """One daemon for every RPC: it must survive all of them in turn."""
     with tempfile.TemporaryDirectory(prefix="effectd-", dir="/tmp") as tmp:
-        config = ServeConfig(data_dir=Path(tmp) / "data")
+        config = ServeConfig(data_dir=Path(tmp) / "data", init=True)
         daemon = SeededDaemon(config, Seams(clock=ManualClock()))
         with (
             running_daemon(config, daemon=daemon) as running,

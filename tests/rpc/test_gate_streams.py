@@ -230,6 +230,7 @@ def test_provider_streams_cut_at_their_deadline_are_all_recorded(
     )
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         providers_file=providers,
         server_limits=ROOMY,
     )

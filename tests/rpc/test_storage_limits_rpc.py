@@ -159,7 +159,10 @@ def test_ctl_stats_and_metrics_show_store_fill(
     """`effectd ctl stats` prints the store's fill, and /metrics has the
     gauges to alert on (issue 10 item G28: fails before the fix: no fill)."""
     config = ServeConfig(
-        data_dir=short_tmp / "data", metrics_listen="127.0.0.1:0", map_size=64 << 20
+        data_dir=short_tmp / "data",
+        init=True,
+        metrics_listen="127.0.0.1:0",
+        map_size=64 << 20,
     )
     with running_daemon(config) as running:
         capsys.readouterr()

@@ -286,6 +286,7 @@ def test_an_error_raised_at_start_is_named_as_the_user_wrote_it(
     config = short_tmp / "effectd.toml"
     config.write_text(f"tokens_file = {str(tokens)!r}\n")
     data = str(short_tmp / "d")
+    monkeypatch.setenv("EFFECTD_INIT", "true")
     why = f"{tokens}: mode 0644 lets others read it; chmod 600 it"
     umask = os.umask(0o077)
     try:

@@ -14,10 +14,10 @@ import pytest
 
 from sidecar import settings
 from sidecar.cli import main
-from sidecar.composition import open_store
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
 from sidecar.observability.metrics import Metrics
 from sidecar.storage import pg_schema
+from sidecar.stores import open_store
 from tests.settings.support import layered
 from tests.support import postgres
 

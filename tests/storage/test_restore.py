@@ -48,7 +48,9 @@ class Crash(BaseException):
 
 
 def _config(data_dir: Path) -> ServeConfig:
-    return ServeConfig(data_dir=data_dir, settle_interval_seconds=NO_SETTLEMENT_SECONDS)
+    return ServeConfig(
+        data_dir=data_dir, init=True, settle_interval_seconds=NO_SETTLEMENT_SECONDS
+    )
 
 
 @contextmanager

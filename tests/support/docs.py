@@ -228,7 +228,7 @@ def sandbox(root: Path) -> Iterator[Sandbox]:
         HOME=str(root / "home"),
         USER="docs-reader",
     )
-    config = ServeConfig(data_dir=root / ".effectd", policy_file=policy)
+    config = ServeConfig(data_dir=root / ".effectd", init=True, policy_file=policy)
     with running_daemon(config) as daemon:
         box = Sandbox(root, daemon, env)
         try:

@@ -27,7 +27,9 @@ RUN = "run-c"
 @contextmanager
 def console_daemon(data_dir: Path) -> Iterator[tuple[RunningDaemon, ConsoleServer]]:
     """A daemon requiring the console's tokens, and a console in front of it."""
-    config = ServeConfig(data_dir=data_dir, tokens_text=tokens_text(*CONSOLE))
+    config = ServeConfig(
+        data_dir=data_dir, init=True, tokens_text=tokens_text(*CONSOLE)
+    )
     with running_daemon(config) as daemon:
         server = ConsoleServer(
             ConsoleConfig(target=daemon.target, listen="127.0.0.1:0")

@@ -497,7 +497,7 @@ def test_without_tokens_on_the_daemon_a_person_gives_their_name(
 ) -> None:
     """A daemon without tokens (its loopback default): signing in needs a
     name, which the audit log records for the decision."""
-    config = ServeConfig(data_dir=short_tmp / "data")
+    config = ServeConfig(data_dir=short_tmp / "data", init=True)
     with running_daemon(config) as daemon:
         server = ConsoleServer(
             ConsoleConfig(target=daemon.target, listen="127.0.0.1:0")
