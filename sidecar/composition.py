@@ -221,7 +221,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
     budget = RetryBudget(clock)
     monitor = ProviderMonitor(routes, budget)
     limits = cfg.server_limits
-    slots = Slots(limits.max_concurrent_rpcs, limits.max_concurrent_rpcs_per_caller)
+    slots = Slots(limits.max_concurrent_rpcs, limits.per_caller)
     scans = Scans(store)
     return Services(
         store=store,
@@ -319,7 +319,7 @@ def handlers(
             tool_ledger,
             LedgerSession(
                 tool_ledger,
-                max_in_flight=cfg.server_limits.session_max_in_flight,
+                max_in_flight=cfg.server_limits.session_in_flight,
                 draining=services.draining,
             ),
         ),

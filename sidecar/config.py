@@ -21,6 +21,8 @@ DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_RETENTION_INTERVAL_SECONDS = 600.0
 DEFAULT_SETTLE_INTERVAL_SECONDS = 10.0
 DEFAULT_REGISTRATION_TTL_SECONDS = 15.0
+# The server's concurrency limit over this is one caller's default share.
+PER_CALLER_SHARE = 4
 
 
 class Layer(enum.Enum):
@@ -110,8 +112,10 @@ class ServerLimits:
     # RPCs in flight over the whole server; more get RESOURCE_EXHAUSTED. Calls
     # that record work already done have as many more of their own.
     max_concurrent_rpcs: int = 256
-    # RPCs in flight of one caller (its namespace, or its token).
-    max_concurrent_rpcs_per_caller: int = 64
+    # RPCs in flight of one caller (its namespace, or its token); None: a
+    # quarter of `max_concurrent_rpcs` (`per_caller`), so that lowering the
+    # server's limit alone never lets one caller take every slot.
+    max_concurrent_rpcs_per_caller: int | None = None
     # HTTP/2 streams per connection.
     max_concurrent_streams: int = 128
     # A TLS or HTTP/2 handshake that takes longer is dropped.
@@ -123,11 +127,27 @@ class ServerLimits:
     # Idle connections are closed after this long.
     max_connection_idle_seconds: float = 300.0
     # Messages of one session stream served at once; past it the daemon
-    # reads no more of the stream until one is answered. The default is the
-    # default per-caller share of concurrency slots: one stream can use its
-    # caller's whole share, and a message read past it could only be
-    # refused CONCURRENCY_LIMITED.
-    session_max_in_flight: int = 64
+    # reads no more of the stream until one is answered. None: the
+    # per-caller share of concurrency slots (`session_in_flight`): one
+    # stream can use its caller's whole share, and a message read past it
+    # could only be refused CONCURRENCY_LIMITED.
+    session_max_in_flight: int | None = None
+
+    @property
+    def per_caller(self) -> int:
+        """RPCs in flight of one caller: as set, else a quarter of the
+        server's limit (64 of the default 256), at least 1."""
+        if self.max_concurrent_rpcs_per_caller is not None:
+            return self.max_concurrent_rpcs_per_caller
+        return max(1, self.max_concurrent_rpcs // PER_CALLER_SHARE)
+
+    @property
+    def session_in_flight(self) -> int:
+        """Messages of one session stream served at once: as set, else the
+        per-caller share."""
+        if self.session_max_in_flight is not None:
+            return self.session_max_in_flight
+        return min(self.per_caller, self.max_concurrent_rpcs)
 
 
 STORE_SCHEMES = ("postgresql", "postgres")
@@ -282,15 +302,13 @@ class ServeConfig:
         limits = self.server_limits
         _at_least("max_message_size", limits.max_message_bytes, 1 << 10)
         _at_least("max_concurrent_rpcs", limits.max_concurrent_rpcs, 1)
-        _at_least(
-            "max_concurrent_rpcs_per_caller", limits.max_concurrent_rpcs_per_caller, 1
-        )
+        _at_least("max_concurrent_rpcs_per_caller", limits.per_caller, 1)
         _at_least("max_concurrent_streams", limits.max_concurrent_streams, 1)
         _at_least("handshake_timeout", limits.handshake_timeout_seconds, 0.001)
         _at_least("default_deadline", limits.default_deadline_seconds, 0.001)
         _at_least("min_ping_interval", limits.min_ping_interval_seconds, 0.001)
         _at_least("max_connection_idle", limits.max_connection_idle_seconds, 0.001)
-        _at_least("session_max_in_flight", limits.session_max_in_flight, 1)
+        _at_least("session_max_in_flight", limits.session_in_flight, 1)
         for name in ("open_calls", "stored_bytes", "requests_per_second", "burst"):
             if getattr(self.quotas, name) < 0:
                 raise ConfigError(f"quota_{name}", "must not be negative")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from sidecar.seams import Seams
 from sidecar.testing import running_daemon
 from tests.auth.support import AGENT_A, AGENT_B, Stubs, auth_config, stubs
 from tests.rpc.support import decode, prepare_request, ref
+from tests.settings.support import layered
 
 TOTAL, PER_CALLER = 4, 2
 A, B, C = Caller(namespace="a"), Caller(namespace="b"), Caller(token="c")
@@ -105,16 +106,13 @@ async def stalled_upstream(_: httpx.Request) -> httpx.Response:
     )
 
 
-@pytest.fixture
-def channel(short_tmp: Path) -> Iterator[grpc.Channel]:
+@contextmanager
+def limited_daemon(short_tmp: Path, limits: ServerLimits) -> Iterator[grpc.Channel]:
     """A daemon with tokens, a provider route to a stalling upstream, and
-    room for 4 ordinary calls, 2 per caller."""
+    these limits."""
     providers = short_tmp / "providers.toml"
     providers.write_text(
         '[routes.up]\nbase_url = "http://127.0.0.1:9"\npaths = ["/v1/"]\n'
-    )
-    limits = ServerLimits(
-        max_concurrent_rpcs=TOTAL, max_concurrent_rpcs_per_caller=PER_CALLER
     )
     config = auth_config(
         short_tmp / "data", providers_file=providers, server_limits=limits
@@ -124,6 +122,16 @@ def channel(short_tmp: Path) -> Iterator[grpc.Channel]:
         running_daemon(config, seams=seams) as running,
         grpc.insecure_channel(running.target) as ch,
     ):
+        yield ch
+
+
+@pytest.fixture
+def channel(short_tmp: Path) -> Iterator[grpc.Channel]:
+    """Room for 4 ordinary calls, 2 per caller."""
+    limits = ServerLimits(
+        max_concurrent_rpcs=TOTAL, max_concurrent_rpcs_per_caller=PER_CALLER
+    )
+    with limited_daemon(short_tmp, limits) as ch:
         yield ch
 
 
@@ -190,3 +198,48 @@ def test_one_tenants_streams_leave_room_for_others_health_and_commits(
                 timeout=10,
             )
         assert decode(full.value).reason == "CONCURRENCY_LIMITED"
+
+
+# -- the per-caller share follows the server's limit ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "per_caller", "session"),
+    [
+        ((), 64, 64),
+        (("--max-concurrent-rpcs", "64"), 16, 16),
+        (("--max-concurrent-rpcs", "3"), 1, 1),
+        (
+            ("--max-concurrent-rpcs", "64", "--max-concurrent-rpcs-per-caller", "40"),
+            40,
+            40,
+        ),
+        (
+            ("--max-concurrent-rpcs-per-caller", "8", "--session-max-in-flight", "5"),
+            8,
+            5,
+        ),
+    ],
+)
+def test_the_per_caller_share_is_derived_from_the_servers_limit(
+    argv: tuple[str, ...], per_caller: int, session: int
+) -> None:
+    """Unset, one caller's share is a quarter of --max-concurrent-rpcs, and a
+    session stream's messages in flight that share; set, each is as set."""
+    limits = layered(argv).config.server_limits
+    assert (limits.per_caller, limits.session_in_flight) == (per_caller, session)
+
+
+def test_lowering_the_servers_limit_alone_leaves_room_for_other_tenants(
+    short_tmp: Path,
+) -> None:
+    """--max-concurrent-rpcs 8 and nothing else: agent A holds 2 long
+    streams, its third is refused CONCURRENCY_LIMITED, and agent B opens its
+    own (issue 25 item 19: fails before the fix: the per-caller limit stayed
+    64, clamped to 8, and A's streams took every slot)."""
+    with limited_daemon(short_tmp, ServerLimits(max_concurrent_rpcs=8)) as channel:
+        a, b = stubs(channel, AGENT_A), stubs(channel, AGENT_B)
+        with ExitStack() as streams:
+            opened = [open_stream(a, streams) for _ in range(3)]
+            assert opened == ["OPEN", "OPEN", "CONCURRENCY_LIMITED"]
+            assert [open_stream(b, streams) for _ in range(2)] == ["OPEN", "OPEN"]

@@ -78,7 +78,7 @@ def test_an_oversized_message_is_resource_exhausted(short_tmp: Path) -> None:
 
 
 def test_calls_beyond_the_concurrency_limit_are_refused(short_tmp: Path) -> None:
-    limits = ServerLimits(max_concurrent_rpcs=2)
+    limits = ServerLimits(max_concurrent_rpcs=2, max_concurrent_rpcs_per_caller=2)
     config = ServeConfig(data_dir=short_tmp / "data", init=True, server_limits=limits)
     daemon = HeldDaemon(config)
     with (

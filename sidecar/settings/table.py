@@ -271,7 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_concurrent_rpcs_per_caller",
         Kind.INT,
-        "RPCs in flight of one namespace or token; more get RESOURCE_EXHAUSTED",
+        "RPCs in flight of one namespace or token; more get RESOURCE_EXHAUSTED "
+        "(default: a quarter of max-concurrent-rpcs)",
         into="server_limits.max_concurrent_rpcs_per_caller",
         metavar="N",
         maximum=_INT32_MAX,
@@ -288,7 +289,8 @@ SETTINGS: tuple[Setting, ...] = (
         "session_max_in_flight",
         Kind.INT,
         "messages of one session stream served at once; past it the daemon "
-        "reads no more of the stream until one is answered",
+        "reads no more of the stream until one is answered (default: the "
+        "per-caller share of max-concurrent-rpcs)",
         into="server_limits.session_max_in_flight",
         metavar="N",
         maximum=_INT32_MAX,
