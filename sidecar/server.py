@@ -183,7 +183,7 @@ class Daemon:
             tcp = f"{host}:{port}"
         await server.start()
         os.chmod(sock, 0o600)
-        self.health_address = await self._start_health_port()
+        self.health_address = await self._start_health_port(services)
         if cfg.metrics_listen is not None:
             host, port = split_host_port("metrics-listen", cfg.metrics_listen)
             self.metrics_server = serve_metrics(self.metrics, host, port)
@@ -221,13 +221,15 @@ class Daemon:
             ),
         ]
 
-    async def _start_health_port(self) -> str | None:
+    async def _start_health_port(self, services: Services) -> str | None:
         """A plaintext port serving only grpc.health.v1, for probes that can
-        bring neither credentials nor a Unix socket (Kubernetes)."""
+        bring neither credentials nor a Unix socket (Kubernetes). Through the
+        gate, as the main port: its Watch streams share the main port's
+        pool and its bound per peer."""
         if self.config.health_listen is None or self._health is None:
             return None
         server = self._health_server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0)]
+            interceptors=[services.gate], options=[("grpc.so_reuseport", 0)]
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         host, _ = split_host_port("health-listen", self.config.health_listen)

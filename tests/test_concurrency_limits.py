@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar.config import ServerLimits
 from sidecar.errors import ConcurrencyLimited
 from sidecar.ledger.quota import Caller
-from sidecar.rpc.concurrency import HEADROOM, Pool, Slots
+from sidecar.rpc.concurrency import HEADROOM, WATCHES_PER_PEER, Peer, Pool, Slots
 from sidecar.seams import Seams
 from sidecar.testing import running_daemon
 from tests.auth.support import AGENT_A, AGENT_B, Stubs, auth_config, stubs
@@ -243,3 +243,77 @@ def test_lowering_the_servers_limit_alone_leaves_room_for_other_tenants(
             opened = [open_stream(a, streams) for _ in range(3)]
             assert opened == ["OPEN", "OPEN", "CONCURRENCY_LIMITED"]
             assert [open_stream(b, streams) for _ in range(2)] == ["OPEN", "OPEN"]
+
+
+# -- health Watch streams, bounded per peer -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("ipv4:127.0.0.1:5555", "127.0.0.1"),
+        ("ipv6:%5B::1%5D:5555", "::1"),
+        ("ipv6:[2001:db8::7]:443", "2001:db8::7"),
+        ("unix:", "unix"),
+        ("unix:/run/effectd/effectd.sock", "unix"),
+        ("", ""),
+    ],
+)
+def test_a_peer_is_its_address_without_the_port(peer: str, address: str) -> None:
+    assert Peer.of(peer).address == address
+
+
+def test_one_peer_gets_at_most_its_share_of_the_watch_pool() -> None:
+    slots = Slots(256, 64)
+    here, there = Peer("10.0.0.1"), Peer("10.0.0.2")
+    for _ in range(WATCHES_PER_PEER):
+        slots.take(Pool.HEALTH_WATCH, here)
+    with pytest.raises(ConcurrencyLimited) as refused:
+        slots.take(Pool.HEALTH_WATCH, here)
+    assert refused.value.metadata == {
+        "limit": str(WATCHES_PER_PEER),
+        "peer": "10.0.0.1",
+    }
+    slots.take(Pool.HEALTH_WATCH, there)
+
+
+def open_watch(channel: grpc.Channel, streams: ExitStack) -> str:
+    """Opens a health Watch; "OPEN" once its first answer came (it holds a
+    slot until cancelled at the end of the test), else its refusal."""
+    health = health_pb2_grpc.HealthStub(channel)
+    call: Any = health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+    streams.callback(call.cancel)
+    try:
+        next(call)
+    except grpc.RpcError as exc:
+        return decode(exc).reason or exc.code().name
+    return "OPEN"
+
+
+def test_one_peers_health_watches_leave_the_pool_to_others(short_tmp: Path) -> None:
+    """Watches need no token: the clients of the Unix socket (one peer) open
+    WATCHES_PER_PEER, the next is refused CONCURRENCY_LIMITED, and loopback
+    TCP, another peer, still opens its own; the health port is bounded the
+    same way (issue 25 item 20: fails before the fix: one peer could open
+    every one of the 64 watch slots, and the health port any number)."""
+    config = auth_config(
+        short_tmp / "data", listen="127.0.0.1:0", health_listen="127.0.0.1:0"
+    )
+    with running_daemon(config) as daemon, ExitStack() as streams:
+        assert daemon.endpoints.tcp is not None
+        assert daemon.daemon.health_address is not None
+        socket = streams.enter_context(grpc.insecure_channel(daemon.target))
+        opened = [open_watch(socket, streams) for _ in range(WATCHES_PER_PEER + 1)]
+        assert opened == ["OPEN"] * WATCHES_PER_PEER + ["CONCURRENCY_LIMITED"]
+        tcp = streams.enter_context(grpc.insecure_channel(daemon.endpoints.tcp))
+        assert open_watch(tcp, streams) == "OPEN"
+        probes = streams.enter_context(
+            grpc.insecure_channel(daemon.daemon.health_address)
+        )
+        # 127.0.0.1 holds one watch already, on the main port.
+        opened = [open_watch(probes, streams) for _ in range(WATCHES_PER_PEER)]
+        assert opened == ["OPEN"] * (WATCHES_PER_PEER - 1) + ["CONCURRENCY_LIMITED"]
+        check = health_pb2_grpc.HealthStub(probes).Check(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
+        assert check.status == health_pb2.HealthCheckResponse.SERVING

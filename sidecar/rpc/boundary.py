@@ -202,7 +202,8 @@ class Boundary:
         try:
             # 2. admit
             try:
-                release = admit(method, who.charged, self._slots, self._rate)
+                peer = context.peer() if context is not None else ""
+                release = admit(method, who.charged, self._slots, self._rate, peer)
             except EffectdError as exc:
                 refused = Refused(to_status(exc), exc.reason)
             else:
