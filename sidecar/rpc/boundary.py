@@ -54,7 +54,7 @@ from sidecar.rpc.admission import RateLimit, admit
 from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.errors import internal_status, plain_status, to_status
 from sidecar.rpc.messages import Messages
-from sidecar.rpc.recording import Recorder, code_of
+from sidecar.rpc.recording import Recorder, code_of, name_the_call
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +213,7 @@ class Boundary:
                     state.deadline = loop.time() + timeout
                 # 4. handler, 5. domain error to status
                 refused = await _answered(method, state, request, run)
+                name_the_call(state, request, refused)
                 if not isinstance(refused, Refused):
                     return refused
             state.reason = refused.reason

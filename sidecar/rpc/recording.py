@@ -72,6 +72,9 @@ class Recorder:
                 "reason": state.reason or None,
                 "namespace": state.namespace or None,
                 "principal": state.principal.name if state.principal else None,
+                "run": state.run or None,
+                "call": state.call or None,
+                "tool": state.tool or None,
                 "duration_ms": round(seconds * 1000, 3),
                 "trace_id": state.trace.trace_id if state.trace else None,
             },
@@ -104,3 +107,25 @@ def code_of(
     if isinstance(ended, asyncio.CancelledError | grpc.aio.InternalError):
         return grpc.StatusCode.CANCELLED
     return grpc.StatusCode.UNKNOWN
+
+
+def name_the_call(state: CallState, request: object, answer: object) -> None:
+    """Sets the run, call id and tool the call is about on `state`: those
+    its request names (`ref`, `call`, `run_id`, `tool_name`), the tool else
+    from the record its answer carries (`call.tool_name`)."""
+    ref = _field(request, "ref") or _field(request, "call")
+    run = _field(ref, "run_id") or _field(request, "run_id")
+    state.run = run if isinstance(run, str) else ""
+    call = _field(ref, "call_id")
+    state.call = call if isinstance(call, str) else ""
+    tool = _field(request, "tool_name") or _field(_field(answer, "call"), "tool_name")
+    state.tool = tool if isinstance(tool, str) else ""
+
+
+def _field(message: object, name: str) -> object:
+    """A field of a protobuf message, if the message has it; None else."""
+    descriptor = getattr(message, "DESCRIPTOR", None)
+    fields = getattr(descriptor, "fields_by_name", None)
+    if not fields or name not in fields:
+        return None
+    return getattr(message, name)
