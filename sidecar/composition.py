@@ -30,6 +30,7 @@ from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
 from sidecar.clock import monotonic_seconds
 from sidecar.config import ConfigError, ServeConfig
+from sidecar.directories import data_disk
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
 from sidecar.ledger.restore import Marker
@@ -52,6 +53,7 @@ from sidecar.rpc.retry import RetryPolicy
 from sidecar.rpc.session import Draining, LedgerSession
 from sidecar.seams import Seams
 from sidecar.services.checkpoints import CheckpointService
+from sidecar.services.lease_sweep import LeaseSweep
 from sidecar.services.ledger import LedgerService
 from sidecar.services.membership import MembershipService, daemon_id
 from sidecar.services.operator import OperatorService
@@ -59,8 +61,7 @@ from sidecar.services.policy import PolicyService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
 from sidecar.services.retry import RetryService
-from sidecar.services.settlement import SettlementService
-from sidecar.storage import restore
+from sidecar.storage import marking
 from sidecar.storage.api import ReportsFill, Store
 from sidecar.storage.scans import Scans
 
@@ -142,7 +143,7 @@ def load_tracing(cfg: ServeConfig) -> Tracer | None:
 
 def _restore_marker(store: Store) -> Marker | None:
     """How the store was restored, said in the log at every start."""
-    restored = store.read(restore.load_marker)
+    restored = store.read(marking.load_marker)
     if restored is not None:
         log.warning(
             "this store was restored from the backup %s by %s (restore %d, "
@@ -176,7 +177,7 @@ class Services:
     retry: RetryService
     policies: PolicyService
     retention: RetentionService
-    settlement: SettlementService
+    lease_sweep: LeaseSweep
     # This daemon's registration among those sharing the store.
     membership: MembershipService
     monitor: ProviderMonitor
@@ -238,7 +239,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
         retry=RetryService(store, clock, policy, random=seams.random, scans=scans),
         policies=PolicyService(store, clock, policy),
         retention=RetentionService(store, clock, policy, scans=scans),
-        settlement=SettlementService(store, clock),
+        lease_sweep=LeaseSweep(store, clock),
         membership=MembershipService(
             store,
             clock,
@@ -335,6 +336,7 @@ def handlers(
                 quotas=cfg.quotas,
                 incarnation=store.incarnation,
                 fill=store.fill if isinstance(store, ReportsFill) else None,
+                disk=data_disk(cfg),
                 restored=services.restored,
                 membership=services.membership,
             ),

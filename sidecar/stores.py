@@ -1,6 +1,6 @@
 """The store a daemon serves, opened from its configuration: the LMDB ledger
 of its data directory, created only when the configuration asks for a new
-one (`init`; `storage.ledger_files` says what counts as one), or the shared
+one (`init`; `storage.lmdb.ledger_files` says what counts as one), or the shared
 PostgreSQL store, whose schema only `effectd migrate` creates. Whatever about
 the data directory keeps it from being opened is a `ConfigError` naming it.
 """
@@ -16,10 +16,11 @@ from sidecar.directories import refuse_unsafe_directory
 from sidecar.failpoints import Failpoints
 from sidecar.observability import logs
 from sidecar.observability.metrics import Metrics
-from sidecar.storage import ledger_files, restore
+from sidecar.storage import backends, marking
 from sidecar.storage.api import Store
-from sidecar.storage.ledger_files import Found
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.backends import Opening
+from sidecar.storage.lmdb import ledger_files, restore
+from sidecar.storage.lmdb.ledger_files import Found
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +28,25 @@ log = logging.getLogger(__name__)
 def open_store(
     cfg: ServeConfig, metrics: Metrics, failpoints: Failpoints | None = None
 ) -> Store:
-    """The store of `cfg.data_dir`, or the shared store `cfg.store` names,
-    its commits counted by `metrics`, crashing at `failpoints` (a test
-    build's); the caller holds the socket lock (the LMDB store takes the data
-    directory's)."""
+    """The store of `cfg.data_dir`, or the shared store `cfg.store` names (its
+    backend found in `storage.backends`), its commits counted by `metrics`,
+    crashing at `failpoints` (a test build's); the caller holds the socket
+    lock (the LMDB store takes the data directory's)."""
+    opening = Opening(
+        on_commit=metrics.commit_observed,
+        failpoints=failpoints,
+        sync=cfg.sync,
+        map_size=cfg.map_size,
+    )
     if cfg.store is not None:
-        return _open_shared_store(cfg.store, metrics, failpoints)
+        backend = backends.of_url(cfg.store)
+        if backend is None:  # refused by the configuration before
+            raise ConfigError("store", "no store backend takes this URL")
+        password = url_password(cfg.store)
+        if password:
+            logs.add_secrets([password])
+        log.info("opening the shared store %s", masked_url(cfg.store))
+        return backend.entry().open(cfg.store, opening)
     refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
     creates = ledger_to_create(cfg)
     if not cfg.sync:
@@ -41,14 +55,8 @@ def open_store(
             "is on disk, so after a power loss a call answered STARTED can "
             "be answered EXECUTE again and its side effect run twice"
         )
-    options = LmdbOptions(
-        map_size=cfg.map_size,
-        sync=cfg.sync,
-        on_commit=metrics.commit_observed,
-        failpoints=failpoints,
-    )
     try:
-        store = LmdbStore(cfg.data_dir, options)
+        store = backends.DEFAULT.entry().open(str(cfg.data_dir), opening)
     except (OSError, lmdb.Error) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise ConfigError(
@@ -73,7 +81,7 @@ def ledger_to_create(cfg: ServeConfig) -> bool:
     try:
         restore.refuse_unfinished(path)
         found = ledger_files.inspect(path)
-    except restore.UnfinishedRestore as exc:
+    except marking.UnfinishedRestore as exc:
         raise ConfigError("data_dir", str(exc)) from None
     except OSError as exc:
         raise ConfigError("data_dir", f"{path}: {exc.strerror}") from None
@@ -88,20 +96,3 @@ def ledger_to_create(cfg: ServeConfig) -> bool:
             "existing ledger, name its directory"
         )
     raise ConfigError("data_dir", why)
-
-
-def _open_shared_store(
-    url: str, metrics: Metrics, failpoints: Failpoints | None
-) -> Store:
-    # Imported here: a daemon of the LMDB store loads no PostgreSQL driver.
-    from sidecar.storage.postgres_store import (  # noqa: PLC0415
-        PostgresOptions,
-        PostgresStore,
-    )
-
-    password = url_password(url)
-    if password:
-        logs.add_secrets([password])
-    log.info("opening the shared store %s", masked_url(url))
-    options = PostgresOptions(on_commit=metrics.commit_observed, failpoints=failpoints)
-    return PostgresStore(url, options)

@@ -16,7 +16,7 @@ from sidecar import settings
 from sidecar.cli import main
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
 from sidecar.observability.metrics import Metrics
-from sidecar.storage import pg_schema
+from sidecar.storage.postgres import schema as pg_schema
 from sidecar.stores import open_store
 from tests.settings.support import layered
 from tests.support import postgres
