@@ -196,15 +196,30 @@ class Daemon:
         for name in ("", *names):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.endpoints = Endpoints(f"unix:{sock}", tcp)
-        log.info(
-            "effectd serving on %s%s (daemon %s, incarnation %d)",
-            self.endpoints.unix,
-            f" and {tcp}" if tcp else "",
-            services.membership.daemon_id,
-            store.incarnation,
-        )
+        self._log_serving(services, store.incarnation)
         self._start_periodic_passes(services)
         return self.endpoints
+
+    def _log_serving(self, services: Services, incarnation: int) -> None:
+        """Every listener (ports asked as 0 as bound) and the provider
+        routes, in one line."""
+        assert self.endpoints is not None
+        listeners = [self.endpoints.unix]
+        if self.endpoints.tcp:
+            listeners.append(self.endpoints.tcp)
+        if self.health_address:
+            listeners.append(f"health {self.health_address}")
+        if self.metrics_address:
+            listeners.append(f"metrics http://{self.metrics_address}/metrics")
+        routes = services.provider.route_names
+        log.info(
+            "effectd serving on %s (daemon %s, incarnation %d); provider routes: %s",
+            ", ".join(listeners),
+            services.membership.daemon_id,
+            incarnation,
+            ", ".join(routes) or "none",
+            extra={"listeners": listeners, "routes": list(routes)},
+        )
 
     def _start_periodic_passes(self, services: Services) -> None:
         # On the injected clock, as the leases and the retention window are.

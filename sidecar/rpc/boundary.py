@@ -283,7 +283,11 @@ class Boundary:
                 if release is not None:
                     release()
                 seconds = time.perf_counter() - started
-                self._recorder.record(state, code_of(ended, context), seconds)
+                code = code_of(ended, context)
+                # A client closing its stream cancels it: between calls,
+                # that is how a session ends, no failure to log at info.
+                closed = code is grpc.StatusCode.CANCELLED and not messages.cut
+                self._recorder.record(state, code, seconds, quiet=closed)
 
         return session
 

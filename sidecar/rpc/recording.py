@@ -48,7 +48,17 @@ class Recorder:
         if self._tracer is not None:
             state.trace = self._tracer.rpc_started(state)
 
-    def record(self, state: CallState, code: grpc.StatusCode, seconds: float) -> None:
+    def record(
+        self,
+        state: CallState,
+        code: grpc.StatusCode,
+        seconds: float,
+        *,
+        quiet: bool = False,
+    ) -> None:
+        """Records a call that ended with `code`; `quiet`: an end that is
+        no failure whatever its code (a session stream its client closed
+        between calls), logged as an answered call is."""
         if self._tracer is not None:
             self._tracer.rpc_finished(state, code)
         if self._observer is not None:
@@ -59,7 +69,8 @@ class Recorder:
         # denied role), answered calls at DEBUG: a line per call costs as
         # much as the call's own work (bench/lifecycle.py), and the metrics
         # count every call anyway.
-        level = logging.DEBUG if code is grpc.StatusCode.OK else logging.INFO
+        ok = code is grpc.StatusCode.OK or quiet
+        level = logging.DEBUG if ok else logging.INFO
         if not access_log.isEnabledFor(level):
             return
         # Never the request, its payloads or the token: names and outcomes.

@@ -224,7 +224,8 @@ def test_ctl_stats_warns_when_the_map_can_outgrow_the_disk(
     st = os.statvfs(short_tmp)
     outs = []
     for map_size in (2 * st.f_blocks * st.f_frsize, 64 << 20):
-        config = ServeConfig(data_dir=short_tmp / f"data-{map_size}", map_size=map_size)
+        data = short_tmp / f"data-{map_size}"
+        config = ServeConfig(data_dir=data, init=True, map_size=map_size)
         with running_daemon(config) as running:
             capsys.readouterr()
             assert main(["ctl", "--target", running.target, "stats"]) == 0
