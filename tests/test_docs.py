@@ -7,6 +7,7 @@ by default. How blocks run and the markers: `tests.support.docs`."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ DOCUMENTS = (
     "docs/langgraph.md",
     "docs/openai-agents.md",
 )
+# Files a document's blocks write that are the reader's own code, to keep.
+SOURCES = {"docs/mcp.md": ("mail_server.py",)}
 # Blocks each document must run here, so that no marker or parser slip can
 # quietly turn the test off.
 AT_LEAST = {
@@ -45,12 +48,42 @@ def test_the_documents_blocks_run_as_written(short_tmp: Path, document: str) -> 
     started a daemon on the backup, the ctl examples reconciled one call
     twice, and none of the blocks was run by any test)."""
     with docs.sandbox(short_tmp) as box:
+        before = {p.name for p in short_tmp.iterdir()}
         report = docs.run_document(ROOT / document, box)
-    print(f"{document}: ran blocks at lines {report.ran}")
+        made = sorted(
+            p.name + ("/" if p.is_dir() else "")
+            for p in short_tmp.iterdir()
+            if p.name not in before | docs.HARNESS_FILES
+        )
+    print(f"{document}: ran blocks at lines {report.ran}; made {made}")
     for skipped in report.skipped:
         print(f"skipped {skipped}")
     assert report.failures == []
     assert len(report.ran) >= AT_LEAST[document]
+    # Run in a checkout, the same commands would leave these beside the
+    # sources: tokens, backups, data directories (issue 25 item 16: fails
+    # before the fix: operator.token, tokens.toml and backups/ were not
+    # ignored).
+    kept = [name for name in made if not ignored_by_git(name)]
+    assert kept == list(SOURCES.get(document, ()))
+
+
+def ignored_by_git(name: str) -> bool:
+    """Whether the checkout's .gitignore ignores `name` at its top."""
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", name],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def test_the_ignore_check_can_fail() -> None:
+    """The negative control: a source file is not ignored."""
+    assert ignored_by_git(".effectd-any/")
+    assert not ignored_by_git("README.md")
+    assert not ignored_by_git("sidecar/")
 
 
 def test_every_marker_is_understood() -> None:

@@ -55,6 +55,8 @@ MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>\S+)\s*(?P<arg>.*?)\s*-->
 _FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 _SHELL = ("sh", "bash", "shell")
 _JS = ("js", "javascript")
+# What running the blocks leaves that the harness, not a block, made.
+HARNESS_FILES = frozenset({".block-out", ".block-err", "clients"})
 BLOCK_TIMEOUT = 60.0
 READY_TIMEOUT = 30.0
 _NODE_PACKAGE = ROOT / "clients" / "node"
