@@ -221,7 +221,9 @@ class ServeConfig:
     tls_client_ca: Path | None = None
     # A plaintext TCP address serving only grpc.health.v1 (probes).
     health_listen: str | None = None
-    # A loopback HTTP address serving Prometheus metrics at /metrics.
+    # An HTTP address serving Prometheus metrics at /metrics, without
+    # authentication: one other machines reach (a pod's network) is for a
+    # NetworkPolicy or a firewall to restrict (the daemon warns).
     metrics_listen: str | None = None
     # "json" (one object per line) or "text".
     log_format: str = "json"
@@ -333,7 +335,7 @@ class ServeConfig:
         if self.health_listen is not None:
             split_host_port("health_listen", self.health_listen)
         if self.metrics_listen is not None:
-            loopback_host(self.metrics_listen, setting="metrics_listen")
+            split_host_port("metrics_listen", self.metrics_listen)
 
 
 def validate_store_url(url: str, setting: str = "store") -> None:

@@ -34,7 +34,7 @@ from sidecar.composition import (
     handlers,
     server_options,
 )
-from sidecar.config import ConfigError, ServeConfig, split_host_port
+from sidecar.config import ConfigError, ServeConfig, is_loopback, split_host_port
 from sidecar.directories import (
     data_disk,
     make_private_directory,
@@ -193,6 +193,12 @@ class Daemon:
             host, port = split_host_port("metrics-listen", cfg.metrics_listen)
             self.metrics_server = serve_metrics(self.metrics, host, port)
             self.metrics_address = self.metrics_server.address
+            if not is_loopback(host):
+                log.warning(
+                    "metrics on %s answer anyone who reaches them, without "
+                    "authentication: restrict who may (a NetworkPolicy, a firewall)",
+                    self.metrics_address,
+                )
         for name in ("", *names):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.endpoints = Endpoints(f"unix:{sock}", tcp)
@@ -204,13 +210,11 @@ class Daemon:
         """Every listener (ports asked as 0 as bound) and the provider
         routes, in one line."""
         assert self.endpoints is not None
-        listeners = [self.endpoints.unix]
-        if self.endpoints.tcp:
-            listeners.append(self.endpoints.tcp)
-        if self.health_address:
-            listeners.append(f"health {self.health_address}")
-        if self.metrics_address:
-            listeners.append(f"metrics http://{self.metrics_address}/metrics")
+        health, metrics = self.health_address, self.metrics_address
+        listeners = [self.endpoints.unix, self.endpoints.tcp or ""]
+        listeners += [f"health {health}" if health else ""]
+        listeners += [f"metrics http://{metrics}/metrics" if metrics else ""]
+        listeners = [x for x in listeners if x]
         routes = services.provider.route_names
         log.info(
             "effectd serving on %s (daemon %s, incarnation %d); provider routes: %s",

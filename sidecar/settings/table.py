@@ -231,7 +231,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "metrics_listen",
         Kind.TEXT,
-        "a loopback address serving Prometheus metrics at /metrics",
+        "an address serving Prometheus metrics at /metrics, without "
+        "authentication (restrict any address but loopback with a firewall or "
+        "a NetworkPolicy)",
         metavar="HOST:PORT",
     ),
     Setting(

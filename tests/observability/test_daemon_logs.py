@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -257,3 +258,27 @@ def test_the_serving_line_names_every_listener_and_the_provider_routes(
             f"effectd serving on {', '.join(listeners)}"
         )
         assert line.getMessage().endswith("; provider routes: anthropic, openai")
+
+
+def test_metrics_on_a_pods_network_are_served_and_said_to_need_a_policy(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An address other than loopback is accepted for the metrics (an
+    in-cluster Prometheus scrapes the pod's address), with a warning that
+    nothing authenticates them (issue 25 item 16: fails before the fix: the
+    daemon refused any address but loopback)."""
+    caplog.set_level(logging.WARNING)
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, metrics_listen="0.0.0.0:0"
+    )
+    with running_daemon(config) as running:
+        address = running.daemon.metrics_address
+        assert address is not None
+        port = address.rsplit(":", 1)[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as page:
+            assert b"effectd_" in page.read()
+    warned = [r.getMessage() for r in caplog.records if "metrics on" in r.getMessage()]
+    assert warned == [
+        f"metrics on {address} answer anyone who reaches them, without "
+        "authentication: restrict who may (a NetworkPolicy, a firewall)"
+    ]
