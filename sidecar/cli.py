@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from sidecar import __version__, ctl, failpoints, settings, web
+from sidecar import __version__, ctl, failpoints, sdnotify, settings, web
 from sidecar.config import (
     ConfigError,
     ServeConfig,
@@ -121,14 +121,16 @@ async def _serve(
         loop.add_signal_handler(sig, stop.set)
     if freeze:
         _freeze_startup_objects()
-    print(
-        f"effectd {__version__} ready on {endpoints.unix}"
-        + (f" and {endpoints.tcp}" if endpoints.tcp else ""),
-        file=sys.stderr,
-        flush=True,
+    ready = f"effectd {__version__} ready on {endpoints.unix}" + (
+        f" and {endpoints.tcp}" if endpoints.tcp else ""
     )
+    print(ready, file=sys.stderr, flush=True)
+    # Under systemd (Type=notify): units ordered after this one start now,
+    # with the socket there.
+    sdnotify.notify(sdnotify.READY, f"STATUS={ready}")
     await stop.wait()
     log.info("shutting down")
+    sdnotify.notify(sdnotify.STOPPING, "STATUS=stopping: in-flight calls finish")
     await daemon.stop()
 
 

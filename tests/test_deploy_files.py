@@ -342,6 +342,8 @@ def claims() -> list[Any]:
 
 
 HARDENING = {
+    # Ready once the socket serves, not once the process runs (sd_notify).
+    "Type": "notify",
     "NoNewPrivileges": "yes",
     "ProtectSystem": "strict",
     "ProtectHome": "yes",
@@ -575,6 +577,7 @@ def test_systemd_unit_is_hardened() -> None:
         ("TimeoutStopSec=30", "TimeoutStopSec=5"),
         ("UMask=0077", "UMask=0022"),
         ("serve \\\n", "serve --init \\\n"),
+        ("Type=notify", "Type=exec"),
     ],
 )
 def test_negative_control_a_weakened_unit_is_caught(old: str, new: str) -> None:

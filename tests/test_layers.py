@@ -46,6 +46,7 @@ BASE = frozenset(
         "tracecontext",
         "tomlfields",
         "failpoints",
+        "sdnotify",
     }
 )
 
@@ -60,6 +61,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "tomlfields": frozenset(),
     # A test build's crash points in the stores' write paths.
     "failpoints": frozenset(),
+    # The service manager's readiness datagrams.
+    "sdnotify": frozenset(),
     "probe": frozenset(),
     # Pure rules: records, transitions, quotas, policy.
     "ledger": BASE,
