@@ -58,11 +58,16 @@ def test_migrate_reads_the_url_from_the_environment(
     assert main(["migrate"]) == 0
 
 
+@pytest.mark.parametrize("init", [(), ("--init",)], ids=["", "init"])
 def test_a_daemon_refuses_a_database_without_the_schema(
-    bare_url: str, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    bare_url: str,
+    short_tmp: Path,
+    capsys: pytest.CaptureFixture[str],
+    init: tuple[str, ...],
 ) -> None:
-    """Exit 2, naming the command that creates it; nothing is created."""
-    argv = ["serve", "--data-dir", str(short_tmp / "d"), "--store", bare_url]
+    """Exit 2, naming the command that creates it; nothing is created, with
+    --init too: a daemon never makes a database's schema (issue 25 item 2)."""
+    argv = ["serve", "--data-dir", str(short_tmp / "d"), "--store", bare_url, *init]
     assert main(argv) == 2
     assert "effectd migrate --store URL" in capsys.readouterr().err
     with psycopg.connect(bare_url) as conn:
