@@ -140,7 +140,13 @@ def open_stream(s: Stubs, streams: ExitStack) -> str:
     holds a slot until cancelled at the end of the test), else the reason
     it was refused with."""
     request = ppb.ProviderRequest(route="up", path="/v1/chat", body=b"{}")
-    call: Any = s.provider.ProviderStream(request, metadata=s.metadata, timeout=60)
+    call = s.provider.ProviderStream(request, metadata=s.metadata, timeout=60)
+    return first_message(call, streams)
+
+
+def first_message(call: Any, streams: ExitStack) -> str:
+    """ "OPEN" once the stream's first message came (it is cancelled as
+    `streams` closes), else the reason it was refused with."""
     streams.callback(call.cancel)
     try:
         next(call)
@@ -281,13 +287,8 @@ def open_watch(channel: grpc.Channel, streams: ExitStack) -> str:
     """Opens a health Watch; "OPEN" once its first answer came (it holds a
     slot until cancelled at the end of the test), else its refusal."""
     health = health_pb2_grpc.HealthStub(channel)
-    call: Any = health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
-    streams.callback(call.cancel)
-    try:
-        next(call)
-    except grpc.RpcError as exc:
-        return decode(exc).reason or exc.code().name
-    return "OPEN"
+    call = health.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+    return first_message(call, streams)
 
 
 def test_one_peers_health_watches_leave_the_pool_to_others(short_tmp: Path) -> None:
