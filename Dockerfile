@@ -64,4 +64,6 @@ STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
     CMD ["/opt/effectd/bin/python", "-m", "sidecar.probe", "--timeout", "3"]
 
+# A volume without a ledger is refused unless the arguments say --init: the
+# first `run` on a new volume passes it (docs/operations.md, section 1).
 ENTRYPOINT ["effectd", "serve"]

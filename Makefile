@@ -28,9 +28,10 @@ $(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.tom
 	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp,pydantic-ai,langgraph,openai-agents]'
 	touch $@
 
-## run: start the daemon on its embedded default (LMDB in ./.effectd, Unix socket there)
+## run: start the daemon on its embedded default (LMDB in ./.effectd, Unix socket there;
+## --init: the first run creates the ledger, later runs open it)
 run: $(INSTALLED)
-	$(VENV)/bin/effectd serve --data-dir $(DATA_DIR) $(ARGS)
+	$(VENV)/bin/effectd serve --data-dir $(DATA_DIR) --init $(ARGS)
 
 ## check: lint, format, strict typing, generated-code freshness
 check: $(DEV_INSTALLED)

@@ -158,7 +158,7 @@ def _daemon(data_dir: str, pin: bool) -> subprocess.Popen[str]:
     """The daemon, once ready; its log drained so a full pipe never stalls it."""
     preexec: Callable[[], None] | None = (lambda: _pin(0)) if pin else None
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--data-dir", data_dir],
+        [sys.executable, "-m", "sidecar", "serve", "--data-dir", data_dir, "--init"],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -75,6 +75,9 @@ def tree_env(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(tree), str(tree / "clients" / "python" / "src")]
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    # A new ledger in the fresh data directory; in the environment rather
+    # than as --init, which a tree from before the flag would refuse.
+    env["EFFECTD_INIT"] = "true"
     return env
 
 

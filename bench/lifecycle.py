@@ -152,7 +152,8 @@ def _daemon(
 ) -> subprocess.Popen[str]:
     """A daemon, once it is ready; its log (one access line per call) is
     drained in a thread so a full pipe never stalls it."""
-    proc = _spawn(["-m", "sidecar", "serve", "--data-dir", data_dir, *flags], env)
+    serve = ["-m", "sidecar", "serve", "--data-dir", data_dir, "--init"]
+    proc = _spawn([*serve, *flags], env)
     assert proc.stderr is not None
     while "ready" not in proc.stderr.readline():
         if proc.poll() is not None:

@@ -204,7 +204,7 @@ def effectd(workdir: Path) -> Iterator[tuple[str, int]]:
     """The daemon from the project's venv on its defaults; (target, pid)."""
     data, logfile = workdir / "data", workdir / "effectd.log"
     workdir.mkdir()
-    argv = [sys.executable, "-m", "sidecar", "serve", "--data-dir", str(data)]
+    argv = [sys.executable, "-m", "sidecar", "serve", "--data-dir", str(data), "--init"]
     with started(argv, logfile, cwd=ROOT) as proc:
         wait_until(lambda: " ready on " in logfile.read_text(), "effectd", proc)
         log(f"effectd pid {proc.pid} on {data}/effectd.sock, LMDB fsync on")

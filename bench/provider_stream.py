@@ -312,7 +312,7 @@ def main() -> int:
             base_url = f"http://127.0.0.1:{int(upstream.stdout.readline())}"
             providers = Path(tmp) / "providers.toml"
             providers.write_text(f'[routes.bench]\nbase_url = "{base_url}"\n')
-            serve = ["-m", "sidecar", "serve", "--data-dir", f"{tmp}/data"]
+            serve = ["-m", "sidecar", "serve", "--data-dir", f"{tmp}/data", "--init"]
             daemon = _spawn([*serve, "--providers", str(providers)])
             assert daemon.stderr is not None
             for _ in range(1000):

@@ -189,8 +189,8 @@ say "podman run (gRPC 127.0.0.1:$grpc_port, health 127.0.0.1:$health_port)"
 cid=$(podman run --detach --init --network host --name "$NAME" --env EFFECTD_TOKENS \
     --read-only --volume "$NAME-run:/run/effectd" \
     --cap-drop all --security-opt no-new-privileges \
-    "$IMAGE" --listen "127.0.0.1:$grpc_port" --health-listen "127.0.0.1:$health_port" \
-    --grace 5 2>>"$S/podman.log")
+    "$IMAGE" --init --listen "127.0.0.1:$grpc_port" \
+    --health-listen "127.0.0.1:$health_port" --grace 5 2>>"$S/podman.log")
 
 # 5. From the host: gRPC health SERVING on the health port, within a minute.
 serving=0

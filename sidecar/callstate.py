@@ -27,6 +27,12 @@ class CallState:
     trace: trace.TraceParent | None = None
     # The tracer's span of this call, if it records one.
     span: object = None
+    # The tool call the request names, for the record: its run, its call id
+    # and its tool (from the request, else from the record answered); "" for
+    # what it does not name.
+    run: str = ""
+    call: str = ""
+    tool: str = ""
 
 
 CURRENT: ContextVar[CallState | None] = ContextVar("effectd_call", default=None)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import shtab
 
-from sidecar import __version__, ctl, failpoints, settings, web
+from sidecar import __version__, ctl, failpoints, sdnotify, settings, web
 from sidecar.config import (
     ConfigError,
     ServeConfig,
@@ -103,21 +103,14 @@ def _migrate(url: str | None) -> int:
 
 
 async def _reload_on_sighup(daemon: Daemon) -> None:
+    """A reload done is logged by the policy service, as any reload is."""
     try:
-        done = await daemon.reload_policy(policy_change.SIGHUP, "SIGHUP")
+        await daemon.reload_policy(policy_change.SIGHUP, "SIGHUP")
     except EffectdError as exc:
         log.error("policy reload refused (%s): %s", exc.reason, exc.message)
-        return
     except Exception:
         # A signal handler has no caller to answer: log, keep serving.
         log.exception("policy reload failed; the policy in force stays")
-        return
-    log.info(
-        "policy reloaded from %s (audit entry %d); changed: %s",
-        done.source,
-        done.entry.sequence,
-        ", ".join(done.changed) or "nothing",
-    )
 
 
 async def _serve(
@@ -141,14 +134,16 @@ async def _serve(
         loop.add_signal_handler(sig, stop.set)
     if freeze:
         _freeze_startup_objects()
-    print(
-        f"effectd {__version__} ready on {endpoints.unix}"
-        + (f" and {endpoints.tcp}" if endpoints.tcp else ""),
-        file=sys.stderr,
-        flush=True,
+    ready = f"effectd {__version__} ready on {endpoints.unix}" + (
+        f" and {endpoints.tcp}" if endpoints.tcp else ""
     )
+    print(ready, file=sys.stderr, flush=True)
+    # Under systemd (Type=notify): units ordered after this one start now,
+    # with the socket there.
+    sdnotify.notify(sdnotify.READY, f"STATUS={ready}")
     await stop.wait()
     log.info("shutting down")
+    sdnotify.notify(sdnotify.STOPPING, "STATUS=stopping: in-flight calls finish")
     await daemon.stop()
 
 

@@ -1,7 +1,7 @@
 """The composition root: the daemon's services wired from its configuration
 and its seams.
 
-`open_store` opens the store a daemon serves; `compose` reads the files the
+`sidecar.stores` opens the store a daemon serves; `compose` reads the files the
 configuration names (tokens, policy, provider routes), builds every service
 over that store with the injected clock, random source, HTTP transport and
 tracer, and returns them as `Services`; `handlers` turns those into the gRPC
@@ -29,9 +29,8 @@ from effectd.v1 import (
 from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
 from sidecar.clock import monotonic_seconds
-from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
-from sidecar.directories import data_disk, refuse_unsafe_directory
-from sidecar.failpoints import Failpoints
+from sidecar.config import ConfigError, ServeConfig
+from sidecar.directories import data_disk
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
 from sidecar.ledger.restore import Marker
@@ -62,10 +61,8 @@ from sidecar.services.policy import PolicyService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
 from sidecar.services.retry import RetryService
-from sidecar.storage import backends, marking
+from sidecar.storage import marking
 from sidecar.storage.api import ReportsFill, Store
-from sidecar.storage.backends import Opening
-from sidecar.storage.lmdb import restore
 from sidecar.storage.scans import Scans
 
 if TYPE_CHECKING:
@@ -142,42 +139,6 @@ def load_tracing(cfg: ServeConfig) -> Tracer | None:
             "otel", "needs the otel extra (pip install effectd[otel])"
         ) from None
     return otel.from_environment()
-
-
-def open_store(
-    cfg: ServeConfig, metrics: Metrics, failpoints: Failpoints | None = None
-) -> Store:
-    """The store of `cfg.data_dir`, or the shared store `cfg.store` names (its
-    backend found in `storage.backends`), its commits counted by `metrics`,
-    crashing at `failpoints` (a test build's); the caller holds the socket
-    lock (the LMDB store takes the data directory's)."""
-    opening = Opening(
-        on_commit=metrics.commit_observed,
-        failpoints=failpoints,
-        sync=cfg.sync,
-        map_size=cfg.map_size,
-    )
-    if cfg.store is not None:
-        backend = backends.of_url(cfg.store)
-        if backend is None:  # refused by the configuration before
-            raise ConfigError("store", "no store backend takes this URL")
-        password = url_password(cfg.store)
-        if password:
-            logs.add_secrets([password])
-        log.info("opening the shared store %s", masked_url(cfg.store))
-        return backend.entry().open(cfg.store, opening)
-    refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
-    try:
-        restore.refuse_unfinished(cfg.data_dir)
-    except marking.UnfinishedRestore as exc:
-        raise ConfigError("data_dir", str(exc)) from None
-    if not cfg.sync:
-        log.warning(
-            "sync is off (--no-sync): an answer can leave before its write "
-            "is on disk, so after a power loss a call answered STARTED can "
-            "be answered EXECUTE again and its side effect run twice"
-        )
-    return backends.DEFAULT.entry().open(str(cfg.data_dir), opening)
 
 
 def _restore_marker(store: Store) -> Marker | None:
@@ -261,7 +222,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
     budget = RetryBudget(clock)
     monitor = ProviderMonitor(routes, budget)
     limits = cfg.server_limits
-    slots = Slots(limits.max_concurrent_rpcs, limits.max_concurrent_rpcs_per_caller)
+    slots = Slots(limits.max_concurrent_rpcs, limits.per_caller)
     scans = Scans(store)
     return Services(
         store=store,
@@ -359,7 +320,7 @@ def handlers(
             tool_ledger,
             LedgerSession(
                 tool_ledger,
-                max_in_flight=cfg.server_limits.session_max_in_flight,
+                max_in_flight=cfg.server_limits.session_in_flight,
                 draining=services.draining,
             ),
         ),

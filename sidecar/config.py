@@ -22,6 +22,8 @@ DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_RETENTION_INTERVAL_SECONDS = 600.0
 DEFAULT_SETTLE_INTERVAL_SECONDS = 10.0
 DEFAULT_REGISTRATION_TTL_SECONDS = 15.0
+# The server's concurrency limit over this is one caller's default share.
+PER_CALLER_SHARE = 4
 
 
 class Layer(enum.Enum):
@@ -111,8 +113,10 @@ class ServerLimits:
     # RPCs in flight over the whole server; more get RESOURCE_EXHAUSTED. Calls
     # that record work already done have as many more of their own.
     max_concurrent_rpcs: int = 256
-    # RPCs in flight of one caller (its namespace, or its token).
-    max_concurrent_rpcs_per_caller: int = 64
+    # RPCs in flight of one caller (its namespace, or its token); None: a
+    # quarter of `max_concurrent_rpcs` (`per_caller`), so that lowering the
+    # server's limit alone never lets one caller take every slot.
+    max_concurrent_rpcs_per_caller: int | None = None
     # HTTP/2 streams per connection.
     max_concurrent_streams: int = 128
     # A TLS or HTTP/2 handshake that takes longer is dropped.
@@ -124,11 +128,27 @@ class ServerLimits:
     # Idle connections are closed after this long.
     max_connection_idle_seconds: float = 300.0
     # Messages of one session stream served at once; past it the daemon
-    # reads no more of the stream until one is answered. The default is the
-    # default per-caller share of concurrency slots: one stream can use its
-    # caller's whole share, and a message read past it could only be
-    # refused CONCURRENCY_LIMITED.
-    session_max_in_flight: int = 64
+    # reads no more of the stream until one is answered. None: the
+    # per-caller share of concurrency slots (`session_in_flight`): one
+    # stream can use its caller's whole share, and a message read past it
+    # could only be refused CONCURRENCY_LIMITED.
+    session_max_in_flight: int | None = None
+
+    @property
+    def per_caller(self) -> int:
+        """RPCs in flight of one caller: as set, else a quarter of the
+        server's limit (64 of the default 256), at least 1."""
+        if self.max_concurrent_rpcs_per_caller is not None:
+            return self.max_concurrent_rpcs_per_caller
+        return max(1, self.max_concurrent_rpcs // PER_CALLER_SHARE)
+
+    @property
+    def session_in_flight(self) -> int:
+        """Messages of one session stream served at once: as set, else the
+        per-caller share."""
+        if self.session_max_in_flight is not None:
+            return self.session_max_in_flight
+        return min(self.per_caller, self.max_concurrent_rpcs)
 
 
 _MASK = "***"
@@ -171,6 +191,11 @@ def url_password(url: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     data_dir: Path = Path(".effectd")
+    # Create a new, empty LMDB ledger if the data directory holds none
+    # (`storage.ledger_files` says what counts); without it such a directory
+    # is refused, so that a mistyped or unmounted one is not served as a new
+    # memory. Harmless on an existing ledger; no effect with `store`.
+    init: bool = False
     # The shared store: a postgresql:// URL; None: LMDB under data_dir.
     store: str | None = None
     # Default: effectd.sock in the data directory.
@@ -196,7 +221,9 @@ class ServeConfig:
     tls_client_ca: Path | None = None
     # A plaintext TCP address serving only grpc.health.v1 (probes).
     health_listen: str | None = None
-    # A loopback HTTP address serving Prometheus metrics at /metrics.
+    # An HTTP address serving Prometheus metrics at /metrics, without
+    # authentication: one other machines reach (a pod's network) is for a
+    # NetworkPolicy or a firewall to restrict (the daemon warns).
     metrics_listen: str | None = None
     # "json" (one object per line) or "text".
     log_format: str = "json"
@@ -277,15 +304,13 @@ class ServeConfig:
         limits = self.server_limits
         _at_least("max_message_size", limits.max_message_bytes, 1 << 10)
         _at_least("max_concurrent_rpcs", limits.max_concurrent_rpcs, 1)
-        _at_least(
-            "max_concurrent_rpcs_per_caller", limits.max_concurrent_rpcs_per_caller, 1
-        )
+        _at_least("max_concurrent_rpcs_per_caller", limits.per_caller, 1)
         _at_least("max_concurrent_streams", limits.max_concurrent_streams, 1)
         _at_least("handshake_timeout", limits.handshake_timeout_seconds, 0.001)
         _at_least("default_deadline", limits.default_deadline_seconds, 0.001)
         _at_least("min_ping_interval", limits.min_ping_interval_seconds, 0.001)
         _at_least("max_connection_idle", limits.max_connection_idle_seconds, 0.001)
-        _at_least("session_max_in_flight", limits.session_max_in_flight, 1)
+        _at_least("session_max_in_flight", limits.session_in_flight, 1)
         for name in ("open_calls", "stored_bytes", "requests_per_second", "burst"):
             if getattr(self.quotas, name) < 0:
                 raise ConfigError(f"quota_{name}", "must not be negative")
@@ -310,7 +335,7 @@ class ServeConfig:
         if self.health_listen is not None:
             split_host_port("health_listen", self.health_listen)
         if self.metrics_listen is not None:
-            loopback_host(self.metrics_listen, setting="metrics_listen")
+            split_host_port("metrics_listen", self.metrics_listen)
 
 
 def validate_store_url(url: str, setting: str = "store") -> None:

@@ -40,8 +40,10 @@ def refuse_unsafe_directory(path: Path, setting: str, *, sticky_ok: bool) -> Non
     """
     try:
         st = path.stat()
-    except FileNotFoundError:
-        return
+    except (FileNotFoundError, NotADirectoryError):
+        return  # what cannot be made there is refused when it is made
+    except OSError as exc:
+        raise ConfigError(setting, f"{path}: {exc.strerror}") from None
     mode = stat.S_IMODE(st.st_mode)
     me = os.geteuid()
     if st.st_uid not in (me, ROOT):
@@ -66,6 +68,21 @@ def refuse_unsafe_directory(path: Path, setting: str, *, sticky_ok: bool) -> Non
         f"{path} is group- or world-writable (mode {mode:04o}): another user "
         f"could rename or replace what the daemon keeps there; chmod 700 it{sticky}",
     )
+
+
+def make_private_directory(path: Path, setting: str) -> None:
+    """Creates `path` (0700) and its missing parents, unless it is there.
+
+    Raises:
+        ConfigError: naming `setting`, when it cannot be created (a file in
+            the way, no permission, a file system that takes no directory).
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            setting, f"cannot create the directory {path}: {exc.strerror}"
+        ) from None
 
 
 def disk_space(path: Path, *, holds_store: bool) -> DiskSpace:

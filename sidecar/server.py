@@ -32,11 +32,14 @@ from sidecar.composition import (
     Services,
     compose,
     handlers,
-    open_store,
     server_options,
 )
-from sidecar.config import ServeConfig, split_host_port
-from sidecar.directories import data_disk, refuse_unsafe_directory
+from sidecar.config import ConfigError, ServeConfig, is_loopback, split_host_port
+from sidecar.directories import (
+    data_disk,
+    make_private_directory,
+    refuse_unsafe_directory,
+)
 from sidecar.errors import ShuttingDown
 from sidecar.locking import ExclusiveLock
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
@@ -47,6 +50,7 @@ from sidecar.services.membership import LEASE_SWEEP, RETENTION
 from sidecar.services.policy import Reload
 from sidecar.services.retention import PassResult
 from sidecar.storage.api import Store
+from sidecar.stores import ledger_to_create, open_store
 
 if TYPE_CHECKING:
     from sidecar.seams import Tracer
@@ -109,13 +113,21 @@ class Daemon:
         cfg = self.config
         sock = cfg.socket_path
         refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
-        sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Before anything is created: a data directory without a ledger is
+        # refused unless a new one is asked for.
+        ledger_to_create(cfg)
+        setting = "data_dir" if cfg.socket is None else "socket"
+        make_private_directory(sock.parent, setting)
         # The socket itself is 0600, but whoever may write its directory could
         # rename it and put a socket of their own in its place.
         refuse_unsafe_directory(sock.parent, "socket", sticky_ok=True)
-        self._socket_lock = ExclusiveLock(
-            sock.with_name(sock.name + ".lock"), f"socket {sock}"
-        )
+        lock = sock.with_name(sock.name + ".lock")
+        try:
+            self._socket_lock = ExclusiveLock(lock, f"socket {sock}")
+        except OSError as exc:
+            raise ConfigError(
+                setting, f"cannot create {lock}: {exc.strerror}"
+            ) from None
         try:
             return await self._start()
         except BaseException:
@@ -176,23 +188,42 @@ class Daemon:
             tcp = f"{host}:{port}"
         await server.start()
         os.chmod(sock, 0o600)
-        self.health_address = await self._start_health_port()
+        self.health_address = await self._start_health_port(services)
         if cfg.metrics_listen is not None:
             host, port = split_host_port("metrics-listen", cfg.metrics_listen)
             self.metrics_server = serve_metrics(self.metrics, host, port)
             self.metrics_address = self.metrics_server.address
+            if not is_loopback(host):
+                log.warning(
+                    "metrics on %s answer anyone who reaches them, without "
+                    "authentication: restrict who may (a NetworkPolicy, a firewall)",
+                    self.metrics_address,
+                )
         for name in ("", *names):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.endpoints = Endpoints(f"unix:{sock}", tcp)
-        log.info(
-            "effectd serving on %s%s (daemon %s, incarnation %d)",
-            self.endpoints.unix,
-            f" and {tcp}" if tcp else "",
-            services.membership.daemon_id,
-            store.incarnation,
-        )
+        self._log_serving(services, store.incarnation)
         self._start_periodic_passes(services)
         return self.endpoints
+
+    def _log_serving(self, services: Services, incarnation: int) -> None:
+        """Every listener (ports asked as 0 as bound) and the provider
+        routes, in one line."""
+        assert self.endpoints is not None
+        health, metrics = self.health_address, self.metrics_address
+        listeners = [self.endpoints.unix, self.endpoints.tcp or ""]
+        listeners += [f"health {health}" if health else ""]
+        listeners += [f"metrics http://{metrics}/metrics" if metrics else ""]
+        listeners = [x for x in listeners if x]
+        routes = services.provider.route_names
+        log.info(
+            "effectd serving on %s (daemon %s, incarnation %d); provider routes: %s",
+            ", ".join(listeners),
+            services.membership.daemon_id,
+            incarnation,
+            ", ".join(routes) or "none",
+            extra={"listeners": listeners, "routes": list(routes)},
+        )
 
     def _start_periodic_passes(self, services: Services) -> None:
         # On the injected clock, as the leases and the retention window are.
@@ -214,13 +245,15 @@ class Daemon:
             ),
         ]
 
-    async def _start_health_port(self) -> str | None:
+    async def _start_health_port(self, services: Services) -> str | None:
         """A plaintext port serving only grpc.health.v1, for probes that can
-        bring neither credentials nor a Unix socket (Kubernetes)."""
+        bring neither credentials nor a Unix socket (Kubernetes). Through the
+        gate, as the main port: its Watch streams share the main port's
+        pool and its bound per peer."""
         if self.config.health_listen is None or self._health is None:
             return None
         server = self._health_server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0)]
+            interceptors=[services.gate], options=[("grpc.so_reuseport", 0)]
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         host, _ = split_host_port("health-listen", self.config.health_listen)

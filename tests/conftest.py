@@ -71,6 +71,7 @@ def store_url(store_kind: str, request: pytest.FixtureRequest) -> str | None:
 def config(short_tmp: Path, store_url: str | None) -> ServeConfig:
     return ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         store=store_url,
         settle_interval_seconds=NO_SWEEP_SECONDS,
         retention_interval_seconds=NO_COMPACTION_SECONDS,

@@ -29,7 +29,7 @@ def report() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=report, daemon=True).start()
-sys.argv = ["effectd", "serve", "--data-dir", sys.argv[1]]
+sys.argv = ["effectd", "serve", "--data-dir", sys.argv[1], "--init"]
 raise SystemExit(cli.main())
 """
 

@@ -553,7 +553,7 @@ def test_policy_reload(short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> N
     """`policy reload` puts the edited policy file in force and names the change."""
     policy = short_tmp / "policy.toml"
     policy.write_text("")
-    config = ServeConfig(data_dir=short_tmp / "data", policy_file=policy)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, policy_file=policy)
     with running_daemon(config) as d:
         policy.write_text("[retry]\nretry_safe = false\n")
         capsys.readouterr()
@@ -646,7 +646,7 @@ TOKENS = tokens_text(*TEAM)
 @pytest.fixture
 def auth_daemon(short_tmp: Path) -> Iterator[RunningDaemon]:
     """A daemon that requires bearer tokens (TOKENS)."""
-    config = ServeConfig(data_dir=short_tmp / "data", tokens_text=TOKENS)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, tokens_text=TOKENS)
     with running_daemon(config) as running:
         yield running
 
@@ -805,6 +805,7 @@ def test_ctl_over_mutual_tls(
     handshake fails, and ctl says so (exit 5), not "not reachable"."""
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         tokens_text=TOKENS,
         listen="127.0.0.1:0",
         tls_cert=pki.server.cert,
@@ -834,6 +835,7 @@ def test_ctl_over_mutual_tls(
 def _mutual_tls(short_tmp: Path, pki: Pki) -> ServeConfig:
     return ServeConfig(
         data_dir=short_tmp / "tls",
+        init=True,
         tokens_text=TOKENS,
         listen="127.0.0.1:0",
         tls_cert=pki.server.cert,
@@ -906,7 +908,7 @@ def test_tls_to_a_plaintext_listener_exits_5(
     """ctl speaking TLS to a loopback listener without it: exit 5, saying the
     daemon does not serve TLS there; the control, nothing listening, is
     still exit 3 (issue 10 item 32: fails before the fix: it exited 3)."""
-    config = ServeConfig(data_dir=short_tmp / "data", listen="127.0.0.1:0")
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, listen="127.0.0.1:0")
     with running_daemon(config) as running:
         target = running.endpoints.tcp
         assert target is not None

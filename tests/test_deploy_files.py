@@ -28,7 +28,7 @@ import yaml
 
 from sidecar import cli, settings
 from sidecar.auth import tokens
-from sidecar.config import ServeConfig, split_host_port
+from sidecar.config import ServeConfig, is_loopback, split_host_port
 from sidecar.policy_file import parse_policy
 from tests.support.processes import ROOT
 
@@ -170,6 +170,10 @@ def dockerfile_problems(instructions: Instructions) -> list[str]:
     for key, value in wanted_env.items():
         if env.get(key) != value:
             found.append(f"ENV {key} is {env.get(key)!r}, not {value!r}")
+    if "EFFECTD_INIT" in env:
+        found.append(
+            "ENV EFFECTD_INIT: any volume without a ledger would get a new one"
+        )
     health = env.get("EFFECTD_HEALTH_LISTEN")
     exposed = [rest for w, rest in instructions if w == "EXPOSE"]
     if health is None or [str(split_host_port("h", health)[1])] != exposed:
@@ -276,6 +280,8 @@ def kube_problems(deploy: Any) -> list[str]:
         return [*found, "no effectd init container or no agent container"]
     found += _sidecar_problems(pod, effectd)
     found += _volume_problems(pod, effectd, agent)
+    if not container_config(effectd).init:
+        found.append("effectd: no --init, and the claim is empty at the first start")
     return found
 
 
@@ -336,6 +342,8 @@ def claims() -> list[Any]:
 
 
 HARDENING = {
+    # Ready once the socket serves, not once the process runs (sd_notify).
+    "Type": "notify",
     "NoNewPrivileges": "yes",
     "ProtectSystem": "strict",
     "ProtectHome": "yes",
@@ -366,6 +374,8 @@ def unit_problems(unit: Unit) -> list[str]:
     if not service.get("ReadWritePaths"):
         found.append("ReadWritePaths is not limited")
     args = shlex.split(service.get("ExecStart", [""])[-1])[1:]
+    if "--init" in args or "--init=true" in args:
+        found.append("ExecStart has --init: a lost state directory would start empty")
     grace = float(flag_value(args, "--grace") or 5)
     if not float(service.get("TimeoutStopSec", ["0"])[-1]) > grace:
         found.append("TimeoutStopSec is not longer than --grace")
@@ -388,6 +398,7 @@ def test_dockerfile_builds_a_non_root_image_with_a_grpc_healthcheck() -> None:
         ("ARG BASE=python:3.11-slim", "ARG BASE=python:3.12"),
         ("EXPOSE 50052", "EXPOSE 8080"),
         ("STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"),
+        ("PYTHONUNBUFFERED=1 \\", "PYTHONUNBUFFERED=1 EFFECTD_INIT=true \\"),
     ],
 )
 def test_negative_control_a_broken_dockerfile_is_caught(old: str, new: str) -> None:
@@ -451,6 +462,7 @@ def _effectd(pod: Any) -> Any:
         lambda pod: _effectd(pod)["env"][0].update(value="/var/lib/effectd"),
         lambda pod: _effectd(pod)["env"][1].update(value="/run/effectd/x.sock"),
         lambda pod: _effectd(pod)["env"][1].update(value="/var/run/other/x.sock"),
+        lambda pod: _effectd(pod)["args"].remove("--init"),
     ],
     ids=[
         "not-native",
@@ -465,6 +477,7 @@ def _effectd(pod: Any) -> Any:
         "data-in-volume-root",
         "socket-in-volume-root",
         "socket-not-shared",
+        "no-init",
     ],
 )
 def test_negative_control_a_weakened_deployment_is_caught(
@@ -563,6 +576,8 @@ def test_systemd_unit_is_hardened() -> None:
         ("User=effectd", "User=root"),
         ("TimeoutStopSec=30", "TimeoutStopSec=5"),
         ("UMask=0077", "UMask=0022"),
+        ("serve \\\n", "serve --init \\\n"),
+        ("Type=notify", "Type=exec"),
     ],
 )
 def test_negative_control_a_weakened_unit_is_caught(old: str, new: str) -> None:
@@ -587,6 +602,138 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+# --- metrics for an in-cluster Prometheus ------------------------------------
+
+
+def selects(selector: Any, labels: dict[str, str]) -> bool:
+    wanted = (selector or {}).get("matchLabels", {})
+    return bool(wanted) and all(labels.get(k) == v for k, v in wanted.items())
+
+
+def metrics_problems(
+    deploy: Any, documents: list[Any], config: ServeConfig
+) -> list[str]:
+    """effectd's metrics on the pod's network, on a declared port named
+    `metrics`; a NetworkPolicy that selects the pod lets only named peers
+    reach that port and opens no other; the example PodMonitor scrapes it."""
+    template = deploy["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    effectd = _effectd(template["spec"])
+    found = []
+    listen = config.metrics_listen
+    host, port = split_host_port("m", listen) if listen else ("", 0)
+    if not listen or is_loopback(host):
+        found.append(f"metrics not on the pod's network: {listen!r}")
+    declared = {p.get("name"): p.get("containerPort") for p in effectd.get("ports", [])}
+    if declared.get("metrics") != port:
+        found.append(f"no port named metrics for {port}: {declared}")
+    policies = [
+        d
+        for d in documents
+        if d.get("kind") == "NetworkPolicy"
+        and selects(d["spec"]["podSelector"], labels)
+    ]
+    if not policies:
+        found.append("no NetworkPolicy selects the pod")
+    for policy in policies:
+        if "Ingress" not in policy["spec"].get("policyTypes", []):
+            found.append(f"{policy['metadata']['name']}: does not isolate ingress")
+        for rule in policy["spec"].get("ingress", []):
+            if not rule.get("from") or not rule.get("ports"):
+                found.append(
+                    f"{policy['metadata']['name']}: a rule open to all: {rule}"
+                )
+            elif any(p.get("port") not in ("metrics", port) for p in rule["ports"]):
+                found.append(f"{policy['metadata']['name']}: another port: {rule}")
+    return found
+
+
+def podmonitor_problems(monitor: Any, deploy: Any) -> list[str]:
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    found = []
+    if not selects(monitor["spec"].get("selector"), labels):
+        found.append("the PodMonitor does not select the agent pods")
+    endpoints = monitor["spec"].get("podMetricsEndpoints", [])
+    if [(e.get("port"), e.get("path")) for e in endpoints] != [("metrics", "/metrics")]:
+        found.append(f"the PodMonitor does not scrape metrics at /metrics: {endpoints}")
+    return found
+
+
+def podmonitor() -> Any:
+    return yaml.safe_load((KUBE / "podmonitor.example.yaml").read_text())
+
+
+def test_prometheus_in_the_cluster_can_scrape_the_metrics_and_no_one_else() -> None:
+    """Both manifests: effectd's metrics on the pod's network, a port named
+    metrics, a NetworkPolicy that opens only that port and only to named
+    peers, and a PodMonitor example that scrapes it (issue 25 item 16:
+    fails before the fix: metrics listened on loopback only)."""
+    single = deployment()
+    config = container_config(_effectd(single["spec"]["template"]["spec"]))
+    assert metrics_problems(single, list(kube_documents()), config) == []
+    shared = shared_deployment()
+    config = shared_config(_effectd(shared["spec"]["template"]["spec"]))
+    assert metrics_problems(shared, shared_documents(), config) == []
+    for deploy in (single, shared):
+        assert podmonitor_problems(podmonitor(), deploy) == []
+    for directory in (KUBE, SHARED):
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        assert "networkpolicy.yaml" in kustomization["resources"]
+        assert "podmonitor.example.yaml" not in kustomization["resources"]
+
+
+def _policy(documents: list[Any]) -> Any:
+    return next(d for d in documents if d.get("kind") == "NetworkPolicy")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d, docs: _effectd(d["spec"]["template"]["spec"])["args"].append(
+            "--metrics-listen=127.0.0.1:9464"
+        ),
+        lambda d, docs: _effectd(d["spec"]["template"]["spec"])["ports"].pop(),
+        lambda d, docs: _policy(docs)["spec"]["ingress"][0].pop("from"),
+        lambda d, docs: _policy(docs)["spec"]["ingress"].append(
+            {"from": [{"podSelector": {}}]}
+        ),
+        lambda d, docs: _policy(docs)["spec"]["ingress"][0]["ports"].append(
+            {"port": 50051}
+        ),
+        lambda d, docs: _policy(docs)["spec"].update(policyTypes=["Egress"]),
+        lambda d, docs: _policy(docs)["spec"].update(
+            podSelector={"matchLabels": {"app.kubernetes.io/name": "other"}}
+        ),
+    ],
+    ids=[
+        "loopback",
+        "no-port",
+        "open-to-all",
+        "every-port",
+        "grpc-port",
+        "no-isolation",
+        "another-pod",
+    ],
+)
+def test_negative_control_exposed_or_unreachable_metrics_are_caught(
+    change: Callable[[Any, list[Any]], None],
+) -> None:
+    deploy = copy.deepcopy(deployment())
+    documents = copy.deepcopy(list(kube_documents()))
+    change(deploy, documents)
+    config = container_config(_effectd(deploy["spec"]["template"]["spec"]))
+    assert metrics_problems(deploy, documents, config) != []
+
+
+def test_negative_control_a_podmonitor_that_misses_is_caught() -> None:
+    monitor = podmonitor()
+    monitor["spec"]["podMetricsEndpoints"][0]["port"] = "health"
+    assert podmonitor_problems(monitor, deployment()) != []
+    monitor = podmonitor()
+    monitor["spec"]["selector"] = {"matchLabels": {"app": "x"}}
+    assert podmonitor_problems(monitor, deployment()) != []
 
 
 # --- many agent pods sharing one PostgreSQL database -------------------------

@@ -56,7 +56,9 @@ def test_a_socket_directory_others_may_write_is_refused(short_tmp: Path) -> None
     shared = short_tmp / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    config = ServeConfig(data_dir=short_tmp / "data", socket=shared / "e.sock")
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, socket=shared / "e.sock"
+    )
     with (
         pytest.raises(ConfigError, match=r"socket: .* world-writable"),
         running_daemon(config),
@@ -71,7 +73,9 @@ def test_a_socket_in_a_sticky_directory_like_tmp_serves(short_tmp: Path) -> None
     shared = short_tmp / "sticky"
     shared.mkdir()
     shared.chmod(0o1777)
-    config = ServeConfig(data_dir=short_tmp / "data", socket=shared / "e.sock")
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, socket=shared / "e.sock"
+    )
     with running_daemon(config) as running:
         assert running.target == f"unix:{shared / 'e.sock'}"
         assert (shared / "e.sock").stat().st_mode & 0o777 == 0o600
@@ -87,7 +91,7 @@ def test_a_directory_of_another_user_is_refused(short_tmp: Path, which: str) -> 
     for directory in (data, sockets):
         directory.mkdir(mode=0o700)
     os.chown(data if which == "data" else sockets, NOBODY, -1)
-    config = ServeConfig(data_dir=data, socket=sockets / "e.sock")
+    config = ServeConfig(data_dir=data, init=True, socket=sockets / "e.sock")
     setting = "data-dir" if which == "data" else "socket"
     with (
         pytest.raises(ConfigError, match=f"{setting}: .* owned by another user"),

@@ -7,6 +7,7 @@ by default. How blocks run and the markers: `tests.support.docs`."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ DOCUMENTS = (
 # The documents that start their daemon themselves, as a reader does on a
 # fresh clone: the README's first block is `make run`.
 SERVES_ITSELF = {"README.md"}
+# Files a document's blocks write that are the reader's own code, to keep.
+SOURCES = {"docs/mcp.md": ("mail_server.py",)}
 # Blocks each document must run here, so that no marker or parser slip can
 # quietly turn the test off.
 AT_LEAST = {
@@ -50,12 +53,42 @@ def test_the_documents_blocks_run_as_written(short_tmp: Path, document: str) -> 
     README's blocks run on what its own blocks made, from its `make run`
     on, without a daemon or calls of the test's)."""
     with docs.sandbox(short_tmp, daemon=document not in SERVES_ITSELF) as box:
+        before = {p.name for p in short_tmp.iterdir()}
         report = docs.run_document(ROOT / document, box)
-    print(f"{document}: ran blocks at lines {report.ran}")
+        made = sorted(
+            p.name + ("/" if p.is_dir() else "")
+            for p in short_tmp.iterdir()
+            if p.name not in before | docs.HARNESS_FILES
+        )
+    print(f"{document}: ran blocks at lines {report.ran}; made {made}")
     for skipped in report.skipped:
         print(f"skipped {skipped}")
     assert report.failures == []
     assert len(report.ran) >= AT_LEAST[document]
+    # Run in a checkout, the same commands would leave these beside the
+    # sources: tokens, backups, data directories (issue 25 item 16: fails
+    # before the fix: operator.token, tokens.toml and backups/ were not
+    # ignored).
+    kept = [name for name in made if not ignored_by_git(name)]
+    assert kept == list(SOURCES.get(document, ()))
+
+
+def ignored_by_git(name: str) -> bool:
+    """Whether the checkout's .gitignore ignores `name` at its top."""
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", name],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def test_the_ignore_check_can_fail() -> None:
+    """The negative control: a source file is not ignored."""
+    assert ignored_by_git(".effectd-any/")
+    assert not ignored_by_git("README.md")
+    assert not ignored_by_git("sidecar/")
 
 
 def test_the_readme_needs_no_fixture_of_the_tests() -> None:

@@ -46,6 +46,7 @@ BASE = frozenset(
         "tracecontext",
         "tomlfields",
         "failpoints",
+        "sdnotify",
     }
 )
 
@@ -60,6 +61,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "tomlfields": frozenset(),
     # A test build's crash points in the stores' write paths.
     "failpoints": frozenset(),
+    # The service manager's readiness datagrams.
+    "sdnotify": frozenset(),
     "probe": frozenset(),
     # Pure rules: records, transitions, quotas, policy.
     "ledger": BASE,
@@ -88,6 +91,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     },
     # The seams a daemon is constructed with; the tracer's type is the gate's.
     "seams": BASE | {"rpc"},
+    # The store a daemon serves, opened from the configuration.
+    "stores": BASE | {"config", "directories", "storage", "observability"},
     # The composition root: every service wired from the configuration and
     # the seams.
     "composition": BASE
@@ -114,6 +119,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "observability",
         "rpc",
         "seams",
+        "stores",
         "composition",
     },
     # The operator's tool: a client of the daemon through the public client,

@@ -64,7 +64,7 @@ class HeldDaemon(Daemon):
 
 def test_an_oversized_message_is_resource_exhausted(short_tmp: Path) -> None:
     limits = ServerLimits(max_message_bytes=64 << 10)
-    config = ServeConfig(data_dir=short_tmp / "data", server_limits=limits)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, server_limits=limits)
     with (
         running_daemon(config) as daemon,
         grpc.insecure_channel(daemon.target) as channel,
@@ -78,8 +78,8 @@ def test_an_oversized_message_is_resource_exhausted(short_tmp: Path) -> None:
 
 
 def test_calls_beyond_the_concurrency_limit_are_refused(short_tmp: Path) -> None:
-    limits = ServerLimits(max_concurrent_rpcs=2)
-    config = ServeConfig(data_dir=short_tmp / "data", server_limits=limits)
+    limits = ServerLimits(max_concurrent_rpcs=2, max_concurrent_rpcs_per_caller=2)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, server_limits=limits)
     daemon = HeldDaemon(config)
     with (
         running_daemon(config, daemon=daemon) as running,
@@ -101,7 +101,7 @@ def test_calls_beyond_the_concurrency_limit_are_refused(short_tmp: Path) -> None
 
 def test_a_call_without_a_deadline_gets_the_default_one(short_tmp: Path) -> None:
     limits = ServerLimits(default_deadline_seconds=0.2)
-    config = ServeConfig(data_dir=short_tmp / "data", server_limits=limits)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, server_limits=limits)
     daemon = HeldDaemon(config)
     with (
         running_daemon(config, daemon=daemon) as running,
@@ -119,7 +119,7 @@ def test_a_namespace_over_its_rate_is_refused_and_others_are_served(
     # One request per 100 s after a burst of 3: the 4th within the test is
     # over the rate whatever the machine's speed.
     quotas = Quotas(requests_per_second=0.01, burst=3)
-    config = ServeConfig(data_dir=short_tmp / "data", quotas=quotas)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, quotas=quotas)
     with (
         running_daemon(config) as daemon,
         grpc.insecure_channel(daemon.target) as channel,
@@ -138,7 +138,7 @@ def test_a_namespace_over_its_rate_is_refused_and_others_are_served(
 
 def test_the_health_port_serves_only_health(short_tmp: Path) -> None:
     config = replace(
-        ServeConfig(data_dir=short_tmp / "data"), health_listen="127.0.0.1:0"
+        ServeConfig(data_dir=short_tmp / "data", init=True), health_listen="127.0.0.1:0"
     )
     with running_daemon(config) as running:
         address = running.daemon.health_address
@@ -156,7 +156,7 @@ def test_a_world_writable_data_directory_is_refused(short_tmp: Path) -> None:
     data = short_tmp / "data"
     data.mkdir()
     data.chmod(0o777)
-    daemon = Daemon(ServeConfig(data_dir=data))
+    daemon = Daemon(ServeConfig(data_dir=data, init=True))
     with pytest.raises(ValueError, match="world-writable"):
         asyncio.run(daemon.start())
 
@@ -199,7 +199,10 @@ def _raw_connection(short_tmp: Path, handshake: float) -> Iterator[socket.socket
         max_concurrent_streams=7,
     )
     config = ServeConfig(
-        data_dir=short_tmp / "data", listen="127.0.0.1:0", server_limits=limits
+        data_dir=short_tmp / "data",
+        init=True,
+        listen="127.0.0.1:0",
+        server_limits=limits,
     )
     with running_daemon(config) as daemon:
         assert daemon.endpoints.tcp is not None

@@ -106,6 +106,7 @@ def test_stopping_daemon_exits_non_zero(short_tmp: Path) -> None:
     providers.write_text('[routes.up]\nbase_url = "http://127.0.0.1:9"\n')
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         providers_file=providers,
         grace_seconds=60,
         health_listen="127.0.0.1:0",

@@ -255,7 +255,9 @@ def test_results_past_the_byte_quota_are_recorded_and_stop_new_calls(
 def test_the_counters_survive_a_restart(short_tmp: Path, clock: ManualClock) -> None:
     """After a restart over the same data directory, a namespace at its quota
     is still at it, and a commit made then frees a slot."""
-    config = ServeConfig(data_dir=short_tmp / "data", quotas=Quotas(open_calls=2))
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, quotas=Quotas(open_calls=2)
+    )
     with (
         running_daemon(config, clock) as running,
         Client(running.target, namespace="tenant-a") as a,

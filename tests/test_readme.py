@@ -32,7 +32,7 @@ def test_the_readme_has_python_examples() -> None:
 def test_python_examples_run_in_order(short_tmp: Path) -> None:
     """Each example exits 0 against one daemon; the quickstart prints what the
     README says it prints, the first time and when run again."""
-    config = ServeConfig(data_dir=short_tmp / ".effectd")
+    config = ServeConfig(data_dir=short_tmp / ".effectd", init=True)
     outputs = []
     with running_daemon(config):
         for code in [*_python_examples(), _python_examples()[0]]:

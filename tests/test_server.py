@@ -75,17 +75,18 @@ def test_constructing_a_daemon_reads_no_file(
     exist is found by `start`, which leaves nothing held behind (issue 11
     item 6: fails before the fix: the constructor read each file)."""
     missing = short_tmp / "missing"
-    config = ServeConfig(data_dir=short_tmp / "data", **{setting: missing})  # type: ignore[arg-type]
+    data = short_tmp / "data"
+    config = ServeConfig(data_dir=data, init=True, **{setting: missing})  # type: ignore[arg-type]
     daemon = Daemon(config)
     with pytest.raises(refusal, match="missing"):
         asyncio.run(daemon.start())
-    with running_daemon(ServeConfig(data_dir=config.data_dir)):
+    with running_daemon(ServeConfig(data_dir=config.data_dir, init=True)):
         pass
 
 
 def test_tcp_listener_on_loopback(short_tmp: Path) -> None:
     """--listen 127.0.0.1:0 serves the same API on a free loopback port."""
-    cfg = ServeConfig(data_dir=short_tmp / "data", listen="127.0.0.1:0")
+    cfg = ServeConfig(data_dir=short_tmp / "data", init=True, listen="127.0.0.1:0")
     with running_daemon(cfg) as d:
         assert d.endpoints.tcp is not None
         with Client(d.endpoints.tcp) as c:
@@ -94,11 +95,13 @@ def test_tcp_listener_on_loopback(short_tmp: Path) -> None:
 
 def test_tcp_port_is_not_shared(short_tmp: Path) -> None:
     """A second daemon on a taken port fails (no silent SO_REUSEPORT sharing)."""
-    first = ServeConfig(data_dir=short_tmp / "a", listen="127.0.0.1:0")
+    first = ServeConfig(data_dir=short_tmp / "a", init=True, listen="127.0.0.1:0")
     with running_daemon(first) as d:
         assert d.endpoints.tcp is not None
         port = d.endpoints.tcp.rsplit(":", 1)[1]
-        second = ServeConfig(data_dir=short_tmp / "b", listen=f"127.0.0.1:{port}")
+        second = ServeConfig(
+            data_dir=short_tmp / "b", init=True, listen=f"127.0.0.1:{port}"
+        )
         with pytest.raises(RuntimeError), running_daemon(second):
             pass
 
@@ -159,7 +162,7 @@ class _HeldDaemon(Daemon):
 
 def test_graceful_stop_finishes_in_flight_calls(short_tmp: Path) -> None:
     """On stop, health turns NOT_SERVING and a call in flight still completes."""
-    cfg = ServeConfig(data_dir=short_tmp / "data", grace_seconds=10)
+    cfg = ServeConfig(data_dir=short_tmp / "data", init=True, grace_seconds=10)
     daemon = _HeldDaemon(cfg)
     with running_daemon(cfg, daemon=daemon) as d, Client(d.target) as c:
         answer: Future[Decision] = Future()
@@ -185,7 +188,7 @@ def test_graceful_stop_finishes_in_flight_calls(short_tmp: Path) -> None:
 
 def test_full_storage_answers_storage_full_and_keeps_serving(short_tmp: Path) -> None:
     """A full map is RESOURCE_EXHAUSTED / STORAGE_FULL; reads and health go on."""
-    cfg = ServeConfig(data_dir=short_tmp / "data", map_size=1 << 20)
+    cfg = ServeConfig(data_dir=short_tmp / "data", init=True, map_size=1 << 20)
     with running_daemon(cfg) as d, Client(d.target) as c:
         c.put_checkpoint("first", b"x")
         refusal = None
@@ -211,7 +214,7 @@ def test_no_sync_says_at_start_that_a_side_effect_can_run_twice(
     """With --no-sync the daemon warns at start what a power loss can then do;
     with sync it says nothing of the kind (issue 10 item 18: fails before the
     fix: it started silently)."""
-    config = ServeConfig(data_dir=short_tmp / "data", sync=sync)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, sync=sync)
     with caplog.at_level("WARNING", logger="sidecar.server"), running_daemon(config):
         pass
     warned = [r.getMessage() for r in caplog.records if "power loss" in r.getMessage()]

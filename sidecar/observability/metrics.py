@@ -295,8 +295,8 @@ def _family(host: str) -> socket.AddressFamily:
 def serve_metrics(metrics: Metrics, host: str, port: int) -> MetricsServer:
     """Serves `metrics` at http://HOST:PORT/metrics; port 0 picks a free one.
 
-    The caller checks that `host` is loopback (`ServeConfig.validate`): the
-    endpoint has no authentication, like every Prometheus target.
+    The endpoint has no authentication, like every Prometheus target: the
+    daemon warns when `host` is not loopback.
     """
     return MetricsServer(metrics, host, port)
 

@@ -83,6 +83,11 @@ class ProviderClient:
             observer=observer or Unobserved(),
         )
 
+    @property
+    def route_names(self) -> tuple[str, ...]:
+        """The routes an agent may call, by name, sorted."""
+        return tuple(sorted(self._routes))
+
     def _prepare(self, request: Request, time_left: float | None) -> Prepared:
         return prepare(
             self._routes,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from sidecar.rpc import caller, convert, operator_orders
 from sidecar.services.membership import Member, MembershipService
 from sidecar.services.operator import OperatorService
 from sidecar.services.policy import PolicyService
+
+log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -207,6 +210,14 @@ class Admin:
             v.add("path", f"must be a new or empty directory: {exc}")
             v.require()
             raise
+        actor = caller.current().actor("operator")
+        log.info(
+            "backup of the ledger written to %s (%d bytes) by %s",
+            path,
+            size,
+            actor,
+            extra={"action": "backup", "actor": actor},
+        )
         return pb.BackupResponse(path=str(path), bytes=size)
 
     async def EnterReconciliation(

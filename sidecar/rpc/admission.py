@@ -14,7 +14,7 @@ from typing import Protocol
 
 from sidecar.auth.access import OPEN_METHODS
 from sidecar.ledger.quota import Caller
-from sidecar.rpc.concurrency import Pool, Slots
+from sidecar.rpc.concurrency import Peer, Pool, Slots
 
 # The RPCs that record work already done: the tool has run (or may have), and
 # its result must always be recordable, so no rate limit refuses them and they
@@ -45,10 +45,15 @@ class RateLimit(Protocol):
 
 
 def admit(
-    method: str, charged: Caller, slots: Slots | None, rate: RateLimit | None
+    method: str,
+    charged: Caller,
+    slots: Slots | None,
+    rate: RateLimit | None,
+    peer: str = "",
 ) -> Callable[[], None] | None:
-    """Admits one call of `method` charged to `charged`; returns what gives
-    its slot back (None: it took none).
+    """Admits one call of `method` charged to `charged`, from `peer` (gRPC's
+    peer string; a health Watch's slot is the peer's, as anyone may open
+    one); returns what gives its slot back (None: it took none).
 
     Raises:
         Throttled: over the caller's concurrency or rate limit (it then
@@ -57,7 +62,8 @@ def admit(
     release: Callable[[], None] | None = None
     pool = _POOLS.get(method, Pool.ORDINARY)
     if slots is not None and pool is not None:
-        release = slots.take(pool, charged)
+        holder = Peer.of(peer) if pool is Pool.HEALTH_WATCH else charged
+        release = slots.take(pool, holder)
     exempt = method in RECORDS_WORK_DONE or method in OPEN_METHODS
     if rate is None or exempt:
         return release

@@ -54,7 +54,7 @@ from sidecar.rpc.admission import RateLimit, admit
 from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.errors import internal_status, plain_status, to_status
 from sidecar.rpc.messages import Messages
-from sidecar.rpc.recording import Recorder, code_of
+from sidecar.rpc.recording import Recorder, code_of, name_the_call
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,8 @@ class Boundary:
         try:
             # 2. admit
             try:
-                release = admit(method, who.charged, self._slots, self._rate)
+                peer = context.peer() if context is not None else ""
+                release = admit(method, who.charged, self._slots, self._rate, peer)
             except EffectdError as exc:
                 refused = Refused(to_status(exc), exc.reason)
             else:
@@ -212,6 +213,7 @@ class Boundary:
                     state.deadline = loop.time() + deadline
                 # 4. handler, 5. domain error to status
                 refused = await _answered(method, state, request, run)
+                name_the_call(state, request, refused)
                 if not isinstance(refused, Refused):
                     return refused
             state.reason = refused.reason
@@ -281,7 +283,11 @@ class Boundary:
                 if release is not None:
                     release()
                 seconds = time.perf_counter() - started
-                self._recorder.record(state, code_of(ended, context), seconds)
+                code = code_of(ended, context)
+                # A client closing its stream cancels it: between calls,
+                # that is how a session ends, no failure to log at info.
+                closed = code is grpc.StatusCode.CANCELLED and not messages.cut
+                self._recorder.record(state, code, seconds, quiet=closed)
 
         return session
 

@@ -8,8 +8,10 @@ or the recording of work already done need:
 - calls that record work already done (`RECORDS_WORK_DONE`): room of their
   own, `total` more, again at most `per_caller` of one caller, so a tool that
   ran can record its result while ordinary calls fill theirs;
-- health Watch streams (open to anyone): at most `per_caller`. Health Check is
-  never counted;
+- health Watch streams (open to anyone, so charged to the peer they come
+  from, not to a caller): at most `per_caller`, at most `WATCHES_PER_PEER` of
+  one peer address (every client of the Unix socket is one peer), so that
+  one host cannot hold them all. Health Check is never counted;
 - session streams: at most `total`, at most `per_caller` of one caller (each
   of their messages takes a slot of its own, like the unary call it stands
   for), so idle streams cannot fill the server's own limit.
@@ -22,14 +24,19 @@ the sum (`backstop`), only for what the gate does not see (reflection).
 from __future__ import annotations
 
 import enum
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sidecar.errors import ConcurrencyLimited
 from sidecar.ledger.quota import Caller
 
 # Health checks, reflection and calls the gate has not counted yet.
 HEADROOM = 64
+# Health Watch streams of one peer address (a gRPC client health-checks with
+# one per channel).
+WATCHES_PER_PEER = 8
 
 
 class Pool(enum.Enum):
@@ -37,6 +44,30 @@ class Pool(enum.Enum):
     RECORDING = "recording"
     HEALTH_WATCH = "health watch"
     SESSION = "session stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Whom an open call (health Watch) is charged to: the address it came
+    from, without its port; "unix" for a client of the Unix socket."""
+
+    address: str
+
+    @classmethod
+    def of(cls, peer: str) -> Peer:
+        """From gRPC's peer string: `ipv4:127.0.0.1:5555`,
+        `ipv6:%5B::1%5D:5555`, `unix:` (or `unix:PATH`)."""
+        kind, _, rest = peer.partition(":")
+        if kind in ("ipv4", "ipv6"):
+            host, _, _ = urllib.parse.unquote(rest).rpartition(":")
+            return cls(host.strip("[]") or rest)
+        return cls(kind or peer)
+
+    def describe(self) -> dict[str, str]:
+        return {"peer": self.address}
+
+    def __str__(self) -> str:
+        return f"peer {self.address}"
 
 
 class Slots:
@@ -49,7 +80,7 @@ class Slots:
         self.total = total
         self.per_caller = min(per_caller, total)
         self._in_pool: Counter[Pool] = Counter()
-        self._of_caller: Counter[tuple[Pool, Caller]] = Counter()
+        self._of_caller: Counter[tuple[Pool, Caller | Peer]] = Counter()
 
     @property
     def backstop(self) -> int:
@@ -59,25 +90,27 @@ class Slots:
     def in_flight(self, pool: Pool) -> int:
         return self._in_pool[pool]
 
-    def take(self, pool: Pool, caller: Caller) -> Callable[[], None]:
+    def take(self, pool: Pool, caller: Caller | Peer) -> Callable[[], None]:
         """Counts one call of `caller` in `pool`; returns what gives the slot
         back (call it exactly once, when the call has ended).
 
         Raises:
             ConcurrencyLimited: the pool, or the caller's share of it, is full.
         """
-        limit = self.per_caller if pool is Pool.HEALTH_WATCH else self.total
+        watch = pool is Pool.HEALTH_WATCH
+        limit = self.per_caller if watch else self.total
         if self._in_pool[pool] >= limit:
             raise ConcurrencyLimited(
                 f"{limit} {pool.value} calls are in flight; try again shortly",
                 {"limit": str(limit)},
             )
         key = (pool, caller)
-        if self._of_caller[key] >= self.per_caller:
+        share = min(WATCHES_PER_PEER, self.per_caller) if watch else self.per_caller
+        if self._of_caller[key] >= share:
             raise ConcurrencyLimited(
-                f"{caller} has {self.per_caller} {pool.value} calls in flight; "
+                f"{caller} has {share} {pool.value} calls in flight; "
                 "try again when one ends",
-                {"limit": str(self.per_caller), **caller.describe()},
+                {"limit": str(share), **caller.describe()},
             )
         self._in_pool[pool] += 1
         self._of_caller[key] += 1

@@ -22,7 +22,7 @@ class Messages:
     unary RPC by the stream's principal: authorized for that RPC (the gate
     authorized only the stream), then through `Boundary.answer`."""
 
-    __slots__ = ("_boundary", "_denials", "_principal", "_trace")
+    __slots__ = ("_boundary", "_denials", "_principal", "_trace", "cut")
 
     def __init__(
         self,
@@ -36,6 +36,10 @@ class Messages:
         # The stream's principal does not change: each RPC is authorized
         # once per stream (None: allowed).
         self._denials: dict[str, EffectdError | None] = {}
+        # Messages the stream's end left unanswered (set by the stream as it
+        # ends): a stream that ends with none ended between calls, as a
+        # client that closes it ends it.
+        self.cut = 0
 
     async def answer(
         self,

@@ -48,7 +48,17 @@ class Recorder:
         if self._tracer is not None:
             state.trace = self._tracer.rpc_started(state)
 
-    def record(self, state: CallState, code: grpc.StatusCode, seconds: float) -> None:
+    def record(
+        self,
+        state: CallState,
+        code: grpc.StatusCode,
+        seconds: float,
+        *,
+        quiet: bool = False,
+    ) -> None:
+        """Records a call that ended with `code`; `quiet`: an end that is
+        no failure whatever its code (a session stream its client closed
+        between calls), logged as an answered call is."""
         if self._tracer is not None:
             self._tracer.rpc_finished(state, code)
         if self._observer is not None:
@@ -59,7 +69,8 @@ class Recorder:
         # denied role), answered calls at DEBUG: a line per call costs as
         # much as the call's own work (bench/lifecycle.py), and the metrics
         # count every call anyway.
-        level = logging.DEBUG if code is grpc.StatusCode.OK else logging.INFO
+        ok = code is grpc.StatusCode.OK or quiet
+        level = logging.DEBUG if ok else logging.INFO
         if not access_log.isEnabledFor(level):
             return
         # Never the request, its payloads or the token: names and outcomes.
@@ -72,6 +83,9 @@ class Recorder:
                 "reason": state.reason or None,
                 "namespace": state.namespace or None,
                 "principal": state.principal.name if state.principal else None,
+                "run": state.run or None,
+                "call": state.call or None,
+                "tool": state.tool or None,
                 "duration_ms": round(seconds * 1000, 3),
                 "trace_id": state.trace.trace_id if state.trace else None,
             },
@@ -104,3 +118,25 @@ def code_of(
     if isinstance(ended, asyncio.CancelledError | grpc.aio.InternalError):
         return grpc.StatusCode.CANCELLED
     return grpc.StatusCode.UNKNOWN
+
+
+def name_the_call(state: CallState, request: object, answer: object) -> None:
+    """Sets the run, call id and tool the call is about on `state`: those
+    its request names (`ref`, `call`, `run_id`, `tool_name`), the tool else
+    from the record its answer carries (`call.tool_name`)."""
+    ref = _field(request, "ref") or _field(request, "call")
+    run = _field(ref, "run_id") or _field(request, "run_id")
+    state.run = run if isinstance(run, str) else ""
+    call = _field(ref, "call_id")
+    state.call = call if isinstance(call, str) else ""
+    tool = _field(request, "tool_name") or _field(_field(answer, "call"), "tool_name")
+    state.tool = tool if isinstance(tool, str) else ""
+
+
+def _field(message: object, name: str) -> object:
+    """A field of a protobuf message, if the message has it; None else."""
+    descriptor = getattr(message, "DESCRIPTOR", None)
+    fields = getattr(descriptor, "fields_by_name", None)
+    if not fields or name not in fields:
+        return None
+    return getattr(message, name)

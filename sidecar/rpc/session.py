@@ -179,6 +179,7 @@ class _Stream:
         finally:
             # The client went (gRPC cancelled this task), or the stream
             # ends: nothing of it outlives it.
+            self._messages.cut = self._unanswered
             pending = [reader, writer, stopping, *self._in_flight.values()]
             for task in pending:
                 task.cancel()

@@ -73,9 +73,19 @@ class OperatorService:
         return moment(self._clock, self._store, view)
 
     async def _decided(self, decide: Callable[[ReadView, Now], Decided]) -> Answer:
-        return await decided(
-            self._store, self._scans, lambda view: decide(view, self.now(view))
-        )
+        """The answer of `decide`, its write durable; the audited action it
+        wrote, if any, logged at info (once durable, as the audit has it)."""
+        last: list[Decided] = []
+
+        def deciding(view: ReadView) -> Decided:
+            last[:] = [decide(view, self.now(view))]
+            return last[0]
+
+        answer = await decided(self._store, self._scans, deciding)
+        write = last[0].write if last else None
+        if write is not None and write.audit is not None:
+            log_action(write.audit, tool=write.new.tool_name)
+        return answer
 
     async def decide_approval(self, ref: CallRef, decision: ApprovalDecision) -> Answer:
         """Approves or rejects; the record and its audit entry are one write."""
@@ -151,7 +161,7 @@ class OperatorService:
         """Makes every open call of `tool_name` in `namespace` (None: every
         namespace) a SIDE_EFFECT for good, each with its audit entry, in
         bounded batches (ADR-010 R2 "enter reconciliation")."""
-        return await tool_reconciliation.enter_reconciliation(
+        done = await tool_reconciliation.enter_reconciliation(
             self._store,
             self.now,
             tool_name=tool_name,
@@ -160,6 +170,23 @@ class OperatorService:
             reason=reason,
             batch=batch,
         )
+        log.info(
+            "tool %s put into reconciliation in %s by %s: %d open calls made a "
+            "SIDE_EFFECT for good, %d were one already: %s",
+            tool_name,
+            f"namespace {namespace}" if namespace is not None else "every namespace",
+            operator,
+            sum(done.forced.values()),
+            done.already,
+            reason or "no reason given",
+            extra={
+                "action": audit.Action.ENTER_RECONCILIATION.value,
+                "namespace": namespace,
+                "tool": tool_name,
+                "actor": operator,
+            },
+        )
+        return done
 
     # -- the audit log ---------------------------------------------------------
 
@@ -269,3 +296,34 @@ def _load(view: ReadView, ref: CallRef) -> ToolCall:
             {"namespace": ref.namespace, "runId": ref.run_id, "callId": ref.call_id},
         )
     return call
+
+
+_DONE = {
+    Action.APPROVE: "approved",
+    Action.REJECT: "rejected",
+    Action.RECONCILE_COMMITTED: "reconciled as committed",
+    Action.RECONCILE_NOT_EXECUTED: "reconciled as not executed",
+}
+
+
+def log_action(fact: audit.Fact, *, tool: str) -> None:
+    """An audited decision on one call, as an info line: the audit log keeps
+    the whole fact, the daemon's log says that it happened."""
+    log.info(
+        "call %s/%s/%s (%s) %s by %s: %s",
+        fact.namespace,
+        fact.run_id,
+        fact.call_id,
+        tool,
+        _DONE.get(fact.action, fact.action.value),
+        fact.actor,
+        fact.reason or "no reason given",
+        extra={
+            "action": fact.action.value,
+            "namespace": fact.namespace,
+            "run": fact.run_id,
+            "call": fact.call_id,
+            "tool": tool,
+            "actor": fact.actor,
+        },
+    )

@@ -12,6 +12,7 @@ order they took effect.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
@@ -21,6 +22,8 @@ from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.policy_file import PolicyError, PolicyFile
 from sidecar.storage import records
 from sidecar.storage.api import Store, WriteView
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,16 @@ class PolicyService:
             )
         # Reading the file and waiting for the audit write would block the
         # event loop: the reload runs in a worker thread.
-        return await asyncio.to_thread(self._reload, source, actor, reason)
+        done = await asyncio.to_thread(self._reload, source, actor, reason)
+        log.info(
+            "policy reloaded from %s by %s (audit entry %d); changed: %s",
+            done.source,
+            actor,
+            done.entry.sequence,
+            ", ".join(done.changed) or "nothing",
+            extra={"action": audit.Action.POLICY_RELOAD.value, "actor": actor},
+        )
+        return done
 
     def _reload(self, source: PolicyFile, actor: str, reason: str) -> Reload:
         written: list[audit.Entry] = []

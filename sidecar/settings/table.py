@@ -107,6 +107,12 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="DIR",
     ),
     Setting(
+        "init",
+        Kind.BOOL,
+        "create a new, empty ledger in data-dir if it holds none (without it, "
+        "such a data-dir is refused); harmless on an existing ledger",
+    ),
+    Setting(
         "store",
         Kind.TEXT,
         "the shared store, postgresql://USER@HOST/DB (create its schema with "
@@ -225,7 +231,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "metrics_listen",
         Kind.TEXT,
-        "a loopback address serving Prometheus metrics at /metrics",
+        "an address serving Prometheus metrics at /metrics, without "
+        "authentication (restrict any address but loopback with a firewall or "
+        "a NetworkPolicy)",
         metavar="HOST:PORT",
     ),
     Setting(
@@ -265,7 +273,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_concurrent_rpcs_per_caller",
         Kind.INT,
-        "RPCs in flight of one namespace or token; more get RESOURCE_EXHAUSTED",
+        "RPCs in flight of one namespace or token; more get RESOURCE_EXHAUSTED "
+        "(default: a quarter of max-concurrent-rpcs)",
         into="server_limits.max_concurrent_rpcs_per_caller",
         metavar="N",
         maximum=_INT32_MAX,
@@ -282,7 +291,8 @@ SETTINGS: tuple[Setting, ...] = (
         "session_max_in_flight",
         Kind.INT,
         "messages of one session stream served at once; past it the daemon "
-        "reads no more of the stream until one is answered",
+        "reads no more of the stream until one is answered (default: the "
+        "per-caller share of max-concurrent-rpcs)",
         into="server_limits.session_max_in_flight",
         metavar="N",
         maximum=_INT32_MAX,

@@ -138,7 +138,13 @@ class Plumbing(BaseHTTPRequestHandler):
         )
 
     def _check_host(self) -> None:
-        if self.headers.get("Host", "") not in self.settings.hosts:
+        # Exactly one Host (RFC 9112 3.2: more is a bad request): with two,
+        # this check and whatever reads the other would disagree on the
+        # name the request was sent to.
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) > 1:
+            raise Refused(HTTPStatus.BAD_REQUEST, "More than one Host header.")
+        if (hosts[0] if hosts else "") not in self.settings.hosts:
             raise Refused(HTTPStatus.MISDIRECTED_REQUEST, "Not this console's address.")
 
     def _check_origin(self) -> None:

@@ -55,7 +55,7 @@ def stubs(channel: grpc.Channel, token: str | None) -> Stubs:
 
 
 def auth_config(data_dir: Path, **overrides: object) -> ServeConfig:
-    return ServeConfig(data_dir=data_dir, tokens_text=TOKENS, **overrides)  # type: ignore[arg-type]
+    return ServeConfig(data_dir=data_dir, init=True, tokens_text=TOKENS, **overrides)  # type: ignore[arg-type]
 
 
 @contextmanager

@@ -252,7 +252,7 @@ def test_without_tokens_the_daemon_says_authentication_is_off(
     short_tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="sidecar.server")
-    with running_daemon(ServeConfig(data_dir=short_tmp / "data")):
+    with running_daemon(ServeConfig(data_dir=short_tmp / "data", init=True)):
         pass
     assert any("authentication is off" in r.getMessage() for r in caplog.records)
 
@@ -389,7 +389,7 @@ def test_the_history_names_the_token_that_acted(short_tmp: Path) -> None:
         events = [t.event for t in done.history]
         assert {"prepare", "start", "commit"} <= set(events)
         assert {t.actor for t in done.history} == {"agent-a"}
-    with running_daemon(ServeConfig(data_dir=short_tmp / "open")) as daemon:
+    with running_daemon(ServeConfig(data_dir=short_tmp / "open", init=True)) as daemon:
         ledger = ledger_pb2_grpc.ToolLedgerStub(grpc.insecure_channel(daemon.target))
         call = ledger.PrepareTool(prepare("open")).call
         assert [t.actor for t in call.history] == ["agent"]
@@ -405,7 +405,11 @@ def test_a_tokens_file_of_another_user_is_refused(short_tmp: Path) -> None:
 
 def test_tokens_come_from_one_place(short_tmp: Path) -> None:
     path = write_tokens(short_tmp / "tokens.toml", *GATE)
-    config = ServeConfig(data_dir=short_tmp, tokens_file=path, tokens_text=TOKENS)
+    config = ServeConfig(
+        data_dir=short_tmp, init=True, tokens_file=path, tokens_text=TOKENS
+    )
     with pytest.raises(ConfigError, match="set one, not both"):
         load_credentials(config)
-    assert load_credentials(ServeConfig(data_dir=short_tmp, tokens_file=path))
+    assert load_credentials(
+        ServeConfig(data_dir=short_tmp, init=True, tokens_file=path)
+    )

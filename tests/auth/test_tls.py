@@ -26,6 +26,7 @@ PROBE_TIMEOUT = 10.0
 def tls_config(data_dir: Path, pki: Pki, *, mutual: bool) -> ServeConfig:
     return ServeConfig(
         data_dir=data_dir,
+        init=True,
         listen="127.0.0.1:0",
         tls_cert=pki.server.cert,
         tls_key=pki.server.key,
@@ -118,6 +119,7 @@ def test_a_rotated_certificate_serves_new_connections(short_tmp: Path) -> None:
     shutil.copy(old.server.key, key)
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         listen="127.0.0.1:0",
         tls_cert=cert,
         tls_key=key,
@@ -143,7 +145,9 @@ def test_a_rotated_certificate_serves_new_connections(short_tmp: Path) -> None:
 def test_tls_needs_both_files(short_tmp: Path, missing: str) -> None:
     pki = make_pki(short_tmp / "pki")
     config = replace(
-        ServeConfig(data_dir=short_tmp, listen="127.0.0.1:0", tokens_text=TOKENS),
+        ServeConfig(
+            data_dir=short_tmp, init=True, listen="127.0.0.1:0", tokens_text=TOKENS
+        ),
         tls_cert=pki.server.cert,
         tls_key=pki.server.key,
     )
@@ -209,6 +213,7 @@ def test_a_daemon_does_not_start_with_a_key_of_another_certificate(
     one, other = make_pki(short_tmp / "one"), make_pki(short_tmp / "other")
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         listen="127.0.0.1:0",
         tls_cert=one.server.cert,
         tls_key=other.server.key,

@@ -167,6 +167,7 @@ def proxied(
         try:
             config = ServeConfig(
                 data_dir=tmp / "data",
+                init=True,
                 providers_file=providers,
                 server_limits=ServerLimits(default_deadline_seconds=default_deadline),
             )

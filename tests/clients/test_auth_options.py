@@ -329,7 +329,7 @@ def test_mutual_tls_presents_the_client_certificate(pki: Pki) -> None:
 
 @pytest.fixture
 def auth_target(short_tmp: Path) -> Iterator[str]:
-    config = ServeConfig(data_dir=short_tmp / "data", tokens_text=TOKENS)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, tokens_text=TOKENS)
     with running_daemon(config) as daemon:
         yield daemon.target
 
@@ -412,6 +412,7 @@ def test_the_daemon_over_mutual_tls_with_a_token(short_tmp: Path, pki: Pki) -> N
     certificate, or in plaintext, it never reaches the daemon."""
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         tokens_text=TOKENS,
         listen="127.0.0.1:0",
         tls_cert=pki.server.cert,
@@ -453,7 +454,7 @@ def test_the_default_limit_is_the_daemons() -> None:
 def test_the_client_limit_holds_when_sending_and_receiving(short_tmp: Path) -> None:
     """A client limited to 64 KiB refuses to send a larger request, and to
     receive a larger answer; under the limit both pass."""
-    config = ServeConfig(data_dir=short_tmp / "data")
+    config = ServeConfig(data_dir=short_tmp / "data", init=True)
     with (
         running_daemon(config) as daemon,
         Client(daemon.target) as roomy,
@@ -474,6 +475,7 @@ def test_the_daemon_limit_refuses_a_larger_request(short_tmp: Path) -> None:
     request from a client that would send it; a smaller one is served."""
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         server_limits=ServerLimits(max_message_bytes=64 * KIB),
     )
     with running_daemon(config) as daemon, Client(daemon.target) as client:

@@ -63,6 +63,7 @@ def observed_daemon(
         )
         config = ServeConfig(
             data_dir=tmp / "data",
+            init=True,
             providers_file=providers,
             metrics_listen="127.0.0.1:0",
             tokens_text=tokens_text,

@@ -380,7 +380,7 @@ def test_grpc_core_lines_of_a_daemon_process_are_json(
     tokens = write_tokens(short_tmp / "tokens.toml", ONCALL)
     command = [
         *(sys.executable, "-m", "sidecar", "serve"),
-        *("--data-dir", str(short_tmp / "data"), "--listen", "127.0.0.1:0"),
+        *("--data-dir", str(short_tmp / "data"), "--init", "--listen", "127.0.0.1:0"),
         *("--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)),
         *("--tokens-file", str(tokens)),
     ]

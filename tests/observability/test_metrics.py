@@ -170,7 +170,9 @@ def test_a_daemon_serves_its_metrics(short_tmp: Path) -> None:
     """After prepares and commits through the real client, the daemon's
     /metrics shows the RPCs by method and code, the group commits, the
     refusals by reason, and the ledger's records by state as written."""
-    config = ServeConfig(data_dir=short_tmp / "data", metrics_listen="127.0.0.1:0")
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, metrics_listen="127.0.0.1:0"
+    )
     with running_daemon(config) as running, Client(running.target) as client:
         for call in ("c1", "c2"):
             first = client.prepare_tool("r", call, "t", {"n": 1}, start=True)
@@ -216,13 +218,15 @@ def test_a_daemon_serves_its_metrics(short_tmp: Path) -> None:
 def test_a_stopped_daemon_serves_no_metrics(short_tmp: Path) -> None:
     """The metrics port closes with the daemon; without metrics_listen there
     is none."""
-    config = ServeConfig(data_dir=short_tmp / "data", metrics_listen="127.0.0.1:0")
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, metrics_listen="127.0.0.1:0"
+    )
     with running_daemon(config) as running:
         address = running.daemon.metrics_address
     assert address is not None
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://{address}/metrics", timeout=2)
-    with running_daemon(ServeConfig(data_dir=short_tmp / "d2")) as running:
+    with running_daemon(ServeConfig(data_dir=short_tmp / "d2", init=True)) as running:
         assert running.daemon.metrics_address is None
 
 
@@ -289,7 +293,9 @@ def test_a_daemon_serves_its_process_metrics(short_tmp: Path) -> None:
     split into anon and file (mapped) pages, so the LMDB map need not look
     like a leak; the parts are read from the kernel (issue 10 item 32:
     fails before the fix: there were no process metrics)."""
-    config = ServeConfig(data_dir=short_tmp / "data", metrics_listen="127.0.0.1:0")
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, metrics_listen="127.0.0.1:0"
+    )
     with running_daemon(config) as running, Client(running.target) as client:
         client.prepare_tool("r", "c1", "t", {"n": 1})
         address = running.daemon.metrics_address

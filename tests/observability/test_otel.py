@@ -74,7 +74,10 @@ def traced_daemon(
             f'credential_file = "{tmp / "key"}"\npaths = ["/v1/"]\n'
         )
         config = ServeConfig(
-            data_dir=tmp / "data", providers_file=providers, tokens_text=tokens_text
+            data_dir=tmp / "data",
+            init=True,
+            providers_file=providers,
+            tokens_text=tokens_text,
         )
         clock = ManualClock()
         seams = Seams(
@@ -323,12 +326,12 @@ def test_otel_without_the_extra_fails_at_start(
     umask = os.umask(0o077)
     try:
         data = short_tmp / "d"
-        assert main(["serve", "--data-dir", str(data), "--otel"]) == 2
+        assert main(["serve", "--data-dir", str(data), "--init", "--otel"]) == 2
         assert capsys.readouterr().err.splitlines()[-1] == (
             "effectd: --otel: needs the otel extra (pip install effectd[otel])"
         )
         monkeypatch.setenv("EFFECTD_OTEL", "true")
-        assert main(["serve", "--data-dir", str(data)]) == 2
+        assert main(["serve", "--data-dir", str(data), "--init"]) == 2
         assert capsys.readouterr().err.splitlines()[-1] == (
             "effectd: EFFECTD_OTEL: needs the otel extra (pip install effectd[otel])"
         )
@@ -391,7 +394,7 @@ def test_the_setting_turns_tracing_on(
     """`otel = true` gives the serving daemon a Tracing; off, it has none; a
     daemon only constructed has loaded none yet."""
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
-    config = ServeConfig(data_dir=short_tmp / "d", otel=True)
+    config = ServeConfig(data_dir=short_tmp / "d", init=True, otel=True)
     assert Daemon(config).tracing is None
     with running_daemon(config) as running:
         assert isinstance(running.daemon.tracing, otel.Tracing)

@@ -50,7 +50,7 @@ def proxied(
             'paths = ["/v1/"]\n[routes.up.headers]\n"x-injected" = "yes"\n'
         )
         (tmp / "key").write_text(SECRET)
-        config = ServeConfig(data_dir=tmp / "data", providers_file=providers)
+        config = ServeConfig(data_dir=tmp / "data", init=True, providers_file=providers)
         clock = clock or ManualClock()
         seams = Seams(clock=clock)
         if fake_sleep:
@@ -365,7 +365,8 @@ def test_serve_refuses_an_invalid_providers_file(
     message naming the setting."""
     bad = short_tmp / "providers.toml"
     bad.write_text('[routes.up]\nbase_url = "ftp://x"\n')
-    code = main(["serve", "--data-dir", str(short_tmp / "d"), "--providers", str(bad)])
+    argv = ["--data-dir", str(short_tmp / "d"), "--init", "--providers", str(bad)]
+    code = main(["serve", *argv])
     assert code == 2
     assert "routes.up.base_url" in capsys.readouterr().err
 

@@ -634,7 +634,9 @@ def served() -> Iterator[RunningDaemon]:
     """One daemon for the whole module: it must survive every case in turn."""
     with (
         tempfile.TemporaryDirectory(prefix="effectd-", dir="/tmp") as tmp,
-        running_daemon(ServeConfig(data_dir=Path(tmp) / "data"), ManualClock()) as d,
+        running_daemon(
+            ServeConfig(data_dir=Path(tmp) / "data", init=True), ManualClock()
+        ) as d,
     ):
         yield d
 

@@ -284,6 +284,7 @@ def seeded() -> Iterator[Seeded]:
     ):
         config = ServeConfig(
             data_dir=Path(tmp) / "data",
+            init=True,
             providers_file=_providers(Path(tmp), upstream.base_url),
         )
         clock = ManualClock()

@@ -911,7 +911,7 @@ def test_a_batch_retry_past_the_budget_writes_nothing(
     before the fix: EXECUTE came back, ignoring the budget)."""
     policy = short_tmp / "policy.toml"
     policy.write_text("[retry]\nmax_attempts = 1\n")
-    config = ServeConfig(data_dir=short_tmp / "budget", policy_file=policy)
+    config = ServeConfig(data_dir=short_tmp / "budget", init=True, policy_file=policy)
     with (
         running_daemon(config, clock) as running,
         grpc.insecure_channel(running.target) as channel,

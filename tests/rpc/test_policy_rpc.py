@@ -43,7 +43,9 @@ def policy_path(short_tmp: Path) -> Path:
 def policy_daemon(
     short_tmp: Path, policy_path: Path, clock: ManualClock
 ) -> Iterator[RunningDaemon]:
-    config = ServeConfig(data_dir=short_tmp / "data", policy_file=policy_path)
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, policy_file=policy_path
+    )
     with running_daemon(config, clock) as running:
         yield running
 

@@ -302,7 +302,9 @@ def test_the_operators_policy_applies_to_inline_facts(
     switch is off, is denied, and the answer names the effect assumed."""
     policy_file = short_tmp / "policy.toml"
     policy_file.write_text(policy)
-    config = ServeConfig(data_dir=short_tmp / "strict", policy_file=policy_file)
+    config = ServeConfig(
+        data_dir=short_tmp / "strict", init=True, policy_file=policy_file
+    )
     request = inline(
         ypb.RetryFacts(
             effect=pb.EFFECT_READ, state=pb.CALL_STATE_UNKNOWN, tool_name="pay"

@@ -162,8 +162,8 @@ def test_each_message_is_answered_as_its_unary_rpc(short_tmp: Path) -> None:
     at the same time): the unary answers and the session answers are the
     same bytes, refusals the same google.rpc.Status with the same
     ErrorInfo, BadRequest and metadata."""
-    unary_cfg = ServeConfig(data_dir=short_tmp / "unary")
-    session_cfg = ServeConfig(data_dir=short_tmp / "session")
+    unary_cfg = ServeConfig(data_dir=short_tmp / "unary", init=True)
+    session_cfg = ServeConfig(data_dir=short_tmp / "session", init=True)
     with (
         running_daemon(unary_cfg, ManualClock()) as u,
         running_daemon(session_cfg, ManualClock()) as s,

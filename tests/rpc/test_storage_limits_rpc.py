@@ -163,7 +163,10 @@ def test_ctl_stats_and_metrics_show_store_fill(
     """`effectd ctl stats` prints the store's fill, and /metrics has the
     gauges to alert on (issue 10 item G28: fails before the fix: no fill)."""
     config = ServeConfig(
-        data_dir=short_tmp / "data", metrics_listen="127.0.0.1:0", map_size=64 << 20
+        data_dir=short_tmp / "data",
+        init=True,
+        metrics_listen="127.0.0.1:0",
+        map_size=64 << 20,
     )
     with running_daemon(config) as running:
         capsys.readouterr()
@@ -221,7 +224,8 @@ def test_ctl_stats_warns_when_the_map_can_outgrow_the_disk(
     st = os.statvfs(short_tmp)
     outs = []
     for map_size in (2 * st.f_blocks * st.f_frsize, 64 << 20):
-        config = ServeConfig(data_dir=short_tmp / f"data-{map_size}", map_size=map_size)
+        data = short_tmp / f"data-{map_size}"
+        config = ServeConfig(data_dir=data, init=True, map_size=map_size)
         with running_daemon(config) as running:
             capsys.readouterr()
             assert main(["ctl", "--target", running.target, "stats"]) == 0

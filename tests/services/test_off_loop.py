@@ -151,7 +151,7 @@ def _seed(data_dir: Path, *, entries: int, calls: int) -> None:
 
 def _config(short_tmp: Path) -> ServeConfig:
     return ServeConfig(
-        data_dir=short_tmp / "data", settle_interval_seconds=1e9, sync=False
+        data_dir=short_tmp / "data", init=True, settle_interval_seconds=1e9, sync=False
     )
 
 

@@ -59,7 +59,7 @@ ERRORS = [
     (("--listen", "10.0.0.1:1"), {}, None, "--listen", "tls-cert"),
     ((), {}, "listen = '127.0.0.1'", f"listen in {FILE}", "HOST:PORT"),
     ((), {}, "health_listen = 'x'", f"health_listen in {FILE}", "HOST:PORT"),
-    (("--metrics-listen", "0.0.0.0:9"), {}, None, "--metrics-listen", "loopback"),
+    (("--metrics-listen", "9464"), {}, None, "--metrics-listen", "HOST:PORT"),
     ((), {}, "tls_cert = 'c'", f"tls_cert in {FILE} and --tls-key", "both"),
     (("--tls-client-ca", "ca"), {}, None, "--tls-client-ca", "needs"),
 ]
@@ -286,6 +286,7 @@ def test_an_error_raised_at_start_is_named_as_the_user_wrote_it(
     config = short_tmp / "effectd.toml"
     config.write_text(f"tokens_file = {str(tokens)!r}\n")
     data = str(short_tmp / "d")
+    monkeypatch.setenv("EFFECTD_INIT", "true")
     why = f"{tokens}: mode 0644 lets others read it; chmod 600 it"
     umask = os.umask(0o077)
     try:

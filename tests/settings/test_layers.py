@@ -126,6 +126,7 @@ def test_an_empty_value_unsets_an_optional_setting() -> None:
 # One valid, non-default value of every setting, as text and as its value.
 SAMPLES: dict[str, tuple[str, object]] = {
     "data_dir": ("/srv/effectd", Path("/srv/effectd")),
+    "init": ("true", True),
     "socket": ("/run/effectd/e.sock", Path("/run/effectd/e.sock")),
     "store": ("postgresql://db/ledger", "postgresql://db/ledger"),
     "listen": ("[::1]:7000", "[::1]:7000"),

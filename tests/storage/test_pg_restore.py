@@ -8,8 +8,10 @@ PostgreSQL unreachable fails the test, never skips it (`pg_url`)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
@@ -100,13 +102,26 @@ def test_a_restored_database_answers_no_open_call_execute(
 def test_the_marking_is_refused_while_a_daemon_serves_the_database(
     config: ServeConfig, pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On the system clock, as the marking judges registrations by it."""
+    """On the system clock, as the marking judges registrations by it. The
+    refusal says when the registration lapses, and so when to run it again
+    (issue 25 item 16: fails before the fix: it said only "at most
+    --registration-ttl after the moment restored to")."""
     with running_daemon(config) as running, Client(running.target) as client:
         client.prepare_tool(RUN, "prepared", "pay", {"n": 1})
+        before = datetime.now(UTC).replace(microsecond=0)
         code, out = _restore(pg_url, capsys)
         assert code == 1
         assert "daemons are registered live" in out
         assert client.get_tool_call(RUN, "prepared").state is State.PREPARED
+    lapses = re.search(r"lapses at (\S+Z) unless renewed, in (\d+) s\)", out)
+    again = re.search(r"run the restore again after (\S+Z) \(in (\d+) s\)", out)
+    assert lapses, out
+    assert again, out
+    assert lapses.group(1) == again.group(1)
+    at = datetime.fromisoformat(lapses.group(1))
+    ttl = timedelta(seconds=config.registration_ttl_seconds)
+    assert before <= at <= before + ttl + timedelta(seconds=1)
+    assert 0 <= int(lapses.group(2)) <= config.registration_ttl_seconds + 1
 
 
 def test_the_url_is_printed_masked(capsys: pytest.CaptureFixture[str]) -> None:

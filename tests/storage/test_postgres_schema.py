@@ -14,10 +14,10 @@ import pytest
 
 from sidecar import settings
 from sidecar.cli import main
-from sidecar.composition import open_store
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
 from sidecar.observability.metrics import Metrics
 from sidecar.storage.postgres import schema as pg_schema
+from sidecar.stores import open_store
 from tests.settings.support import layered
 from tests.support import postgres
 
@@ -58,11 +58,16 @@ def test_migrate_reads_the_url_from_the_environment(
     assert main(["migrate"]) == 0
 
 
+@pytest.mark.parametrize("init", [(), ("--init",)], ids=["", "init"])
 def test_a_daemon_refuses_a_database_without_the_schema(
-    bare_url: str, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    bare_url: str,
+    short_tmp: Path,
+    capsys: pytest.CaptureFixture[str],
+    init: tuple[str, ...],
 ) -> None:
-    """Exit 2, naming the command that creates it; nothing is created."""
-    argv = ["serve", "--data-dir", str(short_tmp / "d"), "--store", bare_url]
+    """Exit 2, naming the command that creates it; nothing is created, with
+    --init too: a daemon never makes a database's schema (issue 25 item 2)."""
+    argv = ["serve", "--data-dir", str(short_tmp / "d"), "--store", bare_url, *init]
     assert main(argv) == 2
     assert "effectd migrate --store URL" in capsys.readouterr().err
     with psycopg.connect(bare_url) as conn:

@@ -49,7 +49,9 @@ class Crash(BaseException):
 
 
 def _config(data_dir: Path) -> ServeConfig:
-    return ServeConfig(data_dir=data_dir, settle_interval_seconds=NO_SWEEP_SECONDS)
+    return ServeConfig(
+        data_dir=data_dir, init=True, settle_interval_seconds=NO_SWEEP_SECONDS
+    )
 
 
 @contextmanager

@@ -61,6 +61,8 @@ MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(?P<kind>\S+)\s*(?P<arg>.*?)\s*-->
 _FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w-]*)\s*$")
 _SHELL = ("sh", "bash", "shell")
 _JS = ("js", "javascript")
+# What running the blocks leaves that the harness, not a block, made.
+HARNESS_FILES = frozenset({".block-out", ".block-err", "clients"})
 BLOCK_TIMEOUT = 60.0
 READY_TIMEOUT = 30.0
 _NODE_PACKAGE = ROOT / "clients" / "node"
@@ -269,7 +271,7 @@ def sandbox(root: Path, *, daemon: bool = True) -> Iterator[Sandbox]:
         HOME=str(root / "home"),
         USER="docs-reader",
     )
-    config = ServeConfig(data_dir=root / ".effectd", policy_file=policy)
+    config = ServeConfig(data_dir=root / ".effectd", init=True, policy_file=policy)
     with ExitStack() as stack:
         running = stack.enter_context(running_daemon(config)) if daemon else None
         box = Sandbox(root, running, env)

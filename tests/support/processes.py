@@ -32,7 +32,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", module, "serve"),
-                *("--data-dir", str(data_dir), *args),
+                *("--data-dir", str(data_dir), "--init", *args),
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,

@@ -168,7 +168,7 @@ class Loop:
     # -- processes -----------------------------------------------------------
 
     def start_daemon(self) -> None:
-        argv = ["serve", "--data-dir", str(self.data)]
+        argv = ["serve", "--data-dir", str(self.data), "--init"]
         if self.spec.store_url is not None:
             argv += ["--store", self.spec.store_url]
         self.daemon_log.touch()

@@ -53,7 +53,8 @@ class CrashingDaemon:
         self.data_dir = data_dir
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.target = f"unix:{data_dir / 'effectd.sock'}"
-        argv = ["serve", "--data-dir", str(data_dir), "--log-format", "text", *args]
+        argv = ["serve", "--data-dir", str(data_dir), "--init", "--log-format", "text"]
+        argv += args
         self.proc: BaseProcess = _context().Process(
             target=failpoint_daemon.serve_forked,
             args=(argv, spec, str(self.log_path), build),

@@ -424,6 +424,7 @@ def fuzzed_daemon(
             rows_written = stack.enter_context(pg_writes.counted(store))
         config = ServeConfig(
             data_dir=root / "data",
+            init=True,
             store=store,
             sync=False,
             providers_file=providers,

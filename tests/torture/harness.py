@@ -60,6 +60,7 @@ class LmdbBackend:
     def config(self, workdir: Path) -> ServeConfig:
         return ServeConfig(
             data_dir=workdir / "data",
+            init=True,
             settle_interval_seconds=NEVER,
             retention_interval_seconds=NEVER,
         )

@@ -241,6 +241,7 @@ def test_a_wall_jump_does_not_refill_a_rate_limit(short_tmp: Path) -> None:
     monotonic clock (the control) does."""
     config = ServeConfig(
         data_dir=short_tmp / "data",
+        init=True,
         quotas=Quotas(requests_per_second=1, burst=1),
         settle_interval_seconds=1e9,
         retention_interval_seconds=1e9,

@@ -166,7 +166,7 @@ def run_case(
         crashed = daemon.crashed_at_failpoint()
     finally:
         daemon.kill()
-    config = ServeConfig(data_dir=data, store=store)
+    config = ServeConfig(data_dir=data, init=True, store=store)
     with running_daemon(config) as d, Client(d.target, session=session) as c:
         seen = transition.seen(c)
         retry = answered(transition.act, c)

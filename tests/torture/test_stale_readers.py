@@ -35,7 +35,9 @@ NS = "readers"
 
 @pytest.fixture
 def kept(short_tmp: Path) -> Iterator[tuple[RunningDaemon, LmdbStore]]:
-    config = ServeConfig(data_dir=short_tmp / "data", map_size=2 * MiB, sync=False)
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, map_size=2 * MiB, sync=False
+    )
     daemon = KeepingDaemon(config, None)
     with running_daemon(config, daemon=daemon) as running:
         assert isinstance(daemon.store, LmdbStore)

@@ -132,7 +132,9 @@ def test_a_full_map_refuses_writes_keeps_reads_and_resumes(short_tmp: Path) -> N
     every answered write is; a ledger write is refused too; deleting
     checkpoints makes room again; a larger map after a restart takes the
     refused write, and nothing answered is lost."""
-    config = ServeConfig(data_dir=short_tmp / "data", map_size=MiB, sync=True)
+    config = ServeConfig(
+        data_dir=short_tmp / "data", init=True, map_size=MiB, sync=True
+    )
     acked: Acked = {}
     with serving(config) as (_, channel):
         seed_call(channel)
@@ -170,7 +172,7 @@ def test_negative_control_an_acknowledged_write_the_map_refused_is_found(
         answers.resolve([(waiter, 1 << 40, None) for _, waiter in batch])
 
     monkeypatch.setattr(LmdbStore, "_commit_too_big", ack_anyway)
-    config = ServeConfig(data_dir=short_tmp / "data", map_size=MiB)
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, map_size=MiB)
     acked: Acked = {}
     with serving(config) as (_, channel):
         stub = CheckpointsStub(channel)
@@ -218,6 +220,7 @@ def test_a_full_disk_refuses_writes_keeps_reads_and_resumes() -> None:
     with tmpfs("1m") as fs:
         config = ServeConfig(
             data_dir=fs / "data",
+            init=True,
             socket=fs.parent / "effectd.sock",
             map_size=64 * MiB,
         )

@@ -32,7 +32,9 @@ def console_daemon(
 ) -> Iterator[tuple[RunningDaemon, ConsoleServer]]:
     """A daemon requiring the console's tokens (on `clock`), and a console
     in front of it (with the ConsoleConfig `options`)."""
-    config = ServeConfig(data_dir=data_dir, tokens_text=tokens_text(*CONSOLE))
+    config = ServeConfig(
+        data_dir=data_dir, init=True, tokens_text=tokens_text(*CONSOLE)
+    )
     with running_daemon(config, clock) as daemon:
         server = ConsoleServer(
             ConsoleConfig(target=daemon.target, listen="127.0.0.1:0", **options)

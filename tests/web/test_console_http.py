@@ -5,6 +5,7 @@ and people wrote, and the exposure rule of its listener."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import ssl
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 
@@ -515,7 +517,7 @@ def test_without_tokens_on_the_daemon_a_person_gives_their_name(
 ) -> None:
     """A daemon without tokens (its loopback default): signing in needs a
     name, which the audit log records for the decision."""
-    config = ServeConfig(data_dir=short_tmp / "data")
+    config = ServeConfig(data_dir=short_tmp / "data", init=True)
     with running_daemon(config) as daemon:
         server = ConsoleServer(
             ConsoleConfig(target=daemon.target, listen="127.0.0.1:0")
@@ -615,3 +617,57 @@ def test_effectd_console_as_a_process_serves_and_stops_on_sigterm(
             proc.wait(timeout=30)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def _raw(
+    server: ConsoleServer,
+    method: str,
+    path: str,
+    headers: list[tuple[str, str]],
+    body: str = "",
+) -> int:
+    """The status of a request sent with exactly these headers, repeated
+    ones included (http.client's `request` sends each name once)."""
+    parts = urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders(body.encode() if body else None)
+        answer = conn.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        conn.close()
+
+
+def test_a_request_with_two_host_headers_is_refused_and_nothing_changes(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """A decision POST whose first Host is the console's and whose second is
+    another name is refused 400, and so is a page asked that way; the call
+    stays as it was, and the same request with one Host approves it (issue
+    25 item 20: fails before the fix: the first Host passed the check and
+    the call was approved)."""
+    daemon, server = served
+    awaiting(daemon, "c-h")
+    _, revision, fingerprint = _state(daemon, "c-h")
+    b = Browserless(server.url)
+    b.sign_in(APPROVER_ANA.secret)
+    csrf = b.get(_call_path("c-h")).csrf()
+    body = urlencode(_decide_form(csrf, "c-h", revision, fingerprint))
+    own = urlsplit(server.url).netloc
+    common = [
+        ("Cookie", "; ".join(f"{k}={v}" for k, v in b.jar.items())),
+        ("Origin", server.url),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Content-Length", str(len(body))),
+    ]
+    twice = [("Host", own), ("Host", "evil.example"), *common]
+    assert _raw(server, "POST", "/call/decide", twice, body) == 400
+    assert _raw(server, "GET", "/", twice[:3]) == 400
+    assert _state(daemon, "c-h")[0] == "AWAITING_APPROVAL"
+    once = [("Host", own), *common]
+    assert _raw(server, "POST", "/call/decide", once, body) == 303
+    assert _state(daemon, "c-h")[0] == "PREPARED"

@@ -50,7 +50,8 @@ function daemonCommand({ python, command } = {}) {
  * @param {number} [options.readyTimeoutMs] default 20 s.
  * @param {string} [options.dataDir] serve this data directory (kept at `stop()`, so that a daemon
  *   started on it again finds the same ledger on the same socket); default a fresh temporary one,
- *   removed at `stop()`.
+ *   removed at `stop()`. The daemon is started with `--init`: a new ledger is created there if the
+ *   directory holds none.
  * @returns {Promise<{target: string, tcp: string | null, socket: string, dataDir: string, process: import('node:child_process').ChildProcess, stop: () => Promise<void>}>}
  */
 async function startDaemon({
@@ -69,7 +70,9 @@ async function startDaemon({
   };
   const socket = path.join(dataDir, 'effectd.sock');
   const [program, ...before] = daemonCommand({ python, command });
-  const child = spawn(program, [...before, 'serve', '--data-dir', dataDir, ...args], {
+  // --init: the directory is new on purpose (or holds the ledger of an earlier start, which
+  // --init leaves as it is).
+  const child = spawn(program, [...before, 'serve', '--data-dir', dataDir, '--init', ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...env },
   });

@@ -36,11 +36,11 @@ from sidecar.clock import Clock
 from sidecar.ledger.restore import Marker
 from sidecar.locking import AlreadyLocked, ExclusiveLock
 from sidecar.storage.api import Table
+from sidecar.storage.lmdb.ledger_files import DATA_FILE
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, StoreFormatError
 from sidecar.storage.marking import RestoreRefused, UnfinishedRestore, mark
 
 STAGING = "restore-staging"
-DATA_FILE = "data.mdb"
 
 
 @dataclass(frozen=True, slots=True)

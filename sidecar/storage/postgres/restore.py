@@ -20,6 +20,9 @@ UNKNOWN stay as they are).
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
+
 from sidecar.clock import Clock
 from sidecar.errors import StorageUnavailable
 from sidecar.ledger import ownership
@@ -29,6 +32,24 @@ from sidecar.storage import daemons
 from sidecar.storage.api import ReadView
 from sidecar.storage.marking import RestoreRefused, mark
 from sidecar.storage.postgres.schema import SchemaError
+
+
+def _utc(wall_ns: int) -> str:
+    moment = datetime.fromtimestamp(wall_ns / 1e9, UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _seconds(ns: int) -> str:
+    return f"{max(0, math.ceil(ns / 1e9))} s"
+
+
+def _lapses(reg: Registration, wall_ns: int) -> str:
+    """A live registration, and when it lapses unless its daemon renews it."""
+    return (
+        f"{reg.daemon_id} (incarnation {reg.incarnation}, lapses at "
+        f"{_utc(reg.expires_ns)} unless renewed, in "
+        f"{_seconds(reg.expires_ns - wall_ns)})"
+    )
 
 
 def _live(regs: list[Registration], wall_ns: int) -> list[Registration]:
@@ -60,16 +81,17 @@ def mark_database(
         # In the marking's first transaction, which records it as begun: a
         # daemon registering meanwhile conflicts with it (SERIALIZABLE), and
         # one registering after it refuses to start until the marking ends.
-        live = _live(list(daemons.every(view)), clock.wall_ns())
+        now = clock.wall_ns()
+        live = _live(list(daemons.every(view)), now)
         if live:
-            names = ", ".join(
-                f"{r.daemon_id} (incarnation {r.incarnation})" for r in live
-            )
+            names = "; ".join(_lapses(r, now) for r in live)
+            last = max(r.expires_ns for r in live)
             raise RestoreRefused(
                 f"daemons are registered live on this database: {names}. Stop "
-                "every daemon first; a registration restored from the backup "
-                "lapses by itself at most --registration-ttl after the moment "
-                "restored to (effectd ctl daemons on a daemon shows it)"
+                "every daemon first (a clean stop ends its registration at "
+                "once); a registration restored from the backup is never "
+                f"renewed and lapses by itself: run the restore again after "
+                f"{_utc(last)} (in {_seconds(last - now)})"
             )
 
     try:

@@ -89,8 +89,9 @@ def running_daemon(
     data_dir = Path(tempfile.mkdtemp(prefix="efd-", dir=base))
     socket = data_dir / "effectd.sock"
     cmd = [*(command or (sys.executable, "-m", "sidecar")), "serve"]
+    # --init: the directory is new, on purpose.
     process = subprocess.Popen(
-        [*cmd, "--data-dir", str(data_dir), *args],
+        [*cmd, "--data-dir", str(data_dir), "--init", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
