@@ -68,7 +68,7 @@ _OWN = (
 # The session stream's lines that call into gRPC's Cython (its send and its
 # receive): their own time is gRPC's.
 _GRPC_CALLS = ("_Stream._write (sidecar/rpc/session.py)", "_Stream._read (sidecar")
-_COMMIT = "LmdbStore._commit (sidecar/storage/lmdb_store.py)"
+_COMMIT = "LmdbStore._commit (sidecar/storage/lmdb"
 
 
 def layer(frames: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""The rules of the requests on an attempt (DESIGN §4, §5): StartTool (and
+"""The rules of the requests on an attempt (contract §4, §5.2): StartTool (and
 the explicit retry of an attempt of unknown outcome, under the retry rules of
 `sidecar.ledger.retry`), CommitTool, ReportUnknown and Heartbeat. Only the
 attempt that holds the call may commit it, report it unknown or extend its
@@ -72,7 +72,7 @@ def retry_unknown(
     """Start an attempt of unknown outcome again, if an explicit `retry` is
     allowed under the retry rules and `policy`; otherwise refuse, saying why."""
     refusal: EffectdError | None = None
-    # DESIGN §4: StartTool answers a side effect's retry RECONCILIATION_REQUIRED
+    # contract §4.2: StartTool answers a side effect's retry RECONCILIATION_REQUIRED
     # (the retry rules would say SIDE_EFFECT_NOT_RETRY_SAFE); a forced
     # SIDE_EFFECT override of the policy counts (ADR-010 R2).
     if policy.effect_for(call) is Effect.SIDE_EFFECT:
@@ -132,7 +132,7 @@ def commit(
     acknowledge: bool = False,
 ) -> Step:
     """CommitTool: store the result of the attempt that holds the call; with
-    `acknowledge`, also mark it delivered (DESIGN §6), in the same step."""
+    `acknowledge`, also mark it delivered (contract §6.2), in the same step."""
     if call.state is State.COMMITTED:
         assert call.result is not None
         if call.result.digest == result.digest:

@@ -1,4 +1,4 @@
-"""What approvers and operators do to a record, as pure functions (DESIGN §4).
+"""What approvers and operators do to a record, as pure functions (contract §4.5, §4.6).
 
 An approval decides a call in AWAITING_APPROVAL and is bound to the revision
 and input fingerprint the approver saw: approve makes it PREPARED, reject
@@ -73,7 +73,7 @@ class ReconcileOrder:
 
 
 def rejection_result(approver: str, reason: str) -> Result:
-    """The error result a rejected call is committed with (DESIGN §4 reject)."""
+    """The error result a rejected call is committed with (contract §4.5 reject)."""
     message = f"rejected by {approver}: {reason}"
     digest = fingerprint.result_digest(Outcome.ERROR, None, APPROVAL_REJECTED, message)
     return Result(Outcome.ERROR, None, APPROVAL_REJECTED, message, digest)

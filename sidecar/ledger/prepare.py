@@ -1,4 +1,4 @@
-"""The rules of PrepareTool (DESIGN §4, §5): record a new call, or answer a
+"""The rules of PrepareTool (contract §4, §5): record a new call, or answer a
 repeat prepare for the existing record, which must be the same call (same
 input, tool, effect and channel); with `start`, start it in the same step.
 """
@@ -64,7 +64,7 @@ def prepare(
     """PrepareTool: record the call, or answer for the existing record.
 
     With `spec.start`, EXECUTE means that this caller holds the attempt
-    (DESIGN §5), and a call whose last attempt has an unknown outcome is
+    (contract §5.2), and a call whose last attempt has an unknown outcome is
     started again only as StartTool would start it: an explicit retry
     (`spec.retry`) under the retry rules, in this transaction; otherwise the
     refusal says why. A SIDE_EFFECT of unknown outcome answers RECONCILE.

@@ -1,4 +1,4 @@
-"""A provider request made ready to send, once (DESIGN §9).
+"""A provider request made ready to send, once (contract §9).
 
 `prepare` looks the route up once and checks every field of a `Request`
 (INVALID_REQUEST names every bad one; a header the sidecar or the route sets
@@ -48,7 +48,7 @@ DEFAULT_HEADERS = (
 # transports share) and any proxy-*.
 SIDECAR_HEADERS = frozenset({"host", "content-length"})
 # An agent's own credentials: never sent upstream, whatever header the route
-# puts its credential in (DESIGN §9: provider keys live in the sidecar).
+# puts its credential in (contract §9: provider keys live in the sidecar).
 CREDENTIAL_HEADERS = frozenset(
     {
         "authorization",

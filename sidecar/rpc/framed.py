@@ -101,11 +101,12 @@ class FramedServer:
         self._connections: set[Connection] = set()
 
     async def start(self, path: Path) -> None:
+        """Listens on `path`; the caller holds the socket lock, so a file
+        there is left from a crash (removed)."""
         if len(os.fsencode(path)) >= _MAX_PATH:
             log.warning("the framed transport is off: %s is too long a path", path)
             return
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # the caller holds the socket lock: left by a crash
+        await asyncio.to_thread(_remove, path)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(
             lambda: Connection(self), path=str(path)
@@ -347,6 +348,11 @@ class Connection(asyncio.Protocol):
 
     def time_remaining(self) -> float | None:
         return None
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _peer_allowed(sock: socket.socket | None) -> bool:

@@ -65,7 +65,7 @@ class Messages:
             denied = self._denials[method]
             if denied is not None:
                 return self._boundary.refused(method, principal, denied, message_trace)
-        timeout = timeout_ms / 1000 if timeout_ms else self._boundary.default_deadline
+        deadline = timeout_ms / 1000 if timeout_ms else self._boundary.default_deadline
         requested = caller.requested_namespace(request)
         who = self._callers.get(requested)
         if who is None:
@@ -77,7 +77,7 @@ class Messages:
             principal,
             request,
             run,
-            timeout=timeout,
+            deadline=deadline,
             trace=message_trace,
             who=who,
         )

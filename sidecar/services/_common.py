@@ -34,7 +34,7 @@ async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:
 
 async def bulk_committed(store: Store, fn: Callable[[WriteView], T]) -> T:
     """`committed`, for a write of many records (a page of recovery, a
-    retention or settlement pass): run by the writer thread, so the event
+    retention pass or lease sweep): run by the writer thread, so the event
     loop goes on serving while it is applied."""
     return await asyncio.wrap_future(store.submit(fn))
 

@@ -92,7 +92,7 @@ class LedgerService:
         # A repeat that changes nothing (the duplicate of a committed call, a
         # call in progress under a live lease, a refusal) is answered from a
         # read snapshot, without the writer: LMDB shows a reader only commits
-        # that are durable (`storage.lmdb_store`), and a rule that would
+        # that are durable (`storage.lmdb.store`), and a rule that would
         # change the record (a lease ran out, a forced effect) is left to the
         # write transaction below, which decides again.
         unchanged = await self._scans.point_read(
@@ -216,7 +216,7 @@ class LedgerService:
 
     async def get(self, ref: CallRef) -> ToolCall:
         """The record; NOT_FOUND, with metadata saying so, for a call that
-        was compacted after the retention window (DESIGN §4)."""
+        was compacted after the retention window (contract §4.7)."""
 
         def load(view: ReadView) -> ToolCall:
             call = records.load_call(view, ref)
@@ -285,7 +285,7 @@ class LedgerService:
         the earlier incarnations of this daemon (`ownership.register` ended
         them) and of any other daemon that restarted: a live daemon's calls
         are never settled here, and a lapsed one's are left to the
-        settlement pass."""
+        lease sweep."""
 
         def apply(view: WriteView) -> int:
             now = self.now(view)
@@ -332,7 +332,7 @@ def _prepare_one(
     if old is None:
         tomb = tombstones.load(view, spec.ref)
         if tomb is not None:
-            # DESIGN §4: the tombstone still refuses a re-execution.
+            # contract §4.7: the tombstone still refuses a re-execution.
             return retention.duplicate_prepare(
                 tomb, _in_scheme(spec, tomb.fingerprint_scheme)
             )

@@ -31,7 +31,7 @@ class Table(enum.Enum):
     # Big-endian sequence number -> audit entry; append-only, hash-chained.
     AUDIT = "audit"
     # Record key -> tombstone of a call compacted after the retention window
-    # (DESIGN §4); it still refuses a re-execution.
+    # (contract §4.7); it still refuses a re-execution.
     TOMBSTONES = "tombstones"
     # (compacted wall time, 8 bytes big-endian) + record key -> b"": the
     # tombstones in the order their lifetime ends.
@@ -52,6 +52,11 @@ class Table(enum.Enum):
     # Name of a periodic pass -> the lock of the daemon that runs it
     # (`sidecar.storage.daemons`).
     PASSES = "passes"
+
+
+class FormatError(RuntimeError):
+    """The store holds a format (LMDB) or schema (PostgreSQL) this effectd
+    does not read; the message says what to do."""
 
 
 class ReadView(Protocol):

@@ -118,7 +118,7 @@ def test_the_daemon_cpu_targets_read_the_32_process_medians() -> None:
 def test_a_profile_is_summed_per_thread_leaf_and_own_function() -> None:
     collapsed = [
         "thread (1): Main;main (sidecar/cli.py);Handle._run (asyncio/events.py) 6",
-        "thread (2): writer;LmdbStore._run (sidecar/storage/lmdb_store.py) 4",
+        "thread (2): writer;LmdbStore._run (sidecar/storage/lmdb/store.py) 4",
         "not a stack line",
     ]
     p = peer_stats.top_frames(collapsed)
@@ -127,7 +127,7 @@ def test_a_profile_is_summed_per_thread_leaf_and_own_function() -> None:
     assert p.self_time[0] == ("Handle._run (asyncio/events.py)", 0.6)
     assert [f for f, _ in p.own_code] == [
         "main (sidecar/cli.py)",
-        "LmdbStore._run (sidecar/storage/lmdb_store.py)",
+        "LmdbStore._run (sidecar/storage/lmdb/store.py)",
     ]
 
 
@@ -190,7 +190,7 @@ def test_a_caller_that_failed_or_did_not_report_invalidates_both_phases() -> Non
             "translation",
         ),
         (
-            "thread (1): MainThread;LmdbStore._commit (sidecar/storage/lmdb_store.py);"
+            "thread (1): MainThread;LmdbStore._commit (sidecar/storage/lmdb/store.py);"
             "apply (sidecar/services/ledger.py);save_call (sidecar/storage/records.py)",
             "records",
         ),
@@ -201,7 +201,7 @@ def test_a_caller_that_failed_or_did_not_report_invalidates_both_phases() -> Non
         ),
         (
             "thread (1): MainThread;LmdbStore._commit_gathered (sidecar/storage/"
-            "lmdb_store.py);LmdbStore._commit (sidecar/storage/lmdb_store.py)",
+            "lmdb_store.py);LmdbStore._commit (sidecar/storage/lmdb/store.py)",
             "commit",
         ),
         (

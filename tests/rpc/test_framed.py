@@ -82,7 +82,8 @@ class Framed:
     def ended(self) -> Refusal:
         """The refusal the connection ended with; it is closed after it."""
         end = self.read()
-        assert end.id == 0 and end.WhichOneof("response") == "error", end
+        assert end.id == 0, end
+        assert end.WhichOneof("response") == "error", end
         with pytest.raises(EOFError):
             self.read()
         return decode_status(end.error)
@@ -100,7 +101,8 @@ def connected(daemon: RunningDaemon, token: str = "") -> Iterator[Framed]:
     conn = Framed(path_of(daemon))
     try:
         welcome = conn.hello(token)
-        assert welcome.id == 0 and welcome.WhichOneof("response") is None, welcome
+        assert welcome.id == 0, welcome
+        assert welcome.WhichOneof("response") is None, welcome
         yield conn
     finally:
         conn.close()
@@ -145,7 +147,8 @@ def test_a_bad_message_is_refused_invalid_argument_with_its_field(
         bad = pb.PrepareToolRequest(ref=pb.CallRef(run_id="r:x", call_id="c"))
         refusal = decode_status(conn.ask(message(1, bad))[1].error)
         assert refusal.code is R.INVALID_ARGUMENT
-        assert refusal.fields is not None and "ref.run_id" in refusal.fields
+        assert refusal.fields is not None
+        assert "ref.run_id" in refusal.fields
 
 
 def test_the_hello_is_authenticated_and_each_message_authorized(
@@ -273,7 +276,8 @@ def test_a_message_that_does_not_parse_ends_the_stream_after_the_others(
         conn.send(message(1, prepare("a")).SerializeToString())
         conn.send(b"\xff\xff\xff")
         first = conn.read()
-        assert first.id == 1 and first.prepare_tool.decision == pb.DECISION_EXECUTE
+        assert first.id == 1
+        assert first.prepare_tool.decision == pb.DECISION_EXECUTE
         assert conn.ended().code is R.INVALID_ARGUMENT
     still_serves(served)
 
@@ -291,9 +295,9 @@ def test_random_frames_never_crash_the_daemon(served: RunningDaemon) -> None:
     """A fuzz of the wire: random bytes, random frames and random messages,
     with and without a hello. Whatever comes back is a frame the client can
     read, never INTERNAL; the daemon answers a good connection after each."""
-    seed = random.randrange(1 << 32)
+    seed = random.randrange(1 << 32)  # noqa: S311 - a test seed
     print(f"seed {seed}")
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - the fuzz's bytes
     for case in range(60):
         conn = Framed(path_of(served), timeout=5.0)
         try:

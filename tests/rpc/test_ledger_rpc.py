@@ -1,4 +1,4 @@
-"""The tool-call ledger through the real server (DESIGN §3-§5, ADR-010 D2, D3):
+"""The tool-call ledger through the real server (contract §3-§5, ADR-010 D2, D3):
 decisions, byte-exact results, fingerprints, revisions, leases on the manual
 clock, fencing by attempt, batches, namespaces, listings and history."""
 

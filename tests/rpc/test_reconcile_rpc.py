@@ -1,4 +1,4 @@
-"""Reconciliation through the real server (DESIGN §4, ADR-010 D3, R3): an
+"""Reconciliation through the real server (contract §4.6, ADR-010 D3, R3): an
 operator resolves a call of unknown outcome from evidence, by compare-and-swap,
 with the evidence kept on the record and audited in the same transaction.
 
@@ -277,7 +277,7 @@ def test_only_unresolved_calls_can_be_reconciled(
     ledger_stub: ToolLedgerStub, found: bool
 ) -> None:
     """Reconcile of a PREPARED, AWAITING_APPROVAL or COMMITTED call is
-    INVALID_TRANSITION and changes nothing (DESIGN §4)."""
+    INVALID_TRANSITION and changes nothing (contract §4.6)."""
     prepared = ledger_stub.PrepareTool(prepare_request(call_id="p"), timeout=5).call
     waiting = ledger_stub.PrepareTool(
         prepare_request(call_id="a", require_approval=True), timeout=5

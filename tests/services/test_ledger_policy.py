@@ -17,7 +17,7 @@ from sidecar.ledger.model import Decision, Effect, State
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.services.support import (
     TOOL,
     ReloadBeforeWrite,

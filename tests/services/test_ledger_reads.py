@@ -33,7 +33,7 @@ from sidecar.services import ledger as ledger_service
 from sidecar.services.ledger import LedgerService
 from sidecar.storage import records
 from sidecar.storage.api import ReadView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.services.support import SwitchablePolicy, spec
 
 OUTPUT = Payload(PayloadKind.JSON, b'{"id": 7}')

@@ -33,8 +33,8 @@ from sidecar.config import ServeConfig
 from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
 from sidecar.testing import running_daemon
 from tests.rpc.support import prepare_request, ref
 

@@ -24,7 +24,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Store, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.services.support import spec
 
 T = TypeVar("T")

@@ -24,7 +24,7 @@ from sidecar.ledger.quota import Quotas
 from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
+from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.services.support import spec
 
 T = TypeVar("T")

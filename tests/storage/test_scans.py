@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.errors import ShuttingDown
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.scans import Scans
 
 ROWS = 50

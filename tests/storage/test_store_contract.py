@@ -20,9 +20,9 @@ from sidecar.ledger.model import State
 from sidecar.ledger.quota import Usage
 from sidecar.storage import records, usage
 from sidecar.storage.api import ReadView, Store, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
-from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
-from sidecar.storage.views import KeyTooLong
+from sidecar.storage.keys import KeyTooLong
+from sidecar.storage.lmdb.store import LmdbStore
+from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.support import postgres
 
 OPTIONS = PostgresOptions(readers=2)

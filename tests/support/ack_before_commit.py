@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sidecar import cli, server
-from sidecar.storage import answers
 from sidecar.storage.api import Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ class AckBeforeCommitStore(LmdbStore):
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)  # the reply leaves before the commit
+            answers.resolve(outcomes)  # the reply leaves before the commit
             # A real window between the reply and the commit, for kill -9 to land in.
             time.sleep(3.0)
 

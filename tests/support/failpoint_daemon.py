@@ -19,9 +19,9 @@ from typing import TypeVar
 from sidecar import callstate, cli, failpoints, server
 from sidecar.config import ServeConfig
 from sidecar.seams import Seams
-from sidecar.storage import answers
 from sidecar.storage.api import Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 
 T = TypeVar("T")
 # The variable that picks a broken build in a forked child.
@@ -46,7 +46,7 @@ class AnswersBeforeCommit(LmdbStore):
         failpoints_ = self.options.failpoints
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)
+            answers.resolve(outcomes)
             time.sleep(1.0)  # the answer leaves
             if failpoints_ is not None:
                 fns = [fn for fn, _ in batch]

@@ -15,14 +15,19 @@ import psycopg
 
 from sidecar import cli, server
 from sidecar.storage.api import Store
-from sidecar.storage.pg_faults import before_commit, rollback
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.pg_views import USAGE_SHARDS, Batch, DatabaseFailed, PgWriteView
-from sidecar.storage.postgres_store import (
+from sidecar.storage.postgres.faults import before_commit, rollback
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import (
     PostgresStore,
     _Conn,
     _Item,
     _Outcome,
+)
+from sidecar.storage.postgres.views import (
+    USAGE_SHARDS,
+    Batch,
+    DatabaseFailed,
+    PgWriteView,
 )
 
 log = logging.getLogger(__name__)

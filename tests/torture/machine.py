@@ -2,7 +2,7 @@
 checkpoint keys (prepare with every flag, start, commit, unknown reports,
 heartbeats, approvals, reconciliations, recovery, acknowledgements, retry
 decisions, checkpoint writes, clock advances past leases and retention
-windows, compaction and settlement passes, daemon restarts), applies each to
+windows, compaction passes and lease sweeps, daemon restarts), applies each to
 the real daemon and to the reference model, and requires the same answer
 (decision, state, error reason) and the same record every time.
 
@@ -850,9 +850,9 @@ class TortureMachine(RuleBasedStateMachine):
         self.same_everything()
 
     @rule()
-    def settle(self) -> None:
-        self.daemon.settle()
-        self.model.settle_expired()
+    def sweep(self) -> None:
+        self.daemon.sweep()
+        self.model.sweep_leases()
         self.same_everything()
 
     def same_everything(self) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.storage import pg_schema
+from sidecar.storage.postgres import schema as pg_schema
 from tests.support.pg_cluster import private_cluster
 from tests.torture.crash_loop import RESTART_SHARE, LoopSpec, Outcome, run_loop
 

@@ -8,7 +8,7 @@ batch, or one whose connection was lost before COMMIT, runs again on a new
 snapshot: write functions read everything they decide on from their view,
 so running one again is running it for the first time. A future resolves
 only after COMMIT returned, or after `pg_xact_status` said a COMMIT whose
-answer was lost committed (`sidecar.storage.pg_faults` says what each
+answer was lost committed (`sidecar.storage.postgres.faults` says what each
 failure answers). Reads run on REPEATABLE READ read-only snapshots of their
 own pool. The incarnation comes from a sequence: one per daemon, never reused.
 
@@ -34,9 +34,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point
-from sidecar.storage import pg_schema, usage
+from sidecar.storage import usage
 from sidecar.storage.api import ReadView, WriteView
-from sidecar.storage.pg_faults import (
+from sidecar.storage.postgres import schema as pg_schema
+from sidecar.storage.postgres.faults import (
     CONFLICTS,
     MAY_HAVE_BEEN_APPLIED,
     Again,
@@ -48,8 +49,8 @@ from sidecar.storage.pg_faults import (
     unavailable,
     xact_status,
 )
-from sidecar.storage.pg_options import PgStats, PostgresOptions
-from sidecar.storage.pg_views import (
+from sidecar.storage.postgres.options import PgStats, PostgresOptions
+from sidecar.storage.postgres.views import (
     USAGE_SHARDS,
     Batch,
     DatabaseFailed,
