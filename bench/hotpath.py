@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import hotpath_profile
-import peer_harness
 import peer_stats
 
 HERE = Path(__file__).resolve().parent
@@ -68,13 +67,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         required=True,
         help="NAME=PATH of a checkout; the first is the baseline",
     )
-    p.add_argument(
-        "--framed",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="the tree NAME's callers use the framed local transport",
-    )
     p.add_argument("--callers", default="1,32", help="caller counts, comma-separated")
     p.add_argument("--ops", type=int, default=300, help="keys with one caller")
     p.add_argument(
@@ -90,15 +82,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def tree_env(tree: Path, *, framed: bool = False) -> dict[str, str]:
-    """The environment that imports `tree`'s daemon and client first (and
-    has the harness's callers use the framed transport)."""
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that imports `tree`'s daemon and client first."""
     env = dict(os.environ)
     paths = [str(tree), str(tree / "clients" / "python" / "src")]
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.pop(peer_harness.TRANSPORT_ENV, None)
-    if framed:
-        env[peer_harness.TRANSPORT_ENV] = "framed"
     return env
 
 
@@ -255,8 +243,6 @@ def harness(  # noqa: PLR0917 (a script's helper)
     ops: int,
     tag: str,
     profiles: Profiles | None,
-    *,
-    framed: bool = False,
 ) -> dict[str, Any]:
     """One configuration, in its own process group (stopped by its PID); each
     phase's numbers get the daemon's CPU milliseconds per call (and its
@@ -269,7 +255,7 @@ def harness(  # noqa: PLR0917 (a script's helper)
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env=tree_env(tree, framed=framed),
+        env=tree_env(tree),
     )
     if profiles is not None:
         profiles.suffix = f"-c{callers}"
@@ -351,14 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     tag = f"{name}-r{run}-c{callers}-{time.time_ns()}"
                     result = harness(
-                        trees[name],
-                        target,
-                        pid,
-                        callers,
-                        ops,
-                        tag,
-                        profiles,
-                        framed=name in args.framed,
+                        trees[name], target, pid, callers, ops, tag, profiles
                     )
                     for phase, numbers in result.items():
                         at = {"tree": name, "run": run, "callers": callers}

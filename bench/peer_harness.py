@@ -42,7 +42,6 @@ from typing import Any, Protocol
 
 from peer_stats import PHASES, percentile
 
-TRANSPORT_ENV = "EFFECTD_BENCH_TRANSPORT"
 WARM_KEY = 10_000_000  # warm-up keys sit far above the timed ones
 BARRIER_TIMEOUT_S = 300.0
 
@@ -55,18 +54,11 @@ class Barrier(Protocol):
 
 
 def effectd_caller(target: str, tag: str, worker: int, ran: Counter[int]) -> Call:
-    """The Python client's safe tool call (`Run`), default options; with
-    `EFFECTD_BENCH_TRANSPORT=framed`, its ledger requests go over the framed
-    local transport (`bench/framed_client.py`) instead of the session stream."""
+    """The Python client's safe tool call (`Run`), default options."""
     # After the fork: each caller its own channel.
     from effectd_client import Client, Effect, Run  # noqa: PLC0415
 
-    client = Client(target)
-    if os.environ.get(TRANSPORT_ENV) == "framed":
-        from framed_client import FramedCalls  # noqa: PLC0415
-
-        client._tool = FramedCalls.connect(target)  # type: ignore[assignment]
-    run = Run(client, f"{tag}-w{worker}")
+    run = Run(Client(target), f"{tag}-w{worker}")
 
     def bench_tool(request: dict[str, int]) -> dict[str, int]:
         ran[request["i"]] += 1  # the side effect: once per key

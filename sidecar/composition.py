@@ -346,26 +346,22 @@ def _gate(
     )
 
 
-def ledger_session(services: Services, cfg: ServeConfig) -> LedgerSession:
-    """The servicer of the session stream (gRPC's, and the framed one's)."""
-    return LedgerSession(
-        ToolLedger(services.ledger, services.operator),
-        max_in_flight=cfg.server_limits.session_max_in_flight,
-        draining=services.draining,
-    )
-
-
 def handlers(
     services: Services, cfg: ServeConfig
 ) -> tuple[grpc.GenericRpcHandler[Any, Any], ...]:
     """The gRPC servicers of `services`, one per entry of `SERVICES`."""
     store = services.store
     ledger, checkpoints, recovery, retry, admin, provider = SERVICES
+    tool_ledger = ToolLedger(services.ledger, services.operator)
     return (
         generic_handler(
             ledger,
-            ToolLedger(services.ledger, services.operator),
-            ledger_session(services, cfg),
+            tool_ledger,
+            LedgerSession(
+                tool_ledger,
+                max_in_flight=cfg.server_limits.session_max_in_flight,
+                draining=services.draining,
+            ),
         ),
         generic_handler(checkpoints, Checkpoints(services.checkpoints, cfg.limits)),
         generic_handler(recovery, Recovery(services.recovery)),

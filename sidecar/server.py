@@ -32,7 +32,6 @@ from sidecar.composition import (
     Services,
     compose,
     handlers,
-    ledger_session,
     open_store,
     server_options,
 )
@@ -42,7 +41,6 @@ from sidecar.errors import ShuttingDown
 from sidecar.locking import ExclusiveLock
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
 from sidecar.rpc import tls
-from sidecar.rpc.framed import FramedServer, framed_path
 from sidecar.seams import Seams
 from sidecar.services.lease_sweep import SweepPass
 from sidecar.services.membership import LEASE_SWEEP, RETENTION
@@ -87,7 +85,6 @@ class Daemon:
         self.metrics_address: str | None = None
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
-        self._framed: FramedServer | None = None
         self._health: health_aio.HealthServicer | None = None
         self._store: Store | None = None
         self._socket_lock: ExclusiveLock | None = None
@@ -178,14 +175,6 @@ class Daemon:
             tcp = f"{host}:{port}"
         await server.start()
         os.chmod(sock, 0o600)
-        # The framed local transport, into the same gate and ledger session.
-        self._framed = FramedServer(
-            services.gate,
-            ledger_session(services, cfg).Session,
-            max_frame_bytes=cfg.server_limits.max_message_bytes,
-            handshake_seconds=cfg.server_limits.handshake_timeout_seconds,
-        )
-        await self._framed.start(framed_path(sock))
         self.health_address = await self._start_health_port()
         if cfg.metrics_listen is not None:
             host, port = split_host_port("metrics-listen", cfg.metrics_listen)
@@ -330,22 +319,6 @@ class Daemon:
         if self._server is not None:
             await self._server.wait_for_termination()
 
-    async def _stop_listeners(self, grace: float) -> None:
-        """Both ways in stop accepting at once; their calls in flight finish
-        within `grace` seconds."""
-        framed, self._framed = self._framed, None
-        server, self._server = self._server, None
-        await asyncio.gather(
-            *([] if framed is None else [framed.stop(grace)]),
-            *([] if server is None else [server.stop(grace)]),
-        )
-        sock = self.config.socket_path
-        for path in ([framed_path(sock)] if framed else []) + (
-            [sock] if server else []
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop; safe to call more than once."""
         grace = self.config.grace_seconds if grace is None else grace
@@ -361,7 +334,11 @@ class Daemon:
         if services is not None:
             # Session streams answer what they have in flight, then end.
             services.draining.begin()
-        await self._stop_listeners(grace)
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+            with contextlib.suppress(FileNotFoundError):
+                self.config.socket_path.unlink()
         if self._health_server is not None:
             await self._health_server.stop(0)
             self._health_server = None

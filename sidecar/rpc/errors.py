@@ -7,7 +7,6 @@ Every refusal is a status whose details carry `google.rpc.ErrorInfo` (domain
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -127,15 +126,6 @@ class _Status(grpc.Status):
 def plain_status(code: grpc.StatusCode, message: str) -> grpc.Status:
     """A status without details (gRPC's own: a deadline, a cancellation)."""
     return _Status(code, message, ())
-
-
-def status_of(
-    code: grpc.StatusCode,
-    message: str,
-    trailing_metadata: Iterable[tuple[str, str | bytes]] = (),
-) -> grpc.Status:
-    """The status a call is aborted with: its code, message and trailer."""
-    return _Status(code, message, tuple(trailing_metadata))
 
 
 def details_of(status: grpc.Status) -> status_pb2.Status:

@@ -8,9 +8,7 @@ unary and server-streaming call is handed to the request boundary
 (`sidecar.rpc.boundary`), which admits it, gives it its deadline, runs its
 handler, answers its errors and records it; so is the session stream
 (`sidecar.rpc.session`), whose messages the boundary authorizes and serves
-one by one, each as a call of its own unary RPC; a connection of the framed
-local transport (`sidecar.rpc.framed`) is admitted here too, by the same
-rules, and served as a session stream. Health is open: probes carry no
+one by one, each as a call of its own unary RPC. Health is open: probes carry no
 credentials, and it tells only whether the daemon serves.
 """
 
@@ -31,7 +29,7 @@ from sidecar.auth.access import (
 )
 from sidecar.errors import EffectdError
 from sidecar.rpc.admission import RateLimit
-from sidecar.rpc.boundary import Boundary, Call, Metadata, parsing
+from sidecar.rpc.boundary import Boundary, Call, parsing
 from sidecar.rpc.concurrency import Slots
 from sidecar.rpc.errors import to_status
 from sidecar.rpc.recording import Recorder, RpcObserver, RpcTracer
@@ -70,11 +68,19 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method = details.method
         metadata = tuple(details.invocation_metadata or ())
         handler = await continuation(details)
-        call = self.admitted(method, metadata)
-        if isinstance(call, EffectdError):
-            return _deny(handler, call)
+        principal: Principal | None = None
+        if self._credentials is not None and method not in OPEN_METHODS:
+            try:
+                principal = self._credentials.authenticate(bearer_token(metadata))
+                authorize(principal, method)
+            except EffectdError as exc:
+                self._boundary.refused(
+                    method, principal, exc, trace.from_metadata(metadata)
+                )
+                return _deny(handler, exc)
         if handler is None:
             return None
+        call = Call(method, principal, metadata)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._boundary.unary(call, handler.unary_unary),
@@ -96,27 +102,6 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         # Other streaming requests (server reflection): authenticated above;
         # served as they are.
         return handler
-
-    def admitted(self, method: str, metadata: Metadata) -> Call | EffectdError:
-        """The call of `method` by whoever `metadata` names: authenticated,
-        then authorized (default deny); or why not, the refusal recorded."""
-        principal: Principal | None = None
-        if self._credentials is not None and method not in OPEN_METHODS:
-            try:
-                principal = self._credentials.authenticate(bearer_token(metadata))
-                authorize(principal, method)
-            except EffectdError as exc:
-                self._boundary.refused(
-                    method, principal, exc, trace.from_metadata(metadata)
-                )
-                return exc
-        return Call(method, principal, metadata)
-
-    def session(self, call: Call, handler: Callable[..., Any]) -> Any:
-        """The session stream's handler for an admitted `call`, through the
-        request boundary (`Boundary.session`): how the framed transport
-        (`sidecar.rpc.framed`) serves a connection, as gRPC does a stream."""
-        return self._boundary.session(call, handler)
 
 
 def _deny(handler: Any, exc: EffectdError) -> Any:
