@@ -50,7 +50,6 @@ _BOUNDARY = (
     "rpc/messages.py",
     "rpc/admission.py",
     "rpc/concurrency.py",
-    "rpc/framed",
     "sidecar/callstate.py",
     "sidecar/tracecontext.py",
     "sidecar/auth/",
