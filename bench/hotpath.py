@@ -77,6 +77,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-dir", type=Path, help="where the profiles go")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples/s")
     p.add_argument("--json", type=Path, help="write every run's numbers here")
+    p.add_argument(
+        "--input-bytes", type=int, default=0, help="bytes added to each input"
+    )
     args = p.parse_args(argv)
     args.callers = [int(c) for c in args.callers.split(",")]
     return args
@@ -243,6 +246,7 @@ def harness(  # noqa: PLR0917 (a script's helper)
     ops: int,
     tag: str,
     profiles: Profiles | None,
+    input_bytes: int = 0,
 ) -> dict[str, Any]:
     """One configuration, in its own process group (stopped by its PID); each
     phase's numbers get the daemon's CPU milliseconds per call (and its
@@ -250,6 +254,7 @@ def harness(  # noqa: PLR0917 (a script's helper)
     less than the calls per second; the harness adds the callers' own."""
     argv = [sys.executable, str(HARNESS), "effectd", "--target", target]
     argv += ["--callers", str(callers), "--ops", str(ops), "--tag", tag]
+    argv += ["--input-bytes", str(input_bytes)]
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -337,7 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     tag = f"{name}-r{run}-c{callers}-{time.time_ns()}"
                     result = harness(
-                        trees[name], target, pid, callers, ops, tag, profiles
+                        trees[name],
+                        target,
+                        pid,
+                        callers,
+                        ops,
+                        tag,
+                        profiles,
+                        args.input_bytes,
                     )
                     for phase, numbers in result.items():
                         at = {"tree": name, "run": run, "callers": callers}

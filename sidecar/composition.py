@@ -30,7 +30,7 @@ from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
 from sidecar.clock import monotonic_seconds
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
-from sidecar.directories import refuse_unsafe_directory
+from sidecar.directories import data_disk, refuse_unsafe_directory
 from sidecar.failpoints import Failpoints
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
@@ -375,6 +375,7 @@ def handlers(
                 quotas=cfg.quotas,
                 incarnation=store.incarnation,
                 fill=store.fill if isinstance(store, ReportsFill) else None,
+                disk=data_disk(cfg),
                 restored=services.restored,
                 membership=services.membership,
             ),

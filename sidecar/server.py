@@ -36,7 +36,7 @@ from sidecar.composition import (
     server_options,
 )
 from sidecar.config import ServeConfig, split_host_port
-from sidecar.directories import refuse_unsafe_directory
+from sidecar.directories import data_disk, refuse_unsafe_directory
 from sidecar.errors import ShuttingDown
 from sidecar.locking import ExclusiveLock
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
@@ -126,6 +126,7 @@ class Daemon:
         cfg = self.config
         store = self._store = self.open_store()
         self._unwatch.append(self.metrics.watch_store(store))
+        self._unwatch.append(self.metrics.watch_disk(data_disk(cfg)))
         services = self.services = self.compose(store)
         self._unwatch.append(self.metrics.watch_provider(services.monitor))
         registered = await services.membership.register()

@@ -66,7 +66,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # The configuration checks a store URL against the backends' registry
     # (`storage.backends`).
     "config": BASE | {"ledger", "storage"},
-    "directories": BASE | {"config"},
+    "directories": BASE | {"config", "ledger"},
     "settings": BASE | {"config", "ledger"},
     "policy_file": BASE | {"ledger"},
     "storage": BASE | {"ledger"},

@@ -14,7 +14,7 @@ from sidecar.errors import (
     ResultMismatch,
     RevisionConflict,
 )
-from sidecar.ledger import machine
+from sidecar.ledger import kept_inputs, machine
 from sidecar.ledger import retry as retry_rules
 from sidecar.ledger.model import Decision, Effect, Event, Result, State, ToolCall
 from sidecar.ledger.policy import Policy
@@ -130,9 +130,11 @@ def commit(
     expected_revision: int | None,
     actor: str = AGENT,
     acknowledge: bool = False,
+    policy: Policy | None = None,
 ) -> Step:
     """CommitTool: store the result of the attempt that holds the call; with
-    `acknowledge`, also mark it delivered (contract §6.2), in the same step."""
+    `acknowledge`, also mark it delivered (contract §6.2), in the same step.
+    The kept input goes, unless `policy` keeps settled inputs (`kept_inputs`)."""
     if call.state is State.COMMITTED:
         assert call.result is not None
         if call.result.digest == result.digest:
@@ -156,7 +158,13 @@ def commit(
     if stale is not None:
         return Step(call, stale)
     committed = machine.apply(
-        call, Event.COMMIT, at_ns=now.wall_ns, actor=actor, lease=None, result=result
+        call,
+        Event.COMMIT,
+        at_ns=now.wall_ns,
+        actor=actor,
+        lease=None,
+        result=result,
+        kept_input=kept_inputs.settled(call, policy),
     )
     if acknowledge:
         committed = delivered(committed, now, actor)

@@ -105,9 +105,10 @@ def apply(
         changes.setdefault("unknown_since_ns", 0)
     revision = call.revision + 1
     attempt = changes.get("attempt", call.attempt)
-    if to is State.COMMITTED:
-        # Decided: the kept input is needed no more (the fingerprint stays).
-        changes["kept_input"] = None
+    if to is State.COMMITTED and call.state is not State.COMMITTED:
+        # Settled: the kept input goes unless the caller keeps it for the
+        # retention window (`kept_inputs.settled`); the fingerprint stays.
+        changes.setdefault("kept_input", None)
     history = call.history
     if event not in _UNRECORDED:
         entry = Transition(

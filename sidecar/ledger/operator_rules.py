@@ -26,7 +26,7 @@ from sidecar.errors import (
     RevisionConflict,
     StaleAttempt,
 )
-from sidecar.ledger import fingerprint, machine, rules
+from sidecar.ledger import fingerprint, kept_inputs, machine, rules
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
     Approval,
@@ -145,8 +145,14 @@ def _seconds(ns: int) -> str:
     return f"{ns / 1e9:.1f} s"
 
 
-def decide_approval(call: ToolCall, now: Now, decision: ApprovalDecision) -> Step:
-    """DecideApproval: approve (PREPARED) or reject (COMMITTED, error result).
+def decide_approval(
+    call: ToolCall,
+    now: Now,
+    decision: ApprovalDecision,
+    policy: Policy | None = None,
+) -> Step:
+    """DecideApproval: approve (PREPARED) or reject (COMMITTED, error result;
+    the kept input goes unless `policy` keeps settled inputs).
 
     Refused, changing nothing: another revision than the approver saw
     (REVISION_CONFLICT), another input fingerprint (INPUT_MISMATCH), a call
@@ -177,6 +183,7 @@ def decide_approval(call: ToolCall, now: Now, decision: ApprovalDecision) -> Ste
     changes: dict[str, object] = {"approval": approval}
     if not decision.approve:
         changes["result"] = rejection_result(decision.approver, decision.reason)
+        changes["kept_input"] = kept_inputs.settled(call, policy)
     decided = machine.apply(
         call,
         event,
@@ -254,6 +261,7 @@ def reconcile(
     }
     if order.result is not None:
         changes["result"] = order.result
+        changes["kept_input"] = kept_inputs.settled(call, policy)
     resolved = machine.apply(
         settled,
         event,

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from sidecar.errors import InputMismatch
-from sidecar.ledger import kept_inputs, machine
+from sidecar.ledger import machine
 from sidecar.ledger.attempts import retry_unknown
 from sidecar.ledger.model import (
     CallRef,
@@ -70,7 +70,7 @@ def prepare(
     refusal says why. A SIDE_EFFECT of unknown outcome answers RECONCILE.
     """
     if existing is None:
-        call = _create(spec, now, policy)
+        call = _create(spec, now)
         if policy is not None and policy.effect_for(call) is not call.effect:
             # Recorded with the call: decided under the override (R2).
             call = dataclasses.replace(call, forced_effect=Effect.SIDE_EFFECT)
@@ -124,13 +124,14 @@ def _require_approval(
         actor=spec.actor,
         reason="a repeat prepare requires approval",
         approval_required=True,
-        # The approver must see what they approve (`kept_inputs`).
+        # The approver must see what they approve (`kept_inputs`), also of
+        # a record written before every input was kept.
         kept_input=call.kept_input or spec.input,
     )
     return Step(waiting, answer_for(waiting, policy=policy))
 
 
-def _create(spec: PrepareSpec, now: Now, policy: Policy | None) -> ToolCall:
+def _create(spec: PrepareSpec, now: Now) -> ToolCall:
     state = State.AWAITING_APPROVAL if spec.require_approval else State.PREPARED
     entry = Transition(None, state, Event.PREPARE, now.wall_ns, spec.actor, "", 1, 0)
     return ToolCall(
@@ -146,9 +147,8 @@ def _create(spec: PrepareSpec, now: Now, policy: Policy | None) -> ToolCall:
         created_ns=now.wall_ns,
         updated_ns=now.wall_ns,
         history=(entry,),
-        kept_input=kept_inputs.kept(
-            spec.input, require_approval=spec.require_approval, policy=policy
-        ),
+        # Until it is settled (`kept_inputs`): what an operator looks for.
+        kept_input=spec.input,
     )
 
 

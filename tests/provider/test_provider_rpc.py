@@ -440,6 +440,67 @@ def test_bad_requests_name_the_field(
     assert field in [v.field for v in bad.field_violations]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"headers": [pb.Header(name="x-a", value="café")]}, "headers[0].value"),
+        ({"headers": [pb.Header(name="x-a", value="日本")]}, "headers[0].value"),
+        # C1 and C0 controls: not a field value (RFC 9110 §5.5).
+        ({"headers": [pb.Header(name="x-a", value="a\x85b")]}, "headers[0].value"),
+        ({"headers": [pb.Header(name="x-a", value="a\x01b")]}, "headers[0].value"),
+        ({"idempotency_key": "clé"}, "idempotency_key"),
+        ({"idempotency_key": "key\u2028"}, "idempotency_key"),
+        (
+            {"headers": [pb.Header(name="Idempotency-Key", value="clé")]},
+            "headers[0].value",
+        ),
+    ],
+)
+def test_text_http_cannot_carry_is_refused_naming_the_field(
+    short_tmp: Path, fields: dict[str, Any], field: str, stream: bool
+) -> None:
+    """A header value or idempotency key that is not visible ASCII (with
+    spaces and tabs) is INVALID_ARGUMENT naming the field, on both RPCs,
+    and nothing reaches the upstream (issue 25 item 18: fails before the
+    fix: INTERNAL, from the HTTP client's encoding of the header)."""
+    # contract §11.1 (bad input is INVALID_ARGUMENT, never INTERNAL)
+    with proxied(short_tmp, Reply(200), idempotency_key=True) as (stub, up):
+        send: Any = (
+            (lambda r: list(stub.ProviderStream(r, timeout=30)))
+            if stream
+            else (lambda r: stub.ProviderCall(r, timeout=30))
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            send(_request(**fields))
+        assert not up.seen
+    error: Any = caught.value
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error
+    rich = status_pb2.Status.FromString(
+        dict(error.trailing_metadata())["grpc-status-details-bin"]
+    )
+    bad = error_details_pb2.BadRequest()
+    assert any(d.Unpack(bad) for d in rich.details if d.Is(bad.DESCRIPTOR))
+    assert [v.field for v in bad.field_violations] == [field]
+
+
+def test_a_tab_and_spaces_in_a_header_value_are_sent(short_tmp: Path) -> None:
+    """What HTTP allows in a field value still goes through."""
+    with proxied(short_tmp, Reply(200), idempotency_key=True) as (stub, up):
+        value = "a b\tc ~!"
+        answer = stub.ProviderCall(
+            _request(
+                headers=[pb.Header(name="x-a", value=value)],
+                idempotency_key="run-1:call 2",
+            ),
+            timeout=30,
+        )
+        [seen] = up.seen
+    assert answer.status == 200
+    assert seen.headers["x-a"] == value
+    assert seen.headers["idempotency-key"] == "run-1:call 2"
+
+
 def test_a_storm_through_the_daemon_stays_within_the_budget(short_tmp: Path) -> None:
     """50 concurrent ProviderCalls against an upstream answering 503: the
     daemon's host-wide budget keeps the retries ≤ 0.2·50 + 10, and every call

@@ -119,6 +119,21 @@ def test_load_names_an_unreadable_file(tmp_path: Path) -> None:
             "headers.x",
         ),
         ("routes = 1\n", "routes: must be"),
+        # What HTTP cannot carry in a header: refused at load, not answered
+        # INTERNAL on every request (issue 25 item 18).
+        (
+            '[routes.a]\nbase_url = "https://x"\n[routes.a.headers]\n"x" = "café"\n',
+            "routes.a.headers.x",
+        ),
+        (
+            '[routes.a]\nbase_url = "https://x"\ncredential_env = "E"\n',
+            "the credential is empty or not one line of visible ASCII",
+        ),
+        (
+            '[routes.a]\nbase_url = "https://x"\ncredential_env = "K"\n'
+            'credential_prefix = "Clé "\n',
+            "routes.a.credential_prefix",
+        ),
         (
             '[routes.a]\nbase_url = "https://x"\neffect = "write"\n',
             "routes.a.effect",
@@ -134,7 +149,7 @@ def test_invalid_files_name_the_setting(text: str, setting: str) -> None:
     """Every invalid providers file is refused with a message naming the
     setting (like the policy file)."""
     with pytest.raises(ProvidersError, match=re.escape(setting)):
-        parse_providers(text, environ={"K": "v"})
+        parse_providers(text, environ={"K": "v", "E": "clé"})
 
 
 def test_a_missing_variable_error_does_not_leak_other_secrets() -> None:

@@ -227,7 +227,8 @@ def test_a_second_decision_is_refused(ledger_stub: ToolLedgerStub) -> None:
 
 def test_a_call_without_approval_cannot_be_decided(ledger_stub: ToolLedgerStub) -> None:
     """DecideApproval on a call that never awaited approval is INVALID_TRANSITION."""
-    call = ledger_stub.PrepareTool(prepare_request(json=INPUT), timeout=5).call
+    ledger_stub.PrepareTool(prepare_request(json=INPUT), timeout=5)
+    call = _get(ledger_stub)
     expect_refusal(
         lambda: _decide(ledger_stub, call), PRECONDITION, "INVALID_TRANSITION"
     )
@@ -262,9 +263,8 @@ def test_approval_cannot_be_required_after_the_call_started(
 ) -> None:
     """A call that started without approval: a repeat that requires it is
     INPUT_MISMATCH and the record is unchanged."""
-    started = ledger_stub.PrepareTool(
-        prepare_request(json=INPUT, start=True), timeout=5
-    ).call
+    ledger_stub.PrepareTool(prepare_request(json=INPUT, start=True), timeout=5)
+    started = _get(ledger_stub)
     expect_refusal(
         lambda: ledger_stub.PrepareTool(
             prepare_request(json=INPUT, require_approval=True, start=True), timeout=5

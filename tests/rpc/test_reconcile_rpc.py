@@ -55,9 +55,9 @@ def _unknown(
     request = pb.ReportUnknownRequest(
         ref=ref(call_id=call_id), attempt=1, reason="timeout"
     )
-    call = stub.ReportUnknown(request, timeout=5).call
-    assert call.state == pb.CALL_STATE_UNKNOWN
-    return call
+    assert stub.ReportUnknown(request, timeout=5).call.state == pb.CALL_STATE_UNKNOWN
+    # The whole record, its kept input too (an answer to the agent has none).
+    return _get(stub, call_id)
 
 
 def reconcile_request(
@@ -189,9 +189,8 @@ def test_a_live_attempt_cannot_be_declared_never_executed(
     refused, even with its attempt confirmed dead; after the lease expires,
     "not executed" with that confirmation is accepted and the history shows
     the expiry."""
-    started = ledger_stub.PrepareTool(
-        prepare_request(start=True, lease_ms=10_000), timeout=5
-    ).call
+    ledger_stub.PrepareTool(prepare_request(start=True, lease_ms=10_000), timeout=5)
+    started = _get(ledger_stub)
     got = expect_refusal(
         lambda: ledger_stub.Reconcile(
             reconcile_request(started.revision, found=False), timeout=5
@@ -278,7 +277,8 @@ def test_only_unresolved_calls_can_be_reconciled(
 ) -> None:
     """Reconcile of a PREPARED, AWAITING_APPROVAL or COMMITTED call is
     INVALID_TRANSITION and changes nothing (contract §4.6)."""
-    prepared = ledger_stub.PrepareTool(prepare_request(call_id="p"), timeout=5).call
+    ledger_stub.PrepareTool(prepare_request(call_id="p"), timeout=5)
+    prepared = _get(ledger_stub, "p")
     waiting = ledger_stub.PrepareTool(
         prepare_request(call_id="a", require_approval=True), timeout=5
     ).call

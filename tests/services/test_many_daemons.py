@@ -42,7 +42,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services.lease_sweep import LeaseSweep
 from sidecar.services.ledger import LedgerService
 from sidecar.services.membership import KEEP_GONE_NS, LEASE_SWEEP, MembershipService
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
@@ -86,6 +86,9 @@ class SharedIdentity:
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         return await self._inner.write(fn)
 
+    async def save_call(self, write: CallWrite) -> None:
+        await self._inner.save_call(write)
+
     def close(self) -> None:
         pass
 
@@ -119,6 +122,9 @@ class JudgedExclusive:
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         return await self._inner.write(fn)
+
+    async def save_call(self, write: CallWrite) -> None:
+        await self._inner.save_call(write)
 
     def close(self) -> None:
         self._inner.close()

@@ -19,7 +19,7 @@ from typing import TypeVar
 from sidecar import callstate, cli, failpoints, server
 from sidecar.config import ServeConfig
 from sidecar.seams import Seams
-from sidecar.storage.api import Store, WriteView
+from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.lmdb import answers
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 
@@ -37,6 +37,16 @@ def current_method() -> str:
 
 class AnswersBeforeCommit(LmdbStore):
     """BROKEN on purpose: answers a batch, then commits it."""
+
+    # Its reads may wait (below): off the event loop, on worker threads.
+    reads_wait = True
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        # A read waits for the commit in flight, so that a request after an
+        # answered write finds it (as it would once committed).
+        with self._txn:
+            pass
+        return super().read(fn)
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         # Through the writer thread, so the loop is free to send the answer.

@@ -399,8 +399,10 @@ class Model:
                 approval_required=p.require_approval,
             )
             self.calls[ref] = c
+            # Every call keeps its input until it is settled (contract §4.5,
+            # `ledger.kept_inputs`); the default policy drops it then.
+            c.kept = p.input
             if p.require_approval:
-                c.kept = p.input
                 self._move(c, AWAITING, "prepare")
                 return self._answer("AWAIT_APPROVAL", c)
             self._move(c, PREPARED, "prepare")

@@ -22,6 +22,7 @@ handling of a request LMDB refuses and of a batch too big for the map.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import queue
@@ -44,8 +45,9 @@ from sidecar.errors import (
 from sidecar.failpoints import Failpoints, Point
 from sidecar.ledger.quota import StoreFill
 from sidecar.locking import ExclusiveLock
-from sidecar.storage import usage
+from sidecar.storage import calls, usage
 from sidecar.storage.api import (
+    CallWrite,
     FormatError,
     ReadView,
     Table,
@@ -225,6 +227,11 @@ class LmdbStore:
         gathered.append((self._counted(fn), waiter))
         value: T = await waiter.future
         return value
+
+    async def save_call(self, write: CallWrite) -> None:
+        """The compare-and-swap of one record (`storage.calls`), as a write
+        of its own."""
+        await self.write(functools.partial(calls.compare_and_save, write=write))
 
     def _commit_gathered(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the loop: commits the writes of its last pass, or hands them to

@@ -365,8 +365,9 @@ class PolicySummary(_message.Message):
     in proven_idempotent_tools (evidence of downstream de-duplication).
     """
     keep_inputs: _builtins.bool
-    """Every call keeps its exact input until it is committed, when the input is
-    at most `max_kept_input_bytes` (calls awaiting approval always keep it).
+    """Every call keeps its exact input until it is settled; with keep_inputs,
+    a settled call keeps it too, when it is at most `max_kept_input_bytes`,
+    until retention compacts the record.
     """
     max_kept_input_bytes: _builtins.int
     @_builtins.property
@@ -549,6 +550,7 @@ class NamespaceStats(_message.Message):
     UNKNOWN_FIELD_NUMBER: _builtins.int
     STORED_BYTES_FIELD_NUMBER: _builtins.int
     TOMBSTONE_BYTES_FIELD_NUMBER: _builtins.int
+    STORED_BYTES_OVER_QUOTA_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     open_calls: _builtins.int
     """Calls not yet COMMITTED (what the open_calls quota counts) ..."""
@@ -565,6 +567,12 @@ class NamespaceStats(_message.Message):
     """Keys and values of its tombstones: counted by no quota, bounded by
     their lifetime (PolicySummary.tombstone_seconds).
     """
+    stored_bytes_over_quota: _builtins.int
+    """How far stored_bytes is past the stored_bytes quota (0: within it).
+    Work already done is always recorded, so results committed after a
+    call was admitted can take a namespace past its quota: its new calls
+    are then refused (QUOTA_EXCEEDED) until retention brings it back.
+    """
     def __init__(
         self,
         *,
@@ -576,10 +584,11 @@ class NamespaceStats(_message.Message):
         unknown: _builtins.int = ...,
         stored_bytes: _builtins.int = ...,
         tombstone_bytes: _builtins.int = ...,
+        stored_bytes_over_quota: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "namespace", b"namespace", "open_calls", b"open_calls", "prepared", b"prepared", "started", b"started", "stored_bytes", b"stored_bytes", "tombstone_bytes", b"tombstone_bytes", "unknown", b"unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_approval", b"awaiting_approval", "namespace", b"namespace", "open_calls", b"open_calls", "prepared", b"prepared", "started", b"started", "stored_bytes", b"stored_bytes", "stored_bytes_over_quota", b"stored_bytes_over_quota", "tombstone_bytes", b"tombstone_bytes", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -620,6 +629,43 @@ class StoreFill(_message.Message):
 Global___StoreFill: _TypeAlias = StoreFill  # noqa: Y015
 
 @_typing.final
+class DataDirectory(_message.Message):
+    """The filesystem of the daemon's data directory (--data-dir), read when
+    asked. On LMDB it holds the store: a write the disk has no room for is
+    refused with STORAGE_FULL however little of the map is used, so alert on
+    free_bytes / total_bytes too. On a shared store (PostgreSQL) it holds only
+    the socket and its lock: the store's disk is the database server's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    HOLDS_STORE_FIELD_NUMBER: _builtins.int
+    FREE_BYTES_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    holds_store: _builtins.bool
+    """Whether the store's files are in it (LMDB)."""
+    free_bytes: _builtins.int
+    """What the daemon's user may still write there."""
+    total_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        holds_store: _builtins.bool = ...,
+        free_bytes: _builtins.int = ...,
+        total_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_bytes", b"free_bytes", "holds_store", b"holds_store", "path", b"path", "total_bytes", b"total_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DataDirectory: _TypeAlias = DataDirectory  # noqa: Y015
+
+@_typing.final
 class NamespaceQuotas(_message.Message):
     """The per-namespace limits in force; 0 means unlimited."""
 
@@ -657,6 +703,7 @@ class GetStatsResponse(_message.Message):
     QUOTAS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     STORE_FILL_FIELD_NUMBER: _builtins.int
+    DATA_DIRECTORY_FIELD_NUMBER: _builtins.int
     RESTORED_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.int
     """How many times a daemon opened this store, this one included."""
@@ -673,6 +720,12 @@ class GetStatsResponse(_message.Message):
         """
 
     @_builtins.property
+    def data_directory(self) -> Global___DataDirectory:
+        """The data directory's filesystem, for a caller who may see every
+        namespace; absent for others, and when it cannot be read.
+        """
+
+    @_builtins.property
     def restored(self) -> Global___RestoreInfo:
         """Set when the store was restored from a backup (`effectd ctl restore`):
         the latest restore. Calls recorded after that backup are unknown to it.
@@ -685,11 +738,12 @@ class GetStatsResponse(_message.Message):
         quotas: Global___NamespaceQuotas | None = ...,
         incarnation: _builtins.int = ...,
         store_fill: Global___StoreFill | None = ...,
+        data_directory: Global___DataDirectory | None = ...,
         restored: Global___RestoreInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data_directory", b"data_directory", "quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_directory", b"data_directory", "incarnation", b"incarnation", "namespaces", b"namespaces", "quotas", b"quotas", "restored", b"restored", "store_fill", b"store_fill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -224,13 +224,15 @@ class ProviderRequest(_message.Message):
     """Retries the agent's own client has already spent on this logical call."""
     idempotency_key: _builtins.str
     """The logical request's Idempotency-Key; empty: generated (or taken from
-    an `Idempotency-Key` header).
+    an `Idempotency-Key` header). Visible ASCII, spaces and tabs, as a
+    header value (INVALID_REQUEST otherwise).
     """
     @_builtins.property
     def headers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Header]:
-        """Headers to send. Hop-by-hop headers, Host, Content-Length and the
+        """Headers to send. Hop-by-hop headers, Host, Content-Length, the
         headers the route sets itself (its credential and injected headers)
-        are refused (INVALID_REQUEST). Other credential-like headers
+        and values other than visible ASCII, spaces and tabs (what HTTP
+        carries) are refused (INVALID_REQUEST). Other credential-like headers
         (Authorization, x-api-key, api-key, x-goog-api-key,
         Ocp-Apim-Subscription-Key, Cookie) are dropped on every route: an
         agent's own credentials never reach the upstream.
