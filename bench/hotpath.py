@@ -1,9 +1,10 @@
-"""effectd's safe tool call, A/B between source trees, interleaved; optionally
-profiled with py-spy.
+"""effectd's safe tool call, A/B between source trees, interleaved: calls/s
+and the CPU time per call of the daemon and of the callers; optionally split
+by layer with py-spy.
 
     .venv/bin/python bench/hotpath.py --tree base=/path/to/old/checkout \
-        --tree new=. --callers 1 --ops 500 --runs 3
-    .venv/bin/python bench/hotpath.py --tree new=. --callers 1 --ops 500 \
+        --tree new=. --callers 1,32 --runs 3
+    .venv/bin/python bench/hotpath.py --tree new=. --callers 1,32 \
         --runs 1 --py-spy /path/to/py-spy --profile-dir /tmp/prof
 
 The effectd side of `bench/peers.py` alone, for iterating on the hot path
@@ -12,17 +13,23 @@ daemon, started from that tree's `sidecar` on its defaults (LMDB, fsync on,
 Unix socket) in a fresh temporary directory, and its callers import that
 tree's Python client; the harness is `bench/peer_harness.py` (first and
 duplicate phases, each validated per key). Runs are interleaved (run 1 of
-every tree, then run 2, the order reversed every other run) and every tree
-after the first is reported as a ratio to the first, run by run, so both
-sides of a ratio saw the same moment of the machine; next to the calls per
-second, the daemon's CPU time per call in each phase, which a machine
-shared with other work disturbs less.
+every tree at every caller count, then run 2, the order of the trees
+reversed every other run) and every tree after the first is reported as a
+ratio to the first, run by run, so both sides of a ratio saw the same moment
+of the machine.
 
-With --py-spy, each daemon (and with one caller, the caller's process too,
-idle samples included: its wall time per call) is recorded in the first run
-between the harness's marks of each phase, into --profile-dir as raw
-collapsed stacks, and summed up (`peer_stats.top_frames`). It prints the
-daemons' RSS 1 s after start. Everything started is stopped by its PID.
+The CPU budget: next to the calls per second, the daemon's CPU time per
+call in each phase (from /proc/<pid>/stat between the harness's marks) and
+the callers' (each caller process's own, summed: its gRPC threads too),
+which a machine shared with other work disturbs much less; with `perf stat`
+counting instructions here, the daemon's instructions per call too.
+
+With --py-spy, each daemon is recorded in the first run between the
+harness's marks of each phase, into --profile-dir as raw collapsed stacks,
+and its CPU per call is split by layer (`hotpath_profile`: serving,
+boundary, translation, rules, records, commit, other threads); with one
+caller, the caller's process is recorded too. It prints the daemons' RSS 1 s
+after start. Everything started is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -41,6 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hotpath_profile
 import peer_stats
 
 HERE = Path(__file__).resolve().parent
@@ -57,8 +67,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         required=True,
         help="NAME=PATH of a checkout; the first is the baseline",
     )
-    p.add_argument("--callers", type=int, default=1)
-    p.add_argument("--ops", type=int, default=500, help="keys per caller")
+    p.add_argument("--callers", default="1,32", help="caller counts, comma-separated")
+    p.add_argument("--ops", type=int, default=300, help="keys with one caller")
+    p.add_argument(
+        "--ops-many", type=int, default=30, help="keys per caller with several"
+    )
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--py-spy", type=Path, help="py-spy to profile with")
     p.add_argument("--profile-dir", type=Path, help="where the profiles go")
@@ -67,7 +80,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--input-bytes", type=int, default=0, help="bytes added to each input"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.callers = [int(c) for c in args.callers.split(",")]
+    return args
 
 
 def tree_env(tree: Path) -> dict[str, str]:
@@ -122,6 +137,7 @@ class Profiles:
     ) -> None:
         self.py_spy, self.out, self.pids, self.rate = py_spy, out, pids, rate
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.suffix = ""
 
     def on_mark(self, mark: str) -> None:
         phase, _, edge = mark.partition(" ")
@@ -133,7 +149,11 @@ class Profiles:
                 argv += ["--nonblocking"]
                 if who == "caller":
                     argv += ["--idle"]  # its wall time: waiting is the point
-                output = self.out / f"{who}-{phase}.txt"
+                else:
+                    # The thread holding the interpreter: its user CPU (the
+                    # system's, syscalls, is a row of its own).
+                    argv += ["--gil"]
+                output = self.out / f"{who}-{phase}{self.suffix}.txt"
                 argv += ["--output", str(output)]
                 self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
         elif edge == "end":
@@ -151,26 +171,93 @@ class Profiles:
         self.procs = []
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
     """User and system CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def instructions(pid: int) -> subprocess.Popen[str] | None:
+    """`perf stat` counting the instructions of `pid` until SIGINT, or None
+    where perf cannot count them (no hardware counters in a VM)."""
+    if shutil.which("perf") is None:
+        return None
+    probe = subprocess.run(
+        ["perf", "stat", "-x", ",", "-e", "instructions", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0 or "not supported" in probe.stderr:
+        return None
+    argv = ["perf", "stat", "-x", ",", "-e", "instructions", "-p", str(pid)]
+    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+
+
+def counted(perf: subprocess.Popen[str] | None) -> float:
+    """The instructions `instructions` counted, once stopped; NaN for none."""
+    if perf is None:
+        return float("nan")
+    perf.send_signal(signal.SIGINT)
+    _, err = perf.communicate(timeout=30)
+    for line in err.splitlines():
+        value, _, rest = line.partition(",")
+        if "instructions" in rest and value.strip().isdigit():
+            return float(value)
+    return float("nan")
+
+
+class Marks:
+    """Follows the harness's phase marks: the daemon's CPU seconds and
+    instructions over each phase, and the profiles."""
+
+    def __init__(self, pid: int, profiles: Profiles | None) -> None:
+        self.pid, self.profiles = pid, profiles
+        self.cpu: dict[str, float] = {}
+        self.system: dict[str, float] = {}
+        self.instr: dict[str, float] = {}
+        self.perf: subprocess.Popen[str] | None = None
+
+    def on_mark(self, mark: str) -> None:
+        phase, _, edge = mark.partition(" ")
+        user, system = cpu_seconds(self.pid)
+        now = user + system
+        self.cpu[phase] = now - self.cpu[phase] if edge == "end" else now
+        self.system[phase] = system - self.system[phase] if edge == "end" else system
+        if edge == "start":
+            self.perf = instructions(self.pid)
+        else:
+            self.instr[phase] = counted(self.perf)
+            self.perf = None
+        if self.profiles is not None:
+            self.profiles.on_mark(mark)
+
+    def stop(self) -> None:
+        if self.perf is not None:
+            counted(self.perf)
+            self.perf = None
+        if self.profiles is not None:
+            self.profiles.stop()
 
 
 def harness(  # noqa: PLR0917 (a script's helper)
     tree: Path,
     target: str,
     daemon_pid: int,
-    args: argparse.Namespace,
+    callers: int,
+    ops: int,
     tag: str,
     profiles: Profiles | None,
+    input_bytes: int = 0,
 ) -> dict[str, Any]:
     """One configuration, in its own process group (stopped by its PID); each
-    phase's numbers get the daemon's CPU milliseconds per call, which a busy
-    machine disturbs less than the calls per second."""
+    phase's numbers get the daemon's CPU milliseconds per call (and its
+    instructions, where perf counts them), which a busy machine disturbs
+    less than the calls per second; the harness adds the callers' own."""
     argv = [sys.executable, str(HARNESS), "effectd", "--target", target]
-    argv += ["--callers", str(args.callers), "--ops", str(args.ops), "--tag", tag]
-    argv += ["--input-bytes", str(args.input_bytes)]
+    argv += ["--callers", str(callers), "--ops", str(ops), "--tag", tag]
+    argv += ["--input-bytes", str(input_bytes)]
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -178,32 +265,24 @@ def harness(  # noqa: PLR0917 (a script's helper)
         start_new_session=True,
         env=tree_env(tree),
     )
-    if profiles is not None and args.callers == 1:
-        profiles.pids["caller"] = proc.pid
+    if profiles is not None:
+        profiles.suffix = f"-c{callers}"
+        if callers == 1:
+            profiles.pids["caller"] = proc.pid
+        else:
+            profiles.pids.pop("caller", None)
     last = ""
-    cpu: dict[str, float] = {}
-    # With one caller, the harness process is the caller: its CPU too.
-    client_cpu: dict[str, float] = {}
+    marks = Marks(daemon_pid, profiles)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("mark "):
-                mark = line.split(" ", 1)[1].strip()
-                phase, _, edge = mark.partition(" ")
-                now = cpu_seconds(daemon_pid)
-                cpu[phase] = now - cpu[phase] if edge == "end" else now
-                if args.callers == 1:
-                    mine = cpu_seconds(proc.pid)
-                    started = client_cpu.get(phase, 0.0)
-                    client_cpu[phase] = mine - started if edge == "end" else mine
-                if profiles is not None:
-                    profiles.on_mark(mark)
+                marks.on_mark(line.split(" ", 1)[1].strip())
             elif line.strip():
                 last = line
         proc.wait(RUN_TIMEOUT_S)
     finally:
-        if profiles is not None:
-            profiles.stop()
+        marks.stop()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -211,9 +290,11 @@ def harness(  # noqa: PLR0917 (a script's helper)
         raise RuntimeError(f"the harness exited {proc.returncode}")
     result: dict[str, Any] = json.loads(last)
     for phase, numbers in result.items():
-        calls = args.callers * args.ops
-        numbers["daemon_cpu_ms"] = 1000 * cpu.get(phase, float("nan")) / calls
-        numbers["client_cpu_ms"] = 1000 * client_cpu.get(phase, float("nan")) / calls
+        calls = callers * ops
+        numbers["daemon_cpu_ms"] = 1000 * marks.cpu.get(phase, math.nan) / calls
+        numbers["daemon_sys_ms"] = 1000 * marks.system.get(phase, math.nan) / calls
+        numbers["daemon_instructions"] = marks.instr.get(phase, math.nan) / calls
+        numbers.setdefault("caller_cpu_ms", float("nan"))
     return result
 
 
@@ -251,82 +332,148 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: daemon pid {pid}, idle RSS {rss_mb(pid):.1f} MB")
         for run in range(1, args.runs + 1):
             order = list(trees) if run % 2 else list(trees)[::-1]
-            for name in order:
-                target, pid = running[name]
-                profiles = None
-                if args.py_spy is not None and run == 1:
-                    out = (args.profile_dir or Path(tmp)) / name
-                    out.mkdir(parents=True, exist_ok=True)
-                    profiles = Profiles(args.py_spy, out, {"daemon": pid}, args.rate)
-                tag = f"{name}-r{run}-{time.time_ns()}"
-                result = harness(trees[name], target, pid, args, tag, profiles)
-                for phase, numbers in result.items():
-                    records.append(
-                        {"tree": name, "run": run, "phase": phase, **numbers}
+            for callers in args.callers:
+                ops = args.ops if callers == 1 else args.ops_many
+                for name in order:
+                    target, pid = running[name]
+                    profiles = None
+                    if args.py_spy is not None and run == 1:
+                        out = (args.profile_dir or Path(tmp)) / name
+                        out.mkdir(parents=True, exist_ok=True)
+                        profiles = Profiles(
+                            args.py_spy, out, {"daemon": pid}, args.rate
+                        )
+                    tag = f"{name}-r{run}-c{callers}-{time.time_ns()}"
+                    result = harness(
+                        trees[name],
+                        target,
+                        pid,
+                        callers,
+                        ops,
+                        tag,
+                        profiles,
+                        args.input_bytes,
                     )
-                    print(progress(name, run, phase, numbers), flush=True)
+                    for phase, numbers in result.items():
+                        at = {"tree": name, "run": run, "callers": callers}
+                        records.append({**at, "phase": phase, "ops": ops, **numbers})
+                        print(progress(records[-1]), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=1))
     report(records, list(trees), args)
     if args.py_spy is not None and args.profile_dir is not None:
+        layers(records, args.profile_dir, args.rate)
         for path in sorted(args.profile_dir.glob("*/*.txt")):
             print(f"\n{path.parent.name}/{summary(path)}")
     return 0 if all(r["valid"] for r in records) else 1
 
 
-def progress(name: str, run: int, phase: str, numbers: dict[str, Any]) -> str:
+def progress(r: dict[str, Any]) -> str:
     return (
-        f"run {run} {name:>8} {phase:>5}: "
-        f"{numbers.get('calls_s', 0):8.1f} calls/s "
-        f"p50 {numbers.get('p50_ms', 0):6.2f} ms "
-        f"p99 {numbers.get('p99_ms', 0):6.2f} ms "
-        f"daemon CPU {numbers['daemon_cpu_ms']:5.2f} ms/call "
-        f"client CPU {numbers['client_cpu_ms']:5.2f}"
-        + ("" if numbers["valid"] else " INVALID")
+        f"run {r['run']} {r['tree']:>8} {r['callers']:>2} callers {r['phase']:>5}: "
+        f"{r.get('calls_s', 0):8.1f} calls/s "
+        f"p50 {r.get('p50_ms', 0):6.2f} ms "
+        f"p99 {r.get('p99_ms', 0):6.2f} ms "
+        f"daemon CPU {r['daemon_cpu_ms']:5.2f} ms/call "
+        f"(sys {r['daemon_sys_ms']:4.2f}) "
+        f"caller CPU {r.get('caller_cpu_ms', float('nan')):5.2f}"
+        + ("" if r["valid"] else " INVALID")
     )
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in rows if r.get(key) == r.get(key)]
+    return statistics.median(values) if values else float("nan")
 
 
 def report(
     records: list[dict[str, Any]], names: list[str], args: argparse.Namespace
 ) -> None:
+    """The CPU budget (medians of the runs) and each tree's same-run ratios
+    to the first."""
     base = names[0]
-    print(f"\n{args.callers} caller(s), {args.ops} keys each, {args.runs} runs")
-    for phase in peer_stats.PHASES:
-        by = {(r["tree"], r["run"]): r for r in records if r["phase"] == phase}
-        for name in names:
-            own = [r for (t, _), r in by.items() if t == name]
-            line = (
-                f"{phase:>5} {name:>8}: "
-                f"{statistics.median(r['calls_s'] for r in own):8.1f} calls/s "
-                f"p50 {statistics.median(r['p50_ms'] for r in own):6.2f} ms "
-                f"daemon CPU "
-                f"{statistics.median(r['daemon_cpu_ms'] for r in own):5.2f} ms/call "
-                f"client CPU "
-                f"{statistics.median(r['client_cpu_ms'] for r in own):5.2f}"
-            )
-            if name != base:
-                ratios = [
-                    r["calls_s"] / by[(base, r["run"])]["calls_s"]
-                    for r in own
-                    if (base, r["run"]) in by
-                ]
-                cpu = [
-                    r["daemon_cpu_ms"] / by[(base, r["run"])]["daemon_cpu_ms"]
-                    for r in own
-                    if (base, r["run"]) in by
-                ]
-                client = [
-                    r["client_cpu_ms"] / by[(base, r["run"])]["client_cpu_ms"]
-                    for r in own
-                    if (base, r["run"]) in by
-                ]
-                line += (
-                    f"  calls/s x{statistics.median(ratios):.2f} of {base} "
-                    f"[{min(ratios):.2f}-{max(ratios):.2f}], "
-                    f"CPU/call x{statistics.median(cpu):.2f}, "
-                    f"client x{statistics.median(client):.2f}"
+    print(f"\nmedians of {args.runs} interleaved runs; ratios run by run to {base}")
+    print(
+        f"{'phase':>5} {'callers':>7} {'tree':>8} {'calls/s':>9} {'p50 ms':>7} "
+        f"{'p99 ms':>8} {'daemon CPU ms/call':>19} {'caller CPU ms/call':>19} "
+        f"{'daemon instr/call':>18}"
+    )
+    for callers in args.callers:
+        for phase in peer_stats.PHASES:
+            mine = [
+                r
+                for r in records
+                if r["phase"] == phase and r["callers"] == callers and r["valid"]
+            ]
+            by = {(r["tree"], r["run"]): r for r in mine}
+            for name in names:
+                own = [r for r in mine if r["tree"] == name]
+                if not own:
+                    continue
+                line = (
+                    f"{phase:>5} {callers:>7} {name:>8} "
+                    f"{_median(own, 'calls_s'):9.1f} {_median(own, 'p50_ms'):7.2f} "
+                    f"{_median(own, 'p99_ms'):8.2f} "
+                    f"{_median(own, 'daemon_cpu_ms'):19.3f} "
+                    f"{_median(own, 'caller_cpu_ms'):19.3f} "
+                    f"{_median(own, 'daemon_instructions'):18,.0f}"
                 )
-            print(line)
+                if name != base:
+                    line += "  " + _ratios(own, by, base)
+                print(line)
+
+
+def _ratios(
+    own: list[dict[str, Any]],
+    by: dict[tuple[str, int], dict[str, Any]],
+    base: str,
+) -> str:
+    pairs = [(r, by[(base, r["run"])]) for r in own if (base, r["run"]) in by]
+    if not pairs:
+        return ""
+
+    def of(key: str) -> list[float]:
+        return [r[key] / b[key] for r, b in pairs if b[key]]
+
+    calls = of("calls_s")
+    return (
+        f"calls/s x{statistics.median(calls):.2f} "
+        f"[{min(calls):.2f}-{max(calls):.2f}], "
+        f"daemon CPU x{statistics.median(of('daemon_cpu_ms')):.2f}, "
+        f"caller CPU x{statistics.median(of('caller_cpu_ms')):.2f}"
+    )
+
+
+def layers(records: list[dict[str, Any]], profile_dir: Path, rate: int) -> None:
+    """The daemon's CPU per call of the profiled run, split by layer in
+    proportion to the py-spy samples of each."""
+    print(
+        "\nthe daemon's CPU per call by layer (ms; run 1): its user time in "
+        "proportion to py-spy --gil samples, its system time (syscalls) apart"
+    )
+    heads = []
+    cells = []
+    for r in records:
+        if r["run"] != 1 or not r["valid"]:
+            continue
+        path = profile_dir / r["tree"] / f"daemon-{r['phase']}-c{r['callers']}.txt"
+        if not path.exists():
+            continue
+        counts = hotpath_profile.split(path.read_text().splitlines())
+        heads.append(f"{r['tree']} {r['phase']} c{r['callers']}")
+        cells.append(
+            hotpath_profile.per_call(
+                counts,
+                rate=rate,
+                calls=r["callers"] * r["ops"],
+                cpu_ms=r["daemon_cpu_ms"] - r["daemon_sys_ms"],
+            )
+            | {"kernel": r["daemon_sys_ms"]}
+        )
+    print(f"{'layer':<14}" + "".join(f"{h:>22}" for h in heads))
+    for name in (*hotpath_profile.LAYERS, "kernel"):
+        print(f"{name:<14}" + "".join(f"{c[name]:>22.3f}" for c in cells))
+    print(f"{'total':<14}" + "".join(f"{sum(c.values()):>22.3f}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ With --input-bytes, each call's input carries that many more bytes (a
 `pad` string), as a tool's real arguments would. Each phase is validated
 per key: in `first` the body ran exactly once for every key, in `dup`
 never, and every call returned its own key's result.
+Each caller also measures its own process's CPU time (user + system, every
+thread: the client's gRPC threads too) over each phase, reported summed over
+the callers as `caller_cpu_ms` per call.
 Stdout carries `mark <phase> start|end` lines (printed by caller 0 once all
 callers passed the barrier, for a profiler to follow) and then one JSON line
 with both phases' numbers.
@@ -29,6 +32,7 @@ import argparse
 import importlib
 import json
 import multiprocessing as mp
+import os
 import sys
 import threading
 import time
@@ -115,6 +119,12 @@ def powertools_caller(
 CALLERS = {"effectd": effectd_caller, "powertools": powertools_caller}
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far, user + system, every thread."""
+    t = os.times()
+    return t.user + t.system
+
+
 def mark(worker: int, text: str) -> None:
     if worker == 0:
         print(f"mark {text}", flush=True)
@@ -140,16 +150,24 @@ def caller(
             barrier.wait(BARRIER_TIMEOUT_S)
             mark(worker, f"{phase} start")
             latencies: list[float] = []
+            cpu0 = cpu_seconds()
             t0 = time.perf_counter()
             for i in range(args.ops):
                 start = time.perf_counter_ns()
                 call(i)
                 latencies.append((time.perf_counter_ns() - start) / 1e6)
             t1 = time.perf_counter()
+            cpu = cpu_seconds() - cpu0
             barrier.wait(BARRIER_TIMEOUT_S)
             mark(worker, f"{phase} end")
             runs = [ran[i] - before[i] for i in range(args.ops)]
-            out[phase] = {"t0": t0, "t1": t1, "ms": latencies, "runs": runs}
+            out[phase] = {
+                "t0": t0,
+                "t1": t1,
+                "ms": latencies,
+                "runs": runs,
+                "cpu_s": cpu,
+            }
     except BaseException:  # reported; the configuration is then invalid
         out["error"] = traceback.format_exc(limit=8)
         barrier.abort()
@@ -221,6 +239,7 @@ def summarize(
             "p50_ms": percentile(ms, 0.50),
             "p99_ms": percentile(ms, 0.99),
             "max_ms": ms[-1],
+            "caller_cpu_ms": 1000 * sum(p["cpu_s"] for p in parts) / len(ms),
         }
     return result
 

@@ -14,7 +14,7 @@ harness (`bench/peer_harness.py`): 1 caller and 32 caller processes, a
 `first` and a `duplicate` phase, each validated per key. The configurations
 run --runs times, interleaved (run 1 of all of them, then run 2, the order of
 the two peers alternating), and the ratios pair the two peers of one run.
-It prints the table, the issue 12 targets (reported, never asserted), the
+It prints the table, the issue 27 targets (reported, never asserted), the
 daemon's RSS idle and under the 32-process load, writes a PNG plot, and with
 --profile records the daemon with py-spy during one more 32-process first
 phase. Everything it started is stopped by PID. It exits 1 if a phase did
@@ -285,6 +285,29 @@ def harness(
     return result
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ServerCpu:
+    """The server's CPU time over each phase, between the harness's marks:
+    the daemon's for effectd, redis-server's for Powertools."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.seconds: dict[str, float] = {}
+
+    def on_mark(self, mark: str) -> None:
+        phase, _, edge = mark.partition(" ")
+        now = cpu_seconds(self.pid)
+        self.seconds[phase] = now - self.seconds[phase] if edge == "end" else now
+
+    def per_call(self, phase: str, calls: int) -> float:
+        return 1000 * self.seconds.get(phase, float("nan")) / calls
+
+
 class Profiler:
     """py-spy on the daemon between the marks of the first phase."""
 
@@ -390,8 +413,12 @@ def measure(
     """Every run of every configuration; returns (records, RSS idle MB,
     peak RSS under 32 callers MB, the profile's file)."""
     records: list[dict[str, Any]] = []
-    with redis(work / "redis") as (redis_at, _), effectd(work / "effectd") as daemon:
+    with (
+        redis(work / "redis") as (redis_at, redis_pid),
+        effectd(work / "effectd") as daemon,
+    ):
         effectd_at, pid = daemon
+        servers = {"effectd": pid, "powertools": redis_pid}
         peers = {
             "effectd": Peer("effectd", Path(sys.executable), effectd_at),
             "powertools": Peer("powertools", bench_py, redis_at),
@@ -405,8 +432,11 @@ def measure(
                 for name in order:
                     tag = f"r{run}-c{callers}-{time.time_ns()}"
                     load = load_average()
+                    server = ServerCpu(servers[name])
                     with PeakRss(pid) as peak:
-                        result = harness(peers[name], callers, ops, tag=tag)
+                        result = harness(
+                            peers[name], callers, ops, tag=tag, on_mark=server.on_mark
+                        )
                     if name == "effectd" and callers > 1:
                         loaded = max(loaded, peak.peak)
                     for phase, numbers in result.items():
@@ -416,6 +446,7 @@ def measure(
                             "callers": callers,
                             "load": load,
                         }
+                        numbers["server_cpu_ms"] = server.per_call(phase, callers * ops)
                         records.append({**at, "phase": phase, **numbers})
                         log(progress(records[-1]))
         profile = None
@@ -506,11 +537,17 @@ def report(
     )
     print(peer_stats.table(rows, markdown=markdown))
     print(
+        "\nCPU ms per call (medians): the server's (effectd's daemon, "
+        "redis-server) and the callers' (every caller process, summed)"
+    )
+    print(peer_stats.cpu_table(records, markdown=markdown))
+    print(
         f"\ndaemon RSS: {meta['rss_idle_mb']:.1f} MB idle, "
         f"{meta['rss_loaded_mb']:.1f} MB peak under 32 procs"
     )
-    print("targets (issue 12; reported, not asserted):")
-    for t in peer_stats.targets(rows, meta["rss_idle_mb"], meta["rss_loaded_mb"]):
+    print("targets (issue 27; reported, not asserted):")
+    cpu = peer_stats.daemon_cpu(records)
+    for t in peer_stats.targets(rows, meta["rss_idle_mb"], meta["rss_loaded_mb"], cpu):
         print(f"  {t.show()}")
     for r in records:
         if not r.get("valid"):

@@ -179,16 +179,20 @@ class Boundary:
         deadline: float | None,
         trace: tracecontext.TraceParent | None,
         context: Context | None = None,
+        who: caller.Caller | None = None,
     ) -> Any:
         """Runs one call of `method` through the steps of this module, in
         their order; `run` runs its handler, whose `deadline` is that many
-        seconds from now unless None. Returns the handler's answer, or `Refused`.
+        seconds from now unless None; `who`, its caller when resolved already
+        (`caller.resolve` of `principal` and `request`). Returns the
+        handler's answer, or `Refused`.
         Raises what ended the call otherwise (it was cancelled, or gRPC
         ended it: the `context` of a call, None for a session message, tells
         its code for the record).
         """
         # 1. enter
-        who = caller.resolve(principal, request)
+        if who is None:
+            who = caller.resolve(principal, request)
         state = CallState(method, principal, namespace=who.namespace, trace=trace)
         self._recorder.started(state)
         entered = (

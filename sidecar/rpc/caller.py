@@ -12,8 +12,12 @@ the credential, never from the request body alone.
 
 from __future__ import annotations
 
+import functools
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor
 
 from sidecar.auth.access import Principal
 from sidecar.errors import NotFound
@@ -94,7 +98,13 @@ def place(
 def resolve(principal: Principal | None, request: object) -> Caller:
     """The caller of a call by `principal` (None: no authentication) that
     asks `request`; the boundary calls it once per call."""
-    requested = requested_namespace(request)
+    return resolve_named(principal, requested_namespace(request))
+
+
+def resolve_named(principal: Principal | None, requested: str) -> Caller:
+    """`resolve` of a request that names the namespace `requested`: a
+    function of the two alone, so a session stream, whose principal does not
+    change, resolves each namespace its messages name once."""
     acting = _acting_in(principal, requested)
     return Caller(principal, acting, _charged(principal, acting), requested)
 
@@ -137,15 +147,30 @@ def requested_namespace(request: object) -> str:
     descriptor = getattr(request, "DESCRIPTOR", None)
     if descriptor is None:
         return ""
+    where = _where_named(descriptor)
+    if where is None:
+        return ""
+    if where == "calls":
+        calls = request.calls  # type: ignore[attr-defined]
+        return str(calls[0].ref.namespace) if calls else ""
+    holder: Any = request if where == "namespace" else getattr(request, where)
+    return str(holder.namespace)
+
+
+@functools.cache
+def _where_named(descriptor: Descriptor) -> str | None:
+    """Where a message type names its namespace: "namespace" (its own
+    field), "ref" or "call" (that field's), "calls" (its first call's), or
+    None; read from its descriptor once per type, not per request."""
     fields = descriptor.fields_by_name
     if "namespace" in fields:
-        return str(request.namespace)  # type: ignore[attr-defined]
+        return "namespace"
     for name in ("ref", "call"):
         if name in fields and fields[name].message_type is not None:
-            return str(getattr(request, name).namespace)
-    if "calls" in fields and request.calls:  # type: ignore[attr-defined]
-        return str(request.calls[0].ref.namespace)  # type: ignore[attr-defined]
-    return ""
+            return name
+    if "calls" in fields:
+        return "calls"
+    return None
 
 
 # Set by the boundary in the task that serves the call, for its handler.

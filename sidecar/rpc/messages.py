@@ -12,9 +12,13 @@ from typing import TYPE_CHECKING, Any
 from sidecar import tracecontext
 from sidecar.auth.access import Principal, authorize
 from sidecar.errors import EffectdError
+from sidecar.rpc import caller
 
 if TYPE_CHECKING:
     from sidecar.rpc.boundary import Boundary, Refused
+
+
+_CALLERS = 64
 
 
 class Messages:
@@ -22,7 +26,7 @@ class Messages:
     unary RPC by the stream's principal: authorized for that RPC (the gate
     authorized only the stream), then through `Boundary.answer`."""
 
-    __slots__ = ("_boundary", "_denials", "_principal", "_trace", "cut")
+    __slots__ = ("_boundary", "_callers", "_denials", "_principal", "_trace", "cut")
 
     def __init__(
         self,
@@ -40,6 +44,10 @@ class Messages:
         # ends): a stream that ends with none ended between calls, as a
         # client that closes it ends it.
         self.cut = 0
+        # Nor does whom a namespace's calls are charged to: each namespace
+        # the messages name is resolved once (a few per stream; past
+        # `_CALLERS`, each message again).
+        self._callers: dict[str, caller.Caller] = {}
 
     async def answer(
         self,
@@ -62,8 +70,20 @@ class Messages:
             if denied is not None:
                 return self._boundary.refused(method, principal, denied, message_trace)
         deadline = timeout_ms / 1000 if timeout_ms else self._boundary.default_deadline
+        requested = caller.requested_namespace(request)
+        who = self._callers.get(requested)
+        if who is None:
+            who = caller.resolve_named(principal, requested)
+            if len(self._callers) < _CALLERS:
+                self._callers[requested] = who
         return await self._boundary.answer(
-            method, principal, request, run, deadline=deadline, trace=message_trace
+            method,
+            principal,
+            request,
+            run,
+            deadline=deadline,
+            trace=message_trace,
+            who=who,
         )
 
     def refuse(self, method: str, exc: EffectdError, traceparent: str) -> Refused:

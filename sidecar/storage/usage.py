@@ -129,7 +129,12 @@ class Counting:
     def __init__(self, view: WriteView) -> None:
         self._view = view
         self._pending: dict[bytes, Usage] = {}
-        self._adds = view if isinstance(view, AddsUsage) else None
+        # An attribute lookup, not isinstance(view, AddsUsage): a runtime
+        # protocol check walks the protocol's members on every call, tens of
+        # microseconds on each write function of the hot path.
+        self._add_usage: Callable[[bytes, Usage], None] | None = getattr(
+            view, "add_usage", None
+        )
 
     def pending(self, namespace: bytes) -> Usage:
         """The changes of `namespace` not yet written to `Table.USAGE`."""
@@ -151,8 +156,8 @@ class Counting:
         for namespace, change in self._pending.items():
             if change == Usage():
                 continue
-            if self._adds is not None:
-                self._adds.add_usage(namespace, change)
+            if self._add_usage is not None:
+                self._add_usage(namespace, change)
             else:
                 _add(self._view, namespace, change)
         self._pending.clear()

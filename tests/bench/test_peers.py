@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import hotpath_profile
 import peer_harness
 import peer_stats
 import pytest
@@ -91,6 +92,29 @@ def test_targets_are_reported_met_or_missed() -> None:
     assert shown[-1].endswith("met")
 
 
+def test_the_daemon_cpu_targets_read_the_32_process_medians() -> None:
+    """The CPU targets take effectd's daemon CPU per call at 32 processes,
+    the median of the valid runs; the table shows both peers' CPU."""
+    records = [
+        {**record(run, "effectd", 100, 1.0), "callers": 32, "server_cpu_ms": cpu}
+        for run, cpu in ((1, 0.5), (2, 0.7), (3, 0.6))
+    ] + [
+        {**record(1, "powertools", 100, 1.0), "callers": 32, "server_cpu_ms": 0.2},
+        {**record(4, "effectd", 1, 1.0), "callers": 32, "valid": False},
+    ]
+    cpu = peer_stats.daemon_cpu(records)
+    assert cpu["first"] == pytest.approx(0.6)
+    shown = [t.show() for t in peer_stats.targets(peer_stats.rows(records), 1, 1, cpu)]
+    assert (
+        "daemon CPU per first execution at 32 procs, ms: 0.60 (target <= 0.6) met"
+        in shown
+    )
+    assert "daemon CPU per duplicate at 32 procs, ms: not measured" in shown
+    table = peer_stats.cpu_table(records).splitlines()
+    assert table[1].split() == ["first", "32", "effectd", "0.600", "nan"]
+    assert table[2].split() == ["first", "32", "powertools", "0.200", "nan"]
+
+
 def test_a_profile_is_summed_per_thread_leaf_and_own_function() -> None:
     collapsed = [
         "thread (1): Main;main (sidecar/cli.py);Handle._run (asyncio/events.py) 6",
@@ -108,7 +132,13 @@ def test_a_profile_is_summed_per_thread_leaf_and_own_function() -> None:
 
 
 def phase(runs: list[int]) -> dict[str, Any]:
-    return {"t0": 1.0, "t1": 2.0, "ms": [1.0] * len(runs), "runs": runs}
+    return {
+        "t0": 1.0,
+        "t1": 2.0,
+        "ms": [1.0] * len(runs),
+        "runs": runs,
+        "cpu_s": 0.003,
+    }
 
 
 @pytest.mark.parametrize(
@@ -129,6 +159,8 @@ def test_a_phase_is_valid_only_if_each_key_ran_as_it_must(
     result = peer_harness.summarize([report], callers=1, ops=2)
     assert (result["first"]["valid"], result["dup"]["valid"]) == valid
     assert result["first"]["calls_s"] == 2.0
+    # The callers' CPU over the phase, per call: 3 ms for 2 calls.
+    assert result["first"]["caller_cpu_ms"] == pytest.approx(1.5)
 
 
 def test_a_caller_that_failed_or_did_not_report_invalidates_both_phases() -> None:
@@ -138,3 +170,63 @@ def test_a_caller_that_failed_or_did_not_report_invalidates_both_phases() -> Non
         result = peer_harness.summarize(reports, callers=2, ops=1)
         assert not result["first"]["valid"]
         assert not result["dup"]["valid"]
+
+
+@pytest.mark.parametrize(
+    ("stack", "layer"),
+    [
+        (
+            "thread (1): MainThread;_run (asyncio);Handle._run (asyncio/events.py)",
+            "serving",
+        ),
+        ("thread (1): MainThread;x;_Stream._write (sidecar/rpc/session.py)", "serving"),
+        (
+            "thread (1): MainThread;Boundary.answer (sidecar/rpc/boundary.py)",
+            "boundary",
+        ),
+        (
+            "thread (1): MainThread;Boundary.answer (sidecar/rpc/boundary.py);"
+            "call_pb (sidecar/rpc/convert.py);__init__ (<string>)",
+            "translation",
+        ),
+        (
+            "thread (1): MainThread;LmdbStore._commit (sidecar/storage/lmdb/store.py);"
+            "apply (sidecar/services/ledger.py);save_call (sidecar/storage/records.py)",
+            "records",
+        ),
+        (
+            "thread (1): MainThread;apply (sidecar/services/ledger.py);"
+            "commit (sidecar/ledger/machine.py)",
+            "rules",
+        ),
+        (
+            "thread (1): MainThread;LmdbStore._commit_gathered (sidecar/storage/"
+            "lmdb_store.py);LmdbStore._commit (sidecar/storage/lmdb/store.py)",
+            "commit",
+        ),
+        (
+            "thread (2): Thread-1 (_poll_wrapper);Thread.run (threading.py)",
+            "other threads",
+        ),
+    ],
+)
+def test_a_profile_sample_is_put_in_its_innermost_layer(stack: str, layer: str) -> None:
+    """The budget's layers: the innermost frame of the daemon's code names
+    it; the commit's own line, the session's gRPC calls and other threads
+    are theirs whatever the rest of the stack."""
+    assert hotpath_profile.layer(stack.split(";")) == layer
+
+
+def test_a_budget_shares_the_measured_cpu_by_samples() -> None:
+    counts = hotpath_profile.split(
+        [
+            "thread (1): MainThread;Handle._run (asyncio/events.py) 3",
+            "thread (1): MainThread;Boundary.answer (sidecar/rpc/boundary.py) 1",
+            "not a stack",
+        ]
+    )
+    cells = hotpath_profile.per_call(counts, rate=100, calls=10, cpu_ms=2.0)
+    assert (cells["serving"], cells["boundary"]) == (1.5, 0.5)
+    assert sum(cells.values()) == pytest.approx(2.0)
+    sampled = hotpath_profile.per_call(counts, rate=100, calls=10)
+    assert sampled["serving"] == pytest.approx(3.0)  # 3 samples of 10 ms, 10 calls

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -34,7 +35,13 @@ from sidecar.observability.metrics import Metrics
 from sidecar.rpc import session as session_module
 from sidecar.rpc.concurrency import Pool
 from sidecar.testing import RunningDaemon, running_daemon
-from tests.auth.support import AGENT_A, AGENT_B, APPROVER_A, authenticated_daemon
+from tests.auth.support import (
+    AGENT_A,
+    AGENT_AB,
+    AGENT_B,
+    APPROVER_A,
+    authenticated_daemon,
+)
 from tests.rpc.sessions import (
     Conversation,
     HeldDaemon,
@@ -362,6 +369,35 @@ def test_messages_are_recorded_under_their_unary_names(
         ("/effectd.v1.ToolLedger/CommitTool", "OK", None),
         ("/effectd.v1.ToolLedger/Session", "OK", None),
     ]
+
+
+def test_each_message_is_recorded_in_the_namespace_it_names(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream resolves each namespace its messages name once: a token of
+    namespaces a and b on one stream, its messages recorded each in its own
+    (one naming a namespace outside its grants in none), whatever came
+    before it on the stream."""
+    caplog.set_level(logging.DEBUG, logger="effectd.access")
+    with authenticated_daemon(short_tmp / "data") as (_, channel):
+        ab = (("authorization", f"Bearer {AGENT_AB}"),)
+        named = ["a", "b", "a", "c", "b"]
+        answers = exchange(
+            channel,
+            [
+                message(i, pb.GetToolCallRequest(ref=ref("run", f"c{i}", ns)))
+                for i, ns in enumerate(named, 1)
+            ],
+            ab,
+        )
+    assert {refusal(a).code for a in answers.values()} == {R.NOT_FOUND}
+    recorded = Counter(
+        r.__dict__["namespace"]
+        for r in caplog.records
+        if r.name == "effectd.access"
+        and r.__dict__["method"] == "/effectd.v1.ToolLedger/GetToolCall"
+    )
+    assert recorded == Counter({"a": 2, "b": 2, None: 1})
 
 
 # -- many in flight ------------------------------------------------------------
