@@ -16,6 +16,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd_client import EffectdError
 from sidecar.ctl.output import enum_name, printable, state_name, when
 from sidecar.ledger import fingerprint
+from sidecar.ledger.channel_results import CALL_TOOL_RESULT_EXAMPLE
 from sidecar.ledger.model import Payload, PayloadKind
 from sidecar.web.html import at, esc, fields, hidden, notice, run_link, state, table
 
@@ -125,6 +126,16 @@ def _bound(call: pb.ToolCall, csrf: str) -> str:
     )
 
 
+def _result_shape(call: pb.ToolCall) -> str:
+    """What the result of a call on its channel looks like, when it matters."""
+    if call.channel != pb.CALL_CHANNEL_MCP:
+        return ""
+    return (
+        "<br>An MCP call's result is an MCP CallToolResult object, e.g. "
+        f"<code>{esc(CALL_TOOL_RESULT_EXAMPLE)}</code>"
+    )
+
+
 def _reconcile_form(call: pb.ToolCall, csrf: str) -> str:
     since = at(call.unknown_since)
     return (
@@ -142,7 +153,8 @@ def _reconcile_form(call: pb.ToolCall, csrf: str) -> str:
         ' <label for="r-not">It never ran: the call may be executed again</label>'
         "</p></fieldset>"
         '<p><label for="result">Result found (JSON, when it ran)</label>'
-        '<textarea id="result" name="result" rows="3" spellcheck="false"></textarea>'
+        + _result_shape(call)
+        + '<textarea id="result" name="result" rows="3" spellcheck="false"></textarea>'
         "</p>"
         '<p><label for="evidence">Evidence from the target system</label>'
         '<textarea id="evidence" name="evidence" required rows="3"></textarea></p>'

@@ -774,15 +774,15 @@ def test_a_call_outside_a_run_is_refused(daemon: TestDaemon, tmp_path: Path) -> 
 # -- MCP servers ----------------------------------------------------------------
 
 
-def mcp_agent(tools: list[Any], tool: str) -> Agent[Any]:
+def mcp_agent(tools: list[Any], tool: str, call_id: str = "m-1") -> Agent[Any]:
     """Calls the MCP tool `tool` once (call id m-1), then says what it got;
     each answer follows from the transcript, as `model` does."""
 
     def answer(call: ModelCall) -> Any:
         seen = outputs_of(call)
-        if "m-1" not in seen:
-            return [function_call(tool, {"to": "ann"}, call_id="m-1")]
-        return [assistant_message(f"model saw: {seen['m-1']}")]
+        if call_id not in seen:
+            return [function_call(tool, {"to": "ann"}, call_id=call_id)]
+        return [assistant_message(f"model saw: {seen[call_id]}")]
 
     model = ScriptedModel([ModelStep.respond(answer) for _ in range(4)])
     return Agent(name="mailer", model=model, tools=tools)
@@ -792,7 +792,9 @@ def stdio_params(state: Path) -> MCPServerStdioParams:
     return {"command": sys.executable, "args": [str(SERVER), str(state), "stdio"]}
 
 
-async def run_mcp(target: str, state: Path, tool: str, *, ledgered: bool = True) -> str:
+async def run_mcp(
+    target: str, state: Path, tool: str, *, ledgered: bool = True, call_id: str = "m-1"
+) -> str:
     params = stdio_params(state)
     async with (
         AsyncClient(target) as effectd,
@@ -801,7 +803,7 @@ async def run_mcp(target: str, state: Path, tool: str, *, ledgered: bool = True)
         ledger = AgentLedger(effectd)
         if ledgered:
             tools: list[Any] = await ledger.mcp_tools(server, name="counter")
-            agent = mcp_agent(tools, tool)
+            agent = mcp_agent(tools, tool, call_id)
         else:
             agent = mcp_agent([], tool)
             agent.mcp_servers = [server]
@@ -903,6 +905,48 @@ def test_an_mcp_tool_the_policy_holds_for_approval_runs_once_approved(
     again = asyncio.run(step(approve=False))
     assert first == again
     assert "sent to ann (#1)" in first
+    assert executions(tmp_path, "send") == 1
+
+
+@pytest.mark.slow
+def test_an_mcp_calls_result_is_a_call_tool_result_in_the_ledger_and_back(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """An MCP tool's output is stored as the CallToolResult it came from (the
+    shape the daemon lets an operator reconcile an MCP call with); a call
+    reconciled with one reaches the model as a live result would, the server never
+    called (issue 25 item 5: fails before the fix: the SDK's own output was
+    stored, and a reconciled CallToolResult reached the model as a dump)."""
+    first = asyncio.run(run_mcp(daemon.target, tmp_path, "send"))
+    run = run_id(tmp_path)
+    with Client(daemon.target) as client:
+        call = client.get_tool_call(run, "m-1")
+        assert call.result is not None
+        assert call.result.value == {
+            "content": [{"type": "text", "text": "sent to ann (#1)"}],
+            "isError": False,
+        }
+        held = client.prepare_tool(
+            run,
+            "m-2",
+            "mcp://counter/send",
+            {"server": "counter", "tool": "send", "arguments": {"to": "ann"}},
+            start=True,
+            channel=Channel.MCP,
+        )
+        client.report_unknown(run, "m-2", held.call.attempt, "the process died")
+        client.reconcile(
+            run,
+            "m-2",
+            expected_revision=client.get_tool_call(run, "m-2").revision,
+            operator="olga",
+            reason="found it",
+            evidence="outbox",
+            result={"content": [{"type": "text", "text": "charged i-9"}]},
+        )
+    answer = asyncio.run(run_mcp(daemon.target, tmp_path, "send", call_id="m-2"))
+    # As the model sees a live result of the tool.
+    assert answer == first.replace("sent to ann (#1)", "charged i-9")
     assert executions(tmp_path, "send") == 1
 
 

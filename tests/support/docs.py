@@ -46,7 +46,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from effectd_client import Client
+from effectd_client import Channel, Client
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.support.processes import ROOT
@@ -140,8 +140,26 @@ def _calls_to_handle(daemon: RunningDaemon) -> None:
         )
 
 
+def _mcp_calls_unknown(daemon: RunningDaemon) -> None:
+    """mcp-run-2: call-1 and call-2, MCP calls of `send` on the server the
+    operator names `mail`, UNKNOWN (reported: their agent lost the
+    connection), for the MCP page's reconcile examples."""
+    with Client(daemon.target) as client:
+        for call_id in ("call-1", "call-2"):
+            held = client.prepare_tool(
+                "mcp-run-2",
+                call_id,
+                "mcp://mail/send",
+                {"server": "mail", "tool": "send", "arguments": {"to": call_id}},
+                start=True,
+                channel=Channel.MCP,
+            )
+            client.report_unknown("mcp-run-2", call_id, held.call.attempt, "lost")
+
+
 FIXTURES: dict[str, Callable[[RunningDaemon], None]] = {
     "calls-to-handle": _calls_to_handle,
+    "mcp-calls-unknown": _mcp_calls_unknown,
 }
 
 

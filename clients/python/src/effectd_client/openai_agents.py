@@ -84,6 +84,7 @@ from effectd_client._openai_agents_approvals import (
     Rule,
     arguments_of,
 )
+from effectd_client._openai_agents_mcp import stored_result, tool_output
 from effectd_client._safe_outcomes import Matcher, is_unknown
 from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 
@@ -294,6 +295,10 @@ class AgentLedger(LedgerApprovals):
     def _wrap(self, tool: FunctionTool, rule: Rule) -> FunctionTool:
         self._rules[tool.name] = rule
         invoke = tool.on_invoke_tool
+        # An MCP call's result in the ledger is a CallToolResult.
+        mcp = rule.channel is Channel.MCP
+        store = stored_result if mcp else _same
+        restore = tool_output if mcp else _same
 
         async def needs_approval(
             ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
@@ -333,9 +338,9 @@ class AgentLedger(LedgerApprovals):
                     channel=rule.channel,
                 ) as step:
                     if not step.execute:
-                        return step.result
+                        return restore(step.result)
                     output = await invoke(ctx, raw)
-                    step.set_result(output)
+                    step.set_result(store(output))
                     return output
             except CallRejected:
                 return DEFAULT_REJECTION_MESSAGE
@@ -368,6 +373,10 @@ class AgentLedger(LedgerApprovals):
         if inspect.isawaitable(answer):
             answer = await answer
         return bool(answer)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _error_text(message: str) -> str:
