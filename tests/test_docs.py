@@ -29,9 +29,9 @@ AT_LEAST = {
     "README.md": 9,
     "docs/operations.md": 6,
     "clients/node/README.md": 0,
-    "docs/mcp.md": 3,
+    "docs/mcp.md": 4,
     "docs/pydantic-ai.md": 1,
-    "docs/langgraph.md": 2,
+    "docs/langgraph.md": 3,
     "docs/openai-agents.md": 1,
 }
 

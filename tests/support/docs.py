@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from effectd_client import Channel, Client
 from sidecar.config import ServeConfig
@@ -140,26 +141,43 @@ def _calls_to_handle(daemon: RunningDaemon) -> None:
         )
 
 
-def _mcp_calls_unknown(daemon: RunningDaemon) -> None:
-    """mcp-run-2: call-1 and call-2, MCP calls of `send` on the server the
-    operator names `mail`, UNKNOWN (reported: their agent lost the
-    connection), for the MCP page's reconcile examples."""
+def _unknown(
+    daemon: RunningDaemon,
+    run_id: str,
+    tool: str,
+    inputs: list[Any],
+    channel: Channel = Channel.TOOL,
+) -> None:
+    """Calls call-1, call-2... of `run_id`, one per input, UNKNOWN after
+    their attempt 1 (reported: their agent lost the connection)."""
     with Client(daemon.target) as client:
-        for call_id in ("call-1", "call-2"):
+        for n, value in enumerate(inputs, start=1):
+            call_id = f"call-{n}"
             held = client.prepare_tool(
-                "mcp-run-2",
-                call_id,
-                "mcp://mail/send",
-                {"server": "mail", "tool": "send", "arguments": {"to": call_id}},
-                start=True,
-                channel=Channel.MCP,
+                run_id, call_id, tool, value, start=True, channel=channel
             )
-            client.report_unknown("mcp-run-2", call_id, held.call.attempt, "lost")
+            client.report_unknown(run_id, call_id, held.call.attempt, "lost")
+
+
+def _mcp_calls_unknown(daemon: RunningDaemon) -> None:
+    """mcp-run-2: MCP calls of `send` on the server the operator names
+    `mail`, UNKNOWN, for the MCP page's reconcile examples."""
+    inputs = [
+        {"server": "mail", "tool": "send", "arguments": {"to": to}}
+        for to in ("ann", "bo")
+    ]
+    _unknown(daemon, "mcp-run-2", "mcp://mail/send", inputs, Channel.MCP)
+
+
+def _langgraph_calls_unknown(daemon: RunningDaemon) -> None:
+    """trip-2: two calls of `book`, UNKNOWN, for the LangGraph page."""
+    _unknown(daemon, "trip-2", "book", [{"city": "Paris"}, {"city": "Rome"}])
 
 
 FIXTURES: dict[str, Callable[[RunningDaemon], None]] = {
     "calls-to-handle": _calls_to_handle,
     "mcp-calls-unknown": _mcp_calls_unknown,
+    "langgraph-calls-unknown": _langgraph_calls_unknown,
 }
 
 
