@@ -32,7 +32,7 @@ AT_LEAST = {
     "docs/mcp.md": 4,
     "docs/pydantic-ai.md": 1,
     "docs/langgraph.md": 3,
-    "docs/openai-agents.md": 1,
+    "docs/openai-agents.md": 2,
 }
 
 

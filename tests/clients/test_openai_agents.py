@@ -771,6 +771,67 @@ def test_a_call_outside_a_run_is_refused(daemon: TestDaemon, tmp_path: Path) -> 
     assert count(tmp_path, "lookup") == 0
 
 
+# -- parallel calls of one step ------------------------------------------------
+
+
+def parallel_agent(ledger: AgentLedger, workdir: Path) -> Agent[Any]:
+    """Sends to Ann and to Bo in one model response, then says what it saw."""
+    _, send = tools(workdir, approval=False)
+
+    def answer(call: ModelCall) -> Any:
+        seen = outputs_of(call)
+        if not seen:
+            return [
+                function_call("send", {"to": "ann"}, call_id="p-1"),
+                function_call("send", {"to": "bo"}, call_id="p-2"),
+            ]
+        return [assistant_message(f"model saw: {seen['p-1']} | {seen['p-2']}")]
+
+    model = ScriptedModel([ModelStep.respond(answer) for _ in range(4)])
+    return Agent(name="trip", model=model, tools=[ledger.tool(send)])
+
+
+def test_parallel_unknown_calls_are_all_named_by_the_interruption(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """Both parallel sends of a step are UNKNOWN (their process died): the
+    interruption names both, so the operator reconciles both and one restart
+    finishes, unsent (issue 25 item 6: fails before the fix: it named one,
+    and each call took a reconcile-and-restart round)."""
+    run = run_id(tmp_path)
+    with Client(daemon.target) as client:
+        for call_id, to in (("p-1", "ann"), ("p-2", "bo")):
+            held = client.prepare_tool(run, call_id, "send", {"to": to}, start=True)
+            client.report_unknown(run, call_id, held.call.attempt, "the process died")
+
+    async def restart() -> str:
+        async with AsyncClient(daemon.target) as effectd:
+            ledger = AgentLedger(effectd, lease_ms=LEASE_MS)
+            with ledger.run(run):
+                result = await Runner.run(parallel_agent(ledger, tmp_path), "send")
+                return str(result.final_output)
+
+    with pytest.raises(LedgerInterruption) as stopped:
+        asyncio.run(restart())
+    assert isinstance(stopped.value.cause, ReconciliationNeeded)
+    named = getattr(stopped.value, "calls", (stopped.value.call,))
+    assert sorted(c.call_id for c in named) == ["p-1", "p-2"]
+    assert "p-1 (send, UNKNOWN), p-2 (send, UNKNOWN)" in str(stopped.value)
+    with Client(daemon.target) as client:
+        for call in named:
+            client.reconcile(
+                run,
+                call.call_id,
+                expected_revision=client.get_tool_call(run, call.call_id).revision,
+                operator="olga",
+                reason="found it",
+                evidence="outbox",
+                result=f"sent ({call.call_id})",
+            )
+    assert asyncio.run(restart()) == "model saw: sent (p-1) | sent (p-2)"
+    assert count(tmp_path, "send") == 0
+
+
 # -- MCP servers ----------------------------------------------------------------
 
 

@@ -10,7 +10,8 @@ the working directory and the virtual environment first on PATH:
 
 - `sh`, `bash`, `shell`: `bash -e -o pipefail -c BLOCK`, so any failing
   command fails the block;
-- `python`: the virtual environment's Python;
+- `python`: the virtual environment's Python; it must write nothing to
+  stderr (a warning every reader of the example would see);
 - `js`, `javascript`: saved as `clients/node/example.js` (inside the
   package, as the Node README says) and run by `node` from the sandbox;
   it must also write nothing to stderr (the example reports refusals
@@ -174,10 +175,18 @@ def _langgraph_calls_unknown(daemon: RunningDaemon) -> None:
     _unknown(daemon, "trip-2", "book", [{"city": "Paris"}, {"city": "Rome"}])
 
 
+def _agents_calls_unknown(daemon: RunningDaemon) -> None:
+    """mail-run-3: two calls of `send_email`, UNKNOWN, for the Agents SDK
+    page."""
+    inputs = [{"to": "ann@example.com", "body": "Hi"}, {"to": "bo@example.com"}]
+    _unknown(daemon, "mail-run-3", "send_email", inputs)
+
+
 FIXTURES: dict[str, Callable[[RunningDaemon], None]] = {
     "calls-to-handle": _calls_to_handle,
     "mcp-calls-unknown": _mcp_calls_unknown,
     "langgraph-calls-unknown": _langgraph_calls_unknown,
+    "agents-calls-unknown": _agents_calls_unknown,
 }
 
 
@@ -383,7 +392,7 @@ def _execute(block: Block, command: list[str], box: Sandbox) -> str | None:
         return f"still running after {BLOCK_TIMEOUT:g} s:\n{output[-2000:]}"
     if code != 0:
         return f"exit {code}:\n{output[-2000:]}"
-    if block.lang in _JS and err.read_text():
+    if block.lang in (*_JS, "python") and err.read_text():
         return f"wrote to stderr:\n{err.read_text()[-2000:]}"
     return None
 

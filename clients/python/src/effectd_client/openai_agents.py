@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from agents import AgentsException, FunctionTool
+from agents import FunctionTool
 from agents.mcp import MCPServer, MCPUtil
 from agents.run_context import RunContextWrapper
 from agents.tool_context import ToolContext
@@ -71,7 +71,6 @@ from effectd_client import (
     Effect,
     EffectdError,
     OutcomeUnknown,
-    ToolCall,
     ToolCallStopped,
     ToolFailed,
 )
@@ -85,6 +84,7 @@ from effectd_client._openai_agents_approvals import (
     arguments_of,
 )
 from effectd_client._openai_agents_mcp import stored_result, tool_output
+from effectd_client._openai_agents_stops import LedgerInterruption, interruption
 from effectd_client._safe_outcomes import Matcher, is_unknown
 from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 
@@ -102,23 +102,6 @@ __all__ = [
 ]
 
 _ALL: tuple[Matcher, ...] = (Exception,)
-
-
-class LedgerInterruption(AgentsException):
-    """The ledger stopped a tool call: the run ends here.
-
-    `cause` is the client's reason: `ReconciliationNeeded` (a side effect of
-    unknown outcome: an operator reconciles it), `ApprovalPending` (effectd
-    has not approved this call), `CallInProgress`, `RetryRequired`, a refusal
-    (`InputMismatch`: the same call id with other arguments), or what the
-    tool raised just now when its outcome is unknown (recorded UNKNOWN; the
-    only case in which the tool ran).
-    """
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(f"effectd stopped the tool call: {cause}")
-        self.cause = cause
-        self.call: ToolCall | None = getattr(cause, "call", None)
 
 
 def mcp_tool_name(server: str, tool: str) -> str:
@@ -347,10 +330,10 @@ class AgentLedger(LedgerApprovals):
             except ToolFailed as failed:
                 return _error_text(failed.result.error_message)
             except (ToolCallStopped, OutcomeUnknown, EffectdError) as stopped:
-                raise LedgerInterruption(stopped) from stopped
+                raise await interruption(self.client, run.run_id, stopped) from stopped
             except Exception as exc:
                 if is_unknown(exc, rule.unknown_on):
-                    raise LedgerInterruption(exc) from exc
+                    raise await interruption(self.client, run.run_id, exc) from exc
                 # Committed as an error result: the model reads it.
                 return _error_text(str(exc))
 
