@@ -30,7 +30,7 @@ AT_LEAST = {
     "docs/operations.md": 6,
     "clients/node/README.md": 0,
     "docs/mcp.md": 4,
-    "docs/pydantic-ai.md": 1,
+    "docs/pydantic-ai.md": 2,
     "docs/langgraph.md": 3,
     "docs/openai-agents.md": 2,
 }

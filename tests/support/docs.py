@@ -182,11 +182,18 @@ def _agents_calls_unknown(daemon: RunningDaemon) -> None:
     _unknown(daemon, "mail-run-3", "send_email", inputs)
 
 
+def _pydantic_ai_calls_unknown(daemon: RunningDaemon) -> None:
+    """refund-order-b: two calls of `refund`, UNKNOWN, for the Pydantic AI
+    page."""
+    _unknown(daemon, "refund-order-b", "refund", [{"order": "b"}, {"order": "c"}])
+
+
 FIXTURES: dict[str, Callable[[RunningDaemon], None]] = {
     "calls-to-handle": _calls_to_handle,
     "mcp-calls-unknown": _mcp_calls_unknown,
     "langgraph-calls-unknown": _langgraph_calls_unknown,
     "agents-calls-unknown": _agents_calls_unknown,
+    "pydantic-ai-calls-unknown": _pydantic_ai_calls_unknown,
 }
 
 
