@@ -47,12 +47,14 @@ from the persisted `all_messages()`, not from the prompt (a new model response
 has new call ids), with `deferred_tool_results=await toolset.resume_results(
 history, approvals)`, which carries every call the run deferred back to the
 toolset; a resume that leaves one out is refused (`DeferredCallsNotResumed`):
-Pydantic AI would tell the model it was interrupted. Each tool's effect, approval and retry come from the
-operator's `ToolPolicy` (`effectd_client.policy`, the words LangGraph's
-adapter reads too; or just its rules by tool name: a `ToolRule` or an
-`Effect`), default SIDE_EFFECT; a tool declared `requires_approval=True`
-requires an effectd approval too. An IDEMPOTENT_WRITE
-tool reads its key `{run_id}:{call_id}` from `effectd_client.current_call()`.
+Pydantic AI would tell the model it was interrupted.
+
+Each tool's effect, approval and retry come from the operator's
+`ToolPolicy` (`effectd_client.policy`, the words LangGraph's adapter reads
+too; or just its rules by tool name: a `ToolRule` or an `Effect`), default
+SIDE_EFFECT; a tool declared `requires_approval=True` requires an effectd
+approval too. An IDEMPOTENT_WRITE tool reads its key `{run_id}:{call_id}`
+from `effectd_client.current_call()`.
 
     toolset = EffectdToolset(
         FunctionToolset([send_email, lookup]),
