@@ -53,6 +53,33 @@ def test_the_documents_blocks_run_as_written(short_tmp: Path, document: str) -> 
     assert len(report.ran) >= AT_LEAST[document]
 
 
+FRAMEWORK_PAGES = (
+    "docs/mcp.md",
+    "docs/pydantic-ai.md",
+    "docs/langgraph.md",
+    "docs/openai-agents.md",
+)
+
+
+@pytest.mark.parametrize("document", FRAMEWORK_PAGES)
+def test_each_framework_page_reconciles_in_a_block_that_runs(document: str) -> None:
+    """Each framework's page shows how to reconcile its calls in a block the
+    documents' test runs: the result found, and "never ran" with
+    `--confirm-dead-attempt` (issue 25 item 15: fails before the fix: no
+    framework page named the flag, and none ran a reconcile)."""
+    runs = [
+        block.code
+        for block in docs.blocks((ROOT / document).read_text())
+        if block.lang == "sh" and block.marker != "skip"
+    ]
+    assert any(
+        "effectd ctl reconcile" in code
+        and "--result" in code
+        and "--not-executed --confirm-dead-attempt" in code
+        for code in runs
+    ), document
+
+
 def test_every_marker_is_understood() -> None:
     """Each docs-test comment in the documents is a known marker, and each
     `given` names a fixture the runner has."""
