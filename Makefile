@@ -147,11 +147,15 @@ SCALE_RECORDS ?= 20000
 bench-scale: $(INSTALLED)
 	$(PY) bench/scale.py --records $(SCALE_RECORDS) $(ARGS)
 
-## bench-shared: the lifecycle on the shared PostgreSQL store against LMDB, one
-## daemon against three on one database, 1 and 32 callers, ratios in one run
-## (about two minutes; a database of its own on EFFECTD_BENCH_POSTGRES, dropped after)
+## bench-shared: effectd on PostgreSQL against DBOS Transact on the same server
+## (DBOS in a venv of its own outside the repository, EFFECTD_BENCH_STATE), 1 and 16
+## callers, first executions and duplicates validated per key, and effectd on 1 to 4
+## daemons at 32 callers, ratios in one run; then what one call sends the database
+## (commits, statements, WAL, CPU); databases of their own on EFFECTD_BENCH_POSTGRES,
+## dropped after (about ten minutes)
 bench-shared: $(INSTALLED)
-	$(PY) bench/shared_store.py $(ARGS)
+	$(PY) bench/versus_dbos.py $(ARGS)
+	$(PY) bench/pg_cost.py
 
 ## image-test: build the container image with podman and probe it (opt-in; root,
 ## installs podman, buildah, debootstrap and runc with apt-get if missing)

@@ -64,6 +64,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-dir", type=Path, help="where the profiles go")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples/s")
     p.add_argument("--json", type=Path, help="write every run's numbers here")
+    p.add_argument(
+        "--input-bytes", type=int, default=0, help="bytes added to each input"
+    )
     return p.parse_args(argv)
 
 
@@ -164,6 +167,7 @@ def harness(  # noqa: PLR0917 (a script's helper)
     machine disturbs less than the calls per second."""
     argv = [sys.executable, str(HARNESS), "effectd", "--target", target]
     argv += ["--callers", str(args.callers), "--ops", str(args.ops), "--tag", tag]
+    argv += ["--input-bytes", str(args.input_bytes)]
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,

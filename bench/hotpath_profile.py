@@ -65,7 +65,7 @@ def _loop(frames: list[str]) -> str:
 
 
 def _writer(frames: list[str]) -> str:
-    if any("_resolve (sidecar/storage/lmdb_store.py)" in f for f in frames):
+    if any("_resolve (sidecar/storage/lmdb/store.py)" in f for f in frames):
         return "writer: answer"
     if any("LmdbStore._apply" in f for f in frames):
         return "writer: apply"

@@ -14,8 +14,10 @@ client. Every caller, separated by barriers so no phase overlaps another:
              result is stored
     dup      the same keys again: the stored result, the body must not run
 
-Each phase is validated per key: in `first` the body ran exactly once for
-every key, in `dup` never, and every call returned its own key's result.
+With --input-bytes, each call's input carries that many more bytes (a
+`pad` string), as a tool's real arguments would. Each phase is validated
+per key: in `first` the body ran exactly once for every key, in `dup`
+never, and every call returned its own key's result.
 Stdout carries `mark <phase> start|end` lines (printed by caller 0 once all
 callers passed the barrier, for a profiler to follow) and then one JSON line
 with both phases' numbers.
@@ -49,28 +51,32 @@ class Barrier(Protocol):
     def abort(self) -> None: ...
 
 
-def effectd_caller(target: str, tag: str, worker: int, ran: Counter[int]) -> Call:
+def effectd_caller(
+    target: str, tag: str, worker: int, ran: Counter[int], pad: str = ""
+) -> Call:
     """The Python client's safe tool call (`Run`), default options."""
     # After the fork: each caller its own channel.
     from effectd_client import Client, Effect, Run  # noqa: PLC0415
 
     run = Run(Client(target), f"{tag}-w{worker}")
 
-    def bench_tool(request: dict[str, int]) -> dict[str, int]:
+    def bench_tool(request: dict[str, Any]) -> dict[str, int]:
         ran[request["i"]] += 1  # the side effect: once per key
         return {"echo": request["i"]}
 
     tool = run.tool(effect=Effect.SIDE_EFFECT)(bench_tool)
 
     def call(i: int) -> None:
-        got = tool.at(f"c{i}")(request={"i": i})
+        got = tool.at(f"c{i}")(request={"i": i, "pad": pad} if pad else {"i": i})
         if got != {"echo": i}:
             raise AssertionError(f"key {i} returned {got!r}")
 
     return call
 
 
-def powertools_caller(target: str, tag: str, worker: int, ran: Counter[int]) -> Call:
+def powertools_caller(
+    target: str, tag: str, worker: int, ran: Counter[int], pad: str = ""
+) -> Call:
     """`idempotent_function` on the Redis persistence layer, outside Lambda."""
     # The Redis layer is deprecated for v4 (its replacement is an alias of
     # it), and outside Lambda Powertools warns once that it cannot know the
@@ -98,7 +104,8 @@ def powertools_caller(target: str, tag: str, worker: int, ran: Counter[int]) -> 
     )(bench_tool)
 
     def call(i: int) -> None:
-        got = tool(request={"run": tag, "w": worker, "i": i})
+        request = {"run": tag, "w": worker, "i": i}
+        got = tool(request={**request, "pad": pad} if pad else request)
         if got != {"echo": i}:
             raise AssertionError(f"key {i} returned {got!r}")
 
@@ -123,7 +130,8 @@ def caller(
     out: dict[str, Any] = {"worker": worker}
     try:
         ran: Counter[int] = Counter()
-        call = CALLERS[args.peer](args.target, args.tag, worker, ran)
+        pad = "x" * args.input_bytes
+        call = CALLERS[args.peer](args.target, args.tag, worker, ran, pad)
         for i in range(WARM_KEY, WARM_KEY + args.warm):
             call(i)
             call(i)
@@ -234,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, required=True, help="keys per caller")
     parser.add_argument("--warm", type=int, default=20)
     parser.add_argument("--tag", required=True, help="unique per run: keys differ")
+    parser.add_argument(
+        "--input-bytes", type=int, default=0, help="bytes added to each input"
+    )
     args = parser.parse_args(argv)
     if args.peer == "powertools":
         flush_redis(args.target)

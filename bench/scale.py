@@ -82,7 +82,7 @@ from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "default"
@@ -262,7 +262,7 @@ def full_scan(path: Path) -> tuple[float, int]:
 def upgrade(path: Path) -> float:
     """Takes the plan rows out and marks the store format 4, as the daemon
     before plan rows left it; returns the seconds the next open takes,
-    which writes them again (`storage.migration`)."""
+    which writes them again (`storage.lmdb.migration`)."""
     env = lmdb.open(str(path), max_dbs=len(Table), subdir=True, map_size=MAP_SIZE)
     with env.begin(write=True) as txn:
         txn.drop(env.open_db(Table.PLAN_ROWS.value.encode(), txn=txn))

@@ -38,7 +38,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lifecycle import _daemon, _load
 
-from sidecar.storage import pg_schema
+from sidecar.storage.postgres import schema as pg_schema
 
 SERVER = os.environ.get("EFFECTD_BENCH_POSTGRES", "postgresql://127.0.0.1:5432/test")
 

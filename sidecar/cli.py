@@ -28,10 +28,9 @@ from sidecar.observability import logs
 from sidecar.policy_file import PolicyError
 from sidecar.provider.routes import ProvidersError
 from sidecar.server import Daemon
-from sidecar.storage import pg_schema
-from sidecar.storage.lmdb_store import StoreFormatError
-from sidecar.storage.pg_schema import SchemaError
-from sidecar.storage.restore import UnfinishedRestore
+from sidecar.storage import backends
+from sidecar.storage.api import FormatError
+from sidecar.storage.marking import UnfinishedRestore
 
 log = logging.getLogger("effectd")
 
@@ -71,8 +70,10 @@ def _migrate(url: str | None) -> int:
         return 2
     try:
         validate_store_url(url)
-        found, now = pg_schema.migrate_url(url)
-    except (ConfigError, SchemaError) as exc:
+        backend = backends.of_url(url)
+        assert backend is not None  # validated
+        found, now = backend.entry().migrate(url)
+    except (ConfigError, FormatError) as exc:
         print(f"effectd migrate: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # the driver's errors: unreachable, refused
@@ -256,8 +257,7 @@ def _run(
         PolicyError,
         ProvidersError,
         AlreadyLocked,
-        StoreFormatError,
-        SchemaError,
+        FormatError,
         StorageUnavailable,
         UnfinishedRestore,
     ) as exc:

@@ -30,7 +30,7 @@ from sidecar.auth import tokens
 from sidecar.auth.access import Credentials
 from sidecar.clock import monotonic_seconds
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
-from sidecar.directories import refuse_unsafe_directory
+from sidecar.directories import data_disk, refuse_unsafe_directory
 from sidecar.failpoints import Failpoints
 from sidecar.ledger.policy import FixedPolicy, PolicySource
 from sidecar.ledger.quota import RateLimiter
@@ -54,6 +54,7 @@ from sidecar.rpc.retry import RetryPolicy
 from sidecar.rpc.session import Draining, LedgerSession
 from sidecar.seams import Seams
 from sidecar.services.checkpoints import CheckpointService
+from sidecar.services.lease_sweep import LeaseSweep
 from sidecar.services.ledger import LedgerService
 from sidecar.services.membership import MembershipService, daemon_id
 from sidecar.services.operator import OperatorService
@@ -61,10 +62,10 @@ from sidecar.services.policy import PolicyService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
 from sidecar.services.retry import RetryService
-from sidecar.services.settlement import SettlementService
-from sidecar.storage import restore
+from sidecar.storage import backends, marking
 from sidecar.storage.api import ReportsFill, Store
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.backends import Opening
+from sidecar.storage.lmdb import restore
 from sidecar.storage.scans import Scans
 
 if TYPE_CHECKING:
@@ -146,16 +147,29 @@ def load_tracing(cfg: ServeConfig) -> Tracer | None:
 def open_store(
     cfg: ServeConfig, metrics: Metrics, failpoints: Failpoints | None = None
 ) -> Store:
-    """The store of `cfg.data_dir`, or the shared store `cfg.store` names,
-    its commits counted by `metrics`, crashing at `failpoints` (a test
-    build's); the caller holds the socket lock (the LMDB store takes the data
-    directory's)."""
+    """The store of `cfg.data_dir`, or the shared store `cfg.store` names (its
+    backend found in `storage.backends`), its commits counted by `metrics`,
+    crashing at `failpoints` (a test build's); the caller holds the socket
+    lock (the LMDB store takes the data directory's)."""
+    opening = Opening(
+        on_commit=metrics.commit_observed,
+        failpoints=failpoints,
+        sync=cfg.sync,
+        map_size=cfg.map_size,
+    )
     if cfg.store is not None:
-        return _open_shared_store(cfg.store, metrics, failpoints)
+        backend = backends.of_url(cfg.store)
+        if backend is None:  # refused by the configuration before
+            raise ConfigError("store", "no store backend takes this URL")
+        password = url_password(cfg.store)
+        if password:
+            logs.add_secrets([password])
+        log.info("opening the shared store %s", masked_url(cfg.store))
+        return backend.entry().open(cfg.store, opening)
     refuse_unsafe_directory(cfg.data_dir, "data-dir", sticky_ok=False)
     try:
         restore.refuse_unfinished(cfg.data_dir)
-    except restore.UnfinishedRestore as exc:
+    except marking.UnfinishedRestore as exc:
         raise ConfigError("data_dir", str(exc)) from None
     if not cfg.sync:
         log.warning(
@@ -163,35 +177,12 @@ def open_store(
             "is on disk, so after a power loss a call answered STARTED can "
             "be answered EXECUTE again and its side effect run twice"
         )
-    options = LmdbOptions(
-        map_size=cfg.map_size,
-        sync=cfg.sync,
-        on_commit=metrics.commit_observed,
-        failpoints=failpoints,
-    )
-    return LmdbStore(cfg.data_dir, options)
-
-
-def _open_shared_store(
-    url: str, metrics: Metrics, failpoints: Failpoints | None
-) -> Store:
-    # Imported here: a daemon of the LMDB store loads no PostgreSQL driver.
-    from sidecar.storage.postgres_store import (  # noqa: PLC0415
-        PostgresOptions,
-        PostgresStore,
-    )
-
-    password = url_password(url)
-    if password:
-        logs.add_secrets([password])
-    log.info("opening the shared store %s", masked_url(url))
-    options = PostgresOptions(on_commit=metrics.commit_observed, failpoints=failpoints)
-    return PostgresStore(url, options)
+    return backends.DEFAULT.entry().open(str(cfg.data_dir), opening)
 
 
 def _restore_marker(store: Store) -> Marker | None:
     """How the store was restored, said in the log at every start."""
-    restored = store.read(restore.load_marker)
+    restored = store.read(marking.load_marker)
     if restored is not None:
         log.warning(
             "this store was restored from the backup %s by %s (restore %d, "
@@ -225,7 +216,7 @@ class Services:
     retry: RetryService
     policies: PolicyService
     retention: RetentionService
-    settlement: SettlementService
+    lease_sweep: LeaseSweep
     # This daemon's registration among those sharing the store.
     membership: MembershipService
     monitor: ProviderMonitor
@@ -287,7 +278,7 @@ def compose(cfg: ServeConfig, seams: Seams, store: Store, metrics: Metrics) -> S
         retry=RetryService(store, clock, policy, random=seams.random, scans=scans),
         policies=PolicyService(store, clock, policy),
         retention=RetentionService(store, clock, policy, scans=scans),
-        settlement=SettlementService(store, clock),
+        lease_sweep=LeaseSweep(store, clock),
         membership=MembershipService(
             store,
             clock,
@@ -384,6 +375,7 @@ def handlers(
                 quotas=cfg.quotas,
                 incarnation=store.incarnation,
                 fill=store.fill if isinstance(store, ReportsFill) else None,
+                disk=data_disk(cfg),
                 restored=services.restored,
                 membership=services.membership,
             ),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.validation import Limits
+from sidecar.storage import backends
 
 # sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -130,7 +131,6 @@ class ServerLimits:
     session_max_in_flight: int = 64
 
 
-STORE_SCHEMES = ("postgresql", "postgres")
 _MASK = "***"
 
 
@@ -211,7 +211,7 @@ class ServeConfig:
     # A TOML file of provider routes (see sidecar.provider.routes); None: the
     # Provider service reaches no upstream.
     providers_file: Path | None = None
-    # Seconds between compaction passes of the retention window (DESIGN §4);
+    # Seconds between compaction passes of the retention window (contract §4.7);
     # the first pass runs at start.
     retention_interval_seconds: float = DEFAULT_RETENTION_INTERVAL_SECONDS
     # Seconds between passes that turn STARTED calls whose lease ran out into
@@ -314,9 +314,9 @@ class ServeConfig:
 
 
 def validate_store_url(url: str, setting: str = "store") -> None:
-    """Refuses a store URL that is not postgresql://, naming `setting`."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme not in STORE_SCHEMES:
+    """Refuses a store URL that no store backend takes (`storage.backends`:
+    postgresql://), naming `setting`."""
+    if backends.of_url(url) is None:
         raise ConfigError(
             setting,
             f"{masked_url(url)!r} is not a postgresql:// URL (leave it unset "

@@ -9,16 +9,20 @@ refused when it is owned by another user (root excepted), or when its group
 or other users may write it. The one exception is a sticky directory owned
 by root or by the daemon's user, such as /tmp (mode 1777, owner root), and
 only where it is allowed (the socket's): there only a file's owner may
-rename or delete it.
+rename or delete it. `disk_space` reads how full the data directory's
+filesystem is, for the stats and the metrics.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
-from sidecar.config import ConfigError
+from sidecar.config import ConfigError, ServeConfig
+from sidecar.ledger.quota import DiskSpace
 
 ROOT = 0
 
@@ -62,3 +66,24 @@ def refuse_unsafe_directory(path: Path, setting: str, *, sticky_ok: bool) -> Non
         f"{path} is group- or world-writable (mode {mode:04o}): another user "
         f"could rename or replace what the daemon keeps there; chmod 700 it{sticky}",
     )
+
+
+def disk_space(path: Path, *, holds_store: bool) -> DiskSpace:
+    """The filesystem `path` is on, as statvfs(3) reports it now.
+
+    Raises:
+        OSError: `path` cannot be examined.
+    """
+    st = os.statvfs(path)
+    return DiskSpace(
+        path=str(path),
+        holds_store=holds_store,
+        free_bytes=st.f_bavail * st.f_frsize,
+        total_bytes=st.f_blocks * st.f_frsize,
+    )
+
+
+def data_disk(cfg: ServeConfig) -> Callable[[], DiskSpace]:
+    """Reads the filesystem of `cfg`'s data directory (`disk_space`) when
+    called; it holds the store unless the store is a shared one."""
+    return functools.partial(disk_space, cfg.data_dir, holds_store=cfg.store is None)

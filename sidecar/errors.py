@@ -24,16 +24,17 @@
     │   ├── PolicyInvalid        POLICY_INVALID
     │   ├── NoPolicyFile         NO_POLICY_FILE
     │   └── RouteNotAllowed      ROUTE_NOT_ALLOWED
-    ├── UpstreamFailed           (a provider call without an HTTP answer)
-    │   ├── UpstreamUnavailable  UPSTREAM_UNAVAILABLE
-    │   ├── UpstreamDeadlineExceeded UPSTREAM_DEADLINE_EXCEEDED
-    │   └── RetryBudgetExhausted RETRY_BUDGET_EXHAUSTED
+    ├── RetryLater               (carries the delay before a retry, when known)
+    │   ├── UpstreamFailed       (a provider call without an HTTP answer)
+    │   │   ├── UpstreamUnavailable UPSTREAM_UNAVAILABLE
+    │   │   ├── UpstreamDeadlineExceeded UPSTREAM_DEADLINE_EXCEEDED
+    │   │   └── RetryBudgetExhausted RETRY_BUDGET_EXHAUSTED
+    │   └── Throttled            (RESOURCE_EXHAUSTED)
+    │       ├── QuotaExceeded    QUOTA_EXCEEDED
+    │       ├── RateLimited      RATE_LIMITED
+    │       └── ConcurrencyLimited CONCURRENCY_LIMITED
     ├── Unauthenticated          UNAUTHENTICATED          (no handler ran)
     ├── PermissionDenied         PERMISSION_DENIED
-    ├── Throttled                (RESOURCE_EXHAUSTED, with a retry delay)
-    │   ├── QuotaExceeded        QUOTA_EXCEEDED
-    │   ├── RateLimited          RATE_LIMITED
-    │   └── ConcurrencyLimited   CONCURRENCY_LIMITED
     ├── StorageFull              STORAGE_FULL
     ├── StorageUnavailable       STORAGE_UNAVAILABLE
     ├── ShuttingDown             SHUTTING_DOWN
@@ -144,7 +145,7 @@ class ReconcileQuarantine(PreconditionFailed):
     reason = "RECONCILE_QUARANTINE"
 
 
-# Retry denials (DESIGN §7): DecideRetry answers them as data; StartTool with
+# Retry denials (contract §7.2): DecideRetry answers them as data; StartTool with
 # `retry` refuses with them.
 
 
@@ -174,7 +175,7 @@ class RetryDisabled(PreconditionFailed):
 
 class ResultCompacted(PreconditionFailed):
     """The call's record became a tombstone after the retention window; it
-    still refuses a re-execution (DESIGN §4)."""
+    still refuses a re-execution (contract §4.7)."""
 
     reason = "RESULT_COMPACTED"
 
@@ -204,9 +205,10 @@ class RouteNotAllowed(PreconditionFailed):
     reason = "ROUTE_NOT_ALLOWED"
 
 
-class UpstreamFailed(EffectdError):
-    """A provider call ended without an HTTP answer; `retry_delay` (seconds)
-    is the delay the client should wait, when one is known."""
+class RetryLater(EffectdError):
+    """A refusal that may succeed later; `retry_delay` (seconds) is how long
+    the client should wait, when it is known (the boundary sends it as a
+    `google.rpc.RetryInfo`)."""
 
     def __init__(
         self,
@@ -216,6 +218,10 @@ class UpstreamFailed(EffectdError):
     ) -> None:
         super().__init__(message, metadata)
         self.retry_delay = retry_delay
+
+
+class UpstreamFailed(RetryLater):
+    """A provider call ended without an HTTP answer."""
 
 
 class UpstreamUnavailable(UpstreamFailed):
@@ -242,18 +248,9 @@ class PermissionDenied(EffectdError):
     reason = "PERMISSION_DENIED"
 
 
-class Throttled(EffectdError):
+class Throttled(RetryLater):
     """A limit of the caller's namespace refused the request before anything
-    was done; `retry_delay` (seconds) is when trying again makes sense."""
-
-    def __init__(
-        self,
-        message: str,
-        metadata: Mapping[str, str] | None = None,
-        retry_delay: float | None = None,
-    ) -> None:
-        super().__init__(message, metadata)
-        self.retry_delay = retry_delay
+    was done."""
 
 
 class QuotaExceeded(Throttled):

@@ -26,10 +26,10 @@
     idempotency_proven = true  # its target's de-duplication on the key is
                            # proven by its owner's tests (effectd_client.testing)
 
-    [inputs]
-    keep_all = false       # every call keeps its exact input until committed
-    max_bytes = 65536      # ... when it is at most this big (calls awaiting
-                           # approval always keep theirs)
+    [inputs]               # every call keeps its exact input until settled
+    keep_all = false       # true: a settled call keeps it too, until
+                           # retention compacts the record ...
+    max_bytes = 65536      # ... when it is at most this big
 
 A file with an unknown key, a wrong type or a value out of range is refused
 with a message that names the setting; the policy in force stays.

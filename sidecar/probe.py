@@ -4,7 +4,7 @@ the daemon's `grpc.health.v1` service answers SERVING.
 `python -m sidecar.probe [TARGET]` is what the image's HEALTHCHECK runs: it
 needs no shell, no curl and no extra binary, only the daemon's own Python and
 grpcio. A daemon that is stopping answers NOT_SERVING during its grace period
-(DESIGN §10), so a probe during shutdown fails as it should; a daemon that is
+(contract §10.9), so a probe during shutdown fails as it should; a daemon that is
 not there fails with its own exit code, so a script can tell the two apart.
 """
 

@@ -42,7 +42,7 @@ class Seams:
 
     Attributes:
         clock: time for leases, records and the retry budget; the periodic
-            passes (compaction, settlement) and the rate limiter run on it.
+            passes (compaction, the lease sweep) and the rate limiter run on it.
         random: draws in [0, 1) for the jitter of retry backoffs.
         transport: the provider proxy's HTTP transport (an
             `httpx.MockTransport` in tests); None: httpx's own pooled one.

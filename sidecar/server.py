@@ -36,16 +36,16 @@ from sidecar.composition import (
     server_options,
 )
 from sidecar.config import ServeConfig, split_host_port
-from sidecar.directories import refuse_unsafe_directory
+from sidecar.directories import data_disk, refuse_unsafe_directory
 from sidecar.errors import ShuttingDown
 from sidecar.locking import ExclusiveLock
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
 from sidecar.rpc import tls
 from sidecar.seams import Seams
-from sidecar.services.membership import RETENTION, SETTLEMENT
+from sidecar.services.lease_sweep import SweepPass
+from sidecar.services.membership import LEASE_SWEEP, RETENTION
 from sidecar.services.policy import Reload
 from sidecar.services.retention import PassResult
-from sidecar.services.settlement import SettlePass
 from sidecar.storage.api import Store
 
 if TYPE_CHECKING:
@@ -126,6 +126,7 @@ class Daemon:
         cfg = self.config
         store = self._store = self.open_store()
         self._unwatch.append(self.metrics.watch_store(store))
+        self._unwatch.append(self.metrics.watch_disk(data_disk(cfg)))
         services = self.services = self.compose(store)
         self._unwatch.append(self.metrics.watch_provider(services.monitor))
         registered = await services.membership.register()
@@ -141,7 +142,7 @@ class Daemon:
         settled = await services.ledger.settle_earlier_incarnations()
         if settled:
             log.warning("%d calls started before the restart are now UNKNOWN", settled)
-        # DESIGN §4: a compaction pass at start, then one per interval.
+        # contract §4.7: a compaction pass at start, then one per interval.
         await self.compact_expired()
 
         server = self._server = grpc.aio.server(
@@ -208,8 +209,8 @@ class Daemon:
                 name="effectd-retention",
             ),
             asyncio.create_task(
-                every(clock, cfg.settle_interval_seconds, self.settle_expired),
-                name="effectd-settlement",
+                every(clock, cfg.settle_interval_seconds, self.sweep_leases),
+                name="effectd-lease-sweep",
             ),
         ]
 
@@ -250,7 +251,7 @@ class Daemon:
             log.exception("renewing this daemon's registration failed")
 
     async def compact_expired(self) -> PassResult | None:
-        """One compaction pass of the retention window (DESIGN §4), unless
+        """One compaction pass of the retention window (contract §4.7), unless
         another daemon sharing the store runs it this interval (None then);
         a failure is logged and leaves every record in place."""
         if not await self._claim(RETENTION, self.config.retention_interval_seconds):
@@ -273,19 +274,19 @@ class Daemon:
             )
         return done
 
-    async def settle_expired(self) -> SettlePass | None:
-        """One settlement pass, unless another daemon sharing the store runs
+    async def sweep_leases(self) -> SweepPass | None:
+        """One lease sweep, unless another daemon sharing the store runs
         it this interval (None then): STARTED calls whose lease ran out, or
         whose daemon's registration lapsed, become UNKNOWN; registrations gone
         for long are deleted. A failure is logged, and the next pass tries
         again."""
-        if not await self._claim(SETTLEMENT, self.config.settle_interval_seconds):
+        if not await self._claim(LEASE_SWEEP, self.config.settle_interval_seconds):
             return None
         assert self.services is not None
         try:
-            done = await self.services.settlement.settle()
+            done = await self.services.lease_sweep.sweep()
         except Exception:
-            log.exception("the settlement pass failed; no call was settled")
+            log.exception("the lease sweep failed; no call was settled")
             return None
         try:
             await self.services.membership.forget_gone()

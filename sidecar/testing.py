@@ -13,7 +13,7 @@ from sidecar.seams import Seams
 from sidecar.server import Daemon, Endpoints
 
 # The tasks a serving daemon keeps asleep on its clock: the renewal of its
-# registration, the compaction pass and the settlement pass.
+# registration, the compaction pass and the lease sweep.
 PERIODIC_TASKS = 3
 
 

@@ -33,10 +33,10 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-# The periodic passes (settlement, compaction) sleep on the manual clock: a
+# The periodic passes (the lease sweep, compaction) sleep on the manual clock: a
 # test that moves the clock would otherwise race the daemon's own pass. Tests
 # of a loop set a short interval.
-NO_SETTLEMENT_SECONDS = NO_COMPACTION_SECONDS = 1e9
+NO_SWEEP_SECONDS = NO_COMPACTION_SECONDS = 1e9
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +72,7 @@ def config(short_tmp: Path, store_url: str | None) -> ServeConfig:
     return ServeConfig(
         data_dir=short_tmp / "data",
         store=store_url,
-        settle_interval_seconds=NO_SETTLEMENT_SECONDS,
+        settle_interval_seconds=NO_SWEEP_SECONDS,
         retention_interval_seconds=NO_COMPACTION_SECONDS,
     )
 

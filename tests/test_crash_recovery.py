@@ -1,4 +1,4 @@
-"""Recovery after kill -9 of the daemon process (DESIGN §6, ADR-010 D1, D3).
+"""Recovery after kill -9 of the daemon process (contract §6.1, ADR-010 D1, D3).
 
 Calls STARTED at the kill come back UNKNOWN: a side effect is RECONCILE, a
 READ / IDEMPOTENT_WRITE is RETRY_NEEDS_POLICY, never EXECUTE; a committed

@@ -1,4 +1,4 @@
-"""`effectd ctl` end to end (DESIGN §10): each command runs in-process through
+"""`effectd ctl` end to end (contract §10.8): each command runs in-process through
 `sidecar.cli.main` against a real daemon, and once as its own process; the
 exit codes are the contract scripts rely on (0 ok, 1 refused, 2 usage,
 3 not reachable, 4 audit broken)."""
@@ -28,7 +28,7 @@ from sidecar.ctl.output import jsonable
 from sidecar.ledger.model import CallRef, Payload, PayloadKind
 from sidecar.storage import records
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import prepare_request, refused
 from tests.support.certs import Pki, make_pki

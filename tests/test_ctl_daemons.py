@@ -93,7 +93,7 @@ def test_every_daemon_of_one_database_is_listed_by_any_of_them(
 ) -> None:
     """Two daemons on one database: each lists both, with the calls each
     started; after B's clean stop, A lists B as ended, still holding its
-    call (settled at its next touch or the next settlement pass)."""
+    call (settled at its next touch or the next lease sweep)."""
     a_cfg = dataclasses.replace(config, daemon_id="pod-a")
     b_cfg = dataclasses.replace(
         config,

@@ -279,6 +279,62 @@ def kube_problems(deploy: Any) -> list[str]:
     return found
 
 
+# A filesystem keeps part of its blocks for itself (ext4: metadata, and 5%
+# for root): the map must fit in what the daemon's user can write.
+VOLUME_SHARE_FOR_THE_MAP = 0.9
+_QUANTITY_UNITS = {
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+
+
+def quantity(text: str) -> int:
+    """Bytes of a Kubernetes quantity (`2Gi`, `500M`, `1024`)."""
+    for suffix, unit in _QUANTITY_UNITS.items():
+        if text.endswith(suffix):
+            return int(float(text.removesuffix(suffix)) * unit)
+    return int(text)
+
+
+def map_problems(deploy: Any, claims: list[Any]) -> list[str]:
+    """The LMDB map of the effectd container must fit in the claim its data
+    directory is on: otherwise writes fail with STORAGE_FULL when the disk
+    fills, while the store looks far from full."""
+    pod = deploy["spec"]["template"]["spec"]
+    effectd = _effectd(pod)
+    config = container_config(effectd)
+    mounts = [
+        m
+        for m in effectd.get("volumeMounts", [])
+        if under(str(config.data_dir), m["mountPath"])
+    ]
+    if not mounts:
+        return [f"the data directory {config.data_dir} is on no volume"]
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    claim_name = volume.get("persistentVolumeClaim", {}).get("claimName")
+    sized = [c for c in claims if claim_name and c["metadata"]["name"] == claim_name]
+    if not sized:
+        return [f"the data directory is on {mount['name']}, not on a claim"]
+    size = quantity(sized[0]["spec"]["resources"]["requests"]["storage"])
+    if config.map_size > size * VOLUME_SHARE_FOR_THE_MAP:
+        return [
+            f"--map-size {config.map_size} does not fit in "
+            f"{VOLUME_SHARE_FOR_THE_MAP:.0%} of the {size}-byte claim {claim_name}"
+        ]
+    return []
+
+
+def claims() -> list[Any]:
+    return [d for d in kube_documents() if d.get("kind") == "PersistentVolumeClaim"]
+
+
 HARDENING = {
     "NoNewPrivileges": "yes",
     "ProtectSystem": "strict",
@@ -415,6 +471,42 @@ def test_negative_control_a_weakened_deployment_is_caught(
     change: Callable[[Any], None],
 ) -> None:
     assert kube_problems(_break(deployment(), change)) != []
+
+
+def test_the_ledgers_map_fits_in_its_volume() -> None:
+    """The map size the Kubernetes daemon runs with fits in the claim its
+    data directory is on (issue 25 item 9: fails before the fix: the
+    default 8GiB map on a 2Gi claim)."""
+    assert map_problems(deployment(), claims()) == []
+
+
+def _without_map_size(deploy: Any) -> Any:
+    def drop(pod: Any) -> None:
+        effectd = _effectd(pod)
+        effectd["args"] = [a for a in effectd["args"] if not a.startswith("--map-size")]
+
+    return _break(deploy, drop)
+
+
+def _shrunk(found: list[Any]) -> list[Any]:
+    smaller = copy.deepcopy(found)
+    for claim in smaller:
+        claim["spec"]["resources"]["requests"]["storage"] = "1Gi"
+    return smaller
+
+
+@pytest.mark.parametrize(
+    ("deploy", "volumes"),
+    [
+        (lambda: _without_map_size(deployment()), claims),
+        (deployment, lambda: _shrunk(claims())),
+    ],
+    ids=["default-map", "smaller-claim"],
+)
+def test_negative_control_a_map_larger_than_its_volume_is_caught(
+    deploy: Callable[[], Any], volumes: Callable[[], list[Any]]
+) -> None:
+    assert map_problems(deploy(), volumes()) != []
 
 
 def test_the_daemon_accepts_the_arguments_every_artefact_passes() -> None:

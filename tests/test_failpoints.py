@@ -15,8 +15,8 @@ from sidecar import cli, failpoints
 from sidecar.failpoints import FailpointError, Failpoints, Point
 from sidecar.seams import Seams
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
-from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
+from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.support import failpoint_daemon
 
 

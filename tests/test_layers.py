@@ -3,6 +3,14 @@ Python client (`effectd_client`) is parsed, each import (also those inside
 functions and under TYPE_CHECKING) is mapped to the unit it reaches, and the
 pair is checked against `ALLOWED`: a unit imports only the units below it. A
 new upward import fails here, naming the module, the line and the import.
+`ALLOWED` is also the code's graph: an allowance no module uses fails too
+(the leaves, which every unit may use, aside).
+
+The layer table of docs/architecture.md says the same as `ALLOWED`: each of
+its rows names its units and what they may import (`leaves` standing for
+`BASE`), which must be exactly what `ALLOWED` allows them together; every
+unit has one row, and no row imports from a row below it. So the page a new
+engineer reads first cannot drift from the code.
 
 A unit is a top-level module or subpackage of `sidecar` (`ledger`, `rpc`,
 `errors`, ...); `sidecar` itself is its `__init__`. The client is two units to
@@ -14,12 +22,16 @@ client never imports the daemon, and its own modules import each other one way
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDECAR = ROOT / "sidecar"
 CLIENT = ROOT / "clients" / "python" / "src" / "effectd_client"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 CLIENT_PUBLIC = "effectd_client"
 CLIENT_PRIVATE = "effectd_client._*"
@@ -51,8 +63,10 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "probe": frozenset(),
     # Pure rules: records, transitions, quotas, policy.
     "ledger": BASE,
-    "config": BASE | {"ledger"},
-    "directories": BASE | {"config"},
+    # The configuration checks a store URL against the backends' registry
+    # (`storage.backends`).
+    "config": BASE | {"ledger", "storage"},
+    "directories": BASE | {"config", "ledger"},
     "settings": BASE | {"config", "ledger"},
     "policy_file": BASE | {"ledger"},
     "storage": BASE | {"ledger"},
@@ -69,7 +83,6 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "config",
         "auth",
         "callstate",
-        "observability",
         "provider",
         "services",
     },
@@ -87,7 +100,6 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "provider",
         "services",
         "auth",
-        "callstate",
         "observability",
         "rpc",
         "seams",
@@ -254,6 +266,66 @@ def test_an_upward_import_is_reported() -> None:
     ) == ["sidecar.clock:1 imports sidecar.errors"]
 
 
+# The store backends, each a package of `sidecar.storage`: none imports
+# another, and the backend-neutral part of `storage` imports none of them
+# (`storage.backends` names them as text, imported when used).
+BACKEND_PACKAGES = ("sidecar.storage.lmdb", "sidecar.storage.postgres")
+
+
+def backend_of(name: str) -> str | None:
+    for package in BACKEND_PACKAGES:
+        if name == package or name.startswith(package + "."):
+            return package
+    return None
+
+
+def crossing_imports(
+    source: str,
+    module: str,
+    *,
+    is_package: bool = False,
+    modules: frozenset[str] = frozenset(),
+) -> list[str]:
+    """The imports of storage module `module` that reach a backend package
+    other than its own (the neutral part has none of its own)."""
+    own = backend_of(module)
+    found = [
+        f"{module}:{line} imports {name}"
+        for line, name in imported(source, module, is_package, modules)
+        if backend_of(name) not in (None, own)
+    ]
+    return list(dict.fromkeys(found))
+
+
+def test_store_backends_import_neither_each_other_nor_from_the_neutral_part() -> None:
+    modules = known_modules()
+    found = [
+        problem
+        for module, is_package, text in sources(SIDECAR)
+        if module.startswith("sidecar.storage")
+        for problem in crossing_imports(
+            text, module, is_package=is_package, modules=modules
+        )
+    ]
+    assert found == []
+
+
+def test_a_backend_reaching_into_another_is_reported() -> None:
+    """The negative control: PostgreSQL's views taking an LMDB name, and a
+    neutral module importing a backend, are each reported."""
+    modules = known_modules()
+    assert crossing_imports(
+        "from sidecar.storage.lmdb.views import TxnView\n",
+        "sidecar.storage.postgres.views",
+        modules=modules,
+    ) == ["sidecar.storage.postgres.views:1 imports sidecar.storage.lmdb.views"]
+    assert crossing_imports(
+        "from sidecar.storage.postgres import schema\n",
+        "sidecar.storage.records",
+        modules=modules,
+    ) == ["sidecar.storage.records:1 imports sidecar.storage.postgres.schema"]
+
+
 def test_the_client_never_imports_the_daemon_and_has_no_cycle() -> None:
     modules = known_modules()
     graph: dict[str, set[str]] = {}
@@ -278,3 +350,152 @@ def test_the_client_never_imports_the_daemon_and_has_no_cycle() -> None:
     for module in sorted(graph):
         if module != "effectd_client":
             walk(module, ())
+
+
+@functools.cache
+def used_edges() -> Mapping[str, frozenset[str]]:
+    """unit -> the other units the daemon's modules of that unit import."""
+    modules = known_modules()
+    edges: dict[str, set[str]] = {}
+    for module, is_package, text in sources(SIDECAR):
+        own = unit_of(module) or ""
+        for _, name in imported(text, module, is_package, modules):
+            unit = unit_of(name)
+            if unit is not None and unit != own:
+                edges.setdefault(own, set()).add(unit)
+    return {unit: frozenset(units) for unit, units in edges.items()}
+
+
+def unused_allowances(
+    allowed: Mapping[str, frozenset[str]], edges: Mapping[str, frozenset[str]]
+) -> list[str]:
+    """'unit -> unit' for each allowance (but a leaf) no module makes."""
+    return [
+        f"{unit} -> {lower}"
+        for unit, lowers in allowed.items()
+        for lower in sorted(lowers - BASE - edges.get(unit, frozenset()))
+    ]
+
+
+def test_the_table_allows_only_imports_the_code_makes() -> None:
+    assert unused_allowances(ALLOWED, used_edges()) == []
+
+
+def test_an_allowance_nobody_uses_is_reported() -> None:
+    """The negative control: the table with rpc allowed to import the
+    server, which no rpc module does."""
+    loose = {**ALLOWED, "rpc": ALLOWED["rpc"] | {"server"}}
+    assert unused_allowances(loose, used_edges()) == ["rpc -> server"]
+
+
+# -- the layer table of docs/architecture.md ------------------------------------
+
+LEAVES = "leaves"
+TICKED = re.compile(r"`([^`]+)`")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of the layer table: its line, its units, what it may import."""
+
+    line: int
+    units: tuple[str, ...]
+    may_import: frozenset[str]
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def layer_rows(text: str) -> list[Row]:
+    """The rows of the table under "## The layers, bottom to top"."""
+    lines = text.splitlines()
+    start = lines.index("## The layers, bottom to top")
+    rows: list[Row] = []
+    for number, line in enumerate(lines[start + 1 :], start + 2):
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = _cells(line)
+        if set(cells[0]) <= set("-: ") or cells[0].startswith("layer"):
+            continue
+        units = tuple(u.rstrip("/") for u in TICKED.findall(cells[0]))
+        may = {u.rstrip("/") for u in TICKED.findall(cells[-1])}
+        if re.search(rf"\b{LEAVES}\b", cells[-1]):
+            may |= BASE
+        rows.append(Row(number, units, frozenset(may)))
+    return rows
+
+
+def _names(units: frozenset[str]) -> list[str]:
+    """`units` for a message, the leaves as one word when all are there."""
+    if units >= BASE:
+        return [LEAVES, *(f"`{u}`" for u in sorted(units - BASE))]
+    return [f"`{u}`" for u in sorted(units)]
+
+
+def table_problems(rows: list[Row], allowed: Mapping[str, frozenset[str]]) -> list[str]:
+    """Where the table and `allowed` disagree, each naming the table's line."""
+    found: list[str] = []
+    placed: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        for unit in row.units:
+            if unit not in allowed:
+                found.append(f"line {row.line}: `{unit}` is no unit of ALLOWED")
+            elif unit in placed:
+                found.append(f"line {row.line}: `{unit}` has a row already")
+            else:
+                placed[unit] = index
+        expected = frozenset().union(*(allowed.get(u, frozenset()) for u in row.units))
+        for name in _names(row.may_import - expected):
+            found.append(f"line {row.line}: may import {name}, ALLOWED says not")
+        for name in _names(expected - row.may_import):
+            found.append(f"line {row.line}: ALLOWED lets it import {name}")
+    for index, row in enumerate(rows):
+        for name in sorted(row.may_import):
+            if placed.get(name, -1) > index:
+                found.append(f"line {row.line}: imports `{name}`, a row below it")
+    found += [f"`{u}` has no row in the table" for u in allowed if u not in placed]
+    return found
+
+
+def test_the_architecture_table_says_what_allowed_says() -> None:
+    rows = layer_rows(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert len(rows) > 10
+    problems = table_problems(rows, ALLOWED)
+    assert not problems, "docs/architecture.md, the layer table:\n" + "\n".join(
+        problems
+    )
+
+
+def test_a_table_that_drifted_is_reported() -> None:
+    """The negative control: the table as it was when it said observability
+    imported the layers above services, with web put below ctl and the
+    leaves row without `failpoints`."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    observability = next(
+        line for line in text.splitlines() if line.startswith("| `observability/`")
+    )
+    drifted = text.replace(
+        observability,
+        "| `observability/` | metrics | the layers above `services` except `rpc` |",
+    )
+    web = next(line for line in text.splitlines() if line.startswith("| `web/`"))
+    ctl = next(line for line in text.splitlines() if line.startswith("| `ctl/`"))
+    drifted = drifted.replace(web, "WEB").replace(ctl, web).replace("WEB", ctl)
+    drifted = drifted.replace("`tomlfields`, `failpoints` |", "`tomlfields` |")
+    rows = layer_rows(drifted)
+    line = {unit: row.line for row in rows for unit in row.units}
+    assert table_problems(rows, ALLOWED) == [
+        f"line {line['observability']}: may import `rpc`, ALLOWED says not",
+        f"line {line['observability']}: may import `services`, ALLOWED says not",
+        f"line {line['observability']}: ALLOWED lets it import leaves",
+        f"line {line['observability']}: ALLOWED lets it import `callstate`",
+        f"line {line['observability']}: ALLOWED lets it import `ledger`",
+        f"line {line['observability']}: ALLOWED lets it import `provider`",
+        f"line {line['observability']}: ALLOWED lets it import `storage`",
+        f"line {line['observability']}: imports `rpc`, a row below it",
+        f"line {line['web']}: imports `ctl`, a row below it",
+        "`failpoints` has no row in the table",
+    ]

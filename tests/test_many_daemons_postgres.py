@@ -1,7 +1,7 @@
 """Several daemon processes on one PostgreSQL store (issue 14, "many
 daemons, one ledger"), each with its own socket and so its own daemon id.
 
-Daemon B's clean restart and its settlement passes leave daemon A's live
+Daemon B's clean restart and its lease sweeps leave daemon A's live
 STARTED call as A left it; B's own call in flight is UNKNOWN after B's
 restart. After kill -9 of A, its side effect becomes UNKNOWN once A's
 registration lapsed, answered RECONCILE, never EXECUTE, and B's live call is

@@ -1,5 +1,5 @@
 """SIGHUP reloads the policy file of `effectd serve --policy` (ADR-010 R2,
-DESIGN §10), in a daemon running as its own process: the new policy decides
+contract §10.6), in a daemon running as its own process: the new policy decides
 the next call, the reload is audited as "sighup", a malformed file leaves the
 old policy in force and the daemon serving."""
 

@@ -31,8 +31,8 @@ from sidecar.config import ServeConfig
 from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store
-from sidecar.storage.pg_faults import Again, Failed, unavailable
-from sidecar.storage.postgres_store import (
+from sidecar.storage.postgres.faults import Again, Failed, unavailable
+from sidecar.storage.postgres.store import (
     PostgresOptions,
     PostgresStore,
     _Item,

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from effectd_client import Client, Run, State
-from sidecar.storage import pg_schema
+from sidecar.storage.postgres import schema as pg_schema
 from tests.support.pg_cluster import PrivateCluster, private_cluster
 from tests.support.processes import ROOT, DaemonProcess
 

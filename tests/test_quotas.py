@@ -1,21 +1,26 @@
 """Per-namespace quotas end to end, through a real daemon and the Python client:
 a namespace at its open-call or byte quota gets RESOURCE_EXHAUSTED /
 QUOTA_EXCEEDED with a RetryInfo and nothing is written, another namespace
-keeps being served, work already done can always be recorded, and the
-counters survive a restart."""
+keeps being served, work already done can always be recorded (and counts:
+results that take a namespace past its byte quota stop its new calls until
+retention frees them, and the stats show by how much), and the counters
+survive a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from effectd.v1 import admin_pb2 as apb
+from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc
 from effectd.v1 import ledger_pb2 as pb
-from effectd.v1 import ledger_pb2_grpc
 
 from effectd_client import Client, Decision, EffectdError, NotFound, QuotaExceeded
+from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.ledger.quota import Quotas
@@ -178,6 +183,73 @@ def test_checkpoints_past_the_byte_quota_are_refused(
         shrunk = a.put_checkpoint("small", b"x" * 10, expected_revision=grown)
         a.delete_checkpoint("small", shrunk)
         a.prepare_tool("run", "call", "send", {})
+
+
+BYTE_QUOTA = 8192
+RESULT = {"text": "r" * 6000}
+
+
+def _over_quota(running: RunningDaemon) -> dict[str, tuple[int, int]]:
+    """GetStats: (stored bytes, bytes over the quota) by namespace."""
+    with grpc.insecure_channel(running.target) as channel:
+        stats = admin_pb2_grpc.AdminStub(channel).GetStats(
+            apb.GetStatsRequest(), timeout=10
+        )
+    return {
+        n.namespace: (n.stored_bytes, n.stored_bytes_over_quota)
+        for n in stats.namespaces
+    }
+
+
+def test_results_past_the_byte_quota_are_recorded_and_stop_new_calls(
+    config: ServeConfig, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three calls admitted under A's 8192-byte quota commit 6000-byte
+    results: every commit is recorded and counted, A's next new prepare is
+    refused QUOTA_EXCEEDED on stored_bytes while a repeat of a call it has is
+    answered and B is served, GetStats and `effectd ctl stats` show A over
+    its quota and by how much; once retention compacts the results, A is
+    served again (issue 25 item 17: fails before the fix: nothing showed
+    which namespace was over, or by how much)."""
+    quotas = Quotas(stored_bytes=BYTE_QUOTA)
+    with (
+        running_daemon(dataclasses.replace(config, quotas=quotas), clock) as running,
+        Client(running.target, namespace="tenant-a") as a,
+        Client(running.target, namespace="tenant-b") as b,
+    ):
+        fill(a)
+        for i in range(OPEN_CALLS):
+            done = a.commit_tool("run", f"call-{i}", 1, RESULT, acknowledge=True)
+            assert done.state.name == "COMMITTED"
+        stored, over = _over_quota(running)["tenant-a"]
+        assert stored > OPEN_CALLS * 6000
+        assert over == stored - BYTE_QUOTA
+        got = refused(lambda: a.prepare_tool("run", "next", "send", {}))
+        assert got.reason == "QUOTA_EXCEEDED"
+        assert got.metadata == {
+            "quota": "stored_bytes",
+            "limit": str(BYTE_QUOTA),
+            "namespace": "tenant-a",
+        }
+        assert absent(a, "next")
+        again = a.prepare_tool("run", "call-0", "send", {"i": 0})
+        assert again.decision is Decision.RETURN_RESULT
+        b.prepare_tool("run", "call-0", "send", {}, start=True)
+        assert _over_quota(running)["tenant-b"][1] == 0
+        capsys.readouterr()
+        assert main(["ctl", "--target", running.target, "stats"]) == 0
+        out = capsys.readouterr().out
+        assert f"over quota: tenant-a stores {stored} bytes, {over} past" in out
+        assert "over quota: tenant-b" not in out
+
+        clock.advance(8 * 86_400)
+        compacted = asyncio.run_coroutine_threadsafe(
+            running.daemon.compact_expired(), running.loop
+        ).result(timeout=30)
+        assert compacted is not None
+        assert compacted.compacted == OPEN_CALLS
+        assert _over_quota(running).get("tenant-a", (0, 0))[1] == 0
+        a.prepare_tool("run", "next", "send", {})
 
 
 def test_the_counters_survive_a_restart(short_tmp: Path, clock: ManualClock) -> None:

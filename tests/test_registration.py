@@ -13,9 +13,9 @@ import socket
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.ledger.ownership import Registration
-from sidecar.services.membership import SETTLEMENT
+from sidecar.services.membership import LEASE_SWEEP, RETENTION
 from sidecar.storage import daemons
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 
 TTL = 3.0
@@ -35,7 +35,7 @@ def _stored(config: ServeConfig) -> tuple[list[Registration], list[str]]:
         locks = store.read(
             lambda view: [
                 name
-                for name in ("settlement", "retention")
+                for name in (LEASE_SWEEP, RETENTION)
                 if daemons.load_lock(view, name) is not None
             ]
         )
@@ -95,7 +95,7 @@ def test_a_start_runs_the_compaction_pass_under_its_lock(
         services = running.daemon.services
         assert services is not None
         claimed = asyncio.run_coroutine_threadsafe(
-            services.membership.claim(SETTLEMENT, 1e9), running.loop
+            services.membership.claim(LEASE_SWEEP, 1e9), running.loop
         ).result(timeout=10)
         assert claimed
         done = asyncio.run_coroutine_threadsafe(

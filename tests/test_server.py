@@ -22,7 +22,7 @@ from sidecar.policy_file import PolicyError
 from sidecar.provider.routes import ProvidersError
 from sidecar.server import Daemon
 from sidecar.storage.api import Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.support.events import health_changes
 

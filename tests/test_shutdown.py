@@ -1,4 +1,4 @@
-"""SIGTERM while 32 clients are mid-call (DESIGN §10, ADR-010 D1).
+"""SIGTERM while 32 clients are mid-call (contract §10.9, ADR-010 D1).
 
 The daemon runs as its own process; 32 client threads, each on its own
 connection, loop PrepareTool(start) + CommitTool with distinct call ids and
@@ -34,7 +34,7 @@ from effectd.v1 import ledger_pb2_grpc
 from sidecar import cli
 from sidecar.server import Daemon, Endpoints
 from sidecar.storage.api import Store
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 from tests.support.ack_before_commit import AckBeforeCommitStore
 from tests.support.processes import DaemonProcess, daemon_process
 

@@ -1,4 +1,4 @@
-"""`effectd ctl`, the operator's console (DESIGN §10): list what needs a
+"""`effectd ctl`, the operator's console (contract §10.8): list what needs a
 human, inspect, approve, reject, reconcile, put a tool's open calls into
 reconciliation, recover, verify and list the audit log, back up while
 serving, reload the policy; and, offline, restore a backup

@@ -144,8 +144,12 @@ def policy_reload(con: Console, args: argparse.Namespace) -> int:
             ("forced side effects", ", ".join(p.forced_side_effect_tools) or "-"),
             (
                 "kept inputs",
-                ("every call" if p.keep_inputs else "calls awaiting approval")
-                + f" (policy cap {p.max_kept_input_bytes} bytes)",
+                "every call's, until settled"
+                + (
+                    f", then up to {p.max_kept_input_bytes} bytes until compacted"
+                    if p.keep_inputs
+                    else ""
+                ),
             ),
         ]
     )
@@ -196,6 +200,13 @@ def stats(con: Console, args: argparse.Namespace) -> int:
         f"{_limit(q.stored_bytes)}, requests/s {_limit(q.requests_per_second)}"
         f"; incarnation {done.incarnation}"
     )
+    for n in done.namespaces:
+        if n.stored_bytes_over_quota:
+            print(
+                f"over quota: {n.namespace} stores {n.stored_bytes} bytes, "
+                f"{n.stored_bytes_over_quota} past its quota: its new calls are "
+                "refused (QUOTA_EXCEEDED) until retention frees them"
+            )
     if done.HasField("store_fill"):
         fill = done.store_fill
         share = fill.used_bytes / fill.map_size_bytes if fill.map_size_bytes else 0.0
@@ -203,6 +214,8 @@ def stats(con: Console, args: argparse.Namespace) -> int:
             f"store: {fill.used_bytes} of {fill.map_size_bytes} bytes used "
             f"({share:.1%}); the data file reaches {fill.high_water_bytes}"
         )
+    if done.HasField("data_directory"):
+        _print_disk(done)
     if done.HasField("restored"):
         r = done.restored
         print(
@@ -212,6 +225,28 @@ def stats(con: Console, args: argparse.Namespace) -> int:
             "backup are unknown to this store"
         )
     return OK
+
+
+def _print_disk(done: apb.GetStatsResponse) -> None:
+    disk = done.data_directory
+    share = disk.free_bytes / disk.total_bytes if disk.total_bytes else 0.0
+    where = (
+        "it holds the store"
+        if disk.holds_store
+        else "the store is not on it: watch the database server's disk"
+    )
+    print(
+        f"data directory {disk.path}: {disk.free_bytes} of {disk.total_bytes} "
+        f"bytes free ({share:.1%}); {where}"
+    )
+    fill = done.store_fill
+    room = fill.map_size_bytes - fill.high_water_bytes
+    if disk.holds_store and done.HasField("store_fill") and room > disk.free_bytes:
+        print(
+            f"warning: the store may grow {room} more bytes but the disk has "
+            f"{disk.free_bytes} free: writes fail with STORAGE_FULL when it is "
+            "full; grow the volume, or set --map-size to what it holds"
+        )
 
 
 def daemons(con: Console, args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from sidecar.ctl.output import (
 from sidecar.ledger import fingerprint
 from sidecar.ledger.model import Payload, PayloadKind
 
-# Calls that wait for a human come first (DESIGN §10).
+# Calls that wait for a human come first (contract §10.8).
 _FIRST = {State.UNKNOWN: 0, State.AWAITING_APPROVAL: 1}
 
 

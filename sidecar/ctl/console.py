@@ -39,6 +39,9 @@ class Console:
             certificate_chain=connection.certificate_chain,
             private_key=connection.private_key,
             max_message_bytes=connection.max_message_bytes,
+            # An operator's command says at once that the daemon is away (or
+            # why its TLS handshake failed) rather than wait for it.
+            reconnect_wait=0,
         )
         self._channel: grpc.Channel | None = None
 

@@ -2,9 +2,9 @@
 `--store URL`, the marking of a PostgreSQL database restored by its own tools.
 
 Unlike every other `ctl` command it talks to no daemon: it works on the
-files, under the daemon's own lock (`sidecar.storage.restore`), or on the
+files, under the daemon's own lock (`sidecar.storage.lmdb.restore`), or on the
 database while no daemon is registered live there
-(`sidecar.storage.pg_restore`). Exit 0 restored, 1 refused (the message says
+(`sidecar.storage.postgres.restore`). Exit 0 restored, 1 refused (the message says
 why; the data directory holds no restored store then, the database is
 unchanged), 2 usage.
 """
@@ -17,8 +17,9 @@ import sys
 from sidecar.clock import SystemClock
 from sidecar.ctl.console import user
 from sidecar.ctl.output import emit_json, fields
-from sidecar.storage.pg_restore import mark_database
-from sidecar.storage.restore import RestoreRefused, restore_backup
+from sidecar.storage import backends
+from sidecar.storage.lmdb.restore import restore_backup
+from sidecar.storage.marking import RestoreRefused
 
 OK = 0
 REFUSED = 1
@@ -67,7 +68,9 @@ def run_database(args: argparse.Namespace, *, shown: str, password: str | None) 
     """`effectd ctl restore NAME --store URL` on a URL the configuration's
     rules accepted; `shown` is it masked, `password` what it must not print."""
     try:
-        m = mark_database(
+        backend = backends.of_url(args.store)
+        assert backend is not None  # validated
+        m = backend.entry().mark_restored(
             args.store,
             str(args.backup),
             actor=args.operator or user(),

@@ -1,4 +1,4 @@
-"""The rules of the requests on an attempt (DESIGN §4, §5): StartTool (and
+"""The rules of the requests on an attempt (contract §4, §5.2): StartTool (and
 the explicit retry of an attempt of unknown outcome, under the retry rules of
 `sidecar.ledger.retry`), CommitTool, ReportUnknown and Heartbeat. Only the
 attempt that holds the call may commit it, report it unknown or extend its
@@ -14,7 +14,7 @@ from sidecar.errors import (
     ResultMismatch,
     RevisionConflict,
 )
-from sidecar.ledger import machine
+from sidecar.ledger import kept_inputs, machine
 from sidecar.ledger import retry as retry_rules
 from sidecar.ledger.model import Decision, Effect, Event, Result, State, ToolCall
 from sidecar.ledger.policy import Policy
@@ -72,7 +72,7 @@ def retry_unknown(
     """Start an attempt of unknown outcome again, if an explicit `retry` is
     allowed under the retry rules and `policy`; otherwise refuse, saying why."""
     refusal: EffectdError | None = None
-    # DESIGN §4: StartTool answers a side effect's retry RECONCILIATION_REQUIRED
+    # contract §4.2: StartTool answers a side effect's retry RECONCILIATION_REQUIRED
     # (the retry rules would say SIDE_EFFECT_NOT_RETRY_SAFE); a forced
     # SIDE_EFFECT override of the policy counts (ADR-010 R2).
     if policy.effect_for(call) is Effect.SIDE_EFFECT:
@@ -130,9 +130,11 @@ def commit(
     expected_revision: int | None,
     actor: str = AGENT,
     acknowledge: bool = False,
+    policy: Policy | None = None,
 ) -> Step:
     """CommitTool: store the result of the attempt that holds the call; with
-    `acknowledge`, also mark it delivered (DESIGN §6), in the same step."""
+    `acknowledge`, also mark it delivered (contract §6.2), in the same step.
+    The kept input goes, unless `policy` keeps settled inputs (`kept_inputs`)."""
     if call.state is State.COMMITTED:
         assert call.result is not None
         if call.result.digest == result.digest:
@@ -156,7 +158,13 @@ def commit(
     if stale is not None:
         return Step(call, stale)
     committed = machine.apply(
-        call, Event.COMMIT, at_ns=now.wall_ns, actor=actor, lease=None, result=result
+        call,
+        Event.COMMIT,
+        at_ns=now.wall_ns,
+        actor=actor,
+        lease=None,
+        result=result,
+        kept_input=kept_inputs.settled(call, policy),
     )
     if acknowledge:
         committed = delivered(committed, now, actor)

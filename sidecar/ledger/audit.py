@@ -1,4 +1,4 @@
-"""The audit log of operator actions (DESIGN §10): entries and their hash chain.
+"""The audit log of operator actions (contract §10.5): entries and their hash chain.
 
 An entry states one fact (who did what to which record, when, why, with what
 evidence) and is sealed with its sequence number and the hash of the entry

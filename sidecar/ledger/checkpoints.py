@@ -1,4 +1,4 @@
-"""The checkpoint store (ADR-010 D1, DESIGN §8): key/value with revisions.
+"""The checkpoint store (ADR-010 D1, contract §8): key/value with revisions.
 
 Every write states what it expects (a revision, or absence) and is refused
 with REVISION_CONFLICT otherwise; there is no unconditional overwrite. A Txn

@@ -1,4 +1,4 @@
-"""Input fingerprints and result digests (DESIGN §3).
+"""Input fingerprints and result digests (contract §3.3).
 
 JSON is canonicalized with RFC 8785 first, so the same logical input from
 Python, Node or a retry with reordered keys has one fingerprint. Opaque bytes

@@ -1,4 +1,4 @@
-"""The tool-call state machine of DESIGN §4 (ADR-010 D2, D3) as one table.
+"""The tool-call state machine of contract §4.2 (ADR-010 D2, D3) as one table.
 
 `TRANSITIONS` lists every legal (state, event) pair; `apply` is the only way
 a record changes state. It checks the pair, bumps the revision and appends
@@ -18,7 +18,7 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.AWAITING_APPROVAL, Event.APPROVE): State.PREPARED,
     (State.AWAITING_APPROVAL, Event.REJECT): State.COMMITTED,
     (State.PREPARED, Event.START): State.STARTED,
-    # Approval asked for on a repeat prepare, before anything ran (DESIGN §4).
+    # Approval asked for on a repeat prepare, before anything ran (contract §4.2).
     (State.PREPARED, Event.REQUIRE_APPROVAL): State.AWAITING_APPROVAL,
     (State.STARTED, Event.COMMIT): State.COMMITTED,
     (State.STARTED, Event.HEARTBEAT): State.STARTED,
@@ -105,9 +105,10 @@ def apply(
         changes.setdefault("unknown_since_ns", 0)
     revision = call.revision + 1
     attempt = changes.get("attempt", call.attempt)
-    if to is State.COMMITTED:
-        # Decided: the kept input is needed no more (the fingerprint stays).
-        changes["kept_input"] = None
+    if to is State.COMMITTED and call.state is not State.COMMITTED:
+        # Settled: the kept input goes unless the caller keeps it for the
+        # retention window (`kept_inputs.settled`); the fingerprint stays.
+        changes.setdefault("kept_input", None)
     history = call.history
     if event not in _UNRECORDED:
         entry = Transition(

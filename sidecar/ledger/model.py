@@ -32,7 +32,7 @@ class Effect(enum.Enum):
 
 
 class Channel(enum.Enum):
-    """How the agent reaches the tool; the retry rules of DESIGN §7 depend on
+    """How the agent reaches the tool; the retry rules of contract §7.2 depend on
     it (ADR-010 D5: an MCP call is never replayed after a transport failure;
     D6: child and background runs). The values are those of the matching
     `ledger.retry.RetryContext`."""
@@ -78,7 +78,7 @@ class Event(enum.Enum):
 
 
 class Decision(enum.Enum):
-    """What the caller must do next (DESIGN §5)."""
+    """What the caller must do next (contract §5.1)."""
 
     EXECUTE = "execute"
     RETURN_RESULT = "return_result"
@@ -178,7 +178,7 @@ class Transition:
 
 
 class Resolution(enum.Enum):
-    """What an operator found in the target system (DESIGN §4 reconcile)."""
+    """What an operator found in the target system (contract §4.6 reconcile)."""
 
     COMMITTED = "committed"
     NOT_EXECUTED = "not_executed"
@@ -275,7 +275,7 @@ class ToolCall:
 
     @property
     def rejected(self) -> bool:
-        """Committed by an approver's rejection (DESIGN §4)."""
+        """Committed by an approver's rejection (contract §4.5)."""
         return (
             self.state is State.COMMITTED
             and self.result is not None

@@ -1,4 +1,4 @@
-"""What approvers and operators do to a record, as pure functions (DESIGN §4).
+"""What approvers and operators do to a record, as pure functions (contract §4.5, §4.6).
 
 An approval decides a call in AWAITING_APPROVAL and is bound to the revision
 and input fingerprint the approver saw: approve makes it PREPARED, reject
@@ -28,7 +28,7 @@ from sidecar.errors import (
     RevisionConflict,
     StaleAttempt,
 )
-from sidecar.ledger import fingerprint, machine, rules
+from sidecar.ledger import fingerprint, kept_inputs, machine, rules
 from sidecar.ledger.channel_results import result_fault
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
@@ -76,7 +76,7 @@ class ReconcileOrder:
 
 
 def rejection_result(approver: str, reason: str) -> Result:
-    """The error result a rejected call is committed with (DESIGN §4 reject)."""
+    """The error result a rejected call is committed with (contract §4.5 reject)."""
     message = f"rejected by {approver}: {reason}"
     digest = fingerprint.result_digest(Outcome.ERROR, None, APPROVAL_REJECTED, message)
     return Result(Outcome.ERROR, None, APPROVAL_REJECTED, message, digest)
@@ -164,8 +164,14 @@ def _seconds(ns: int) -> str:
     return f"{ns / 1e9:.1f} s"
 
 
-def decide_approval(call: ToolCall, now: Now, decision: ApprovalDecision) -> Step:
-    """DecideApproval: approve (PREPARED) or reject (COMMITTED, error result).
+def decide_approval(
+    call: ToolCall,
+    now: Now,
+    decision: ApprovalDecision,
+    policy: Policy | None = None,
+) -> Step:
+    """DecideApproval: approve (PREPARED) or reject (COMMITTED, error result;
+    the kept input goes unless `policy` keeps settled inputs).
 
     Refused, changing nothing: another revision than the approver saw
     (REVISION_CONFLICT), another input fingerprint (INPUT_MISMATCH), a call
@@ -196,6 +202,7 @@ def decide_approval(call: ToolCall, now: Now, decision: ApprovalDecision) -> Ste
     changes: dict[str, object] = {"approval": approval}
     if not decision.approve:
         changes["result"] = rejection_result(decision.approver, decision.reason)
+        changes["kept_input"] = kept_inputs.settled(call, policy)
     decided = machine.apply(
         call,
         event,
@@ -268,6 +275,7 @@ def reconcile(
     }
     if order.result is not None:
         changes["result"] = order.result
+        changes["kept_input"] = kept_inputs.settled(call, policy)
     resolved = machine.apply(
         settled,
         event,

@@ -1,5 +1,5 @@
 """Who holds a STARTED call, and whether its holder still runs: the rules of
-several daemons sharing one store (DESIGN §4 "started under an earlier
+several daemons sharing one store (contract §4.4 "started under an earlier
 daemon incarnation", ADR-010 D3).
 
 Every open of a store is an incarnation, unique among every daemon that ever
@@ -21,7 +21,7 @@ lease is still live for the daemon that looks at it:
   after). A live registration of the holder never lets another daemon settle
   a lease its holder still counts as running, up to the skew between clocks.
 
-A periodic pass (retention, settlement) runs once across daemons: the daemon
+A periodic pass (retention, the lease sweep) runs once across daemons: the daemon
 that claims its `PassLock` runs it, and the others skip it until the lock's
 wall-clock end, or earlier once its holder is gone. The lock spares work and
 does not guard correctness: each batch of a pass judges every record again

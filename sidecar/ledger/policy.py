@@ -50,8 +50,9 @@ class Policy:
     idempotency_proof_required: bool = False
     proven_idempotent_tools: frozenset[str] = field(default_factory=_none_proven)
 
-    # Every call keeps its exact input until committed, when it is at most
-    # `max_kept_input_bytes` (calls awaiting approval always keep it).
+    # Every call keeps its exact input until it is settled (`kept_inputs`);
+    # with `keep_inputs`, a settled call keeps it too, when it is at most
+    # `max_kept_input_bytes`, until retention compacts the record.
     keep_inputs: bool = False
     max_kept_input_bytes: int = 64 << 10
 

@@ -1,4 +1,4 @@
-"""A policy change as an audit fact (ADR-010 R2, DESIGN §10), as pure functions.
+"""A policy change as an audit fact (ADR-010 R2, contract §10.5), as pure functions.
 
 A reload names who asked for it and when, and keeps both policies whole, each
 as the RFC 8785 form of its document, so the audit log alone tells which

@@ -1,4 +1,4 @@
-"""The rules of PrepareTool (DESIGN §4, §5): record a new call, or answer a
+"""The rules of PrepareTool (contract §4, §5): record a new call, or answer a
 repeat prepare for the existing record, which must be the same call (same
 input, tool, effect and channel); with `start`, start it in the same step.
 """
@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from sidecar.errors import InputMismatch
-from sidecar.ledger import kept_inputs, machine
+from sidecar.ledger import machine
 from sidecar.ledger.attempts import retry_unknown
 from sidecar.ledger.model import (
     CallRef,
@@ -64,13 +64,13 @@ def prepare(
     """PrepareTool: record the call, or answer for the existing record.
 
     With `spec.start`, EXECUTE means that this caller holds the attempt
-    (DESIGN §5), and a call whose last attempt has an unknown outcome is
+    (contract §5.2), and a call whose last attempt has an unknown outcome is
     started again only as StartTool would start it: an explicit retry
     (`spec.retry`) under the retry rules, in this transaction; otherwise the
     refusal says why. A SIDE_EFFECT of unknown outcome answers RECONCILE.
     """
     if existing is None:
-        call = _create(spec, now, policy)
+        call = _create(spec, now)
         if policy is not None and policy.effect_for(call) is not call.effect:
             # Recorded with the call: decided under the override (R2).
             call = dataclasses.replace(call, forced_effect=Effect.SIDE_EFFECT)
@@ -124,13 +124,14 @@ def _require_approval(
         actor=spec.actor,
         reason="a repeat prepare requires approval",
         approval_required=True,
-        # The approver must see what they approve (`kept_inputs`).
+        # The approver must see what they approve (`kept_inputs`), also of
+        # a record written before every input was kept.
         kept_input=call.kept_input or spec.input,
     )
     return Step(waiting, answer_for(waiting, policy=policy))
 
 
-def _create(spec: PrepareSpec, now: Now, policy: Policy | None) -> ToolCall:
+def _create(spec: PrepareSpec, now: Now) -> ToolCall:
     state = State.AWAITING_APPROVAL if spec.require_approval else State.PREPARED
     entry = Transition(None, state, Event.PREPARE, now.wall_ns, spec.actor, "", 1, 0)
     return ToolCall(
@@ -146,9 +147,8 @@ def _create(spec: PrepareSpec, now: Now, policy: Policy | None) -> ToolCall:
         created_ns=now.wall_ns,
         updated_ns=now.wall_ns,
         history=(entry,),
-        kept_input=kept_inputs.kept(
-            spec.input, require_approval=spec.require_approval, policy=policy
-        ),
+        # Until it is settled (`kept_inputs`): what an operator looks for.
+        kept_input=spec.input,
     )
 
 

@@ -6,9 +6,11 @@ or takes the namespace over `stored_bytes`, is refused before anything is
 written; a write that finishes or records work already done (a commit, an
 UNKNOWN report, a heartbeat, a start, an approval, a reconciliation, an
 acknowledgement) is never refused by a quota, because the tool it describes
-has already run, or may run, and its result must always be recordable. The
-services decide which writes are checked; this module only says whether a
-given growth is allowed.
+has already run, or may run, and its result must always be recordable. What
+it records counts all the same, so a namespace can end up past its byte
+quota (`Quotas.bytes_over`): every growth is refused then, until retention
+shrinks it. The services decide which writes are checked; this module only
+says whether a given growth is allowed.
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ class StoreFill:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskSpace:
+    """The filesystem of the daemon's data directory, as it is now. On LMDB
+    it holds the store: a write the disk has no room for is refused
+    (STORAGE_FULL) however far `StoreFill.used_bytes` is from the map, so
+    alert on `free_bytes / total_bytes` too. On a shared store (PostgreSQL)
+    it holds only the socket and its lock."""
+
+    path: str
+    holds_store: bool
+    # What the daemon's user may still write (not the blocks kept for root).
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Quotas:
     """Per-namespace limits; 0 means unlimited."""
 
@@ -74,6 +91,14 @@ class Quotas:
     # Sustained requests per second, with `burst` requests of headroom.
     requests_per_second: float = 0.0
     burst: int = 0
+
+    def bytes_over(self, usage: Usage) -> int:
+        """How far `usage` is past the stored-bytes quota (0: within it).
+        Commits are never refused, so a namespace can get there; its new
+        calls are refused until it is back under (`refuse_growth`)."""
+        if self.stored_bytes <= 0:
+            return 0
+        return max(0, usage.stored_bytes - self.stored_bytes)
 
     @property
     def limits_storage(self) -> bool:

@@ -1,4 +1,4 @@
-"""The recovery plan of DESIGN §6 (ADR-010 D3) as pure functions.
+"""The recovery plan of contract §6 (ADR-010 D3) as pure functions.
 
 After a crash an agent asks what to do with every call of its run. `action`
 answers for one settled record; `plan` for a whole run. The plan only names
@@ -75,8 +75,8 @@ def action(call: ToolCall, effect: Effect) -> RecoveryAction:
             # ADR-010 D3: no decision yet -> stay interrupted.
             return RecoveryAction.WAIT_FOR_APPROVAL
         case State.PREPARED:
-            # DESIGN §6: approved or never started (or verified not executed
-            # by a reconciliation, DESIGN §4).
+            # contract §6.1: approved or never started (or verified not executed
+            # by a reconciliation, contract §4.6).
             return RecoveryAction.EXECUTE
     raise AssertionError(call.state)  # pragma: no cover
 

@@ -1,4 +1,4 @@
-"""Retention of committed calls (DESIGN §4, last row; ADR-010 R3) as pure rules.
+"""Retention of committed calls (contract §4.7; ADR-010 R3) as pure rules.
 
 A COMMITTED call whose result the agent acknowledged is kept for the policy's
 retention window after its last change, then reduced to a `Tombstone`: its
@@ -70,7 +70,7 @@ def is_due(call: ToolCall, policy: Policy, now_wall_ns: int) -> bool:
     if call.state is not State.COMMITTED or call.result is None:
         # ADR-010 R3: a record that is not COMMITTED is never deleted.
         return False
-    # DESIGN §4: an acknowledged result (the transcript has it) is kept for
+    # contract §4.7: an acknowledged result (the transcript has it) is kept for
     # the retention window after the last change. One never acknowledged may
     # still be replayed (D3), so it is kept for the longer window.
     window = (

@@ -1,4 +1,4 @@
-"""The retry rules of DESIGN §7 (ADR-010 D5, D6, D7, R2, R5) as one pure function.
+"""The retry rules of contract §7.2 (ADR-010 D5, D6, D7, R2, R5) as one pure function.
 
 `decide` takes the facts of a failed attempt (effect, state, idempotency key,
 the context it ran in, how it failed, attempts used, the deadline), the
@@ -167,7 +167,7 @@ def decide(
         # ADR-010 R2: the operator's kill switch turns every retry off at once.
         return deny(Reason.RETRY_DISABLED, "the operator disabled retry-safe policies")
     if question.attempts_used >= budget:
-        # DESIGN §7: the attempt budget always applies.
+        # contract §7.2: the attempt budget always applies.
         return deny(
             Reason.ATTEMPTS_EXHAUSTED,
             f"{question.attempts_used} of {budget} attempts used",
@@ -175,7 +175,7 @@ def decide(
     wait = backoff.delay_ms(question.attempts_used, jitter)
     deadline = question.deadline_ns
     if deadline is not None and now_wall_ns + wait * 1_000_000 >= deadline:
-        # DESIGN §7: the deadline always applies, the wait included.
+        # contract §7.2: the deadline always applies, the wait included.
         return deny(
             Reason.DEADLINE_EXCEEDED,
             f"the retry after {wait} ms would pass the deadline",
@@ -187,7 +187,7 @@ def decide(
 def _state_rule(facts: Facts) -> tuple[Reason, str] | None:
     state = facts.state
     if state is State.STARTED and facts.lease_live:
-        # DESIGN §5 IN_PROGRESS: another attempt holds a live lease; a retry
+        # contract §5.1 IN_PROGRESS: another attempt holds a live lease; a retry
         # now would run the call beside it (StartTool answers IN_PROGRESS).
         return (
             Reason.INVALID_TRANSITION,
@@ -195,7 +195,7 @@ def _state_rule(facts: Facts) -> tuple[Reason, str] | None:
             "lease to run out",
         )
     if state is State.COMMITTED:
-        # DESIGN §7: COMMITTED is never retried; ADR-010 D1, D3 use the result.
+        # contract §7.2: COMMITTED is never retried; ADR-010 D1, D3 use the result.
         return Reason.ALREADY_COMMITTED, "the call is committed: use its stored result"
     if state is State.AWAITING_APPROVAL:
         # ADR-010 D3: only an approval lets the call run; nothing ran to retry.

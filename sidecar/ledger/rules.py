@@ -1,4 +1,4 @@
-"""What each ledger request does to a record, as pure functions (DESIGN §4, §5).
+"""What each ledger request does to a record, as pure functions (contract §4, §5).
 
 Every rule takes the stored record (or None) and the moment (`Now`) and
 returns a `Step`: the record as it must be stored, and the reply, which is

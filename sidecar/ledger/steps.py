@@ -1,4 +1,4 @@
-"""The vocabulary of the ledger's rules (DESIGN §4, §5): the moment a rule
+"""The vocabulary of the ledger's rules (contract §4, §5): the moment a rule
 runs (`Now`), its reply (`Answer`, or a refusal) with the record to store
 (`Step`), and what every rule does first: settle a lapsed lease into UNKNOWN,
 record an effect the policy forces, and decide what a record means for its
@@ -131,7 +131,7 @@ def _judge(call: ToolCall, now: Now) -> ownership.Judgement:
 
 
 def decide(call: ToolCall, policy: Policy | None = None) -> Decision:
-    """The decision for a settled record (DESIGN §5), under `policy`."""
+    """The decision for a settled record (contract §5.1), under `policy`."""
     # ADR-010 R2: a tool the operator forced to SIDE_EFFECT is one from the
     # next decision on, whatever its callers declared; a call it was forced on
     # stays one.

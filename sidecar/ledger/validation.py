@@ -1,4 +1,4 @@
-"""Field rules for everything a client sends (DESIGN §3, §11).
+"""Field rules for everything a client sends (contract §3.1, §11.1).
 
 Each check appends `FieldViolation`s instead of raising, so one answer names
 every bad field of a request. `require` raises them together.

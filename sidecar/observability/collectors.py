@@ -1,19 +1,21 @@
 """Collectors that read, at scrape time, what lives elsewhere: the ledger's
-records by state (from the store) and the provider proxy's counters and
-retry budget (from `sidecar.observability.provider`). The hot paths pay
-nothing for them; a scrape pays what is documented on each."""
+records by state (from the store), the data directory's free disk (a
+statvfs), and the provider proxy's counters and retry budget (from
+`sidecar.observability.provider`). The hot paths pay nothing for them; a
+scrape pays what is documented on each."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sidecar.ledger.model import State
+from sidecar.ledger.quota import DiskSpace
 from sidecar.observability.provider import STOPS, Counters
 from sidecar.storage.api import ReadView, ReportsFill, Store, Table
 from sidecar.storage.records import state_prefix
@@ -137,6 +139,43 @@ def _fill_families() -> dict[str, GaugeMetricFamily]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class DiskCollector:
+    """The data directory's filesystem, read at each scrape (one statvfs).
+    On LMDB the store's writes fail with STORAGE_FULL when it is full,
+    however little of the map is used."""
+
+    read: Callable[[], DiskSpace]
+
+    def describe(self) -> Iterable[Metric]:
+        return list(_disk_families().values())
+
+    def collect(self) -> Iterable[Metric]:
+        families = _disk_families()
+        try:
+            disk = self.read()
+        except OSError:
+            log.debug("the data directory's disk is unreadable", exc_info=True)
+            return list(families.values())
+        families["free"].add_metric([], disk.free_bytes)
+        families["size"].add_metric([], disk.total_bytes)
+        return list(families.values())
+
+
+def _disk_families() -> dict[str, GaugeMetricFamily]:
+    return {
+        "free": GaugeMetricFamily(
+            "effectd_data_dir_free_bytes",
+            "Bytes the daemon may still write on the data directory's "
+            "filesystem; on LMDB, writes fail with STORAGE_FULL at 0.",
+        ),
+        "size": GaugeMetricFamily(
+            "effectd_data_dir_size_bytes",
+            "Size of the data directory's filesystem.",
+        ),
+    }
+
+
 _Family = CounterMetricFamily | GaugeMetricFamily
 
 
@@ -220,6 +259,7 @@ def _provider_families() -> dict[str, _Family]:
 
 __all__ = [
     "CountsEntries",
+    "DiskCollector",
     "LedgerCollector",
     "ProviderCollector",
     "ProviderSource",

@@ -36,7 +36,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
+from sidecar.ledger.quota import DiskSpace
 from sidecar.observability.collectors import (
+    DiskCollector,
     LedgerCollector,
     ProviderCollector,
     ProviderSource,
@@ -214,6 +216,11 @@ class Metrics:
             collector.stop()
 
         return stop
+
+    def watch_disk(self, read: Callable[[], DiskSpace]) -> Callable[[], None]:
+        """Exports the data directory's free and total bytes, `read` at each
+        scrape."""
+        return self._watch(DiskCollector(read))
 
     def watch_provider(self, provider: ProviderSource) -> Callable[[], None]:
         """Exports the provider proxy's counters and retry budget credit."""

@@ -1,4 +1,4 @@
-"""Outbound provider HTTP calls and their retry policy (DESIGN §9).
+"""Outbound provider HTTP calls and their retry policy (contract §9).
 
 In reading order: `routes` (the only reachable upstreams), `policy` (the
 pure retry rules), `budget` (the host-wide retry budget), `sse`

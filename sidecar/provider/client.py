@@ -83,28 +83,29 @@ class ProviderClient:
             observer=observer or Unobserved(),
         )
 
-    def _prepare(self, request: Request, timeout: float | None) -> Prepared:
+    def _prepare(self, request: Request, time_left: float | None) -> Prepared:
         return prepare(
             self._routes,
             request,
             self._limits,
             self._clock,
-            timeout,
+            time_left,
             locations=self._locations,
         )
 
-    async def call(self, request: Request, timeout: float | None = None) -> Answer:
-        """Sends `request` with retries; `timeout` is the seconds left of
-        the caller's deadline (None: 600 s)."""
-        p = self._prepare(request, timeout)
+    async def call(self, request: Request, time_left: float | None = None) -> Answer:
+        """Sends `request` with retries; `time_left` is the seconds left of
+        the caller's deadline (None: 600 s), which every attempt and wait
+        shares and the retry decisions read."""
+        p = self._prepare(request, time_left)
         return await unary.call(self._transport, p, self._seams)
 
     async def stream(
-        self, request: Request, timeout: float | None = None
+        self, request: Request, time_left: float | None = None
     ) -> AsyncGenerator[StreamItem, None]:
         """Forwards the events of `request`; retries only before the first
         real event. The last item is always a `StreamEnd`."""
-        p = self._prepare(request, timeout)
+        p = self._prepare(request, time_left)
         forward = streams.forward(self._transport, p, self._seams)
         async with contextlib.aclosing(forward) as items:
             async for item in items:

@@ -1,4 +1,4 @@
-"""A provider request made ready to send, once (DESIGN §9).
+"""A provider request made ready to send, once (contract §9).
 
 `prepare` looks the route up once and checks every field of a `Request`
 (INVALID_REQUEST names every bad one; a header the sidecar or the route sets
@@ -24,7 +24,13 @@ from sidecar.clock import Clock
 from sidecar.ledger.validation import Limits, Violations
 from sidecar.provider import policy
 from sidecar.provider.messages import Headers, Request
-from sidecar.provider.routes import Locations, Route, RouteEffect, locate
+from sidecar.provider.routes import (
+    Locations,
+    Route,
+    RouteEffect,
+    is_field_value,
+    locate,
+)
 
 METHODS = frozenset({"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"})
 MAX_HEADERS = 100
@@ -48,7 +54,7 @@ DEFAULT_HEADERS = (
 # transports share) and any proxy-*.
 SIDECAR_HEADERS = frozenset({"host", "content-length"})
 # An agent's own credentials: never sent upstream, whatever header the route
-# puts its credential in (DESIGN §9: provider keys live in the sidecar).
+# puts its credential in (contract §9: provider keys live in the sidecar).
 CREDENTIAL_HEADERS = frozenset(
     {
         "authorization",
@@ -97,6 +103,27 @@ def _sidecars(name: str) -> bool:
     return is_hop_by_hop(name) or name in SIDECAR_HEADERS or name.startswith("proxy-")
 
 
+def _check_headers(
+    v: Violations, headers: Headers, own: frozenset[str], limits: Limits
+) -> None:
+    if len(headers) > MAX_HEADERS:
+        v.add("headers", f"must be at most {MAX_HEADERS} headers")
+    for i, (name, value) in enumerate(headers[:MAX_HEADERS]):
+        lowered = name.lower()
+        if not _TOKEN.match(name):
+            v.add(f"headers[{i}].name", "must be an HTTP header name")
+        elif _sidecars(lowered):
+            v.add(f"headers[{i}].name", "is set by the sidecar, not by requests")
+        elif lowered in own:
+            v.add(f"headers[{i}].name", "is set by the route, not by requests")
+        if not is_field_value(value) or len(value) > limits.max_text_bytes:
+            v.add(
+                f"headers[{i}].value",
+                f"must be one line of at most {limits.max_text_bytes} bytes of "
+                "visible ASCII, spaces and tabs",
+            )
+
+
 def check(request: Request, route: Route | None, limits: Limits) -> str:
     """The request's method, upper-cased; INVALID_REQUEST lists every bad
     field. `route` is the request's route, when it names one."""
@@ -110,25 +137,17 @@ def check(request: Request, route: Route | None, limits: Limits) -> str:
         v.add("path", "is required")
     elif len(request.path.encode()) > MAX_PATH_BYTES:
         v.add("path", f"must be at most {MAX_PATH_BYTES} bytes")
-    if len(request.headers) > MAX_HEADERS:
-        v.add("headers", f"must be at most {MAX_HEADERS} headers")
-    for i, (name, value) in enumerate(request.headers[:MAX_HEADERS]):
-        lowered = name.lower()
-        if not _TOKEN.match(name):
-            v.add(f"headers[{i}].name", "must be an HTTP header name")
-        elif _sidecars(lowered):
-            v.add(f"headers[{i}].name", "is set by the sidecar, not by requests")
-        elif lowered in own:
-            v.add(f"headers[{i}].name", "is set by the route, not by requests")
-        if any(c in value for c in "\r\n\0") or len(value) > limits.max_text_bytes:
-            v.add(f"headers[{i}].value", "must be one line of at most 4096 bytes")
+    _check_headers(v, request.headers, own, limits)
     if request.max_retries is not None and request.max_retries > MAX_CLIENT_RETRIES:
         v.add("max_retries", f"must be at most {MAX_CLIENT_RETRIES}")
     if request.client_retry_count > MAX_CLIENT_RETRIES:
         v.add("client_retry_count", f"must be at most {MAX_CLIENT_RETRIES}")
-    v.text("idempotency_key", request.idempotency_key, limits.max_key_bytes)
-    if any(c in request.idempotency_key for c in "\r\n\0"):
-        v.add("idempotency_key", "must be one line")
+    # Sent as the Idempotency-Key header by a route that honours one.
+    key = request.idempotency_key
+    if len(key) > limits.max_key_bytes:
+        v.add("idempotency_key", f"must be at most {limits.max_key_bytes} bytes")
+    elif not is_field_value(key):
+        v.add("idempotency_key", "must be one line of visible ASCII, spaces and tabs")
     v.require()
     return method
 

@@ -14,10 +14,12 @@
     "OpenAI-Organization" = "org-..."
 
 The file is validated as a whole; an error names the setting and never
-shows a credential. `resolve` (or `locate`, for a route already looked up)
-turns a request's path into a URL below the route's base and refuses
-anything else (ROUTE_NOT_ALLOWED); `Locations` remembers the URLs of the
-paths it allowed, so a path that comes again is not checked and parsed again.
+shows a credential. What becomes a header (the credential, its prefix,
+the injected headers) must be one line of visible ASCII, spaces and tabs.
+`resolve` (or `locate`, for a route already looked up) turns a request's
+path into a URL below the route's base and refuses anything else
+(ROUTE_NOT_ALLOWED); `Locations` remembers the URLs of the paths it
+allowed, so a path that comes again is not checked and parsed again.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ _ROUTE = {
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+# A header value as HTTP carries it and the HTTP client encodes it: visible
+# ASCII, spaces and tabs (RFC 9110 §5.5, without obs-text, which the client
+# cannot encode from text).
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
 # RFC 3986 path and query characters; anything else is refused, not encoded.
 # A percent that does not start an escape: some servers read `%u002e`.
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -79,6 +85,11 @@ MAX_DECODINGS = 3
 _PATH = re.compile(
     r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*(\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$"
 )
+
+
+def is_field_value(text: str) -> bool:
+    """Whether `text` can be sent as an HTTP header's value."""
+    return _FIELD_VALUE.fullmatch(text) is not None
 
 
 class RouteEffect(enum.Enum):
@@ -172,8 +183,10 @@ def _credential(where: str, table: dict[str, Any], environ: Mapping[str, str]) -
             ) from None
     else:
         return ""
-    if not secret or any(c in secret for c in "\r\n\0"):
-        raise FieldError(where, "the credential is empty or not one line")
+    if not secret or not is_field_value(secret):
+        raise FieldError(
+            where, "the credential is empty or not one line of visible ASCII"
+        )
     return secret
 
 
@@ -197,6 +210,10 @@ def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
         raise FieldError(join(where, "credential_header"), "not a header name")
     default_prefix = "Bearer " if header.lower() == "authorization" else ""
     prefix = table.get("credential_prefix", default_prefix)
+    if not is_field_value(prefix):
+        raise FieldError(
+            join(where, "credential_prefix"), "must be visible ASCII, spaces and tabs"
+        )
     paths = tuple(table.get("paths", ["/"]))
     if not paths or not all(isinstance(p, str) and _PATH.match(p) for p in paths):
         raise FieldError(
@@ -210,8 +227,8 @@ def _route(name: str, table: Any, environ: Mapping[str, str]) -> Route:
         at = join(join(where, "headers"), key)
         if not _HEADER_NAME.match(key) or not isinstance(value, str):
             raise FieldError(at, "must be a header = string")
-        if any(c in value for c in "\r\n\0"):
-            raise FieldError(at, "must be one line")
+        if not is_field_value(value):
+            raise FieldError(at, "must be one line of visible ASCII, spaces and tabs")
         headers[key] = value
     return Route(
         name=name,

@@ -17,7 +17,7 @@ from sidecar.ledger.audit import Action, Entry
 from sidecar.ledger.model import State
 from sidecar.ledger.ownership import Standing
 from sidecar.ledger.policy import Policy
-from sidecar.ledger.quota import Quotas, StoreFill
+from sidecar.ledger.quota import DiskSpace, Quotas, StoreFill
 from sidecar.ledger.restore import Marker
 from sidecar.ledger.validation import Violations
 from sidecar.rpc import caller, convert, operator_orders
@@ -126,6 +126,7 @@ class Admin:
         quotas: Quotas | None = None,
         incarnation: int = 0,
         fill: Callable[[], StoreFill] | None = None,
+        disk: Callable[[], DiskSpace] | None = None,
         restored: Marker | None = None,
         membership: MembershipService | None = None,
     ) -> None:
@@ -133,6 +134,7 @@ class Admin:
         self._membership = membership
         self._operator = operator
         self._fill = fill
+        self._disk = disk
         self._quotas = quotas or Quotas()
         self._incarnation = incarnation
         self._limits = operator.limits
@@ -256,10 +258,12 @@ class Admin:
                     unknown=n.by_state.get(State.UNKNOWN, 0),
                     stored_bytes=n.usage.stored_bytes,
                     tombstone_bytes=n.usage.tombstone_bytes,
+                    stored_bytes_over_quota=q.bytes_over(n.usage),
                 )
                 for n in await self._operator.stats(namespace)
             ],
             store_fill=self._store_fill(),
+            data_directory=self._data_directory(),
             quotas=pb.NamespaceQuotas(
                 open_calls=q.open_calls,
                 stored_bytes=q.stored_bytes,
@@ -283,6 +287,21 @@ class Admin:
             incarnation=listing.incarnation,
             shared=listing.shared,
             read_at=convert.timestamp(listing.wall_ns),
+        )
+
+    def _data_directory(self) -> pb.DataDirectory | None:
+        # The host's: not for a caller limited to some namespaces.
+        if self._disk is None or not caller.current().whole_daemon:
+            return None
+        try:
+            disk = self._disk()
+        except OSError:
+            return None
+        return pb.DataDirectory(
+            path=disk.path,
+            holds_store=disk.holds_store,
+            free_bytes=disk.free_bytes,
+            total_bytes=disk.total_bytes,
         )
 
     def _store_fill(self) -> pb.StoreFill | None:

@@ -1,4 +1,4 @@
-"""Admission: whether a call may run now (DESIGN §10).
+"""Admission: whether a call may run now (contract §10.3).
 
 A call takes one of its caller's concurrency slots (`sidecar.rpc.concurrency`)
 and then one token of its caller's rate limit; over either it is refused

@@ -130,7 +130,7 @@ class Boundary:
     def unary(self, call: Call, handler: Handler) -> Handler:
         async def unary(request: Any, context: Context) -> Any:
             # A call that brought its own deadline is cut by gRPC.
-            timeout = (
+            deadline = (
                 self.default_deadline if context.time_remaining() is None else None
             )
             answer = await self.answer(
@@ -138,7 +138,7 @@ class Boundary:
                 call.principal,
                 request,
                 lambda: handler(request, context),
-                timeout=timeout,
+                deadline=deadline,
                 trace=tracecontext.from_metadata(call.metadata),
                 context=context,
             )
@@ -160,7 +160,7 @@ class Boundary:
                 call.principal,
                 request,
                 lambda: _serve_stream(handler, request, context),
-                timeout=None,
+                deadline=None,
                 trace=tracecontext.from_metadata(call.metadata),
                 context=context,
             )
@@ -176,13 +176,13 @@ class Boundary:
         request: object,
         run: Callable[[], Awaitable[Any]],
         *,
-        timeout: float | None,
+        deadline: float | None,
         trace: tracecontext.TraceParent | None,
         context: Context | None = None,
     ) -> Any:
         """Runs one call of `method` through the steps of this module, in
-        their order; `run` runs its handler, `timeout` (seconds) is its
-        deadline unless None. Returns the handler's answer, or `Refused`.
+        their order; `run` runs its handler, whose `deadline` is that many
+        seconds from now unless None. Returns the handler's answer, or `Refused`.
         Raises what ended the call otherwise (it was cancelled, or gRPC
         ended it: the `context` of a call, None for a session message, tells
         its code for the record).
@@ -207,9 +207,9 @@ class Boundary:
                 refused = Refused(to_status(exc), exc.reason)
             else:
                 # 3. deadline
-                if timeout:
+                if deadline:
                     loop = asyncio.get_running_loop()
-                    state.deadline = loop.time() + timeout
+                    state.deadline = loop.time() + deadline
                 # 4. handler, 5. domain error to status
                 refused = await _answered(method, state, request, run)
                 if not isinstance(refused, Refused):

@@ -1,4 +1,4 @@
-"""Who is calling, resolved once per call (DESIGN §10).
+"""Who is calling, resolved once per call (contract §10.2).
 
 The boundary (`sidecar.rpc.boundary`) resolves each call's caller once, from
 the authenticated principal and the parsed request, into a frozen `Caller`:

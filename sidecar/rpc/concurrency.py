@@ -1,4 +1,4 @@
-"""How many RPCs may be in flight, in total and per caller (DESIGN §10).
+"""How many RPCs may be in flight, in total and per caller (contract §10.3).
 
 Three pools, so that no caller can take what the others, the health probes,
 or the recording of work already done need:

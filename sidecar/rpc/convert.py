@@ -280,6 +280,19 @@ def _transition_pb(t: Transition) -> pb.Transition:
 def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
     """The record; with `history`, the whole of it (the kept input too),
     without, the summary that lists and plans carry."""
+    return _call_pb(call, history=history, kept_input=history)
+
+
+def agent_call_pb(call: ToolCall) -> pb.ToolCall:
+    """The record as the answers to the agent's own steps carry it: whole,
+    but the input the agent just sent only while an approver must see it
+    (AWAITING_APPROVAL); echoing every call's input would send each one back
+    with every prepare, start, heartbeat and commit."""
+    awaiting = call.state is State.AWAITING_APPROVAL
+    return _call_pb(call, history=True, kept_input=awaiting)
+
+
+def _call_pb(call: ToolCall, *, history: bool, kept_input: bool) -> pb.ToolCall:
     msg = pb.ToolCall(
         ref=pb.CallRef(
             namespace=call.ref.namespace,
@@ -322,16 +335,16 @@ def call_pb(call: ToolCall, *, history: bool = True) -> pb.ToolCall:
     msg.reconciliations.extend(_reconciliation_pb(r) for r in call.reconciliations)
     if history:
         msg.history.extend(_transition_pb(t) for t in call.history)
-        kept = payload_pb(call.kept_input)
-        if kept is not None:
-            msg.kept_input.CopyFrom(kept)
+    kept = payload_pb(call.kept_input) if kept_input else None
+    if kept is not None:
+        msg.kept_input.CopyFrom(kept)
     return msg
 
 
 def prepare_response(answer: Answer) -> pb.PrepareToolResponse:
     return pb.PrepareToolResponse(
         decision=DECISION_TO_PB[answer.decision],
-        call=call_pb(answer.call),
+        call=agent_call_pb(answer.call),
         idempotency_key=answer.idempotency_key,
         attempt_held=answer.attempt_held,
         retry_required=answer.retry_required,

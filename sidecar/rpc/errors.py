@@ -23,6 +23,7 @@ from sidecar.errors import (
     PermissionDenied,
     PreconditionFailed,
     RetryBudgetExhausted,
+    RetryLater,
     RevisionConflict,
     ShuttingDown,
     StorageFull,
@@ -101,9 +102,7 @@ def to_status(error: EffectdError) -> grpc.Status:
             for v in error.violations[:MAX_VIOLATIONS]
         ]
         details.append(_pack(error_details_pb2.BadRequest(field_violations=violations)))
-    retry_delay = (
-        error.retry_delay if isinstance(error, UpstreamFailed | Throttled) else None
-    )
+    retry_delay = error.retry_delay if isinstance(error, RetryLater) else None
     if retry_delay is not None:
         delay = duration_pb2.Duration()
         delay.FromNanoseconds(int(retry_delay * 1e9))

@@ -1,4 +1,4 @@
-"""The one interceptor every RPC passes (DESIGN §10; reliability-anchors §7).
+"""The one interceptor every RPC passes (contract §10.2; reliability-anchors §7).
 
 Before any handler runs, and before the request is parsed: authenticate the
 bearer token, then authorize the method for the token's roles (default deny:

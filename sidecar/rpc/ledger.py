@@ -74,7 +74,7 @@ class ToolLedger:
         )
         return pb.StartToolResponse(
             decision=convert.DECISION_TO_PB[answer.decision],
-            call=convert.call_pb(answer.call),
+            call=convert.agent_call_pb(answer.call),
             idempotency_key=answer.idempotency_key,
         )
 
@@ -98,7 +98,7 @@ class ToolLedger:
             actor=who.actor(AGENT),
             acknowledge=req.acknowledge,
         )
-        return pb.CommitToolResponse(call=convert.call_pb(answer.call))
+        return pb.CommitToolResponse(call=convert.agent_call_pb(answer.call))
 
     async def ReportUnknown(
         self, req: pb.ReportUnknownRequest, _: Context
@@ -113,7 +113,7 @@ class ToolLedger:
         answer = await self._ledger.report_unknown(
             ref, attempt=req.attempt, reason=req.reason, actor=who.actor(AGENT)
         )
-        return pb.ReportUnknownResponse(call=convert.call_pb(answer.call))
+        return pb.ReportUnknownResponse(call=convert.agent_call_pb(answer.call))
 
     async def Heartbeat(
         self, req: pb.HeartbeatRequest, _: Context
@@ -128,7 +128,7 @@ class ToolLedger:
         answer = await self._ledger.heartbeat(
             ref, attempt=req.attempt, lease_ms=lease, actor=who.actor(AGENT)
         )
-        return pb.HeartbeatResponse(call=convert.call_pb(answer.call))
+        return pb.HeartbeatResponse(call=convert.agent_call_pb(answer.call))
 
     async def DecideApproval(
         self, req: pb.DecideApprovalRequest, _: Context

@@ -57,9 +57,9 @@ class Messages:
             denied = self._denials[method]
             if denied is not None:
                 return self._boundary.refused(method, principal, denied, message_trace)
-        timeout = timeout_ms / 1000 if timeout_ms else self._boundary.default_deadline
+        deadline = timeout_ms / 1000 if timeout_ms else self._boundary.default_deadline
         return await self._boundary.answer(
-            method, principal, request, run, timeout=timeout, trace=message_trace
+            method, principal, request, run, deadline=deadline, trace=message_trace
         )
 
     def refuse(self, method: str, exc: EffectdError, traceparent: str) -> Refused:

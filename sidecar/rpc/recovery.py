@@ -183,4 +183,6 @@ class Recovery:
             seen.setdefault(call_id, i)
         v.require()
         calls = await self._recovery.acknowledge(ns, req.run_id, list(req.call_ids))
-        return pb.AcknowledgeRecoveryResponse(calls=[convert.call_pb(c) for c in calls])
+        return pb.AcknowledgeRecoveryResponse(
+            calls=[convert.agent_call_pb(c) for c in calls]
+        )

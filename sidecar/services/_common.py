@@ -1,17 +1,20 @@
-"""What every service does the same way: take the moment a rule runs, and
-wait for a write function's durable commit."""
+"""What every service does the same way: take the moment a rule runs, wait
+for a write function's durable commit, and decide a call's change on a
+snapshot, then save it by compare-and-swap."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from sidecar.clock import Clock
-from sidecar.errors import EffectdError
+from sidecar.errors import EffectdError, StorageUnavailable
 from sidecar.ledger.rules import Answer, Now
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.api import CallWrite, Conflict, ReadView, Store, WriteView
 from sidecar.storage.daemons import StoredPeers
+from sidecar.storage.scans import Scans
 
 T = TypeVar("T")
 
@@ -34,7 +37,7 @@ async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:
 
 async def bulk_committed(store: Store, fn: Callable[[WriteView], T]) -> T:
     """`committed`, for a write of many records (a page of recovery, a
-    retention or settlement pass): run by the writer thread, so the event
+    retention pass or lease sweep): run by the writer thread, so the event
     loop goes on serving while it is applied."""
     return await asyncio.wrap_future(store.submit(fn))
 
@@ -48,3 +51,41 @@ async def answered(
     if isinstance(reply, EffectdError):
         raise reply
     return reply
+
+
+# Compare-and-swaps one request may lose before it is answered UNAVAILABLE:
+# each one lost is another request's write to the same record that won.
+MAX_RACES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What a rule decided on a snapshot: the reply (a refusal to raise), and
+    the record to save first, if the call changes."""
+
+    reply: Answer | EffectdError
+    write: CallWrite | None = None
+
+
+async def decided(
+    store: Store, scans: Scans, decide: Callable[[ReadView], Decided]
+) -> Answer:
+    """`decide` on a snapshot (`Scans.point_read`), then its record saved by
+    compare-and-swap (`Store.save_call`), durably, before the reply, which is
+    raised when a refusal. A compare lost to a write that came first
+    (`Conflict`) decides again, on a new snapshot: what the request sees is
+    then that write's record, as if it had queued behind it."""
+    for _ in range(MAX_RACES):
+        decision = await scans.point_read(decide)
+        if decision.write is not None:
+            try:
+                await store.save_call(decision.write)
+            except Conflict:
+                continue
+        if isinstance(decision.reply, EffectdError):
+            raise decision.reply
+        return decision.reply
+    raise StorageUnavailable(
+        f"the call changed under {MAX_RACES} decisions in a row; try again",
+        {"mayHaveBeenApplied": "false"},
+    )

@@ -1,5 +1,5 @@
 """The checkpoint service: applies the rules of `sidecar.ledger.checkpoints`
-(ADR-010 D1, DESIGN §8) in write transactions. A Txn checks all its compares
+(ADR-010 D1, contract §8) in write transactions. A Txn checks all its compares
 before it writes anything, inside one write function, so it applies all or
 nothing; Put and Delete are one-key Txns.
 

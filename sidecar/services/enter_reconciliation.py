@@ -1,4 +1,4 @@
-"""Putting every open call of a tool into reconciliation (ADR-010 R2, DESIGN §12).
+"""Putting every open call of a tool into reconciliation (ADR-010 R2, contract §7.3).
 
 When a tool is found to duplicate its effect, the operator makes every open
 call of it (PREPARED, AWAITING_APPROVAL, STARTED, UNKNOWN) a SIDE_EFFECT for

@@ -1,10 +1,13 @@
 """The ledger service: applies the rules of `ledger.rules` to stored records.
 
-Each mutating request is one write function: load the record, run the rule
-with the moment the writer runs it, store the result, return the reply. The
-store runs it inside a write transaction, so read, decision and write are one
-atomic compare-and-swap on the record, and the reply is released only after
-the commit.
+Each request on one call reads the record on a snapshot, runs the rule with
+the moment it read it, and, when the call changes, saves the new record by
+compare-and-swap (`Store.save_call`): only while the stored record is still
+the one decided on (for a new call: while the store holds no record and no
+tombstone of it), else it reads and decides again (`_common.decided`). So
+read, decision and write are one atomic step on the record, a repeat that
+changes nothing (the duplicate of a committed call) is answered from the
+snapshot alone, and a reply is released only after the commit.
 
 Quotas (`ledger.quota`) refuse only a prepare that creates a record; every
 request that finishes or records work already done (StartTool, CommitTool,
@@ -32,9 +35,9 @@ from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
-from sidecar.services._common import answered, committed, moment
-from sidecar.storage import records, tombstones, usage
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.services._common import Decided, committed, decided, moment
+from sidecar.storage import calls, records, tombstones, usage
+from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
 
 
@@ -69,46 +72,60 @@ class LedgerService:
     def now(self, view: ReadView) -> Now:
         return moment(self._clock, self._store, view)
 
-    async def _write(self, fn: Callable[[WriteView], Answer | EffectdError]) -> Answer:
-        return await answered(self._store, fn)
+    async def _decided(self, decide: Callable[[ReadView], Decided]) -> Answer:
+        return await decided(self._store, self._scans, decide)
 
     def _mutation(
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
-    ) -> Callable[[WriteView], Answer | EffectdError]:
-        def apply(view: WriteView) -> Answer | EffectdError:
-            old = records.load_call(view, ref)
+    ) -> Callable[[ReadView], Decided]:
+        def decide(view: ReadView) -> Decided:
+            old, tomb = calls.find(view, ref)
             if old is None:
-                raise _not_found(ref, tombstones.load(view, ref))
-            # Read in the write transaction: a reload that took effect before
-            # this write decides it (the reload's audit entry comes first).
-            step = rule(old, self.now(view), self._policy.current())
-            if step.call.revision != old.revision:
-                records.save_call(view, old, step.call)
-            return step.reply
+                return Decided(_not_found(ref, tomb))
+            policy = self._policy.current()
+            step = rule(old, self.now(view), policy)
+            if step.call.revision == old.revision:
+                return Decided(step.reply)
+            return Decided(step.reply, self._saving(old, step.call, policy))
 
-        return apply
+        return decide
 
     async def prepare(self, spec: PrepareSpec) -> Answer:
-        # A repeat that changes nothing (the duplicate of a committed call, a
-        # call in progress under a live lease, a refusal) is answered from a
-        # read snapshot, without the writer: LMDB shows a reader only commits
-        # that are durable (`storage.lmdb_store`), and a rule that would
-        # change the record (a lease ran out, a forced effect) is left to the
-        # write transaction below, which decides again.
-        unchanged = await self._scans.point_read(
-            lambda view: _unchanged_answer(view, spec, self.now(view), self._policy)
+        return await self._decided(lambda view: self._prepare_decision(view, spec))
+
+    def _prepare_decision(self, view: ReadView, asked: PrepareSpec) -> Decided:
+        """A repeat that changes nothing (the duplicate of a committed call, a
+        call in progress under a live lease, a refusal, a compacted call) is
+        answered from the snapshot; a new call is saved within its
+        namespace's quotas."""
+        policy = self._policy.current()
+        spec = _with_lease(asked, policy)
+        old, tomb = calls.find(view, spec.ref)
+        if tomb is not None:
+            # contract §4.7: the tombstone still refuses a re-execution.
+            return Decided(
+                retention.duplicate_prepare(
+                    tomb, _in_scheme(spec, tomb.fingerprint_scheme)
+                )
+            )
+        if old is not None:
+            spec = _in_scheme(spec, old.fingerprint_scheme)
+        step = rules.prepare(old, spec, self.now(view), policy)
+        if old is not None and step.call.revision == old.revision:
+            return Decided(step.reply)
+        return Decided(step.reply, self._saving(old, step.call, policy))
+
+    def _saving(self, old: ToolCall | None, new: ToolCall, policy: Policy) -> CallWrite:
+        """The write of `new`, decided under `policy`: a reload that took
+        effect before the write decides it again (its audit entry comes
+        first); a new call within the namespace's quotas."""
+        source = self._policy
+        return CallWrite(
+            old,
+            new,
+            self._quotas if old is None else None,
+            holds=lambda: source.current() is policy,
         )
-        if isinstance(unchanged, EffectdError):
-            raise unchanged
-        if unchanged is not None:
-            return unchanged
-
-        def apply(view: WriteView) -> Answer | EffectdError:
-            policy = self._policy.current()
-            resolved = _with_lease(spec, policy)
-            return _prepare_one(view, resolved, self.now(view), policy, self._quotas)
-
-        return await self._write(apply)
 
     async def prepare_many(self, specs: Sequence[PrepareSpec]) -> list[Answer]:
         """All in one transaction; one refusal and nothing is written."""
@@ -141,7 +158,7 @@ class LedgerService:
         expected_revision: int | None,
         actor: str = rules.AGENT,
     ) -> Answer:
-        return await self._write(
+        return await self._decided(
             self._mutation(
                 ref,
                 lambda call, now, policy: rules.start(
@@ -166,10 +183,10 @@ class LedgerService:
         actor: str = rules.AGENT,
         acknowledge: bool = False,
     ) -> Answer:
-        return await self._write(
+        return await self._decided(
             self._mutation(
                 ref,
-                lambda call, now, _: rules.commit(
+                lambda call, now, policy: rules.commit(
                     call,
                     now,
                     attempt=attempt,
@@ -177,6 +194,7 @@ class LedgerService:
                     expected_revision=expected_revision,
                     actor=actor,
                     acknowledge=acknowledge,
+                    policy=policy,
                 ),
             )
         )
@@ -184,7 +202,7 @@ class LedgerService:
     async def report_unknown(
         self, ref: CallRef, *, attempt: int, reason: str, actor: str = rules.AGENT
     ) -> Answer:
-        return await self._write(
+        return await self._decided(
             self._mutation(
                 ref,
                 lambda call, now, policy: rules.report_unknown(
@@ -201,7 +219,7 @@ class LedgerService:
     async def heartbeat(
         self, ref: CallRef, *, attempt: int, lease_ms: int, actor: str = rules.AGENT
     ) -> Answer:
-        return await self._write(
+        return await self._decided(
             self._mutation(
                 ref,
                 lambda call, now, policy: rules.heartbeat(
@@ -216,7 +234,7 @@ class LedgerService:
 
     async def get(self, ref: CallRef) -> ToolCall:
         """The record; NOT_FOUND, with metadata saying so, for a call that
-        was compacted after the retention window (DESIGN §4)."""
+        was compacted after the retention window (contract §4.7)."""
 
         def load(view: ReadView) -> ToolCall:
             call = records.load_call(view, ref)
@@ -285,7 +303,7 @@ class LedgerService:
         the earlier incarnations of this daemon (`ownership.register` ended
         them) and of any other daemon that restarted: a live daemon's calls
         are never settled here, and a lapsed one's are left to the
-        settlement pass."""
+        lease sweep."""
 
         def apply(view: WriteView) -> int:
             now = self.now(view)
@@ -332,7 +350,7 @@ def _prepare_one(
     if old is None:
         tomb = tombstones.load(view, spec.ref)
         if tomb is not None:
-            # DESIGN §4: the tombstone still refuses a re-execution.
+            # contract §4.7: the tombstone still refuses a re-execution.
             return retention.duplicate_prepare(
                 tomb, _in_scheme(spec, tomb.fingerprint_scheme)
             )
@@ -354,21 +372,6 @@ def _prepare_one(
     elif step.call.revision != old.revision:
         records.save_call(view, old, step.call)
     return step.reply
-
-
-def _unchanged_answer(
-    view: ReadView, spec: PrepareSpec, now: Now, source: PolicySource
-) -> Answer | EffectdError | None:
-    """The answer of a prepare of an existing record that the rules leave as
-    it is; None when the prepare creates or changes a record (or repeats a
-    compacted one: its refusal is rare enough to leave to the writer)."""
-    old = records.load_call(view, spec.ref)
-    if old is None:
-        return None
-    policy = source.current()
-    spec = _in_scheme(_with_lease(spec, policy), old.fingerprint_scheme)
-    step = rules.prepare(old, spec, now, policy)
-    return step.reply if step.call.revision == old.revision else None
 
 
 def _in_scheme(spec: PrepareSpec, scheme: int) -> PrepareSpec:

@@ -27,13 +27,15 @@ from sidecar.ledger import ownership
 from sidecar.ledger.model import State
 from sidecar.ledger.ownership import Registration, Standing
 from sidecar.services._common import committed, moment
-from sidecar.storage import daemons, records, restore
+from sidecar.storage import daemons, marking, records
 from sidecar.storage.api import ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
 
-SETTLEMENT = "settlement"
+# The claim of the lease sweep keeps the name it is stored under, which
+# daemons of earlier versions sharing the store claim too.
+LEASE_SWEEP = "settlement"
 RETENTION = "retention"
 # How long a registration is kept after it ended or lapsed, for whoever
 # reads the table; a deleted one judges its leases as a lapsed one does.
@@ -139,7 +141,7 @@ class MembershipService:
         """
 
         def apply(view: WriteView) -> Registered:
-            restore.refuse_unfinished_marking(view)
+            marking.refuse_unfinished_marking(view)
             mine, ended = ownership.register(
                 daemons.every(view),
                 daemon_id=self.daemon_id,

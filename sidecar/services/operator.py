@@ -1,11 +1,12 @@
 """The operator service: approvals, reconciliations and the audit log.
 
-Each request is one write function, like those of `LedgerService`: load the
-record, run the rule of `operator_rules`, store the record and append its
-audit entry, in one write transaction. So a decision is never applied
-without its audit entry, nor audited without being applied, and two
-operators deciding one record are serialized by the writer: the second one
-sees the first one's revision and is refused.
+Each decision is made as `LedgerService` makes its own: the record read on a
+snapshot, the rule of `operator_rules` run there, and the record saved by
+compare-and-swap with its audit entry, in one write transaction
+(`Store.save_call`). So a decision is never applied without its audit
+entry, nor audited without being applied, and of two operators deciding one
+record, the second one's compare fails: it decides again on the first one's
+record, and is refused.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from sidecar.ledger.quota import Usage
 from sidecar.ledger.rules import Answer, Now
 from sidecar.ledger.validation import Limits
 from sidecar.services import enter_reconciliation as tool_reconciliation
-from sidecar.services._common import answered, moment
+from sidecar.services._common import Decided, decided, moment
 from sidecar.storage import records, usage
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.api import CallWrite, ReadView, Store, Table
 from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
@@ -71,76 +72,72 @@ class OperatorService:
     def now(self, view: ReadView) -> Now:
         return moment(self._clock, self._store, view)
 
-    async def _write(
-        self, apply: Callable[[WriteView, Now], Answer | EffectdError]
-    ) -> Answer:
-        def run(view: WriteView) -> Answer | EffectdError:
-            return apply(view, self.now(view))
-
-        return await answered(self._store, run)
+    async def _decided(self, decide: Callable[[ReadView, Now], Decided]) -> Answer:
+        return await decided(
+            self._store, self._scans, lambda view: decide(view, self.now(view))
+        )
 
     async def decide_approval(self, ref: CallRef, decision: ApprovalDecision) -> Answer:
         """Approves or rejects; the record and its audit entry are one write."""
 
-        def apply(view: WriteView, now: Now) -> Answer | EffectdError:
+        def decide(view: ReadView, now: Now) -> Decided:
             old = _load(view, ref)
-            step = operator_rules.decide_approval(old, now, decision)
+            # Whether a rejected call keeps its input (`kept_inputs`).
+            policy = self._policy.current()
+            step = operator_rules.decide_approval(old, now, decision, policy)
             if isinstance(step.reply, EffectdError):
-                return step.reply
-            records.save_call(view, old, step.call)
+                return Decided(step.reply)
             action = Action.APPROVE if decision.approve else Action.REJECT
-            records.append_audit(
-                view,
-                audit.call_fact(
-                    action,
-                    old,
-                    step.call,
-                    at_ns=now.wall_ns,
-                    actor=decision.approver,
-                    reason=decision.reason,
-                    details={"inputFingerprint": decision.input_fingerprint},
-                ),
+            fact = audit.call_fact(
+                action,
+                old,
+                step.call,
+                at_ns=now.wall_ns,
+                actor=decision.approver,
+                reason=decision.reason,
+                details={"inputFingerprint": decision.input_fingerprint},
             )
-            return step.reply
+            return Decided(step.reply, CallWrite(old, step.call, audit=fact))
 
-        return await self._write(apply)
+        return await self._decided(decide)
 
     async def reconcile(self, ref: CallRef, order: ReconcileOrder) -> Answer:
         """Resolves a call of unknown outcome; the record, its evidence and
         the audit entry are one write."""
 
-        def apply(view: WriteView, now: Now) -> Answer | EffectdError:
+        def decide(view: ReadView, now: Now) -> Decided:
             old = _load(view, ref)
-            # The quarantine in force when the write runs (ADR-010 R2 reloads).
+            # The quarantine in force when the write runs (ADR-010 R2
+            # reloads): a reload before the write decides it again.
             policy = self._policy.current()
             step = operator_rules.reconcile(old, now, order, policy)
             if isinstance(step.reply, EffectdError):
-                return step.reply
-            records.save_call(view, old, step.call)
+                return Decided(step.reply)
             committed = order.resolution is Resolution.COMMITTED
             details = {"attempt": str(old.attempt)}
             if order.result is not None:
                 details["resultDigest"] = order.result.digest
             if order.confirmed_dead_attempt:
                 details["confirmedDeadAttempt"] = str(order.confirmed_dead_attempt)
-            records.append_audit(
-                view,
-                audit.call_fact(
-                    Action.RECONCILE_COMMITTED
-                    if committed
-                    else Action.RECONCILE_NOT_EXECUTED,
-                    old,
-                    step.call,
-                    at_ns=now.wall_ns,
-                    actor=order.operator,
-                    reason=order.reason,
-                    evidence=order.evidence,
-                    details=details,
-                ),
+            fact = audit.call_fact(
+                Action.RECONCILE_COMMITTED
+                if committed
+                else Action.RECONCILE_NOT_EXECUTED,
+                old,
+                step.call,
+                at_ns=now.wall_ns,
+                actor=order.operator,
+                reason=order.reason,
+                evidence=order.evidence,
+                details=details,
             )
-            return step.reply
+            source = self._policy
+            write = CallWrite(
+                old, step.call, audit=fact, holds=lambda: source.current() is policy
+            )
+            return Decided(step.reply, write)
 
-        return await self._write(apply)
+        return await self._decided(decide)
 
     async def enter_reconciliation(
         self,

@@ -12,10 +12,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
-from sidecar.ledger.quota import StoreFill
+from sidecar.ledger.audit import Fact
+from sidecar.ledger.model import ToolCall
+from sidecar.ledger.quota import Quotas, StoreFill
 
 T = TypeVar("T")
 
@@ -31,7 +34,7 @@ class Table(enum.Enum):
     # Big-endian sequence number -> audit entry; append-only, hash-chained.
     AUDIT = "audit"
     # Record key -> tombstone of a call compacted after the retention window
-    # (DESIGN §4); it still refuses a re-execution.
+    # (contract §4.7); it still refuses a re-execution.
     TOMBSTONES = "tombstones"
     # (compacted wall time, 8 bytes big-endian) + record key -> b"": the
     # tombstones in the order their lifetime ends.
@@ -52,6 +55,36 @@ class Table(enum.Enum):
     # Name of a periodic pass -> the lock of the daemon that runs it
     # (`sidecar.storage.daemons`).
     PASSES = "passes"
+
+
+class FormatError(RuntimeError):
+    """The store holds a format (LMDB) or schema (PostgreSQL) this effectd
+    does not read; the message says what to do."""
+
+
+class Conflict(Exception):
+    """A compare-and-swap lost (`Store.save_call`): the stored record is no
+    longer the one the write was decided on. Nothing was written; read the
+    record again and decide again."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallWrite:
+    """A compare-and-swap of one call record: `new` replaces the record read
+    as `old` only while the stored one is still at `old`'s revision; with
+    `old` None, `new` is a new call, saved only while the store holds neither
+    a record nor a tombstone of it, and, with `quotas`, only while the
+    namespace stays within them (`ledger.quota.refuse_growth`). `holds` is
+    what else the decision assumed (the policy it was made under), asked in
+    the write transaction: False is a `Conflict` too. `audit` is the entry
+    the rule writes with the record (an operator's decision), appended to
+    the audit chain in the same transaction."""
+
+    old: ToolCall | None
+    new: ToolCall
+    quotas: Quotas | None = None
+    holds: Callable[[], bool] | None = None
+    audit: Fact | None = None
 
 
 class ReadView(Protocol):
@@ -112,6 +145,16 @@ class Store(Protocol):
         Cancelled before its transaction begins, `fn` is not run."""
         ...
 
+    async def save_call(self, write: CallWrite) -> None:
+        """Applies `write` once its compare holds, durably (as `write`).
+
+        Raises:
+            Conflict: the stored record is not the one `write` was decided on.
+            QuotaExceeded: the new call would take its namespace past
+                `write.quotas`.
+        """
+        ...
+
     def close(self) -> None:
         """Finishes queued writes, then closes; later submits fail."""
         ...
@@ -141,6 +184,17 @@ class SkipsRevisions(Protocol):
     def skip_revisions(self, gap: int) -> None:
         """Moves the sequence `gap` ahead of every revision it gave."""
         ...
+
+
+@runtime_checkable
+class ReadsPoints(Protocol):
+    """A store that serves a read of a few keys cheaper than a snapshot
+    (PostgreSQL: each key one statement, outside a transaction), where each
+    key may be read on its own snapshot. For a rule that decides on a record
+    it then saves by compare-and-swap (`Store.save_call`), which holds the
+    record to what was read; never for what must be read together."""
+
+    def read_point(self, fn: Callable[[ReadView], T]) -> T: ...
 
 
 @runtime_checkable

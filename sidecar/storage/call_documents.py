@@ -149,9 +149,10 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
     ignored, keys an earlier one lacked take their meaning of then.
 
     Without `history`, the record's history is left out (empty), which is
-    most of the cost of a decode: for a reader of many records that shows
-    none of it (a recovery plan). An UNKNOWN record keeps it, since when its
-    outcome became unknown may be known only from there.
+    most of the cost of a decode, and so is its kept input: for a reader of
+    many records that shows neither (a recovery plan), never for a write. An
+    UNKNOWN record keeps its history, since when its outcome became unknown
+    may be known only from there.
 
     Raises:
         UnsupportedKeyScheme: the record's idempotency key scheme is unknown
@@ -216,7 +217,7 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
         channel=Channel(doc.get("channel", Channel.TOOL.value)),
         forced_effect=None if doc.get("forced") is None else Effect(doc["forced"]),
         # Records written before inputs were kept have no such key.
-        kept_input=_payload(doc.get("kept_input")),
+        kept_input=_payload(doc.get("kept_input")) if history else None,
     )
 
 

@@ -58,3 +58,17 @@ def part(value: str, bound: PartBound) -> bytes:
 def is_hashed(stored: bytes) -> bool:
     """Whether a stored key holds a hashed part (its identity is in the value)."""
     return HASHED in stored
+
+
+class KeyTooLong(ValueError):
+    """A write function wrote a key longer than a store keeps. Keys are built
+    to fit (`part`); raised inside the function, it refuses that request
+    alone, never its batch. Every store refuses the same keys."""
+
+
+def check_key(key: bytes) -> None:
+    """Raises KeyTooLong for a key longer than `MAX_KEY_BYTES`."""
+    if len(key) > MAX_KEY_BYTES:
+        raise KeyTooLong(
+            f"a store key has {len(key)} bytes, the store keeps {MAX_KEY_BYTES}"
+        )

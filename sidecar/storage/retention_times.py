@@ -10,7 +10,7 @@ reads what it compacts, and stops at the first entry that is not due.
 
 `records.save_call` and `tombstones.compact` keep the index in step with the
 record in the same write transaction; a store written before the index
-existed gets it at open (`storage.migration`).
+existed gets it at open (`storage.lmdb.migration`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from sidecar.errors import ShuttingDown
-from sidecar.storage.api import ReadView, Store, Table
+from sidecar.storage.api import ReadsPoints, ReadView, Store, Table
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ class Scans:
         try:
             if self._closed:
                 raise ShuttingDown("the store is closing")
-            work, stop = self._start(fn)
+            work, stop = self._start(fn, point=False)
         except BaseException:
             self._slots.release()
             raise
@@ -115,9 +115,11 @@ class Scans:
         return await self._outcome(work, stop, "the scan's caller has gone")
 
     async def point_read(self, fn: Callable[[ReadView], T]) -> T:
-        """`fn`, a read of a few keys, on a consistent snapshot: inline when
-        the store's reads never wait (`Store.reads_wait`), else on a worker
-        thread.
+        """`fn`, a read of a few keys: inline when the store's reads never
+        wait (`Store.reads_wait`), on a snapshot; else on a worker thread, each
+        key on a snapshot of its own where the store offers it
+        (`api.ReadsPoints`), for a decision its write then holds by
+        compare-and-swap.
 
         Raises:
             ShuttingDown: the store is closed; off the loop, also when
@@ -127,10 +129,12 @@ class Scans:
             return self._store.read(fn)
         if self._closed:
             raise ShuttingDown("the store is closing")
-        work, stop = self._start(fn)
+        work, stop = self._start(fn, point=True)
         return await self._outcome(work, stop, "the read's caller has gone")
 
-    def _start(self, fn: Callable[[ReadView], T]) -> tuple[asyncio.Future[T], _Stop]:
+    def _start(
+        self, fn: Callable[[ReadView], T], *, point: bool
+    ) -> tuple[asyncio.Future[T], _Stop]:
         stop = _Stop()
 
         def run(view: ReadView) -> T:
@@ -139,9 +143,11 @@ class Scans:
         # In the caller's context, as `asyncio.to_thread` does: what the read
         # logs names the request it serves.
         context = contextvars.copy_context()
-        work = asyncio.get_running_loop().run_in_executor(
-            None, context.run, self._store.read, run
-        )
+        store = self._store
+        read: Callable[[Callable[[ReadView], T]], T] = store.read
+        if point and isinstance(store, ReadsPoints):
+            read = store.read_point
+        work = asyncio.get_running_loop().run_in_executor(None, context.run, read, run)
         self._running[work] = stop
         work.add_done_callback(self._ended)
         return work, stop

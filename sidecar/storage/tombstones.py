@@ -1,4 +1,4 @@
-"""How tombstones of compacted calls are laid out in the store (DESIGN §4).
+"""How tombstones of compacted calls are laid out in the store (contract §4.7).
 
 A tombstone lives in `Table.TOMBSTONES` under the key the record had in
 `Table.CALLS` (see `records.call_key`), as a versioned JSON document, and in

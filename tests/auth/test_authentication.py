@@ -1,5 +1,5 @@
 """Authentication and roles at the gate: a call without a known token never
-reaches a handler; a token's roles decide what it may call (DESIGN §10)."""
+reaches a handler; a token's roles decide what it may call (contract §10.2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tenant isolation: every RPC x a token of namespace A x a record or key of
 namespace B answers NOT_FOUND or PERMISSION_DENIED, never B's data, and
-changes nothing of B (DESIGN §3, §11; reliability-anchors §7)."""
+changes nothing of B (contract §3.1, §10.2; reliability-anchors §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TLS and mutual TLS on the TCP listener (DESIGN §10; reliability-anchors
+"""TLS and mutual TLS on the TCP listener (contract §10.1; reliability-anchors
 §4.3: a failed mTLS handshake surfaces as UNAVAILABLE, not UNAUTHENTICATED)."""
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_targets_are_reported_met_or_missed() -> None:
 def test_a_profile_is_summed_per_thread_leaf_and_own_function() -> None:
     collapsed = [
         "thread (1): Main;main (sidecar/cli.py);Handle._run (asyncio/events.py) 6",
-        "thread (2): writer;LmdbStore._run (sidecar/storage/lmdb_store.py) 4",
+        "thread (2): writer;LmdbStore._run (sidecar/storage/lmdb/store.py) 4",
         "not a stack line",
     ]
     p = peer_stats.top_frames(collapsed)
@@ -103,7 +103,7 @@ def test_a_profile_is_summed_per_thread_leaf_and_own_function() -> None:
     assert p.self_time[0] == ("Handle._run (asyncio/events.py)", 0.6)
     assert [f for f, _ in p.own_code] == [
         "main (sidecar/cli.py)",
-        "LmdbStore._run (sidecar/storage/lmdb_store.py)",
+        "LmdbStore._run (sidecar/storage/lmdb/store.py)",
     ]
 
 

@@ -20,14 +20,15 @@ from effectd_client import _session_wire as wire
 class Stopped(grpc.RpcError, grpc.Call):
     """A stream's end as grpc raises it (only code and details are read)."""
 
-    def __init__(self, code: grpc.StatusCode) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str = "stopped") -> None:
         self._code = code
+        self._details = details
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
-        return "stopped"
+        return self._details
 
     def trailing_metadata(self) -> tuple[()]:
         return ()
@@ -177,6 +178,40 @@ def test_the_failures_of_a_broken_stream_say_what_was_sent() -> None:
         for e, f in end.failed
     }
     assert said == {"a": "true", "c": "false"}
+
+
+# How grpc ends a stream that found no connection to the daemon.
+NO_CONNECTION = Stopped(
+    grpc.StatusCode.UNAVAILABLE,
+    "failed to connect to all addresses; last error: UNKNOWN: unix:/x.sock: "
+    "connect failed: Connection refused",
+)
+
+
+def test_a_stream_that_never_connected_sent_none_of_its_messages() -> None:
+    """Even the message gRPC had taken from the queue fails as not sent, and
+    none is sent again at once (a new stream would find no connection
+    either): the client waits for the daemon instead."""
+    table, _ = table_of_three()
+    end = wire.ended(table, "s", NO_CONNECTION, False)
+    said = {
+        e.waiter: EffectdError.from_rpc_error(f).metadata[wire.MAY_HAVE_BEEN_APPLIED]  # type: ignore[arg-type]
+        for e, f in end.failed
+    }
+    assert said == {"a": "false", "b": "false", "c": "false"}
+    assert end.again == []
+    assert len(table) == 0
+
+
+def test_a_stream_broken_otherwise_may_have_applied_what_it_took() -> None:
+    """The connection broke under a stream (the daemon killed): what it
+    took may have been applied, whatever grpc says of the connection."""
+    table, _ = table_of_three()
+    reset = Stopped(grpc.StatusCode.UNAVAILABLE, "Stream removed (Socket closed)")
+    end = wire.ended(table, "s", reset, False)
+    assert [e.waiter for e, _ in end.failed] == ["a", "c"]
+    assert wire.never_connected(NO_CONNECTION)
+    assert not wire.never_connected(reset)
 
 
 def test_closing_fails_the_unsent_as_cancelled() -> None:

@@ -136,7 +136,7 @@ def committed(effect: Effect, result: Result | None = None) -> ToolCall:
 
 
 def rejected(effect: Effect) -> ToolCall:
-    """COMMITTED by an approver's rejection (DESIGN §4 reject)."""
+    """COMMITTED by an approver's rejection (contract §4.5 reject)."""
     return machine.apply(
         awaiting(effect),
         Event.REJECT,

@@ -1,4 +1,4 @@
-"""The hash chain of the audit log (DESIGN §10): sealing, encoding, verification.
+"""The hash chain of the audit log (contract §10.5): sealing, encoding, verification.
 
 A chain built by `seal` verifies; every kind of tampering (an edited,
 inserted, reordered or removed entry, an edited head) is caught at the first

@@ -1,6 +1,6 @@
 """The call's channel (TOOL, MCP, CHILD_FOREGROUND, DURABLE_BACKGROUND) is
 recorded at prepare, is part of the call's identity, and its retry rules
-decide every retry the ledger itself makes (ADR-010 D5, D6; DESIGN §7): an
+decide every retry the ledger itself makes (ADR-010 D5, D6; contract §7.2): an
 MCP call whose outcome is unknown is never started again."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _prepare_retry(call: ToolCall, now: Now) -> Step:
 
 # What a retry of an UNKNOWN call of each channel gets (None: attempt 2 held).
 RETRY_TABLE: dict[tuple[Channel, Effect], type[EffectdError] | None] = {
-    (Channel.TOOL, Effect.READ): None,  # DESIGN §7: READ is retry-safe
+    (Channel.TOOL, Effect.READ): None,  # contract §7.2: READ is retry-safe
     (Channel.TOOL, Effect.IDEMPOTENT_WRITE): None,  # ADR-010 D6: with its key
     (Channel.TOOL, Effect.SIDE_EFFECT): ReconciliationRequired,  # ADR-010 D3
     (Channel.MCP, Effect.READ): McpNoReplay,  # ADR-010 D5, whatever the effect

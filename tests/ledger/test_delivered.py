@@ -1,5 +1,5 @@
 """A commit that hands its result to the agent marks it delivered in the same
-step (DESIGN §6 AcknowledgeRecovery, folded into CommitTool): one durable
+step (contract §6.2 AcknowledgeRecovery, folded into CommitTool): one durable
 write instead of two, and never on a commit that is refused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Input fingerprints and result digests (DESIGN §3, §4).
+"""Input fingerprints and result digests (contract §3.3, §4.2).
 
 One logical JSON input has one fingerprint whatever its key order, spacing or
 number spelling (RFC 8785); opaque bytes are hashed as sent; JSON without a
@@ -42,10 +42,10 @@ RAW_TAG = b"effectd.input.raw\x00"
 @pytest.mark.parametrize(
     ("a", "b"),
     [
-        # DESIGN §3: a retry with reordered keys has one fingerprint.
+        # contract §3.3: a retry with reordered keys has one fingerprint.
         (b'{"a": 1, "b": 2}', b'{"b": 2, "a": 1}'),
         (b'{"x": {"b": [1, 2], "a": null}}', b'{"x": {"a": null, "b": [1, 2]}}'),
-        # DESIGN §3: whitespace between tokens is not part of the input.
+        # contract §3.3: whitespace between tokens is not part of the input.
         (b'{"a":1}', b' {\n\t"a" : 1\r\n} '),
         (b"[1,2,3]", b"[ 1 , 2 , 3 ]"),
         # RFC 8785 §3.2.2.3: numbers are serialized as ECMAScript does.
@@ -88,7 +88,7 @@ def test_canonical_json_is_the_rfc_8785_form(text: bytes, canonical: bytes) -> N
 @pytest.mark.parametrize(
     ("a", "b"),
     [
-        (b'{"a": 1}', b'{"a": 2}'),  # DESIGN §3: another input, another fingerprint
+        (b'{"a": 1}', b'{"a": 2}'),  # contract §3.3: another input, another fingerprint
         (b'{"a": 1}', b'{"A": 1}'),
         (b'{"a": 1}', b'{"a": "1"}'),
         (b"[1, 2]", b"[2, 1]"),  # array order is meaningful
@@ -109,13 +109,13 @@ def test_different_json_values_have_different_fingerprints(a: bytes, b: bytes) -
 def test_raw_bytes_are_hashed_as_sent(data: bytes) -> None:
     """An opaque payload's fingerprint is the SHA-256 of its kind and its
     exact bytes."""
-    # DESIGN §3 "opaque bytes are hashed as sent".
+    # contract §3.3 "opaque bytes are hashed as sent".
     assert fingerprint(Payload(PayloadKind.RAW, data)) == _sha(RAW_TAG + data)
 
 
 def test_raw_bytes_are_not_canonicalized() -> None:
     """Reordered JSON sent as raw bytes is another input."""
-    # DESIGN §3: only JSON input is canonicalized.
+    # contract §3.3: only JSON input is canonicalized.
     a = fingerprint(Payload(PayloadKind.RAW, b'{"a":1,"b":2}'))
     b = fingerprint(Payload(PayloadKind.RAW, b'{"b":2,"a":1}'))
     assert a != b
@@ -124,7 +124,7 @@ def test_raw_bytes_are_not_canonicalized() -> None:
 def test_a_json_fingerprint_is_the_hash_of_the_canonical_form() -> None:
     """A JSON fingerprint is `sha256:` + the hex SHA-256 of its kind and its
     RFC 8785 form."""
-    # DESIGN §3 "SHA-256 of the input ... canonicalized first (RFC 8785)".
+    # contract §3.3 "JSON text canonicalized first (RFC 8785)".
     assert _json(b'{ "b": 1.0, "a": [] }') == _sha(JSON_TAG + b'{"a":[],"b":1}')
 
 
@@ -202,7 +202,7 @@ def test_scheme_v1_is_the_hash_of_the_canonical_bytes_alone(payload: Payload) ->
 )
 def test_json_without_one_canonical_form_is_refused(text: bytes) -> None:
     """JSON that RFC 8785 cannot represent exactly raises NotCanonicalizable."""
-    # DESIGN §3 canonicalization; fingerprint.py: refused rather than hashed loosely.
+    # contract §3.3 canonicalization; fingerprint.py: refused, never hashed loosely.
     with pytest.raises(NotCanonicalizable):
         canonical_json(text)
     with pytest.raises(NotCanonicalizable):
@@ -222,7 +222,7 @@ BASE = (Outcome.OK, JSON_BODY, "", "")
 @pytest.mark.parametrize(
     "other",
     [
-        # DESIGN §4: a commit with a different result digest is refused, so the
+        # contract §4.2: a commit with a different result digest is refused, so the
         # digest covers everything a result says.
         pytest.param((Outcome.ERROR, JSON_BODY, "", ""), id="outcome"),
         pytest.param((Outcome.OK, JSON_BODY, "E", ""), id="code"),
@@ -247,7 +247,7 @@ def test_result_digest_differs_when_any_part_of_the_result_differs(
 def test_result_digest_does_not_confuse_code_and_message() -> None:
     """The parts are length-delimited: moving text from code to message is another
     digest."""
-    # DESIGN §4: different results must not share a digest.
+    # contract §4.2: different results must not share a digest.
     assert result_digest(Outcome.ERROR, None, "ab", "") != result_digest(
         Outcome.ERROR, None, "a", "b"
     )
@@ -259,7 +259,7 @@ def test_result_digest_does_not_confuse_code_and_message() -> None:
 def test_result_digest_of_json_payloads_is_canonical() -> None:
     """The same JSON result spelled differently has one digest, so a retried
     commit of the same result is a no-op."""
-    # DESIGN §4 "a repeat with the same result digest is a no-op"; §3 RFC 8785.
+    # contract §4.2 "a repeat with the same result digest is a no-op"; §3.3 RFC 8785.
     a = Payload(PayloadKind.JSON, b'{"a": 1, "b": 2.0}')
     b = Payload(PayloadKind.JSON, b'{"b":2,"a":1}')
     assert result_digest(Outcome.OK, a, "", "") == result_digest(Outcome.OK, b, "", "")

@@ -28,7 +28,7 @@ from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import committed, prepared, spec, started
 
 FUTURE = max(KEY_SCHEMES) + 1

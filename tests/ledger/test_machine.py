@@ -1,6 +1,6 @@
-"""The tool-call state machine against DESIGN §4, written out independently.
+"""The tool-call state machine against contract §4.2, written out independently.
 
-The expected table below is transcribed from DESIGN §4, not derived from
+The expected table below is transcribed from contract §4.2, not derived from
 `machine.TRANSITIONS`; the parametrization runs over the full product of
 `State`, `Event` and `Effect`, so a new enum member gets rows (and a failure
 until the table says what it does) automatically.
@@ -41,13 +41,13 @@ E = Event
 # (from state, event) -> to state, for pairs that are legal whatever the effect.
 # Every pair that is not listed (and is not a retry below) is refused with
 # InvalidTransition. A repeated prepare is not a transition: it leaves the
-# record unchanged (DESIGN §4 "prepare again") and never goes through `apply`;
+# record unchanged (contract §4.2 "prepare again") and never goes through `apply`;
 # `rules.prepare` creates records itself, so PREPARE is illegal in every state.
 LEGAL: dict[tuple[State, Event], State] = {
-    (S.AWAITING_APPROVAL, E.APPROVE): S.PREPARED,  # DESIGN §4 approve
-    (S.AWAITING_APPROVAL, E.REJECT): S.COMMITTED,  # DESIGN §4 reject; ADR-010 D3
-    (S.PREPARED, E.START): S.STARTED,  # DESIGN §4 start; ADR-010 D3
-    # A repeat prepare asks for an approval before anything ran: DESIGN §4
+    (S.AWAITING_APPROVAL, E.APPROVE): S.PREPARED,  # contract §4.5 approve
+    (S.AWAITING_APPROVAL, E.REJECT): S.COMMITTED,  # contract §4.5 reject; ADR-010 D3
+    (S.PREPARED, E.START): S.STARTED,  # contract §4.2 start; ADR-010 D3
+    # A repeat prepare asks for an approval before anything ran: contract §4.5
     # "only approve executes" (ADR-010 D3) holds for the call from then on.
     (S.PREPARED, E.REQUIRE_APPROVAL): S.AWAITING_APPROVAL,
     # ADR-010 R2 "change the effect to side-effect, and enter reconciliation":
@@ -56,25 +56,24 @@ LEGAL: dict[tuple[State, Event], State] = {
     (S.AWAITING_APPROVAL, E.FORCE_SIDE_EFFECT): S.AWAITING_APPROVAL,
     (S.STARTED, E.FORCE_SIDE_EFFECT): S.STARTED,
     (S.UNKNOWN, E.FORCE_SIDE_EFFECT): S.UNKNOWN,
-    (S.STARTED, E.COMMIT): S.COMMITTED,  # DESIGN §4 commit OK / ERROR
-    # The holder of the lease reporting back; DESIGN §4 lease (only a live
+    (S.STARTED, E.COMMIT): S.COMMITTED,  # contract §4.2 commit OK / ERROR
+    # The holder of the lease reporting back; contract §4.4 lease (only a live
     # STARTED call has a lease to extend).
     (S.STARTED, E.HEARTBEAT): S.STARTED,
-    (S.STARTED, E.EXPIRE): S.UNKNOWN,  # DESIGN §4 lease expired / found by recover
-    (S.STARTED, E.RESTART): S.UNKNOWN,  # DESIGN §4 earlier daemon incarnation
-    (S.STARTED, E.REPORT_UNKNOWN): S.UNKNOWN,  # DESIGN §4 agent reports unknown
-    # A late commit of the attempt that holds the fencing token: DESIGN §4 lists
-    # commit from STARTED only; machine.py documents this extension (the holder
-    # knows the outcome, better evidence than reconciliation) and the ledger
-    # tests of rules.commit rely on it.
+    (S.STARTED, E.EXPIRE): S.UNKNOWN,  # contract §4.4 lease expired (recover too)
+    (S.STARTED, E.RESTART): S.UNKNOWN,  # contract §4.4 earlier daemon incarnation
+    (S.STARTED, E.REPORT_UNKNOWN): S.UNKNOWN,  # contract §4.2 agent reports unknown
+    # A late commit of the attempt that holds the fencing token (contract §4.2,
+    # §4.3): the holder knows the outcome, better evidence than reconciliation;
+    # the ledger tests of rules.commit rely on it.
     (S.UNKNOWN, E.COMMIT): S.COMMITTED,
-    (S.STARTED, E.RECONCILE_COMMITTED): S.COMMITTED,  # DESIGN §4 reconcile; R3
-    (S.STARTED, E.RECONCILE_NOT_EXECUTED): S.PREPARED,  # DESIGN §4 reconcile
-    (S.UNKNOWN, E.RECONCILE_COMMITTED): S.COMMITTED,  # DESIGN §4 reconcile; R3
-    (S.UNKNOWN, E.RECONCILE_NOT_EXECUTED): S.PREPARED,  # DESIGN §4 reconcile
-    (S.COMMITTED, E.ACKNOWLEDGE): S.COMMITTED,  # DESIGN §4 acknowledge
+    (S.STARTED, E.RECONCILE_COMMITTED): S.COMMITTED,  # contract §4.6 reconcile; R3
+    (S.STARTED, E.RECONCILE_NOT_EXECUTED): S.PREPARED,  # contract §4.6 reconcile
+    (S.UNKNOWN, E.RECONCILE_COMMITTED): S.COMMITTED,  # contract §4.6 reconcile; R3
+    (S.UNKNOWN, E.RECONCILE_NOT_EXECUTED): S.PREPARED,  # contract §4.6 reconcile
+    (S.COMMITTED, E.ACKNOWLEDGE): S.COMMITTED,  # contract §4.2 acknowledge
     # A restored backup cannot know what became of an open call since it was
-    # taken (DESIGN §12 `effectd ctl restore`; ADR-010 D1, R3): UNKNOWN.
+    # taken (contract §10.8 `effectd ctl restore`; ADR-010 D1, R3): UNKNOWN.
     (S.PREPARED, E.RESTORE): S.UNKNOWN,
     (S.AWAITING_APPROVAL, E.RESTORE): S.UNKNOWN,
     (S.STARTED, E.RESTORE): S.UNKNOWN,
@@ -83,16 +82,16 @@ LEGAL: dict[tuple[State, Event], State] = {
 # Where a retry means something at all: an attempt of unknown outcome.
 RETRY_STATES = frozenset({S.STARTED, S.UNKNOWN})
 
-# Rows where sidecar/ disagrees with DESIGN §4 (see the reason).
+# What contract §4.2 says of a pair: the state it leads to, or the refusal.
 Expected = State | type[EffectdError]
 
 
 def expected(state: State, event: Event, effect: Effect) -> Expected:
-    """The DESIGN §4 answer for one (state, event, effect)."""
+    """The contract §4.2 answer for one (state, event, effect)."""
     if event is E.RETRY and state in RETRY_STATES:
         if effect is Effect.SIDE_EFFECT:
-            return ReconciliationRequired  # DESIGN §4; ADR-010 D3, D6
-        return S.STARTED  # DESIGN §4 explicit retry of READ / IDEMPOTENT_WRITE
+            return ReconciliationRequired  # contract §4.2; ADR-010 D3, D6
+        return S.STARTED  # contract §4.2 explicit retry of READ / IDEMPOTENT_WRITE
     return LEGAL.get((state, event), InvalidTransition)
 
 
@@ -163,8 +162,8 @@ def _legal_rows() -> list[Any]:
 def test_every_state_event_effect_has_the_design_outcome(
     state: State, event: Event, effect: Effect, want: Expected
 ) -> None:
-    """Each (state, event, effect) leads where DESIGN §4 says, or is refused with
-    the class DESIGN §4 names, through both `target` and `apply`."""
+    """Each (state, event, effect) leads where contract §4.2 says, or is refused with
+    the class contract §4.2 names, through both `target` and `apply`."""
     call = record(state, effect)
     if isinstance(want, State):
         assert machine.target(state, event, effect) is want
@@ -183,7 +182,7 @@ def test_apply_bumps_revision_records_history_and_changes_only_what_it_is_told(
 ) -> None:
     """A legal `apply` adds exactly 1 to the revision, appends one history entry
     (none for HEARTBEAT) and leaves every field it was not given unchanged."""
-    # DESIGN §4: monotonically increasing revision; history with time, actor, reason.
+    # contract §4.3: an increasing revision; history with time, actor, reason.
     call = record(state, effect)
     changes: dict[str, Any] = {"attempt": call.attempt + 1, "acknowledged": True}
     after = machine.apply(
@@ -237,7 +236,7 @@ def test_apply_without_changes_records_the_current_attempt(
 
 def test_a_refused_apply_leaves_the_record_as_it_was() -> None:
     """An illegal event raises and the (frozen) input record is untouched."""
-    # DESIGN §4: COMMITTED is final; only acknowledge is allowed.
+    # contract §4.2: COMMITTED is final; only acknowledge is allowed.
     call = record(S.COMMITTED, Effect.READ)
     snapshot = dataclasses.replace(call)
     with pytest.raises(InvalidTransition) as raised:
@@ -249,7 +248,7 @@ def test_a_refused_apply_leaves_the_record_as_it_was() -> None:
 def test_reject_stores_the_approval_rejected_error() -> None:
     """A rejection commits the record with outcome ERROR APPROVAL_REJECTED, which
     the record then reports as rejected."""
-    # DESIGN §4 reject -> COMMITTED, outcome ERROR APPROVAL_REJECTED.
+    # contract §4.5 reject -> COMMITTED, outcome ERROR APPROVAL_REJECTED.
     after = machine.apply(
         record(S.AWAITING_APPROVAL, Effect.SIDE_EFFECT),
         E.REJECT,
@@ -265,9 +264,9 @@ def test_reject_stores_the_approval_rejected_error() -> None:
 def test_a_call_that_requires_approval_is_prepared_only_once_approved(
     approved: bool | None,
 ) -> None:
-    """DESIGN §4 "only approve executes": a call made UNKNOWN by a restore while
-    it awaited approval, then found never executed, waits for its approver
-    again; one approved before goes back to PREPARED."""
+    """contract §4.5, ADR-010 D3 "only approve executes": a call made UNKNOWN
+    by a restore while it awaited approval, then found never executed, waits
+    for its approver again; one approved before goes back to PREPARED."""
     waiting = record(S.AWAITING_APPROVAL, Effect.SIDE_EFFECT)
     if approved is not None:
         decision = Approval(approved, "ada", "", WALL0, waiting.input_fingerprint, 1)

@@ -1,4 +1,5 @@
-"""The approver's and operator's rules of DESIGN §4: approve, reject, reconcile.
+"""The approver's and operator's rules (contract §4.5, §4.6): approve, reject,
+reconcile.
 
 Every case is a record reached through the rules themselves and one call of
 `operator_rules`, for every state and every effect; refusals must leave the
@@ -125,11 +126,11 @@ def _approve(call: ToolCall, approve: bool = True) -> Step:
 # state -> what approve / reject lead to; None: refused INVALID_TRANSITION.
 APPROVAL_TABLE: list[tuple[str, State | None, State | None]] = [
     ("awaiting", State.PREPARED, State.COMMITTED),  # ADR-010 D3 approve / reject
-    ("prepared", None, None),  # DESIGN §4: only AWAITING_APPROVAL is decided
-    ("approved", None, None),  # DESIGN §4: an approval is given once
-    ("started", None, None),  # DESIGN §4
-    ("started_earlier_incarnation", None, None),  # DESIGN §4
-    ("unknown", None, None),  # DESIGN §4
+    ("prepared", None, None),  # contract §4.5: only AWAITING_APPROVAL is decided
+    ("approved", None, None),  # contract §4.5: an approval is given once
+    ("started", None, None),  # contract §4.5
+    ("started_earlier_incarnation", None, None),  # contract §4.5
+    ("unknown", None, None),  # contract §4.5
     ("committed", None, None),  # ADR-010 D1: committed stays committed
     ("rejected", None, None),  # ADR-010 D3: a rejection is final
 ]
@@ -163,7 +164,7 @@ def test_approval_table(
 @pytest.mark.parametrize("effect", EFFECTS)
 def test_approve_binds_the_approval_to_what_was_seen(effect: Effect) -> None:
     """Approve stores who, when, why, the fingerprint and the revision it was
-    given for, and records the transition by the approver (DESIGN §4)."""
+    given for, and records the transition by the approver (contract §4.5)."""
     call = awaiting(effect)
     step = _approve(call)
     assert step.call.approval == Approval(
@@ -208,7 +209,7 @@ def test_reject_commits_the_error_result(effect: Effect) -> None:
 @pytest.mark.parametrize("seen", [0, 2, 9])
 def test_approval_at_another_revision_is_refused(effect: Effect, seen: int) -> None:
     """An approval given for another revision is REVISION_CONFLICT carrying
-    the current revision, and changes nothing (DESIGN §4: bound to revision)."""
+    the current revision, and changes nothing (contract §4.5: bound to the revision)."""
     call = awaiting(effect)
     step = operator_rules.decide_approval(call, AFTER, _decision(seen))
     error = refusal(step, RevisionConflict)
@@ -220,7 +221,7 @@ def test_approval_at_another_revision_is_refused(effect: Effect, seen: int) -> N
 @pytest.mark.parametrize("approve", [True, False])
 def test_approval_of_another_input_is_refused(effect: Effect, approve: bool) -> None:
     """An approval given for another input fingerprint is INPUT_MISMATCH, and
-    changes nothing (DESIGN §4: bound to the input fingerprint)."""
+    changes nothing (contract §4.5: bound to the input fingerprint)."""
     call = awaiting(effect)
     other = fingerprint(OTHER_INPUT)
     step = operator_rules.decide_approval(
@@ -234,7 +235,7 @@ def test_approval_of_another_input_is_refused(effect: Effect, approve: bool) -> 
 @pytest.mark.parametrize("effect", EFFECTS)
 def test_other_input_after_approval_is_refused(effect: Effect) -> None:
     """After approval, a prepare with other input is INPUT_MISMATCH and the
-    approved record stays as it was; the same input answers EXECUTE (DESIGN §3)."""
+    approved record stays as it was; the same input answers EXECUTE (contract §3.3)."""
     approved = _approved(effect)
     other = rules.prepare(
         approved, spec(effect, payload=OTHER_INPUT, require_approval=True), AFTER
@@ -247,7 +248,7 @@ def test_other_input_after_approval_is_refused(effect: Effect) -> None:
 
 @pytest.mark.parametrize("effect", EFFECTS)
 def test_an_approved_call_starts_once(effect: Effect) -> None:
-    """Approve leads to PREPARED; the next start is attempt 1 (DESIGN §4)."""
+    """Approve leads to PREPARED; the next start is attempt 1 (contract §4.5)."""
     step = rules.start(
         _approved(effect),
         AFTER,
@@ -264,18 +265,18 @@ def test_an_approved_call_starts_once(effect: Effect) -> None:
 
 # (state, found the result?) -> state after; None: refused INVALID_TRANSITION.
 RECONCILE_TABLE: list[tuple[str, bool, State | None]] = [
-    ("unknown", True, State.COMMITTED),  # DESIGN §4 reconcile: result found
-    ("unknown", False, State.PREPARED),  # DESIGN §4 reconcile: never executed
-    ("started", True, State.COMMITTED),  # DESIGN §4: STARTED can be reconciled
+    ("unknown", True, State.COMMITTED),  # contract §4.6 reconcile: result found
+    ("unknown", False, State.PREPARED),  # contract §4.6 reconcile: never executed
+    ("started", True, State.COMMITTED),  # contract §4.6: STARTED can be reconciled
     # ADR-010 D1: a live attempt may still execute; "never ran" is unverifiable.
     ("started", False, None),
     ("started_earlier_incarnation", True, State.COMMITTED),  # ADR-010 D3
     ("started_earlier_incarnation", False, State.PREPARED),  # ADR-010 D3
-    ("prepared", True, None),  # DESIGN §4: nothing to reconcile
-    ("prepared", False, None),  # DESIGN §4
-    ("awaiting", True, None),  # DESIGN §4: approvals decide it
-    ("awaiting", False, None),  # DESIGN §4
-    ("approved", True, None),  # DESIGN §4
+    ("prepared", True, None),  # contract §4.6: nothing to reconcile
+    ("prepared", False, None),  # contract §4.6
+    ("awaiting", True, None),  # contract §4.6: approvals decide it
+    ("awaiting", False, None),  # contract §4.6
+    ("approved", True, None),  # contract §4.6
     ("committed", True, None),  # ADR-010 D1: a committed result stands
     ("committed", False, None),  # ADR-010 D1
     ("rejected", False, None),  # ADR-010 D3
@@ -351,7 +352,7 @@ def test_reconcile_at_another_revision_is_refused(
 @pytest.mark.parametrize("effect", EFFECTS)
 def test_two_operators_cannot_both_resolve(effect: Effect) -> None:
     """The second of two reconciliations at the same revision is refused
-    (DESIGN §4: applied by CAS)."""
+    (contract §4.6: applied by CAS)."""
     call = unknown(effect)
     first = operator_rules.reconcile(call, AFTER, _order(call.revision, found=True))
     second = operator_rules.reconcile(

@@ -66,7 +66,7 @@ JUDGEMENTS = [
     pytest.param(A, 0, 0, None, Verdict.LIVE, id="holder-live"),
     pytest.param(A, 10 * LEASE_NS, 0, None, Verdict.LIVE, id="holder-wall-jumped"),
     pytest.param(A, 0, LEASE_NS, None, Verdict.EXPIRED, id="holder-expired"),
-    # Exclusive store (DESIGN §4 "started under an earlier daemon incarnation").
+    # Exclusive store (contract §4.4 "started under an earlier daemon incarnation").
     pytest.param(B, 0, 0, None, Verdict.RESTARTED, id="exclusive-other"),
     pytest.param(
         B, 0, 0, KnownPeers((reg(),)), Verdict.LIVE, id="shared-holder-registered"

@@ -1,4 +1,4 @@
-"""A policy change as an audit fact (ADR-010 R2, DESIGN §10), and the reload
+"""A policy change as an audit fact (ADR-010 R2, contract §10.5), and the reload
 that writes it: the new policy takes effect only once its audit entry is
 durable."""
 
@@ -20,7 +20,7 @@ from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.policy_file import PolicyFile
 from sidecar.services.policy import PolicyService
 from sidecar.storage import records
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 
 BASE = Policy()
 
@@ -38,7 +38,7 @@ CHANGES = [
     ("forced tool", BASE, _forcing("pay"), ["tools.pay.effect"]),
     ("unforced tool", _forcing("pay"), BASE, ["tools.pay.effect"]),
     ("same forced tools", _forcing("a", "b"), _forcing("b", "a"), []),
-    # ADR-010 R1: the attempt budget; DESIGN §4: the retention window.
+    # ADR-010 R1: the attempt budget; contract §4.7: the retention window.
     ("budget", BASE, Policy(max_attempts=1), ["retry.max_attempts"]),
     ("lease", BASE, Policy(default_lease_ms=5), ["leases.default_ms"]),
     ("retention", BASE, Policy(retention_seconds=86_400), ["retention.days"]),
@@ -90,7 +90,7 @@ def test_the_canonical_form_does_not_depend_on_order() -> None:
 
 
 def test_the_fact_keeps_both_policies_whole() -> None:
-    """DESIGN §10: who, when, why, the file, and the old and new policy."""
+    """contract §10.5: who, when, why, the file, and the old and new policy."""
     new = _forcing("pay")
     fact = policy_change.fact(
         BASE, new, at_ns=7, actor="sighup", reason="SIGHUP", source="/p.toml"

@@ -32,7 +32,7 @@ FORCED = Policy(effect_overrides=MappingProxyType({TOOL: Effect.SIDE_EFFECT}))
 OTHER_FORCED = Policy(effect_overrides=MappingProxyType({"other": Effect.SIDE_EFFECT}))
 
 DECIDE = [
-    # DESIGN §5: an unknown READ / IDEMPOTENT_WRITE may be executed again
+    # contract §5.1: an unknown READ / IDEMPOTENT_WRITE may be executed again
     # (by an explicit retry) ...
     ("unknown read", unknown(Effect.READ), None, Decision.EXECUTE),
     ("unknown write", unknown(Effect.IDEMPOTENT_WRITE), Policy(), Decision.EXECUTE),
@@ -87,7 +87,7 @@ def test_report_unknown_sees_the_forced_effect() -> None:
 
 def test_a_retry_of_a_forced_tool_is_reconciliation() -> None:
     """StartTool(retry) of an unknown READ of a forced tool is refused
-    RECONCILIATION_REQUIRED (DESIGN §4), not started."""
+    RECONCILIATION_REQUIRED (contract §4.2), not started."""
     step = rules.start(
         unknown(Effect.READ),
         moment(),

@@ -55,6 +55,21 @@ def test_refuse_growth(
     assert (None if got is None else got.metadata["quota"]) == refused
 
 
+@pytest.mark.parametrize(
+    ("quotas", "stored", "over"),
+    [
+        (LIMITS, 999, 0),
+        (LIMITS, 1000, 0),
+        # Results committed after their calls were admitted (never refused).
+        (LIMITS, 72_000, 71_000),
+        (Quotas(stored_bytes=0), 72_000, 0),  # unlimited
+    ],
+)
+def test_bytes_over_the_quota(quotas: Quotas, stored: int, over: int) -> None:
+    """How far a namespace is past its byte quota, for the stats."""
+    assert quotas.bytes_over(U(0, stored)) == over
+
+
 def test_a_quota_refusal_names_the_quota_and_asks_to_wait() -> None:
     """The refusal is QUOTA_EXCEEDED with the quota, its limit and the
     namespace in its metadata, and a retry delay."""

@@ -1,4 +1,4 @@
-"""The recovery plan of DESIGN §6 (ADR-010 D3) as tables, and its guard.
+"""The recovery plan of contract §6.1 (ADR-010 D3) as tables, and its guard.
 
 Every state x effect x approval path has its row. The guard: over random
 histories built by the rules, recovery never answers EXECUTE for a call that
@@ -139,7 +139,7 @@ def _always(action: RecoveryAction) -> Callable[[Effect], RecoveryAction]:
 
 
 ROWS = [
-    # DESIGN §6 "never started -> EXECUTE".
+    # contract §6.1: never started -> EXECUTE.
     Row("prepared", False, False, prepared, _always(A.EXECUTE)),
     Row("started", False, False, started, _unresolved),
     Row("unknown", False, False, unknown, _unresolved),
@@ -150,7 +150,7 @@ ROWS = [
     Row("acknowledged", False, False, acknowledged, _always(A.ALREADY_DELIVERED)),
     # ADR-010 D3 "awaiting_approval: no decision yet -> stay interrupted".
     Row("awaiting", True, False, awaiting, _always(A.WAIT_FOR_APPROVAL)),
-    # DESIGN §6 "approved -> EXECUTE"; ADR-010 D3 "only approve executes".
+    # contract §6.1: approved -> EXECUTE; ADR-010 D3 "only approve executes".
     Row("approved", True, False, approved, _always(A.EXECUTE)),
     Row("approved-started", True, False, approved_started, _unresolved),
     Row("approved-unknown", True, False, approved_unknown, _unresolved),
@@ -166,7 +166,7 @@ ROWS = [
         rejected_acknowledged,
         _always(A.ALREADY_DELIVERED),
     ),
-    # DESIGN §4 reconcile: verified not executed -> PREPARED, may run again.
+    # contract §4.6 reconcile: verified not executed -> PREPARED, may run again.
     Row(
         "reconciled-not-executed",
         False,
@@ -174,7 +174,7 @@ ROWS = [
         reconciled_not_executed,
         _always(A.EXECUTE),
     ),
-    # DESIGN §4 reconcile: the result found in the target system.
+    # contract §4.6 reconcile: the result found in the target system.
     Row(
         "reconciled-committed",
         False,
@@ -190,7 +190,7 @@ ROWS = [
 def test_every_state_effect_and_approval_has_its_action(
     row: Row, effect: Effect
 ) -> None:
-    """Each record the rules can reach gets the action of its DESIGN §6 row."""
+    """Each record the rules can reach gets the action of its contract §6.1 row."""
     call = row.build(effect)
     assert (call.approval_required, call.rejected) == (
         row.approval_required,

@@ -1,4 +1,4 @@
-"""Retention (DESIGN §4 last row, ADR-010 R3): the due rule and the tombstone
+"""Retention (contract §4.7, ADR-010 R3): the due rule and the tombstone
 as tables, then the compaction pass over a real LMDB store on the manual
 clock, with a negative control for the acknowledgement check."""
 
@@ -35,7 +35,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.retention import RetentionService
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.ledger.builders import (
     OTHER_INPUT,
     REF,
@@ -88,7 +88,7 @@ DUE_TABLE: list[tuple[str, ToolCall, int, bool]] = [
     ("started", flagged(started(Effect.SIDE_EFFECT)), OLD, False),
     ("unknown side effect", flagged(unknown(Effect.SIDE_EFFECT)), OLD, False),
     ("unknown read", flagged(unknown(Effect.READ)), OLD, False),
-    # DESIGN §4, D3: a result not acknowledged may still be replayed: it is
+    # contract §4.7, D3: a result not acknowledged may still be replayed: it is
     # kept past the acknowledged window, for the longer one.
     ("not acknowledged, past the window", com(Effect.READ), PAST, False),
     ("not acknowledged, at its window", com(Effect.READ), UNACKNOWLEDGED_NS, False),
@@ -100,7 +100,7 @@ DUE_TABLE: list[tuple[str, ToolCall, int, bool]] = [
     ),
     ("rejected, not acknowledged", rejected(Effect.SIDE_EFFECT), PAST, False),
     ("rejected, not acknowledged, old", rejected(Effect.SIDE_EFFECT), OLD, True),
-    # DESIGN §4: kept for the window after the last change.
+    # contract §4.7: kept for the window after the last change.
     ("acknowledged, just now", ack(com(Effect.READ)), 0, False),
     ("acknowledged, a day", ack(com(Effect.READ)), DAY_NS, False),
     ("acknowledged, at the window", ack(com(Effect.READ)), WINDOW_NS, False),
@@ -124,7 +124,7 @@ def test_is_due(call: ToolCall, age_ns: int, due: bool) -> None:
 
 
 def test_the_window_runs_from_the_last_change() -> None:
-    """An acknowledgement a day after the commit restarts the window (DESIGN §4
+    """An acknowledgement a day after the commit restarts the window (contract §4.7
     "kept for the retention window" after the last change)."""
     call = acknowledged(committed(Effect.READ), at_ns=WALL0 + DAY_NS)
     assert not retention.is_due(call, POLICY, WALL0 + WINDOW_NS + 1)
@@ -190,10 +190,10 @@ def test_no_tombstone_for_an_unresolved_record(call: ToolCall) -> None:
 
 
 DUPLICATE_TABLE: list[tuple[str, PrepareSpec, type[Exception]]] = [
-    # DESIGN §4: the tombstone still refuses a re-execution.
+    # contract §4.7: the tombstone still refuses a re-execution.
     ("same call", spec(Effect.READ), ResultCompacted),
     ("same call, prepare and start", spec(Effect.READ, start=True), ResultCompacted),
-    # DESIGN §3: another input is INPUT_MISMATCH, tombstone or not.
+    # contract §3.3: another input is INPUT_MISMATCH, tombstone or not.
     ("other input", spec(Effect.READ, payload=OTHER_INPUT), InputMismatch),
     ("other tool", spec(Effect.READ, tool_name="other"), InputMismatch),
     ("other effect", spec(Effect.SIDE_EFFECT), InputMismatch),
@@ -381,7 +381,7 @@ def _unresolved_and_unacknowledged(
 def test_unacknowledged_records_wait_for_their_window(
     store: LmdbStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ADR-010 R3, DESIGN §4: past the acknowledged window only the
+    """ADR-010 R3, contract §4.7: past the acknowledged window only the
     acknowledged committed call is a tombstone; the others are whole, in
     their states."""
     _unresolved_and_unacknowledged(store, clock, monkeypatch, retention.is_due)

@@ -1,4 +1,4 @@
-"""The retry rules of DESIGN §7 (ADR-010 D5, D6, D7, R2, R5) as tables.
+"""The retry rules of contract §7.2 (ADR-010 D5, D6, D7, R2, R5) as tables.
 
 The full product of contexts, effects and states is checked against the rule
 rows; the `retryable` flag is proven inert for every question, and each
@@ -98,7 +98,7 @@ def run(
 def expected(context: RetryContext, effect: Effect, state: State) -> Reason | None:
     """The rule rows, first denial wins (an APPLICATION failure, key present)."""
     if state is State.COMMITTED:
-        return Reason.ALREADY_COMMITTED  # DESIGN §7: COMMITTED is never retried
+        return Reason.ALREADY_COMMITTED  # contract §7.2: COMMITTED is never retried
     if state is State.AWAITING_APPROVAL:
         return Reason.INVALID_TRANSITION  # ADR-010 D3: only approve executes
     if context is RetryContext.RUN and effect is not R:
@@ -211,7 +211,7 @@ def test_a_forced_side_effect_override_wins(
 ) -> None:
     """A tool the operator forced to SIDE_EFFECT is never retried, whatever its
     calls declare, and the answer names the effect assumed."""
-    # ADR-010 R2 "change the effect to side-effect"; DESIGN §7.
+    # ADR-010 R2 "change the effect to side-effect"; contract §7.3.
     forced = Policy(effect_overrides=MappingProxyType({TOOL: SE}))
     got = run(ask(effect, State.UNKNOWN, context), forced)
     assert not got.allow
@@ -219,7 +219,7 @@ def test_a_forced_side_effect_override_wins(
     assert got.reason is expected(context, SE, State.UNKNOWN)
 
 
-# --- attempt budget, deadline and backoff (DESIGN §7) -------------------------
+# --- attempt budget, deadline and backoff (contract §7.2) -------------------------
 
 
 @pytest.mark.parametrize(
@@ -227,7 +227,7 @@ def test_a_forced_side_effect_override_wins(
     [
         (1, 0, None),  # policy budget 3: a second attempt is fine
         (2, 0, None),
-        (3, 0, Reason.ATTEMPTS_EXHAUSTED),  # DESIGN §7 the budget always applies
+        (3, 0, Reason.ATTEMPTS_EXHAUSTED),  # contract §7.2 the budget always applies
         (9, 0, Reason.ATTEMPTS_EXHAUSTED),
         (1, 1, Reason.ATTEMPTS_EXHAUSTED),  # ADR-010 R1: a caller may lower it
         (1, 2, None),
@@ -250,7 +250,7 @@ def test_the_attempt_budget(
         (10_000, 0.0, None),  # the wait of 500 ms fits
         (501, 0.0, None),
         (500, 0.0, Reason.DEADLINE_EXCEEDED),  # the retry would start at it
-        (300, 0.0, Reason.DEADLINE_EXCEEDED),  # DESIGN §7 the deadline applies
+        (300, 0.0, Reason.DEADLINE_EXCEEDED),  # contract §7.2 the deadline applies
         (300, 0.999, None),  # jitter shortened the wait to 250 ms
         (0, 0.0, Reason.DEADLINE_EXCEEDED),
         (-1_000, 0.0, Reason.DEADLINE_EXCEEDED),  # already passed
@@ -357,7 +357,7 @@ def retryable_violations(decide: Decide) -> list[RetryQuestion]:
 
 
 def unsafe_allowances(decide: Decide) -> list[RetryQuestion]:
-    """Allowed retries that some rule of DESIGN §7 forbids outright."""
+    """Allowed retries that some rule of contract §7.2 forbids outright."""
     found = []
     for policy in POLICIES:
         for q in questions():
@@ -437,7 +437,7 @@ def test_negative_control_a_rule_without_budget_is_caught() -> None:
     assert unsafe_allowances(_ignores_the_budget) != []
 
 
-# --- the denial as a refusal, and StartTool's retry (DESIGN §4) ---------------
+# --- the denial as a refusal, and StartTool's retry (contract §4.2) ---------------
 
 
 def test_every_reason_has_its_refusal_class() -> None:
@@ -463,7 +463,7 @@ def _retry_start(call: ToolCall, policy: Policy) -> rules.Step:
 def test_start_with_retry_obeys_the_kill_switch(effect: Effect) -> None:
     """StartTool(retry) of an UNKNOWN READ / IDEMPOTENT_WRITE is RETRY_DISABLED
     while the kill switch is off, and the record is left as it was."""
-    # ADR-010 R2; DESIGN §4 "explicit retry allowed by the retry policy".
+    # ADR-010 R2; contract §4.2 "explicit retry allowed by the retry rules".
     call = unknown(effect)
     step = _retry_start(call, Policy(retry_safe_enabled=False))
     refusal(step, RetryDisabled)
@@ -475,7 +475,7 @@ def test_start_with_retry_of_a_forced_side_effect_requires_reconciliation(
     effect: Effect,
 ) -> None:
     """A READ / IDEMPOTENT_WRITE whose tool the operator forced to SIDE_EFFECT is
-    refused RECONCILIATION_REQUIRED on retry, as DESIGN §4 says for StartTool."""
+    refused RECONCILIATION_REQUIRED on retry, as contract §4.2 says for StartTool."""
     # ADR-010 R2 "change the effect to side-effect, and enter reconciliation".
     forced = Policy(effect_overrides=MappingProxyType({TOOL: SE}))
     call = unknown(effect)
@@ -490,7 +490,7 @@ def test_start_with_retry_of_a_forced_side_effect_requires_reconciliation(
 def test_start_with_retry_uses_the_same_budget_and_key(effect: Effect) -> None:
     """An allowed StartTool(retry) is attempt 2 with the key of attempt 1; a
     budget of one attempt refuses it ATTEMPTS_EXHAUSTED."""
-    # DESIGN §7 budget; ADR-010 D2 the key is stable across retries.
+    # contract §7.2 budget; ADR-010 D2 the key is stable across retries.
     call = unknown(effect)
     again = answer(_retry_start(call, POLICY))
     assert again.call.attempt == 2
@@ -526,7 +526,7 @@ def test_a_recorded_call_with_a_live_lease_is_not_retried(
     context: RetryContext, effect: Effect
 ) -> None:
     """A recorded STARTED call whose attempt holds a live lease is never
-    retried, in any context, as StartTool answers it IN_PROGRESS (DESIGN §5);
+    retried, in any context, as StartTool answers it IN_PROGRESS (contract §5.1);
     the same STARTED facts without a live lease keep their rule rows."""
     live = ask(effect, State.STARTED, context)
     live = dataclasses.replace(

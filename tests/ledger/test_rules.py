@@ -1,4 +1,4 @@
-"""The ledger rules of DESIGN §4 and §5: what each request does to a record.
+"""The ledger rules of contract §4 and §5: what each request does to a record.
 
 The rules are pure functions of (record, request, moment), so every case is a
 record reached through the rules themselves and one call; time and daemon
@@ -98,7 +98,7 @@ def _commit(call: ToolCall, attempt: int, result: Result | None = None) -> Step:
     )
 
 
-# --- decide (DESIGN §5) ------------------------------------------------------
+# --- decide (contract §5.1) ------------------------------------------------------
 
 P, A, ST, U, C = (
     State.PREPARED,
@@ -109,23 +109,23 @@ P, A, ST, U, C = (
 )
 R, W = Effect.READ, Effect.IDEMPOTENT_WRITE
 
-# What DESIGN §5 answers for a settled record, per (state, effect).
+# What contract §5.1 answers for a settled record, per (state, effect).
 DECISIONS: dict[tuple[State, Effect], Decision] = {
-    (P, R): Decision.EXECUTE,  # DESIGN §5 EXECUTE: start it
-    (P, W): Decision.EXECUTE,  # DESIGN §5 EXECUTE (with idempotency_key)
-    (P, SE): Decision.EXECUTE,  # DESIGN §5 EXECUTE; ADR-010 D3 never started
-    (A, R): Decision.AWAIT_APPROVAL,  # DESIGN §5; ADR-010 D3 only approve executes
-    (A, W): Decision.AWAIT_APPROVAL,  # DESIGN §5
-    (A, SE): Decision.AWAIT_APPROVAL,  # DESIGN §5
-    (ST, R): Decision.IN_PROGRESS,  # DESIGN §5: another attempt holds a live lease
-    (ST, W): Decision.IN_PROGRESS,  # DESIGN §5
-    (ST, SE): Decision.IN_PROGRESS,  # DESIGN §5
-    (U, R): Decision.EXECUTE,  # DESIGN §4 explicit retry of READ
-    (U, W): Decision.EXECUTE,  # DESIGN §4 explicit retry of IDEMPOTENT_WRITE
-    (U, SE): Decision.RECONCILE,  # DESIGN §5 RECONCILE; ADR-010 D1, D3
-    (C, R): Decision.RETURN_RESULT,  # DESIGN §5; ADR-010 D3 do NOT call the tool
-    (C, W): Decision.RETURN_RESULT,  # DESIGN §5
-    (C, SE): Decision.RETURN_RESULT,  # DESIGN §5; ADR-010 D1
+    (P, R): Decision.EXECUTE,  # contract §5.1 EXECUTE: start it
+    (P, W): Decision.EXECUTE,  # contract §5.1 EXECUTE (with idempotency_key)
+    (P, SE): Decision.EXECUTE,  # contract §5.1 EXECUTE; ADR-010 D3 never started
+    (A, R): Decision.AWAIT_APPROVAL,  # contract §5.1; ADR-010 D3 only approve executes
+    (A, W): Decision.AWAIT_APPROVAL,  # contract §5.1
+    (A, SE): Decision.AWAIT_APPROVAL,  # contract §5.1
+    (ST, R): Decision.IN_PROGRESS,  # contract §5.1: another attempt holds a live lease
+    (ST, W): Decision.IN_PROGRESS,  # contract §5.1
+    (ST, SE): Decision.IN_PROGRESS,  # contract §5.1
+    (U, R): Decision.EXECUTE,  # contract §5.1 explicit retry only
+    (U, W): Decision.EXECUTE,  # contract §5.1 explicit retry only
+    (U, SE): Decision.RECONCILE,  # contract §5.1 RECONCILE; ADR-010 D1, D3
+    (C, R): Decision.RETURN_RESULT,  # contract §5.1; ADR-010 D3 do NOT call the tool
+    (C, W): Decision.RETURN_RESULT,  # contract §5.1
+    (C, SE): Decision.RETURN_RESULT,  # contract §5.1; ADR-010 D1
 }
 
 BUILD: dict[State, Callable[[Effect], ToolCall]] = {
@@ -145,7 +145,7 @@ BUILD: dict[State, Callable[[Effect], ToolCall]] = {
 def test_decide_answers_the_design_decision_for_every_state_and_effect(
     state: State, effect: Effect
 ) -> None:
-    """`decide` gives the DESIGN §5 decision for every (state, effect)."""
+    """`decide` gives the contract §5.1 decision for every (state, effect)."""
     call = BUILD[state](effect)
     assert call.state is state
     assert rules.decide(call) is DECISIONS[(state, effect)]
@@ -155,9 +155,9 @@ def test_decide_answers_the_design_decision_for_every_state_and_effect(
 @pytest.mark.parametrize(
     ("build", "want"),
     [
-        # DESIGN §4 reject -> COMMITTED ERROR APPROVAL_REJECTED; §5 REJECTED.
+        # contract §4.5 reject -> COMMITTED ERROR APPROVAL_REJECTED; §5.1 REJECTED.
         pytest.param(rejected, Decision.REJECTED, id="rejected"),
-        # DESIGN §5 RETURN_RESULT: a committed OK or tool ERROR is replayed.
+        # contract §5.1 RETURN_RESULT: a committed OK or tool ERROR is replayed.
         pytest.param(committed, Decision.RETURN_RESULT, id="ok"),
         pytest.param(
             lambda e: committed(e, error_result("TIMEOUT")),
@@ -173,7 +173,7 @@ def test_decide_tells_a_rejection_from_a_committed_result(
     assert rules.decide(build(effect)) is want
 
 
-# --- prepare (DESIGN §4 prepare, §5) ---------------------------------------
+# --- prepare (contract §4.2 prepare, §5) ---------------------------------------
 
 
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
@@ -182,7 +182,7 @@ def test_a_new_prepare_records_a_prepared_call_and_invites_execution(
 ) -> None:
     """The first prepare stores a PREPARED record at revision 1 and answers EXECUTE
     without handing out an attempt."""
-    # DESIGN §4 "— prepare -> PREPARED"; §5 EXECUTE from a plain prepare.
+    # contract §4.2: — prepare -> PREPARED; §5.2 EXECUTE from a plain prepare.
     step = rules.prepare(None, spec(effect), moment())
     reply = answer(step)
     assert step.call.state is State.PREPARED
@@ -206,7 +206,7 @@ def test_a_prepare_that_requires_approval_waits_for_it(
 ) -> None:
     """With approval required the call is AWAITING_APPROVAL and is not started,
     even when the prepare asks to start."""
-    # DESIGN §4 "prepare -> AWAITING_APPROVAL if approval required"; ADR-010 D3.
+    # contract §4.2: prepare -> AWAITING_APPROVAL if approval required; ADR-010 D3.
     step = rules.prepare(
         None, spec(effect, require_approval=True, start=start), moment()
     )
@@ -222,7 +222,7 @@ def test_a_prepare_that_requires_approval_waits_for_it(
 def test_prepare_with_start_holds_attempt_one_under_a_lease(effect: Effect) -> None:
     """Prepare-and-start answers EXECUTE with the attempt held: attempt 1, STARTED,
     and a lease of this incarnation ending lease_ms later."""
-    # DESIGN §5 "prepare and start in one round trip"; §4 start.
+    # contract §5.2 "Prepare and start can happen in one round trip"; §4.2 start.
     now = moment()
     step = rules.prepare(None, spec(effect, start=True), now)
     reply = answer(step)
@@ -241,8 +241,8 @@ def test_prepare_with_start_holds_attempt_one_under_a_lease(effect: Effect) -> N
 @pytest.mark.parametrize(
     ("effect", "key"),
     [
-        (Effect.READ, ""),  # DESIGN §5: key only for IDEMPOTENT_WRITE
-        (Effect.IDEMPOTENT_WRITE, "run-1:call-1"),  # DESIGN §3; ADR-010 D2
+        (Effect.READ, ""),  # contract §5.1: key only for IDEMPOTENT_WRITE
+        (Effect.IDEMPOTENT_WRITE, "run-1:call-1"),  # contract §3.2; ADR-010 D2
         (Effect.SIDE_EFFECT, ""),
     ],
     ids=lambda v: getattr(v, "name", v),
@@ -278,7 +278,7 @@ def test_a_repeated_prepare_with_the_same_input_changes_nothing(
 ) -> None:
     """A second prepare with the same fingerprint returns the stored record,
     at the same revision, with the decision for its state."""
-    # DESIGN §4 "any | prepare again, same fingerprint | unchanged".
+    # contract §4.2 "any | prepare again, same fingerprint | unchanged".
     existing = build(effect)
     step = rules.prepare(existing, spec(effect), moment())
     reply = answer(step)
@@ -307,7 +307,7 @@ def test_a_repeated_prepare_of_another_call_is_refused_unchanged(
 ) -> None:
     """Another fingerprint, tool name or effect is INPUT_MISMATCH, and the stored
     record is returned exactly as it was."""
-    # DESIGN §3 "a repeated prepare with another fingerprint is refused".
+    # contract §3.3 "A repeated prepare with another fingerprint ... is refused".
     existing = build(effect)
     # Even with the lease long gone: a refused request does not settle.
     step = rules.prepare(existing, mismatch(effect), later(moment(), 10 * LEASE_NS))
@@ -323,7 +323,7 @@ def test_a_prepare_while_a_live_lease_is_held_is_in_progress(
 ) -> None:
     """While attempt 1 holds a live lease a prepare (with or without start)
     answers IN_PROGRESS and hands out nothing."""
-    # DESIGN §5 IN_PROGRESS: another attempt holds a live lease.
+    # contract §5.1 IN_PROGRESS: another attempt holds a live lease.
     now = moment()
     call = started(effect, now)
     just_before = later(now, LEASE_NS - 1)
@@ -334,10 +334,10 @@ def test_a_prepare_while_a_live_lease_is_held_is_in_progress(
     assert not reply.attempt_held
 
 
-# The expected answer once a STARTED call is found UNKNOWN (DESIGN §5).
+# The expected answer once a STARTED call is found UNKNOWN (contract §5.1).
 AFTER_UNKNOWN = {
     Effect.SIDE_EFFECT: (Decision.RECONCILE, False),  # ADR-010 D3: reconcile
-    Effect.READ: (Decision.EXECUTE, True),  # DESIGN §4: explicit retry only
+    Effect.READ: (Decision.EXECUTE, True),  # contract §5.1: an explicit retry only
     Effect.IDEMPOTENT_WRITE: (Decision.EXECUTE, True),  # ADR-010 D3 last bullet
 }
 
@@ -362,7 +362,7 @@ def test_a_prepare_after_the_lease_expired_finds_the_call_unknown(
 ) -> None:
     """Once the lease deadline passes, prepare stores UNKNOWN via 'expire' and
     answers RECONCILE for a side effect, a retry-only EXECUTE otherwise."""
-    # DESIGN §4 "STARTED | lease expired | UNKNOWN"; §5 RECONCILE; ADR-010 D3.
+    # contract §4.2: STARTED, lease expired -> UNKNOWN; §5.1 RECONCILE; ADR-010 D3.
     now = moment()
     call = started(effect, now)
     assert call.lease is not None
@@ -388,7 +388,7 @@ def test_a_prepare_under_a_later_incarnation_finds_the_call_unknown(
 ) -> None:
     """A lease of an earlier daemon incarnation is never live, whatever the
     monotonic clock says: prepare stores UNKNOWN via 'restart'."""
-    # DESIGN §4 "started under an earlier daemon incarnation -> UNKNOWN"; D3.
+    # contract §4.4: started under an earlier daemon incarnation -> UNKNOWN; D3.
     call = started(effect)
     restarted = moment(monotonic_ns=0, incarnation=INCARNATION + 1)
     step = rules.prepare(call, spec(effect, start=True), restarted)
@@ -398,13 +398,13 @@ def test_a_prepare_under_a_later_incarnation_finds_the_call_unknown(
     assert step.call.history[-1].actor == rules.DAEMON
 
 
-# --- start (DESIGN §4 start / retry, §5) ------------------------------------
+# --- start (contract §4.2 start / retry, §5.2) ------------------------------------
 
 
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_start_of_a_prepared_call_holds_the_first_attempt(effect: Effect) -> None:
     """StartTool on PREPARED answers EXECUTE, attempt 1 held under a new lease."""
-    # DESIGN §4 "PREPARED | start | STARTED (attempt+1, lease, fencing token)".
+    # contract §4.2 "PREPARED | start | STARTED (attempt + 1, lease, fencing token)".
     call = prepared(effect)
     now = later(moment(), 1000)
     step = _start(call, now, expected_revision=call.revision)
@@ -422,7 +422,7 @@ def test_start_of_a_prepared_call_holds_the_first_attempt(effect: Effect) -> Non
 def test_a_second_start_is_in_progress(effect: Effect) -> None:
     """Only the first StartTool executes; the second is told IN_PROGRESS while
     the lease is live."""
-    # DESIGN §5 "only the StartTool that wins the revision CAS may execute (the
+    # contract §5.2 "only the StartTool that wins the revision CAS may execute (the
     # others get IN_PROGRESS)".
     first = _start(prepared(effect), moment()).call
     step = _start(first, later(moment(), 1))
@@ -435,9 +435,9 @@ def test_a_second_start_is_in_progress(effect: Effect) -> None:
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_a_retry_while_the_lease_is_live_hands_out_nothing(effect: Effect) -> None:
     """A retry of a STARTED call whose lease is live starts no second attempt."""
-    # DESIGN §5 IN_PROGRESS while another attempt holds a live lease; §4 refuses
+    # contract §5.1 IN_PROGRESS while another attempt holds a live lease; §4.2 refuses
     # a SIDE_EFFECT retry. Which of the two a live SIDE_EFFECT answers is not
-    # pinned here (DESIGN §4's STARTED row does not say whether the lease is live).
+    # pinned here (contract §4.2's retry rows do not say whether the lease is live).
     first = _start(prepared(effect), moment()).call
     step = _start(first, later(moment(), 1), retry=True)
     assert step.call == first
@@ -459,7 +459,7 @@ def test_start_with_a_stale_expected_revision_is_a_conflict(
 ) -> None:
     """A start that expects another revision is REVISION_CONFLICT carrying the
     current revision, and the record is left as it was."""
-    # DESIGN §4 "expected_revision ... REVISION_CONFLICT (carrying the current)".
+    # contract §4.3 "REVISION_CONFLICT, carrying the current revision".
     call = build(effect)
     step = _start(call, moment(), retry=True, expected_revision=call.revision - 1)
     error = refusal(step, RevisionConflict)
@@ -471,7 +471,7 @@ def test_start_with_a_stale_expected_revision_is_a_conflict(
 @pytest.mark.parametrize("retry", [False, True])
 def test_start_of_an_unknown_side_effect_requires_reconciliation(retry: bool) -> None:
     """An UNKNOWN side effect is never started again, retry or not."""
-    # DESIGN §4 "STARTED / UNKNOWN, SIDE_EFFECT | retry | RECONCILIATION_REQUIRED".
+    # contract §4.2: STARTED / UNKNOWN, SIDE_EFFECT, retry -> RECONCILIATION_REQUIRED.
     call = unknown(SE)
     step = _start(call, moment(), retry=retry)
     refusal(step, ReconciliationRequired)
@@ -484,7 +484,7 @@ def test_start_after_the_lease_expired_settles_then_refuses_a_side_effect(
 ) -> None:
     """A start that finds a side effect's lease expired stores UNKNOWN and still
     refuses with RECONCILIATION_REQUIRED."""
-    # DESIGN §4 lease expired -> UNKNOWN; rules.py: a refusal carries the change.
+    # contract §4.4 lease expired -> UNKNOWN; rules.py: a refusal carries the change.
     call = started(SE)
     step = _start(call, later(moment(), LEASE_NS), retry=retry)
     refusal(step, ReconciliationRequired)
@@ -497,7 +497,7 @@ def test_start_of_an_unknown_read_without_retry_is_an_invalid_transition(
     effect: Effect,
 ) -> None:
     """An UNKNOWN READ / IDEMPOTENT_WRITE starts again only as an explicit retry."""
-    # DESIGN §4 "explicit retry allowed by the retry policy"; ADR-010 D3, D7.
+    # contract §4.2 "explicit retry allowed by the retry rules"; ADR-010 D3, D7.
     call = unknown(effect)
     step = _start(call, moment(), retry=False)
     refusal(step, InvalidTransition)
@@ -510,7 +510,7 @@ def test_an_explicit_retry_of_an_unknown_read_is_the_next_attempt(
 ) -> None:
     """An explicit retry answers EXECUTE for attempt 2 under a new lease, with the
     same idempotency key as attempt 1."""
-    # DESIGN §4 "STARTED / UNKNOWN, READ or IDEMPOTENT_WRITE | retry | STARTED
+    # contract §4.2 "STARTED / UNKNOWN, READ or IDEMPOTENT_WRITE | retry | STARTED
     # (attempt+1)"; ADR-010 D2: the key is stable across retries.
     first = answer(rules.prepare(None, spec(effect, start=True), moment()))
     call = rules.report_unknown(first.call, moment(), attempt=1, reason="lost").call
@@ -531,7 +531,7 @@ def test_an_explicit_retry_of_an_unknown_read_is_the_next_attempt(
 def test_a_retry_beyond_the_attempt_budget_is_refused(effect: Effect) -> None:
     """When every allowed attempt was used, a retry is ATTEMPTS_EXHAUSTED and the
     record is left UNKNOWN."""
-    # DESIGN §7 "the attempt budget ... always apply"; ADR-010 D7.
+    # contract §7.2 "The attempt budget always applies"; ADR-010 D7.
     call = unknown(effect)
     for attempt in range(2, MAX_ATTEMPTS + 1):
         call = answer(_start(call, moment(), retry=True)).call
@@ -569,14 +569,14 @@ def test_start_never_executes_a_call_waiting_for_approval_or_committed(
         assert not step.reply.attempt_held
 
 
-# --- commit (DESIGN §4 commit) ----------------------------------------------
+# --- commit (contract §4.2 commit) ----------------------------------------------
 
 
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_commit_of_the_holding_attempt_stores_the_result(effect: Effect) -> None:
     """The attempt holding the call commits it: COMMITTED, result stored, lease
     released, RETURN_RESULT."""
-    # DESIGN §4 "STARTED | commit OK / ERROR | COMMITTED".
+    # contract §4.2 "STARTED | commit OK / ERROR | COMMITTED".
     call = started(effect)
     result = ok_result()
     step = rules.commit(
@@ -597,7 +597,7 @@ def test_commit_from_an_attempt_that_does_not_hold_the_call_is_stale(
 ) -> None:
     """A commit with another fencing token than the current attempt is
     STALE_ATTEMPT and stores nothing."""
-    # DESIGN §4 "a commit from a stale attempt (an older fencing token) is refused".
+    # contract §4.3 "an attempt that no longer holds the call is refused".
     call = started(effect)
     step = _commit(call, attempt)
     refusal(step, StaleAttempt)
@@ -607,7 +607,7 @@ def test_commit_from_an_attempt_that_does_not_hold_the_call_is_stale(
 @pytest.mark.parametrize("effect", RETRYABLE, ids=lambda e: e.name)
 def test_commit_from_the_attempt_before_a_retry_is_stale(effect: Effect) -> None:
     """After a retry started attempt 2, attempt 1 can no longer commit."""
-    # DESIGN §4 fencing token; ADR-010 D1 nothing silently overwritten.
+    # contract §4.3 fencing token; ADR-010 D1 nothing silently overwritten.
     call = answer(_start(unknown(effect), moment(), retry=True)).call
     step = _commit(call, 1)
     error = refusal(step, StaleAttempt)
@@ -621,7 +621,7 @@ def test_a_repeated_commit_with_the_same_result_is_a_no_op(
     effect: Effect, attempt: int
 ) -> None:
     """Committing the same result digest again changes nothing and returns it."""
-    # DESIGN §4 "a repeat with the same result digest is a no-op".
+    # contract §4.2 "a repeat with the same result digest is a no-op".
     call = committed(effect)
     step = _commit(call, attempt)
     reply = answer(step)
@@ -633,7 +633,7 @@ def test_a_repeated_commit_with_the_same_result_is_a_no_op(
 def test_a_repeated_commit_with_another_result_is_refused(effect: Effect) -> None:
     """Committing another result over a committed one is RESULT_MISMATCH; the
     first result stands."""
-    # DESIGN §4 "a different one is refused"; ADR-010 D1.
+    # contract §4.2 "a different one is refused"; ADR-010 D1.
     call = committed(effect)
     step = _commit(call, 1, result=ok_result(b'{"id": 2}'))
     error = refusal(step, ResultMismatch)
@@ -651,7 +651,7 @@ def test_commit_before_start_is_an_invalid_transition(
     build: Callable[[Effect], ToolCall], effect: Effect
 ) -> None:
     """A call that was never started cannot be committed."""
-    # DESIGN §4: commit only from STARTED (the agent executes after start).
+    # contract §4.2: no commit before a start (the agent executes after start).
     call = build(effect)
     step = _commit(call, 0)
     refusal(step, InvalidTransition)
@@ -661,7 +661,7 @@ def test_commit_before_start_is_an_invalid_transition(
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_commit_with_a_stale_expected_revision_is_a_conflict(effect: Effect) -> None:
     """A commit expecting another revision is REVISION_CONFLICT and stores nothing."""
-    # DESIGN §4 expected_revision on every mutating RPC.
+    # contract §4.3 expected_revision.
     call = started(effect)
     step = rules.commit(
         call, moment(), attempt=1, result=ok_result(), expected_revision=1
@@ -695,14 +695,14 @@ def test_a_late_commit_of_the_current_attempt_in_unknown_commits(
     assert step.call.history[-1].from_state is State.UNKNOWN
 
 
-# --- report_unknown and heartbeat (DESIGN §4) -------------------------------
+# --- report_unknown and heartbeat (contract §4.2) -------------------------------
 
 
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_report_unknown_moves_the_call_to_unknown(effect: Effect) -> None:
     """The holding attempt's report stores UNKNOWN with its reason and answers as
     for any UNKNOWN call."""
-    # DESIGN §4 "the agent reports unknown outcome -> UNKNOWN"; §5.
+    # contract §4.2: the agent reports an unknown outcome -> UNKNOWN; §5.1.
     call = started(effect)
     step = rules.report_unknown(call, moment(), attempt=1, reason="socket closed")
     reply = answer(step)
@@ -722,7 +722,7 @@ def test_report_unknown_moves_the_call_to_unknown(effect: Effect) -> None:
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_a_repeated_report_unknown_is_a_no_op(effect: Effect) -> None:
     """The same attempt reporting unknown twice changes nothing the second time."""
-    # DESIGN §4: every mutation is revision-guarded; a duplicate is not a new fact.
+    # contract §4.3: every mutation is revision-guarded; a duplicate is not a new fact.
     call = unknown(effect)
     step = rules.report_unknown(call, moment(), attempt=1, reason="again")
     assert step.call is call
@@ -732,7 +732,7 @@ def test_a_repeated_report_unknown_is_a_no_op(effect: Effect) -> None:
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_report_unknown_from_a_stale_attempt_is_refused(effect: Effect) -> None:
     """Only the attempt that holds the call can say its outcome is unknown."""
-    # DESIGN §4 fencing token.
+    # contract §4.3 fencing token.
     call = started(effect)
     step = rules.report_unknown(call, moment(), attempt=2, reason="")
     refusal(step, StaleAttempt)
@@ -752,7 +752,7 @@ def test_report_unknown_outside_started_is_an_invalid_transition(
     build: Callable[[Effect], ToolCall], effect: Effect
 ) -> None:
     """A call that is not running has no outcome to be unknown."""
-    # DESIGN §4: only STARTED -> UNKNOWN.
+    # contract §4.2: only STARTED -> UNKNOWN.
     call = build(effect)
     step = rules.report_unknown(call, moment(), attempt=1, reason="")
     refusal(step, InvalidTransition)
@@ -763,7 +763,7 @@ def test_report_unknown_outside_started_is_an_invalid_transition(
 def test_heartbeat_extends_the_lease_without_a_history_entry(effect: Effect) -> None:
     """A heartbeat of the holding attempt moves the lease deadline to now +
     lease_ms, bumps the revision and adds no history."""
-    # DESIGN §4: lease of the attempt; revision on every mutation.
+    # contract §4.4: lease of the attempt; §4.3 revision on every change.
     call = started(effect)
     now = later(moment(), LEASE_NS - 1)
     step = rules.heartbeat(call, now, attempt=1, lease_ms=2 * LEASE_MS)
@@ -785,7 +785,7 @@ def test_heartbeat_from_a_stale_attempt_is_refused(
     effect: Effect, attempt: int
 ) -> None:
     """A heartbeat with another fencing token extends nothing."""
-    # DESIGN §4 fencing token.
+    # contract §4.3 fencing token.
     call = started(effect)
     step = rules.heartbeat(call, moment(), attempt=attempt, lease_ms=LEASE_MS)
     refusal(step, StaleAttempt)
@@ -795,7 +795,7 @@ def test_heartbeat_from_a_stale_attempt_is_refused(
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)
 def test_heartbeat_in_unknown_is_an_invalid_transition(effect: Effect) -> None:
     """An UNKNOWN call has no lease to extend; a heartbeat cannot revive it."""
-    # DESIGN §4: only reconciliation (or an explicit retry) leaves UNKNOWN.
+    # contract §4.2: only reconciliation (or an explicit retry) leaves UNKNOWN.
     call = unknown(effect)
     step = rules.heartbeat(call, moment(), attempt=1, lease_ms=LEASE_MS)
     refusal(step, InvalidTransition)
@@ -806,9 +806,9 @@ def test_heartbeat_in_unknown_is_an_invalid_transition(effect: Effect) -> None:
 @pytest.mark.parametrize(
     ("gone", "event"),
     [
-        # DESIGN §4 "lease expired" -> UNKNOWN.
+        # contract §4.4 "lease expired" -> UNKNOWN.
         pytest.param(later(moment(), LEASE_NS), Event.EXPIRE, id="expired"),
-        # DESIGN §4 "started under an earlier daemon incarnation" -> UNKNOWN.
+        # contract §4.4 "started under an earlier daemon incarnation" -> UNKNOWN.
         pytest.param(moment(incarnation=INCARNATION + 1), Event.RESTART, id="restart"),
     ],
 )
@@ -852,7 +852,7 @@ def side_effect_violation(effect: Effect, ever_started: bool, step: Step) -> str
     """Why `step` breaks at-most-once for a side effect, or "" if it does not.
 
     A SIDE_EFFECT that was STARTED before the request may have run: no reply may
-    then hand out an attempt or invite execution (ADR-010 D1, D3; DESIGN §4, §5).
+    then hand out an attempt or invite execution (ADR-010 D1, D3; contract §4.2, §5.2).
     """
     reply = step.reply
     if effect is not SE or not ever_started or not isinstance(reply, Answer):
@@ -868,7 +868,7 @@ def side_effect_violation(effect: Effect, ever_started: bool, step: Step) -> str
 
 
 def start_violation(asked: PrepareSpec, before: ToolCall | None, step: Step) -> str:
-    """Why a prepare `step` breaks DESIGN §5's start promise, or "" if it does
+    """Why a prepare `step` breaks contract §5.2's start promise, or "" if it does
     not: with `start`, EXECUTE means that this caller holds a new attempt."""
     reply = step.reply
     if not asked.start or not isinstance(reply, Answer):
@@ -883,7 +883,7 @@ def fencing_violation(before: ToolCall | None, step: Step) -> str:
     """Why `step` breaks the fencing of attempts, or "" if it does not.
 
     Each attempt number is handed to one caller only, and revisions only grow
-    (DESIGN §4 fencing token, revision).
+    (contract §4.3 fencing token, revision).
     """
     if before is not None and step.call.revision < before.revision:
         return f"fencing: revision {before.revision} -> {step.call.revision}"
@@ -991,7 +991,8 @@ def test_no_sequence_executes_a_started_side_effect_again(
     EXECUTE for a SIDE_EFFECT that was ever STARTED, or answers a prepare with
     `start` EXECUTE without a new attempt held (issue 10 item 9: fails before
     the fix, for READ and IDEMPOTENT_WRITE)."""
-    # ADR-010 D1 "never replayed automatically", D3; DESIGN §4 RECONCILIATION_REQUIRED.
+    # ADR-010 D1 "never replayed automatically", D3; contract §4.2
+    # RECONCILIATION_REQUIRED.
     hypothesis.note(
         f"effect={effect.name} script={[(a.op.value, a.flag) for a in script]}"
     )
@@ -1116,8 +1117,8 @@ def test_prepare_and_start_of_an_unknown_read_does_not_retry_it(
     hands out no attempt and answers no EXECUTE: it is refused, asking for an
     explicit retry, and the record is unchanged (issue 10 item 9: fails before
     the fix: it answered EXECUTE without holding the attempt)."""
-    # DESIGN §4 "explicit retry ... never triggered by recovery itself"; D3;
-    # DESIGN §5 "with start, EXECUTE means this caller holds the attempt".
+    # contract §4.2 "explicit retry ... never triggered by recovery itself"; D3;
+    # contract §5.2 "EXECUTE always means that this caller holds the attempt".
     call = unknown(effect)
     step = rules.prepare(call, spec(effect, start=True), moment())
     refused = refusal(step, InvalidTransition)
@@ -1156,7 +1157,7 @@ def test_prepare_and_start_with_retry_holds_the_next_attempt(effect: Effect) -> 
 RETRY_REFUSALS: list[tuple[str, Policy, type[EffectdError]]] = [
     # ADR-010 R2: the kill switch stops every retry at once.
     ("kill switch", Policy(retry_safe_enabled=False), RetryDisabled),
-    # DESIGN §7: the attempt budget always applies (attempt 1 used of 1).
+    # contract §7.2: the attempt budget always applies (attempt 1 used of 1).
     ("budget", Policy(max_attempts=1), AttemptsExhausted),
     # ADR-010 R2: a tool forced to SIDE_EFFECT is never retried.
     (
@@ -1200,7 +1201,7 @@ def test_with_start_execute_always_holds_the_attempt(
     effect: Effect, state: State, retry: bool, policy: Policy
 ) -> None:
     """For every state, effect, retry flag and policy, a prepare with `start`
-    that answers EXECUTE holds a new attempt (DESIGN §5; issue 10 item 9:
+    that answers EXECUTE holds a new attempt (contract §5.2; issue 10 item 9:
     fails before the fix for UNKNOWN READ and IDEMPOTENT_WRITE)."""
     call = BUILD[state](effect)
     asked = dataclasses.replace(spec(effect, start=True), retry=retry)
@@ -1210,7 +1211,7 @@ def test_with_start_execute_always_holds_the_attempt(
 
 def test_an_approval_rejection_is_answered_rejected_on_prepare() -> None:
     """A prepare of a rejected call answers REJECTED with the error result."""
-    # DESIGN §4 reject; §5 REJECTED (error result); ADR-010 D3.
+    # contract §4.5 reject; §5.1 REJECTED (error result); ADR-010 D3.
     call = rejected(SE)
     reply = answer(rules.prepare(call, spec(SE, start=True), moment()))
     assert reply.decision is Decision.REJECTED
@@ -1218,7 +1219,7 @@ def test_an_approval_rejection_is_answered_rejected_on_prepare() -> None:
     assert reply.call.result.error_code == APPROVAL_REJECTED
 
 
-# --- require_approval on a repeat prepare (DESIGN §4, ADR-010 D3) -------------
+# --- require_approval on a repeat prepare (contract §4.5, ADR-010 D3) -------------
 
 
 @pytest.mark.parametrize("effect", EFFECTS, ids=lambda e: e.name)

@@ -1,4 +1,4 @@
-"""Field rules for what a client sends (DESIGN §3 identity, §11 bad input).
+"""Field rules for what a client sends (contract §3.1 identity, §11.1 bad input).
 
 Each rule appends a violation naming the field instead of raising, so the
 tables check both that a bad value is named and that a good one is not.
@@ -20,7 +20,7 @@ def _fields(v: Violations) -> list[str]:
 
 
 def test_the_identifier_limit_is_256_bytes() -> None:
-    """The default identifier bound is the 256 bytes of DESIGN §3."""
+    """The default identifier bound is the 256 bytes of contract §3.1."""
     assert MAX_ID == 256
 
 
@@ -30,7 +30,7 @@ def test_the_identifier_limit_is_256_bytes() -> None:
 )
 def test_a_valid_namespace_is_accepted_as_given(value: str) -> None:
     """A namespace of 1..64 characters of [A-Za-z0-9._-] passes unchanged."""
-    # DESIGN §3 namespace.
+    # contract §3.1 namespace.
     v = Violations()
     assert v.namespace("ref.namespace", value) == value
     assert v.items == []
@@ -38,7 +38,7 @@ def test_a_valid_namespace_is_accepted_as_given(value: str) -> None:
 
 def test_an_empty_namespace_is_the_default() -> None:
     """An empty namespace means `default`."""
-    # DESIGN §3 "otherwise from the request, default `default`".
+    # contract §3.1 "empty means `default`".
     v = Violations()
     assert v.namespace("ref.namespace", "") == DEFAULT_NAMESPACE == "default"
     assert v.items == []
@@ -61,7 +61,7 @@ def test_an_empty_namespace_is_the_default() -> None:
 )
 def test_an_invalid_namespace_is_named(value: str) -> None:
     """A namespace outside [A-Za-z0-9._-]{1,64} is a violation of its field."""
-    # DESIGN §3 namespace; §11 INVALID_ARGUMENT with field violations.
+    # contract §3.1 namespace; §11.1 INVALID_ARGUMENT with field violations.
     v = Violations()
     v.namespace("ref.namespace", value)
     assert _fields(v) == ["ref.namespace"]
@@ -83,7 +83,7 @@ def test_an_invalid_namespace_is_named(value: str) -> None:
 )
 def test_a_valid_identifier_is_accepted(value: str) -> None:
     """1..256 bytes of UTF-8 without control characters is a valid identifier."""
-    # DESIGN §3 "run_id, call_id: 1..256 bytes of UTF-8, no control characters".
+    # contract §3.1 "1..256 bytes of UTF-8 without control characters".
     v = Violations()
     v.text_id("ref.run_id", value, MAX_ID, no_colon=True)
     v.text_id("ref.call_id", value, MAX_ID)
@@ -93,13 +93,13 @@ def test_a_valid_identifier_is_accepted(value: str) -> None:
 @pytest.mark.parametrize(
     ("value", "why"),
     [
-        ("", "is required"),  # DESIGN §3 "1.."
+        ("", "is required"),  # contract §3.1 "1.."
         ("a" * (MAX_ID + 1), "at most 256 bytes"),
-        # DESIGN §3 counts bytes of UTF-8, not characters.
+        # contract §3.1 counts bytes of UTF-8, not characters.
         ("é" * (MAX_ID // 2 + 1), "got 258"),
         ("😀" * (MAX_ID // 4 + 1), "got 260"),
         ("a" * (MAX_ID - 1) + "é", "got 257"),
-        # DESIGN §3 "no control characters": C0, DEL and C1.
+        # contract §3.1 "without control characters (C0, DEL, C1)".
         ("a\x00b", "control characters"),
         ("a\nb", "control characters"),
         ("a\tb", "control characters"),
@@ -118,7 +118,7 @@ def test_a_valid_identifier_is_accepted(value: str) -> None:
 def test_an_invalid_identifier_is_named(value: str, why: str) -> None:
     """An empty, oversized, control-character or non-UTF-8 identifier is a
     violation of its field, saying why."""
-    # DESIGN §3 identity; §11 INVALID_ARGUMENT with BadRequest field violations.
+    # contract §3.1 identity; §11.1 INVALID_ARGUMENT with BadRequest field violations.
     v = Violations()
     v.text_id("ref.call_id", value, MAX_ID)
     assert _fields(v) == ["ref.call_id"]
@@ -129,7 +129,7 @@ def test_an_invalid_identifier_is_named(value: str, why: str) -> None:
 def test_a_run_id_with_a_colon_is_refused(value: str) -> None:
     """A run_id containing ':' is refused: the key `${runId}:${callId}` would be
     ambiguous."""
-    # DESIGN §3 "run_id must not contain ':'"; ADR-010 D2.
+    # contract §3.1 "`run_id` has no `:`"; ADR-010 D2.
     v = Violations()
     v.text_id("ref.run_id", value, MAX_ID, no_colon=True)
     assert _fields(v) == ["ref.run_id"]
@@ -139,7 +139,7 @@ def test_a_run_id_with_a_colon_is_refused(value: str) -> None:
 @pytest.mark.parametrize("value", ["a:b", "tool:call:1"])
 def test_a_call_id_may_contain_a_colon(value: str) -> None:
     """Only run_id is restricted: a call_id with ':' keeps the key unambiguous."""
-    # DESIGN §3: `run a` + call `b:c` is unambiguous once run_id has no ':'.
+    # contract §3.1: `run a` + call `b:c` is unambiguous once run_id has no ':'.
     v = Violations()
     v.text_id("ref.call_id", value, MAX_ID)
     assert v.items == []
@@ -147,7 +147,7 @@ def test_a_call_id_may_contain_a_colon(value: str) -> None:
 
 def test_every_problem_of_an_identifier_is_named() -> None:
     """An identifier with several problems gets one violation for each."""
-    # DESIGN §11: one answer names every bad field.
+    # contract §11.1: one answer names every bad field.
     v = Violations()
     v.text_id("ref.run_id", "a:\x00\ud800" + "a" * MAX_ID, MAX_ID, no_colon=True)
     descriptions = [item.description for item in v.items]
@@ -184,7 +184,7 @@ def test_free_text_refuses_other_control_characters_and_oversize(
 ) -> None:
     """Free text longer than its bound, with another control character or not
     UTF-8 is a violation of its field."""
-    # DESIGN §11 INVALID_ARGUMENT with field violations.
+    # contract §11.1 INVALID_ARGUMENT with field violations.
     v = Violations()
     v.text("reason", value, 64)
     assert _fields(v) == ["reason"]
@@ -218,7 +218,7 @@ def test_bounded_is_inclusive(value: int, ok: bool) -> None:
 
 def test_require_raises_every_violation_together() -> None:
     """`require` raises one InvalidArgument listing every violation, in order."""
-    # DESIGN §11: bad input is INVALID_ARGUMENT with BadRequest field violations.
+    # contract §11.1: bad input is INVALID_ARGUMENT with BadRequest field violations.
     v = Violations()
     v.namespace("ref.namespace", "bad ns")
     v.text_id("ref.run_id", "a:b", MAX_ID, no_colon=True)

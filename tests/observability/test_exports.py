@@ -21,7 +21,8 @@ from sidecar.observability import collectors, logs, metrics, native, process
         ),
         (
             collectors,
-            "CountsEntries LedgerCollector ProviderCollector ProviderSource "
+            "CountsEntries DiskCollector LedgerCollector ProviderCollector "
+            "ProviderSource "
             "count_states",
         ),
         (

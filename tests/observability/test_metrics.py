@@ -27,7 +27,7 @@ from sidecar.observability.metrics import (
 )
 from sidecar.observability.process import ResidentMemoryCollector, resident_memory
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.records import state_prefix
 from sidecar.testing import running_daemon
 from tests.observability.support import scrape

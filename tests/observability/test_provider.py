@@ -31,7 +31,7 @@ def _call_with(
         async def body(client: ProviderClient, sleep: FakeSleep) -> None:
             token = trace.CURRENT.set(context)
             try:
-                await client.call(request(), timeout=30)
+                await client.call(request(), time_left=30)
             finally:
                 trace.CURRENT.reset(token)
 

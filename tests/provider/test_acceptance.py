@@ -107,7 +107,7 @@ def test_case_5_a_hint_longer_than_the_time_left_stops_at_once() -> None:
     clock = ManualClock()
 
     async def body(client: ProviderClient, sleep: FakeSleep) -> Answer:
-        return await client.call(request(), timeout=10.0)
+        return await client.call(request(), time_left=10.0)
 
     with serving(Reply(429, [("Retry-After", "30")])) as up:
         start = clock.monotonic_ns()
@@ -433,7 +433,7 @@ def test_case_13_a_silent_upstream_ends_within_the_deadline() -> None:
                 )
                 start = time.monotonic()
                 with pytest.raises(UpstreamDeadlineExceeded):
-                    await client.call(request(), timeout=2.0)
+                    await client.call(request(), time_left=2.0)
                 return time.monotonic() - start
 
         took = asyncio.run(asyncio.wait_for(main(), 30))
@@ -653,7 +653,7 @@ def test_the_deadline_covers_the_waits() -> None:
     clock = ManualClock()
 
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:
-        return await client.call(request(), timeout=2.0)
+        return await client.call(request(), time_left=2.0)
 
     with serving(Reply(500)) as up:
         answer = run(body, up.base_url, clock=clock)
@@ -684,7 +684,7 @@ def test_a_committed_stream_that_stalls_ends_at_the_deadline() -> None:
                     {"up": route(up.base_url)}, http, SystemClock(), rng=lambda: 0.5
                 )
                 start = time.monotonic()
-                items = [i async for i in client.stream(request(), timeout=1.5)]
+                items = [i async for i in client.stream(request(), time_left=1.5)]
                 return time.monotonic() - start, items
 
         took, items = asyncio.run(asyncio.wait_for(main(), 30))

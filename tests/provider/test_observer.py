@@ -120,7 +120,7 @@ def test_the_provider_refuses_headers_it_or_the_route_sets(name: str) -> None:
     that sets the route's credential or injected header, or a hop-by-hop
     one, and sends nothing (issue 11 item 2: fails before the fix: the
     client dropped or sent them)."""
-    # DESIGN §9, §11
+    # contract §9, §11.1
     headers = {"x-injected": "yes"}
 
     async def body(client: ProviderClient, _: FakeSleep) -> Answer:

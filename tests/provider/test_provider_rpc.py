@@ -96,7 +96,7 @@ def test_a_429_after_the_last_retry_is_an_answer(
     """Three 429s answer as data: status, body, three attempts, stop
     MAX_RETRIES, the pushback trailer; the credential reached the upstream
     and appears in no answer and no log."""
-    # DESIGN §9, provider-retries §10.7
+    # contract §9, provider-retries §10.7
     caplog.set_level("INFO")
     busy = Reply(429, [("Retry-After", "1"), ("x-request-id", "req-1")], b"slow down")
     with proxied(short_tmp, busy, idempotency_key=True) as (stub, up):
@@ -135,7 +135,7 @@ def test_nothing_but_a_route_can_be_reached(
 ) -> None:
     """Unknown routes and paths that could leave the route are
     FAILED_PRECONDITION / ROUTE_NOT_ALLOWED; nothing reaches the upstream."""
-    # DESIGN §9 "no open proxy", §11
+    # contract §9 "no open proxy", §11.1
     with proxied(short_tmp, Reply(200)) as (stub, up):
         with pytest.raises(grpc.RpcError) as caught:
             stub.ProviderCall(_request(route=route, path=path), timeout=30)
@@ -174,7 +174,7 @@ def test_an_agents_own_credential_never_reaches_the_upstream(
     """A credential-like header the route does not set itself is dropped: the
     upstream gets the route's credential only (issue 10 item 27: fails before
     the fix: the agent's x-api-key reached an Authorization route)."""
-    # DESIGN §9 "provider API keys live in the sidecar's configuration"
+    # contract §9 "provider API keys live in the daemon's configuration"
     with proxied(short_tmp, Reply(200)) as (stub, up):
         req = _request(headers=[pb.Header(name=header, value="sk-agent-own-key")])
         answer = stub.ProviderCall(req, timeout=30)
@@ -187,7 +187,7 @@ def test_an_agents_own_credential_never_reaches_the_upstream(
 
 def test_redirects_are_answered_not_followed(short_tmp: Path) -> None:
     """A 302 to another host is the answer; no request follows it."""
-    # DESIGN §9 (no redirects followed to other hosts)
+    # contract §9 (no redirects followed to other hosts)
     moved = Reply(302, [("Location", "http://127.0.0.2:1/steal")], b"")
     with proxied(short_tmp, moved) as (stub, up):
         answer = stub.ProviderCall(_request(), timeout=30)
@@ -373,7 +373,7 @@ def test_serve_refuses_an_invalid_providers_file(
 def test_a_stream_to_no_route_fails_before_any_message(short_tmp: Path) -> None:
     """ProviderStream keeps the error boundary: a refused route is the rich
     ROUTE_NOT_ALLOWED status and no message is sent."""
-    # DESIGN §11
+    # contract §11.1
     with proxied(short_tmp, Reply(200)) as (stub, up):
         messages: list[pb.ProviderStreamMessage] = []
         with pytest.raises(grpc.RpcError) as caught:
@@ -425,7 +425,7 @@ def test_bad_requests_name_the_field(
 ) -> None:
     """Malformed provider requests are INVALID_ARGUMENT naming the field, and
     nothing reaches the upstream."""
-    # DESIGN §11 (BadRequest field violations)
+    # contract §11.1 (BadRequest field violations)
     with proxied(short_tmp, Reply(200)) as (stub, up):
         with pytest.raises(grpc.RpcError) as caught:
             stub.ProviderCall(_request(**fields), timeout=30)
@@ -438,6 +438,67 @@ def test_bad_requests_name_the_field(
     bad = error_details_pb2.BadRequest()
     assert any(d.Unpack(bad) for d in rich.details if d.Is(bad.DESCRIPTOR))
     assert field in [v.field for v in bad.field_violations]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"headers": [pb.Header(name="x-a", value="café")]}, "headers[0].value"),
+        ({"headers": [pb.Header(name="x-a", value="日本")]}, "headers[0].value"),
+        # C1 and C0 controls: not a field value (RFC 9110 §5.5).
+        ({"headers": [pb.Header(name="x-a", value="a\x85b")]}, "headers[0].value"),
+        ({"headers": [pb.Header(name="x-a", value="a\x01b")]}, "headers[0].value"),
+        ({"idempotency_key": "clé"}, "idempotency_key"),
+        ({"idempotency_key": "key\u2028"}, "idempotency_key"),
+        (
+            {"headers": [pb.Header(name="Idempotency-Key", value="clé")]},
+            "headers[0].value",
+        ),
+    ],
+)
+def test_text_http_cannot_carry_is_refused_naming_the_field(
+    short_tmp: Path, fields: dict[str, Any], field: str, stream: bool
+) -> None:
+    """A header value or idempotency key that is not visible ASCII (with
+    spaces and tabs) is INVALID_ARGUMENT naming the field, on both RPCs,
+    and nothing reaches the upstream (issue 25 item 18: fails before the
+    fix: INTERNAL, from the HTTP client's encoding of the header)."""
+    # contract §11.1 (bad input is INVALID_ARGUMENT, never INTERNAL)
+    with proxied(short_tmp, Reply(200), idempotency_key=True) as (stub, up):
+        send: Any = (
+            (lambda r: list(stub.ProviderStream(r, timeout=30)))
+            if stream
+            else (lambda r: stub.ProviderCall(r, timeout=30))
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            send(_request(**fields))
+        assert not up.seen
+    error: Any = caught.value
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error
+    rich = status_pb2.Status.FromString(
+        dict(error.trailing_metadata())["grpc-status-details-bin"]
+    )
+    bad = error_details_pb2.BadRequest()
+    assert any(d.Unpack(bad) for d in rich.details if d.Is(bad.DESCRIPTOR))
+    assert [v.field for v in bad.field_violations] == [field]
+
+
+def test_a_tab_and_spaces_in_a_header_value_are_sent(short_tmp: Path) -> None:
+    """What HTTP allows in a field value still goes through."""
+    with proxied(short_tmp, Reply(200), idempotency_key=True) as (stub, up):
+        value = "a b\tc ~!"
+        answer = stub.ProviderCall(
+            _request(
+                headers=[pb.Header(name="x-a", value=value)],
+                idempotency_key="run-1:call 2",
+            ),
+            timeout=30,
+        )
+        [seen] = up.seen
+    assert answer.status == 200
+    assert seen.headers["x-a"] == value
+    assert seen.headers["idempotency-key"] == "run-1:call 2"
 
 
 def test_a_storm_through_the_daemon_stays_within_the_budget(short_tmp: Path) -> None:

@@ -1,5 +1,5 @@
 """The providers file and the route check: nothing but a configured route
-below its base URL can be reached (DESIGN §9, no open proxy)."""
+below its base URL can be reached (contract §9, no open proxy)."""
 
 from __future__ import annotations
 
@@ -119,6 +119,21 @@ def test_load_names_an_unreadable_file(tmp_path: Path) -> None:
             "headers.x",
         ),
         ("routes = 1\n", "routes: must be"),
+        # What HTTP cannot carry in a header: refused at load, not answered
+        # INTERNAL on every request (issue 25 item 18).
+        (
+            '[routes.a]\nbase_url = "https://x"\n[routes.a.headers]\n"x" = "café"\n',
+            "routes.a.headers.x",
+        ),
+        (
+            '[routes.a]\nbase_url = "https://x"\ncredential_env = "E"\n',
+            "the credential is empty or not one line of visible ASCII",
+        ),
+        (
+            '[routes.a]\nbase_url = "https://x"\ncredential_env = "K"\n'
+            'credential_prefix = "Clé "\n',
+            "routes.a.credential_prefix",
+        ),
         (
             '[routes.a]\nbase_url = "https://x"\neffect = "write"\n',
             "routes.a.effect",
@@ -134,7 +149,7 @@ def test_invalid_files_name_the_setting(text: str, setting: str) -> None:
     """Every invalid providers file is refused with a message naming the
     setting (like the policy file)."""
     with pytest.raises(ProvidersError, match=re.escape(setting)):
-        parse_providers(text, environ={"K": "v"})
+        parse_providers(text, environ={"K": "v", "E": "clé"})
 
 
 def test_a_missing_variable_error_does_not_leak_other_secrets() -> None:
@@ -172,7 +187,7 @@ ROUTES = {
 def test_paths_that_could_leave_the_route_are_refused(path: str) -> None:
     """Absolute URLs, `..`, `//`, odd characters and paths outside the prefixes
     are ROUTE_NOT_ALLOWED."""
-    # DESIGN §9 "Only configured routes can be called (no open proxy)"
+    # contract §9 "Only configured routes ... can be reached (no open proxy"
     with pytest.raises(RouteNotAllowed):
         resolve(ROUTES, "r", path)
 
@@ -201,7 +216,7 @@ def test_paths_that_leave_after_another_decoding_are_refused(path: str) -> None:
     and malformed escapes are ROUTE_NOT_ALLOWED: an upstream that reads them
     differently could serve a path outside the route (issue 10 item 27:
     fails before the fix: they resolved to a URL on the route's host)."""
-    # DESIGN §9 "Only configured routes can be called (no open proxy)"
+    # contract §9 "Only configured routes ... can be reached (no open proxy"
     with pytest.raises(RouteNotAllowed):
         resolve(ROUTES, "r", path)
 
@@ -232,7 +247,7 @@ def test_paths_below_the_base_are_resolved(path: str, url: str) -> None:
 def test_remembered_locations_refuse_what_locate_refuses(path: str) -> None:
     """`Locations` refuses a path `locate` refuses, every time it comes: a
     refusal is never remembered."""
-    # DESIGN §9 "Only configured routes can be called (no open proxy)"
+    # contract §9 "Only configured routes ... can be reached (no open proxy"
     locations = Locations()
     for _ in range(3):
         with pytest.raises(RouteNotAllowed):

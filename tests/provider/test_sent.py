@@ -36,7 +36,7 @@ def test_an_upstream_cookie_is_never_sent_back() -> None:
     request, whoever makes it: the sidecar keeps no state between calls, and
     an agent's own cookies are never sent either (fails before the fix: the
     daemon's shared httpx client kept a cookie jar)."""
-    # DESIGN §9: credentials and cookies stay out of upstream requests
+    # contract §9: credentials and cookies stay out of upstream requests
     set_cookie = Reply(200, headers=[("set-cookie", "session=agent-a; Path=/")])
 
     async def body(client: ProviderClient, _: FakeSleep) -> list[Answer]:

@@ -1,4 +1,4 @@
-"""Approvals through the real server (DESIGN §4, ADR-010 D3): approve, then the
+"""Approvals through the real server (contract §4.5, ADR-010 D3): approve, then the
 agent executes; reject, then the agent gets the error result; an approval is
 bound to the revision and input fingerprint it was given for, and a refused
 one changes nothing and audits nothing."""
@@ -66,7 +66,7 @@ def test_approve_then_the_agent_executes(
     ledger_stub: ToolLedgerStub, admin_stub: admin_pb2_grpc.AdminStub
 ) -> None:
     """AWAIT_APPROVAL, approve -> PREPARED; then prepare answers EXECUTE and
-    start holds attempt 1 (DESIGN §4 approve, ADR-010 D3)."""
+    start holds attempt 1 (contract §4.5 approve, ADR-010 D3)."""
     waiting = _await(ledger_stub)
     approved = _decide(ledger_stub, waiting)
     assert approved.state == pb.CALL_STATE_PREPARED
@@ -143,7 +143,7 @@ def test_reject_gives_the_error_result(
 
 def test_other_input_after_approval_is_refused(ledger_stub: ToolLedgerStub) -> None:
     """The approval covers one input: a prepare with other input after it is
-    INPUT_MISMATCH, and the approved record is unchanged (DESIGN §3, §4)."""
+    INPUT_MISMATCH, and the approved record is unchanged (contract §3.3, §4.5)."""
     approved = _decide(ledger_stub, _await(ledger_stub))
     for start in (False, True):
         expect_refusal(
@@ -191,7 +191,7 @@ def test_approval_of_another_input_changes_nothing(
     ledger_stub: ToolLedgerStub, admin_stub: admin_pb2_grpc.AdminStub, approve: bool
 ) -> None:
     """An approval given for another input fingerprint is INPUT_MISMATCH, and
-    the record and audit log stay as they were (DESIGN §4)."""
+    the record and audit log stay as they were (contract §4.5)."""
     waiting = _await(ledger_stub)
     other = ledger_stub.PrepareTool(
         prepare_request(call_id="other", json=OTHER_INPUT), timeout=5
@@ -227,7 +227,8 @@ def test_a_second_decision_is_refused(ledger_stub: ToolLedgerStub) -> None:
 
 def test_a_call_without_approval_cannot_be_decided(ledger_stub: ToolLedgerStub) -> None:
     """DecideApproval on a call that never awaited approval is INVALID_TRANSITION."""
-    call = ledger_stub.PrepareTool(prepare_request(json=INPUT), timeout=5).call
+    ledger_stub.PrepareTool(prepare_request(json=INPUT), timeout=5)
+    call = _get(ledger_stub)
     expect_refusal(
         lambda: _decide(ledger_stub, call), PRECONDITION, "INVALID_TRANSITION"
     )
@@ -262,9 +263,8 @@ def test_approval_cannot_be_required_after_the_call_started(
 ) -> None:
     """A call that started without approval: a repeat that requires it is
     INPUT_MISMATCH and the record is unchanged."""
-    started = ledger_stub.PrepareTool(
-        prepare_request(json=INPUT, start=True), timeout=5
-    ).call
+    ledger_stub.PrepareTool(prepare_request(json=INPUT, start=True), timeout=5)
+    started = _get(ledger_stub)
     expect_refusal(
         lambda: ledger_stub.PrepareTool(
             prepare_request(json=INPUT, require_approval=True, start=True), timeout=5

@@ -1,4 +1,4 @@
-"""The audit log through the real server (DESIGN §10): every approval and
+"""The audit log through the real server (contract §10.5): every approval and
 reconciliation leaves one hash-chained entry; VerifyAudit walks the chain and
 ListAudit pages through it. The tampering tests edit the stored log with the
 daemon stopped and must see VerifyAudit fail: they are the negative controls
@@ -20,7 +20,7 @@ from sidecar.config import ServeConfig
 from sidecar.ledger.audit import GENESIS
 from sidecar.storage import records
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import running_daemon
 from tests.rpc.support import prepare_request, ref, refused
 

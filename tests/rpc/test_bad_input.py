@@ -1,4 +1,4 @@
-"""Malformed requests through the real server (DESIGN §3, §8, §11).
+"""Malformed requests through the real server (contract §3.1, §8, §11.1).
 
 Every case is sent as raw bytes on the wire, so a request that the generated
 classes would refuse to build (broken wire format, invalid UTF-8) is sent
@@ -149,7 +149,7 @@ LONG_ASCII = "x" * 257
 LONG_UTF8 = "é" * 129
 
 CASES = [
-    # -- PrepareTool: identity (DESIGN §3)
+    # -- PrepareTool: identity (contract §3.1)
     case("prepare-run_id-empty", "PrepareTool", prepare(run_id=""), "ref.run_id"),
     case("prepare-call_id-empty", "PrepareTool", prepare(call_id=""), "ref.call_id"),
     case(

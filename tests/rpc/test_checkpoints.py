@@ -1,4 +1,4 @@
-"""The checkpoint store through the real server (ADR-010 D1, DESIGN §8):
+"""The checkpoint store through the real server (ADR-010 D1, contract §8):
 revision compare-and-swap, no ABA, all-or-nothing Txn, ordered paginated
 List, and isolation between namespaces."""
 

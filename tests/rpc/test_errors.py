@@ -1,9 +1,10 @@
-"""The one table from domain errors to gRPC statuses (DESIGN §11, STYLE
+"""The one table from domain errors to gRPC statuses (contract §11, STYLE
 "Errors"): every reason-owning class is mapped, every reason is a value of
 `effectd.v1.ErrorReason`, and the status carries ErrorInfo (+ BadRequest)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import grpc
@@ -185,3 +186,46 @@ def test_invalid_argument_lists_every_violation() -> None:
         (v.field, v.description) for v in violations
     ]
     assert rich.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+RETRY_LATER = [c for c in WITH_REASON if issubclass(c, errors.RetryLater)]
+
+
+def test_the_refusals_with_a_delay_share_one_base() -> None:
+    """Every class whose constructor takes `retry_delay` is a RetryLater,
+    which alone defines that constructor: the provider failures and the
+    throttles are its two families."""
+    takes_a_delay = {
+        c
+        for c in PRODUCT_CLASSES
+        if "retry_delay" in inspect.signature(c.__init__).parameters
+    }
+    assert takes_a_delay == {errors.RetryLater, *_subclasses(errors.RetryLater)}
+    assert [c for c in takes_a_delay if "__init__" in vars(c)] == [errors.RetryLater]
+    assert {c.reason for c in RETRY_LATER} == {
+        "UPSTREAM_UNAVAILABLE",
+        "UPSTREAM_DEADLINE_EXCEEDED",
+        "RETRY_BUDGET_EXHAUSTED",
+        "QUOTA_EXCEEDED",
+        "RATE_LIMITED",
+        "CONCURRENCY_LIMITED",
+    }
+
+
+@pytest.mark.parametrize("cls", RETRY_LATER, ids=lambda c: c.__name__)
+def test_a_retry_delay_is_sent_as_retry_info(cls: type[errors.RetryLater]) -> None:
+    """The delay of a RetryLater travels as google.rpc.RetryInfo; without one
+    the status carries none."""
+
+    def retry_info(error: EffectdError) -> list[Any]:
+        found = []
+        for detail in unpack(to_status(error)).details:
+            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                info = error_details_pb2.RetryInfo()
+                detail.Unpack(info)
+                found.append(info)
+        return found
+
+    [info] = retry_info(cls("later", {}, retry_delay=1.5))
+    assert info.retry_delay.ToNanoseconds() == 1_500_000_000
+    assert retry_info(cls("later")) == []

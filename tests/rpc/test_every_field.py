@@ -38,6 +38,7 @@ import grpc
 import pytest
 from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
+from effectd.v1 import provider_pb2 as ppb
 from effectd.v1 import recovery_pb2 as rcpb
 from effectd.v1 import retry_pb2 as rpb
 from google.protobuf.message import Message
@@ -46,11 +47,14 @@ from grpc_health.v1 import health_pb2
 
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig, ServerLimits
+from sidecar.provider import prepare
 from sidecar.rpc import convert
 from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store, Table
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.provider.support import FakeSleep
+from tests.provider.upstream import Reply, serving
 from tests.rpc import wire
 from tests.rpc.support import (
     DOMAIN,
@@ -95,6 +99,9 @@ def _methods() -> list[Any]:
 
 METHODS = {f"/{m.containing_service.full_name}/{m.name}": m for m in _methods()}
 SESSION = "/effectd.v1.ToolLedger/Session"
+# The RPCs whose requests become HTTP requests: their fields are also sent
+# text that no header or URL carries (`wire.NOT_HTTP`).
+PROVIDER = "/effectd.v1.Provider/"
 # The requests a session message carries, by field of SessionRequest, with
 # the unary RPC of each.
 KINDS = {
@@ -223,6 +230,10 @@ def _seed(channel: grpc.Channel) -> dict[str, Message]:
             compares=[cpb.Compare(key="k", revision=revision)],
             ops=[cpb.TxnOp(put=cpb.TxnPut(key="k", value=b"w"))],
         ),
+        # Reaches the upstream: every header and the route's Idempotency-Key
+        # are sent, so a value HTTP cannot carry meets the HTTP client.
+        f"{PROVIDER}ProviderCall": PROVIDER_REQUEST,
+        f"{PROVIDER}ProviderStream": PROVIDER_REQUEST,
         "/effectd.v1.RetryPolicy/DecideRetry": rpb.DecideRetryRequest(
             facts=rpb.RetryFacts(effect=pb.EFFECT_READ, state=pb.CALL_STATE_UNKNOWN),
             context=rpb.RETRY_CONTEXT_TOOL,
@@ -230,6 +241,27 @@ def _seed(channel: grpc.Channel) -> dict[str, Message]:
             attempts_used=1,
         ),
     }
+
+
+PROVIDER_REQUEST = ppb.ProviderRequest(
+    route="up",
+    path="/v1/chat",
+    headers=[ppb.Header(name="x-agent", value="1")],
+    body=b"{}",
+    idempotency_key="run:call",
+)
+
+
+def _providers(tmp: Path, base_url: str) -> Path:
+    """A providers file whose route `up` sends to `base_url` with the
+    request's Idempotency-Key."""
+    (tmp / "key").write_text("sk-test")
+    providers = tmp / "providers.toml"
+    providers.write_text(
+        f'[routes.up]\nbase_url = "{base_url}"\ncredential_file = "{tmp / "key"}"\n'
+        'idempotency_key = true\npaths = ["/v1/"]\n'
+    )
+    return providers
 
 
 def _unary(channel: grpc.Channel) -> Callable[[str, Message], bytes]:
@@ -246,9 +278,18 @@ def _unary(channel: grpc.Channel) -> Callable[[str, Message], bytes]:
 @pytest.fixture(scope="module")
 def seeded() -> Iterator[Seeded]:
     """One daemon for every RPC: it must survive all of them in turn."""
-    with tempfile.TemporaryDirectory(prefix="effectd-", dir="/tmp") as tmp:
-        config = ServeConfig(data_dir=Path(tmp) / "data")
-        daemon = SeededDaemon(config, Seams(clock=ManualClock()))
+    with (
+        tempfile.TemporaryDirectory(prefix="effectd-", dir="/tmp") as tmp,
+        serving(Reply(200, events=[b"data: {}\n\n"])) as upstream,
+    ):
+        config = ServeConfig(
+            data_dir=Path(tmp) / "data",
+            providers_file=_providers(Path(tmp), upstream.base_url),
+        )
+        clock = ManualClock()
+        # A retry's backoff moves the manual clock instead of waiting.
+        seams = Seams(clock=clock, backoff_sleep=FakeSleep(clock))
+        daemon = SeededDaemon(config, seams)
         with (
             running_daemon(config, daemon=daemon) as running,
             grpc.insecure_channel(
@@ -360,8 +401,9 @@ def mutated(seeded: Seeded, path: str, rng: random.Random) -> Iterator[Case]:
                 yield Case(METHODS[SESSION], base_name, str(m), data)
         return
     method = METHODS[path]
+    http = path.startswith(PROVIDER)
     for base_name, base in bases(seeded, method).items():
-        for mutation, data in wire.requests(base, DEPTH, rng):
+        for mutation, data in wire.requests(base, DEPTH, rng, http=http):
             yield Case(method, base_name, str(mutation), data)
 
 
@@ -418,6 +460,21 @@ def test_negative_control_an_unchecked_conversion_is_caught(
     monkeypatch.setattr(convert, "timestamp_ns", lambda _v, _f, ts: ts.ToNanoseconds())
     found = failures(seeded, "/effectd.v1.RetryPolicy/DecideRetry")
     assert any(f.startswith("INTERNAL: ") and "deadline" in f for f in found)
+
+
+def test_negative_control_a_header_value_http_cannot_carry_is_caught(
+    seeded: Seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With header values checked only for line breaks again, the generated
+    requests find the INTERNAL answer of a value the HTTP client cannot
+    encode (issue 25 item 18)."""
+    monkeypatch.setattr(
+        prepare, "is_field_value", lambda v: not any(c in v for c in "\r\n\0")
+    )
+    found = failures(seeded, f"{PROVIDER}ProviderCall")
+    assert any(f.startswith("INTERNAL: ") and "headers[+].value" in f for f in found), (
+        found
+    )
 
 
 def test_negative_control_an_accepted_write_is_caught(seeded: Seeded) -> None:

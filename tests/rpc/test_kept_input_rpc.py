@@ -1,8 +1,10 @@
 """A call's exact input is kept for whoever must decide on it: GetToolCall
-returns it while the call awaits approval (or always, when the policy asks,
-within its cap) until the call is COMMITTED; it counts in the namespace's
-stored bytes; and an approval stays bound to the fingerprint, never to the
-text shown."""
+returns it from the first prepare until the call is settled (COMMITTED), and
+after that when the policy keeps settled inputs, within its cap; the answers
+to the agent's own steps carry it only while an approver must see it; a
+record without one (written before) still works; it counts in the
+namespace's stored bytes; and an approval stays bound to the fingerprint,
+never to the text shown. Each store."""
 
 from __future__ import annotations
 
@@ -18,17 +20,20 @@ from effectd.v1 import admin_pb2, admin_pb2_grpc, ledger_pb2_grpc, recovery_pb2_
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
+from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.ledger import fingerprint, operator_rules
 from sidecar.ledger.model import CallRef, Payload, PayloadKind, ToolCall
 from sidecar.ledger.operator_rules import ApprovalDecision
+from sidecar.ledger.policy import Policy
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Now, Step
 from sidecar.storage import records
 from sidecar.storage.api import WriteView
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import expect_refusal, prepare_request, ref
+from tests.support.postgres import both_stores  # noqa: F401  (each store)
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
 # As sent: spacing and key order are kept, only the fingerprint is canonical.
@@ -104,12 +109,128 @@ def test_an_awaiting_call_keeps_its_exact_input_until_committed(
     assert not _get(ledger_stub, "no").HasField("kept_input")
 
 
-def test_a_call_without_approval_keeps_nothing_by_default(
+def _commit(ledger: Ledger, call_id: str, attempt: int) -> pb.ToolCall:
+    return ledger.CommitTool(
+        pb.CommitToolRequest(
+            ref=ref("run", call_id),
+            attempt=attempt,
+            result=pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json="1")),
+        ),
+        timeout=5,
+    ).call
+
+
+def _found(ledger: Ledger, revision: int) -> pb.ToolCall:
+    """The operator records the result found in the target system."""
+    return ledger.Reconcile(
+        pb.ReconcileRequest(
+            ref=ref(),
+            expected_revision=revision,
+            result=pb.ToolResult(outcome=pb.OUTCOME_OK, payload=pb.Payload(json="1")),
+            operator="ops",
+            reason="found",
+            evidence="in the PSP",
+        ),
+        timeout=5,
+    ).call
+
+
+def test_an_unknown_side_effect_keeps_its_input_until_settled(
+    daemon: RunningDaemon,
     ledger_stub: Ledger,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Without approval and without the policy asking, only the fingerprint."""
-    ledger_stub.PrepareTool(prepare_request("run", "call", json=SENT), timeout=5)
+    """Under the default policy, a side effect prepared and started without
+    approval keeps its input as sent: GetToolCall and `effectd ctl show`
+    give it once its outcome is UNKNOWN; the reconciliation that records
+    the result found drops it; a call committed by its agent drops it too
+    (issue 25 item 7: fails before the fix: only the fingerprint was kept,
+    and the operator could not tell what to look for)."""
+    held = ledger_stub.PrepareTool(
+        prepare_request("run", "call", json=SENT, start=True), timeout=5
+    )
+    assert held.attempt_held
+    ledger_stub.ReportUnknown(
+        pb.ReportUnknownRequest(ref=ref(), attempt=1, reason="lost"), timeout=5
+    )
+    lost = _get(ledger_stub)
+    assert lost.state == pb.CALL_STATE_UNKNOWN
+    assert lost.kept_input.json == SENT
+    capsys.readouterr()
+    assert main(["ctl", "--target", daemon.target, "show", "run", "call"]) == 0
+    shown = capsys.readouterr().out
+    assert SENT in shown
+    assert "hashes to the input fingerprint" in shown
+    done = _found(ledger_stub, lost.revision)
+    assert done.state == pb.CALL_STATE_COMMITTED
     assert not _get(ledger_stub).HasField("kept_input")
+    assert done.input_fingerprint == lost.input_fingerprint
+
+    ledger_stub.PrepareTool(
+        prepare_request("run", "ok", json=SENT, start=True), timeout=5
+    )
+    assert _get(ledger_stub, "ok").kept_input.json == SENT
+    _commit(ledger_stub, "ok", 1)
+    assert not _get(ledger_stub, "ok").HasField("kept_input")
+
+
+def test_the_agents_answers_do_not_echo_its_input(ledger_stub: Ledger) -> None:
+    """The answers to prepare, start, heartbeat, report and commit carry the
+    input only while the call awaits approval (the agent sent it; an
+    approval flow shows it): each step would send it back otherwise."""
+    prepared = ledger_stub.PrepareTool(
+        prepare_request("run", "call", json=SENT), timeout=5
+    )
+    started = ledger_stub.StartTool(pb.StartToolRequest(ref=ref()), timeout=5)
+    beat = ledger_stub.Heartbeat(
+        pb.HeartbeatRequest(ref=ref(), attempt=1, lease_ms=60_000), timeout=5
+    )
+    lost = ledger_stub.ReportUnknown(
+        pb.ReportUnknownRequest(ref=ref(), attempt=1, reason="lost"), timeout=5
+    )
+    committed = _commit(ledger_stub, "call", 1)
+    for answer in (prepared.call, started.call, beat.call, lost.call, committed):
+        assert not answer.HasField("kept_input"), answer.state
+    waiting = ledger_stub.PrepareTool(
+        prepare_request("run", "gated", json=SENT, require_approval=True),
+        timeout=5,
+    )
+    assert waiting.call.kept_input.json == SENT
+
+
+def _forget_kept_input(daemon: RunningDaemon, call_id: str) -> None:
+    """The record as a daemon from before every input was kept wrote it."""
+
+    def apply(view: WriteView) -> None:
+        old = records.load_call(view, CallRef("default", "run", call_id))
+        assert old is not None
+        records.save_call(view, old, dataclasses.replace(old, kept_input=None))
+
+    store = daemon.daemon._store
+    assert store is not None
+    store.submit(apply).result(timeout=10)
+
+
+def test_a_record_written_without_its_input_still_works(
+    daemon: RunningDaemon, ledger_stub: Ledger
+) -> None:
+    """An UNKNOWN call stored without its input (by an older daemon) is
+    shown without one, reconciled, and answered as before."""
+    ledger_stub.PrepareTool(
+        prepare_request("run", "call", json=SENT, start=True), timeout=5
+    )
+    ledger_stub.ReportUnknown(
+        pb.ReportUnknownRequest(ref=ref(), attempt=1, reason="lost"), timeout=5
+    )
+    _forget_kept_input(daemon, "call")
+    lost = _get(ledger_stub)
+    assert not lost.HasField("kept_input")
+    again = ledger_stub.PrepareTool(prepare_request("run", "call", json=SENT))
+    assert again.decision == pb.DECISION_RECONCILE
+    done = _found(ledger_stub, lost.revision)
+    assert done.state == pb.CALL_STATE_COMMITTED
+    replay = ledger_stub.PrepareTool(prepare_request("run", "call", json=SENT))
+    assert replay.decision == pb.DECISION_RETURN_RESULT
 
 
 @contextmanager
@@ -121,51 +242,58 @@ def _daemon(config: ServeConfig, clock: ManualClock) -> Iterator[grpc.Channel]:
         yield channel
 
 
-def test_the_policy_keeps_every_input_within_its_cap(
+def test_the_policy_keeps_settled_inputs_within_its_cap(
     config: ServeConfig, clock: ManualClock, tmp_path: Path
 ) -> None:
-    """With `inputs.keep_all`, every call keeps an input of at most
-    `inputs.max_bytes`; a bigger one keeps only its fingerprint, unless the
-    call awaits approval."""
+    """With `inputs.keep_all`, a committed (and acknowledged) call keeps an
+    input of at most `inputs.max_bytes`; a bigger one, kept while the call
+    was open, keeps only its fingerprint once committed."""
     policy = tmp_path / "policy.toml"
     policy.write_text("[inputs]\nkeep_all = true\nmax_bytes = 40\n")
     big = json.dumps({"text": "x" * 64})
     with _daemon(dataclasses.replace(config, policy_file=policy), clock) as channel:
         ledger = Ledger(channel)
-        for call_id, text, approval in [
-            ("small", SENT, False),
-            ("big", big, False),
-            ("big-gated", big, True),
-        ]:
+        for call_id, text in [("small", SENT), ("big", big)]:
             ledger.PrepareTool(
-                prepare_request("run", call_id, json=text, require_approval=approval),
+                prepare_request("run", call_id, json=text, start=True), timeout=5
+            )
+            assert _get(ledger, call_id).kept_input.json == text
+            ledger.CommitTool(
+                pb.CommitToolRequest(
+                    ref=ref("run", call_id),
+                    attempt=1,
+                    result=pb.ToolResult(
+                        outcome=pb.OUTCOME_OK, payload=pb.Payload(json="1")
+                    ),
+                    acknowledge=True,
+                ),
                 timeout=5,
             )
-        assert _get(ledger, "small").kept_input.json == SENT
+        small = _get(ledger, "small")
+        assert (small.state, small.acknowledged) == (pb.CALL_STATE_COMMITTED, True)
+        assert small.kept_input.json == SENT
         assert not _get(ledger, "big").HasField("kept_input")
-        assert _get(ledger, "big-gated").kept_input.json == big
 
 
 def test_the_kept_input_counts_in_the_stored_bytes(
     config: ServeConfig, clock: ManualClock
 ) -> None:
-    """A 4 KiB input awaiting approval is counted in the namespace's bytes
-    (and refused past the quota), unlike the same input of a call that keeps
-    none; the rejection gives the bytes back."""
+    """A call's 4 KiB input counts in its namespace's bytes while the call
+    is open (and is refused past the quota); settling it gives the bytes
+    back."""
     text = json.dumps({"body": "y" * 4096})
     with _daemon(config, clock) as channel:
         ledger = Ledger(channel)
         empty = _stored_bytes(channel)
-        ledger.PrepareTool(prepare_request("run", "plain", json=text), timeout=5)
-        plain = _stored_bytes(channel) - empty
+        ledger.PrepareTool(prepare_request("run", "small", json=SENT), timeout=5)
+        small = _stored_bytes(channel) - empty
         ledger.PrepareTool(
-            prepare_request("run", "gated", json=text, require_approval=True),
-            timeout=5,
+            prepare_request("run", "big", json=text, start=True), timeout=5
         )
-        gated = _stored_bytes(channel) - empty - plain
-        assert gated - plain >= 4096
+        big = _stored_bytes(channel) - empty - small
+        assert big - small >= 4096
         before = _stored_bytes(channel)
-        _decide(ledger, _get(ledger, "gated"), approve=False)
+        _commit(ledger, "big", 1)
         assert before - _stored_bytes(channel) >= 4096
     tight = dataclasses.replace(
         config,
@@ -174,10 +302,12 @@ def test_the_kept_input_counts_in_the_stored_bytes(
     )
     with _daemon(tight, clock) as channel:
         ledger = Ledger(channel)
-        ledger.PrepareTool(prepare_request("run", "plain", json=text), timeout=5)
+        ledger.PrepareTool(
+            prepare_request("run", "small", namespace="tight", json=SENT), timeout=5
+        )
         expect_refusal(
             lambda: ledger.PrepareTool(
-                prepare_request("run", "gated", json=text, require_approval=True),
+                prepare_request("run", "big", namespace="tight", json=text),
                 timeout=5,
             ),
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -254,18 +384,20 @@ def test_negative_control_an_approval_bound_to_the_shown_text_is_caught(
 ) -> None:
     """Broken on purpose: the daemon accepts the fingerprint of its kept copy
     as the call's; the check above must catch it."""
-    real: Callable[[ToolCall, Now, ApprovalDecision], Step] = (
+    real: Callable[[ToolCall, Now, ApprovalDecision, Policy | None], Step] = (
         operator_rules.decide_approval
     )
 
-    def trusts_the_copy(call: ToolCall, now: Now, decision: ApprovalDecision) -> Step:
+    def trusts_the_copy(
+        call: ToolCall, now: Now, decision: ApprovalDecision, policy: Policy | None
+    ) -> Step:
         if call.kept_input is not None and decision.input_fingerprint == (
             fingerprint.fingerprint(call.kept_input)
         ):
             decision = dataclasses.replace(
                 decision, input_fingerprint=call.input_fingerprint
             )
-        return real(call, now, decision)
+        return real(call, now, decision, policy)
 
     monkeypatch.setattr(operator_rules, "decide_approval", trusts_the_copy)
     assert "approved with the fingerprint of the shown text" in binding_violations(
@@ -274,14 +406,16 @@ def test_negative_control_an_approval_bound_to_the_shown_text_is_caught(
 
 
 def test_a_call_made_to_await_approval_by_a_repeat_keeps_its_input(
-    ledger_stub: Ledger,
+    daemon: RunningDaemon, ledger_stub: Ledger
 ) -> None:
-    """A call prepared without approval, then required to wait for one by a
-    repeat prepare, keeps the repeat's input as sent, so that the approver
-    sees what they approve. Fails before the fix: only a call created
-    awaiting approval kept its input (found by the model-based torture test,
-    issue 15)."""
+    """A call prepared without approval and stored without its input (by a
+    daemon from before every input was kept), then required to wait for an
+    approval by a repeat prepare, keeps the repeat's input as sent, so that
+    the approver sees what they approve. Fails before the fix: only a call
+    created awaiting approval kept its input (found by the model-based
+    torture test, issue 15)."""
     ledger_stub.PrepareTool(prepare_request(json=SENT), timeout=5)
+    _forget_kept_input(daemon, "call")
     assert not _get(ledger_stub).HasField("kept_input")
     again = ledger_stub.PrepareTool(
         prepare_request(json=SENT, require_approval=True), timeout=5

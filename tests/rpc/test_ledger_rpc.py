@@ -1,4 +1,4 @@
-"""The tool-call ledger through the real server (DESIGN §3-§5, ADR-010 D2, D3):
+"""The tool-call ledger through the real server (contract §3-§5, ADR-010 D2, D3):
 decisions, byte-exact results, fingerprints, revisions, leases on the manual
 clock, fencing by attempt, batches, namespaces, listings and history."""
 
@@ -169,9 +169,8 @@ def test_prepare_with_other_input_is_input_mismatch(
 ) -> None:
     """A repeated prepare of the same identity that differs in input, tool or
     effect is FAILED_PRECONDITION INPUT_MISMATCH and changes nothing."""
-    first = ledger_stub.PrepareTool(
-        prepare_request(json='{"to":"a@b.c"}'), timeout=5
-    ).call
+    ledger_stub.PrepareTool(prepare_request(json='{"to":"a@b.c"}'), timeout=5)
+    first = get(ledger_stub)
     expect_refusal(
         lambda: ledger_stub.PrepareTool(repeat, timeout=5),
         PRECONDITION,
@@ -589,9 +588,8 @@ def test_prepare_tools_answers_a_batch_in_order(ledger_stub: ToolLedgerStub) -> 
 def test_batch_with_one_mismatch_writes_nothing(ledger_stub: ToolLedgerStub) -> None:
     """A batch whose second call mismatches is INPUT_MISMATCH with index 1 in
     the ErrorInfo metadata, and none of its calls is recorded or started."""
-    existing = ledger_stub.PrepareTool(
-        prepare_request("run", "x", json='{"v":1}'), timeout=5
-    ).call
+    ledger_stub.PrepareTool(prepare_request("run", "x", json='{"v":1}'), timeout=5)
+    existing = get(ledger_stub, "run", "x")
     calls = [
         prepare_request("run", "new-1", start=True),
         prepare_request("run", "x", json='{"v":2}', start=True),
@@ -646,9 +644,10 @@ def test_a_call_of_another_namespace_is_not_found(
 ) -> None:
     """Every RPC on a call recorded in namespace tenant-a answers NOT_FOUND
     from tenant-b (and from the default namespace), and changes nothing."""
-    recorded = ledger_stub.PrepareTool(
+    ledger_stub.PrepareTool(
         prepare_request(namespace="tenant-a", start=True), timeout=5
-    ).call
+    )
+    recorded = get(ledger_stub, ns="tenant-a")
     for ns in ("tenant-b", ""):
         other = ref(namespace=ns)
         expect_refusal(

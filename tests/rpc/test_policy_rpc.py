@@ -1,4 +1,4 @@
-"""Policy reload through the real server (ADR-010 R2, DESIGN §7, §10): the
+"""Policy reload through the real server (ADR-010 R2, contract §7.3, §10.6): the
 Admin RPC ReloadPolicy puts a policy file in force for the next decision
 without a restart, writes the change to the audit log, and refuses a
 malformed file while the old policy stays in force."""
@@ -266,7 +266,7 @@ def test_a_missing_file_is_refused(
 def test_the_reload_is_in_the_audit_log(
     stubs: tuple[Ledger, Admin], policy_path: Path
 ) -> None:
-    """DESIGN §10: the reload is an audit entry of the operator, with its
+    """contract §10.5: the reload is an audit entry of the operator, with its
     reason, the file, and both policies whole as canonical JSON; the chain
     still verifies."""
     _, admin = stubs

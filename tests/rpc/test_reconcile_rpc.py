@@ -1,4 +1,4 @@
-"""Reconciliation through the real server (DESIGN §4, ADR-010 D3, R3): an
+"""Reconciliation through the real server (contract §4.6, ADR-010 D3, R3): an
 operator resolves a call of unknown outcome from evidence, by compare-and-swap,
 with the evidence kept on the record and audited in the same transaction.
 
@@ -55,9 +55,9 @@ def _unknown(
     request = pb.ReportUnknownRequest(
         ref=ref(call_id=call_id), attempt=1, reason="timeout"
     )
-    call = stub.ReportUnknown(request, timeout=5).call
-    assert call.state == pb.CALL_STATE_UNKNOWN
-    return call
+    assert stub.ReportUnknown(request, timeout=5).call.state == pb.CALL_STATE_UNKNOWN
+    # The whole record, its kept input too (an answer to the agent has none).
+    return _get(stub, call_id)
 
 
 def reconcile_request(
@@ -189,9 +189,8 @@ def test_a_live_attempt_cannot_be_declared_never_executed(
     refused, even with its attempt confirmed dead; after the lease expires,
     "not executed" with that confirmation is accepted and the history shows
     the expiry."""
-    started = ledger_stub.PrepareTool(
-        prepare_request(start=True, lease_ms=10_000), timeout=5
-    ).call
+    ledger_stub.PrepareTool(prepare_request(start=True, lease_ms=10_000), timeout=5)
+    started = _get(ledger_stub)
     got = expect_refusal(
         lambda: ledger_stub.Reconcile(
             reconcile_request(started.revision, found=False), timeout=5
@@ -277,8 +276,9 @@ def test_only_unresolved_calls_can_be_reconciled(
     ledger_stub: ToolLedgerStub, found: bool
 ) -> None:
     """Reconcile of a PREPARED, AWAITING_APPROVAL or COMMITTED call is
-    INVALID_TRANSITION and changes nothing (DESIGN §4)."""
-    prepared = ledger_stub.PrepareTool(prepare_request(call_id="p"), timeout=5).call
+    INVALID_TRANSITION and changes nothing (contract §4.6)."""
+    ledger_stub.PrepareTool(prepare_request(call_id="p"), timeout=5)
+    prepared = _get(ledger_stub, "p")
     waiting = ledger_stub.PrepareTool(
         prepare_request(call_id="a", require_approval=True), timeout=5
     ).call

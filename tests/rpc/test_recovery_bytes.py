@@ -30,7 +30,7 @@ from sidecar.rpc.recovery import Recovery, item_pb, page_bytes
 from sidecar.services.recovery import RecoveryService
 from sidecar.storage import plan_rows, records
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.storage.random_calls import TOOLS, random_call
 
 OPTIONS = LmdbOptions(map_size=64 << 20, sync=False)

@@ -1,4 +1,4 @@
-"""`effectd.v1.Recovery` through a real server (DESIGN §6, ADR-010 D3)."""
+"""`effectd.v1.Recovery` through a real server (contract §6.1, ADR-010 D3)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _actions(answer: rpb.RecoverResponse) -> dict[str, int]:
 def test_recover_plans_every_call_of_the_run(
     ledger_stub: Ledger, recovery_stub: recovery_pb2_grpc.RecoveryStub
 ) -> None:
-    """Each call gets its DESIGN §6 action; committed ones carry the exact
+    """Each call gets its contract §6.1 action; committed ones carry the exact
     stored result; the unknown side effect interrupts the run."""
     ledger_stub.PrepareTool(prepare_request("run", "fresh"))
     ledger_stub.PrepareTool(prepare_request("run", "gated", require_approval=True))
@@ -97,7 +97,7 @@ def test_recover_turns_stale_started_calls_unknown_and_executes_nothing(
 ) -> None:
     """A STARTED call whose lease expired becomes UNKNOWN durably, with an
     expire history entry; no attempt is started; a live one stays STARTED."""
-    # DESIGN §6 "Recover marks stale STARTED records as UNKNOWN"; D3.
+    # contract §6.1 "settles the run's stale STARTED calls to UNKNOWN"; D3.
     _started(ledger_stub, "stale", pb.EFFECT_SIDE_EFFECT)
     clock.advance(2)
     live = _started(ledger_stub, "live", pb.EFFECT_READ)
@@ -204,7 +204,7 @@ def test_another_namespace_sees_nothing(
 ) -> None:
     """Recover in another namespace is an empty plan and Acknowledge is
     NOT_FOUND: no record of the default namespace leaks."""
-    # DESIGN §11 "A call to a record of another namespace answers NOT_FOUND".
+    # contract §3.1 "A record of another namespace answers `NOT_FOUND`".
     _committed(ledger_stub, "done")
     answer = _recover(recovery_stub, namespace="other")
     assert list(answer.items) == []
@@ -271,7 +271,7 @@ def test_the_services_report_serving(channel: grpc.Channel, service: str) -> Non
 
 
 def test_the_actions_on_the_wire_are_the_design_names() -> None:
-    """RecoveryAction is RECOVERY_ACTION_ plus exactly the DESIGN §6 names (and
+    """RecoveryAction is RECOVERY_ACTION_ plus exactly the contract §6.1 names (and
     ALREADY_DELIVERED, which splits acknowledged calls off REPLAY_RESULT), and
     every domain action has its wire value."""
     design = [

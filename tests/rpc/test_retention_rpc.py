@@ -1,4 +1,4 @@
-"""Retention through the real server (DESIGN §4 last row, ADR-010 R3): a
+"""Retention through the real server (contract §4.7 last row, ADR-010 R3): a
 committed, acknowledged call is compacted to a tombstone after the window, at
 start and periodically, on the manual clock; the tombstone refuses a late
 duplicate; an unacknowledged call only after its longer window, and nothing
@@ -163,7 +163,7 @@ def test_an_unacknowledged_call_waits_and_an_unresolved_one_stays(
     ledger_stub: Ledger,
     clock: ManualClock,
 ) -> None:
-    """ADR-010 R3, DESIGN §4: past the window (7 days) the unacknowledged
+    """ADR-010 R3, contract §4.7: past the window (7 days) the unacknowledged
     committed call still answers RETURN_RESULT; past its own (30 days) it is
     a tombstone that refuses a duplicate; a year later the unknown side
     effect still answers RECONCILE."""

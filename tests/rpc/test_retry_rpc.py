@@ -1,4 +1,4 @@
-"""`effectd.v1.RetryPolicy` through a real server (DESIGN §7, ADR-010 D5-D7)."""
+"""`effectd.v1.RetryPolicy` through a real server (contract §7.2, ADR-010 D5-D7)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def inline(
         # ADR-010 D6: an idempotent write needs its key.
         (inline(facts(pb.EFFECT_IDEMPOTENT_WRITE)), False, "MISSING_IDEMPOTENCY_KEY"),
         (inline(facts(pb.EFFECT_IDEMPOTENT_WRITE, key="r:c")), True, OK),
-        # DESIGN §7: COMMITTED is never retried.
+        # contract §7.2: COMMITTED is never retried.
         (
             inline(facts(state=pb.CALL_STATE_COMMITTED)),
             False,
@@ -102,7 +102,7 @@ def inline(
             False,
             "RECONCILIATION_REQUIRED",
         ),
-        # DESIGN §7: the attempt budget (policy default 3).
+        # contract §7.2: the attempt budget (policy default 3).
         (inline(facts(), attempts_used=3), False, "ATTEMPTS_EXHAUSTED"),
         (inline(facts(), attempts_used=1, max_attempts=1), False, "ATTEMPTS_EXHAUSTED"),
     ],
@@ -110,7 +110,7 @@ def inline(
 def test_decide_retry_by_inline_facts(
     retry_stub: Retry, request_: ypb.DecideRetryRequest, allow: bool, reason: str
 ) -> None:
-    """Inline facts get the answer of their DESIGN §7 rule."""
+    """Inline facts get the answer of their contract §7.2 rule."""
     got = retry_stub.DecideRetry(request_, timeout=5)
     assert (got.allow, errors_pb2.ErrorReason.Name(got.reason)) == (allow, reason)
     assert got.backoff_ms == (500 if allow else 0)
@@ -128,7 +128,7 @@ def test_a_wait_past_the_deadline_is_deadline_exceeded(
 ) -> None:
     """With 400 ms left, the 500 ms wait denies DEADLINE_EXCEEDED; with 2 s
     left the retry is allowed after 500 ms, the second after 1000 ms."""
-    # DESIGN §7 "the attempt budget and deadline always apply".
+    # contract §7.2: the attempt budget and the deadline always apply.
     short = retry_stub.DecideRetry(
         inline(facts(), attempts_used=1, deadline=_deadline(clock, 400))
     )
@@ -145,7 +145,7 @@ def test_decide_retry_by_call_identity_reads_the_ledger(
 ) -> None:
     """By identity, the facts come from the record: an UNKNOWN idempotent write
     may be retried with its stored key, and StartTool(retry) then keeps it."""
-    # ADR-010 D2 the key is stable across retries; DESIGN §4 explicit retry.
+    # ADR-010 D2 the key is stable across retries; contract §4.2 explicit retry.
     started = ledger_stub.PrepareTool(
         prepare_request("run", "w", effect=pb.EFFECT_IDEMPOTENT_WRITE, start=True)
     ).call
@@ -227,7 +227,7 @@ def test_decide_retry_of_another_namespace_is_not_found(
     ledger_stub: Ledger, retry_stub: Retry
 ) -> None:
     """A call identity of another namespace answers NOT_FOUND, leaking nothing."""
-    # DESIGN §11 "A call to a record of another namespace answers NOT_FOUND".
+    # contract §3.1 "A record of another namespace answers `NOT_FOUND`".
     ledger_stub.PrepareTool(prepare_request("run", "w", effect=pb.EFFECT_READ))
     request = ypb.DecideRetryRequest(
         call=ref("run", "w", namespace="other"), context=ypb.RETRY_CONTEXT_TOOL
@@ -318,7 +318,7 @@ def test_the_operators_policy_applies_to_inline_facts(
 
 
 def test_the_contexts_and_reasons_on_the_wire() -> None:
-    """RetryContext is RETRY_CONTEXT_ plus the DESIGN §7 contexts, and every
+    """RetryContext is RETRY_CONTEXT_ plus the contract §7.1 contexts, and every
     denial reason is a value of the one ErrorReason enum."""
     design = ["TOOL", "MCP", "CHILD_FOREGROUND", "DURABLE_BACKGROUND", "RUN"]
     assert set(ypb.RetryContext.keys()) == {

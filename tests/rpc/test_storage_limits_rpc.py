@@ -1,12 +1,15 @@
 """Storage edges through the real server: the longest identities and
 checkpoint keys validation accepts are stored and found (never
 STORAGE_UNAVAILABLE); a JSON and a raw input are different inputs; store
-fill and tombstone bytes in Admin.GetStats, `effectd ctl stats` and
-/metrics; the retention settings in the policy summary."""
+fill, the data directory's free disk and tombstone bytes in Admin.GetStats,
+`effectd ctl stats` and /metrics; the retention settings in the policy
+summary."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from pathlib import Path
 
 import grpc
@@ -27,6 +30,7 @@ from sidecar.rpc.admin import policy_pb
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.observability.support import scrape
 from tests.rpc.support import expect_refusal
+from tests.support.postgres import BOTH
 
 NS64 = "n" * 64
 RUN = "r" * 256
@@ -173,6 +177,58 @@ def test_ctl_stats_and_metrics_show_store_fill(
     used = got.value("effectd_store_used_bytes")
     assert used is not None
     assert 0 < used <= (got.value("effectd_store_high_water_bytes") or 0)
+
+
+@pytest.mark.parametrize("store_kind", BOTH)
+def test_stats_and_metrics_show_the_data_directorys_free_disk(
+    config: ServeConfig, store_kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GetStats, `effectd ctl stats` and /metrics show the free and total
+    bytes of the data directory's filesystem, and whether the store is on it
+    (LMDB) or not (PostgreSQL) (issue 25 item 9: fails before the fix: a
+    full disk refused every write with STORAGE_FULL while nothing showed
+    the disk)."""
+    config = dataclasses.replace(config, metrics_listen="127.0.0.1:0")
+    with running_daemon(config) as running:
+        with grpc.insecure_channel(running.target) as channel:
+            disk = _stats(channel).data_directory
+        capsys.readouterr()
+        assert main(["ctl", "--target", running.target, "stats"]) == 0
+        out = capsys.readouterr().out
+        address = running.daemon.metrics_address
+        assert address is not None
+        got = scrape(address)
+    st = os.statvfs(config.data_dir)
+    total = st.f_blocks * st.f_frsize
+    on_lmdb = store_kind == "lmdb"
+    assert (disk.path, disk.holds_store) == (str(config.data_dir), on_lmdb)
+    assert disk.total_bytes == total
+    assert 0 < disk.free_bytes <= total
+    assert f"data directory {config.data_dir}: " in out
+    assert f" of {total} bytes free" in out
+    assert ("it holds the store" in out) is on_lmdb
+    assert ("watch the database server's disk" in out) is not on_lmdb
+    assert got.value("effectd_data_dir_size_bytes") == total
+    assert 0 < (got.value("effectd_data_dir_free_bytes") or 0) <= total
+
+
+def test_ctl_stats_warns_when_the_map_can_outgrow_the_disk(
+    short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a map larger than the disk, `effectd ctl stats` says that writes
+    will fail when the disk fills, long before the map does (issue 25 item
+    9); with a map the disk holds, it does not."""
+    st = os.statvfs(short_tmp)
+    outs = []
+    for map_size in (2 * st.f_blocks * st.f_frsize, 64 << 20):
+        config = ServeConfig(data_dir=short_tmp / f"data-{map_size}", map_size=map_size)
+        with running_daemon(config) as running:
+            capsys.readouterr()
+            assert main(["ctl", "--target", running.target, "stats"]) == 0
+            outs.append(capsys.readouterr().out)
+    too_big, fits = outs
+    assert "writes fail with STORAGE_FULL when it is full" in too_big
+    assert "STORAGE_FULL" not in fits
 
 
 def test_the_policy_summary_has_the_retention_windows() -> None:

@@ -49,6 +49,15 @@ INVALID_UTF8 = {
 }
 # Valid UTF-8 that no identifier, key or text field takes.
 CONTROL = {"nul": "a\x00b", "escape": "\x1b[2J", "bell": "\x07"}
+# Valid text that many fields take, but that no HTTP header or URL carries:
+# sent to the fields of requests that reach HTTP (`http=True`).
+NOT_HTTP = {
+    "latin1": "café",
+    "cjk": "日本",
+    "c1-control": "a\x85b",
+    "line-separator": "a\u2028b",
+    "delete": "a\x7fb",
+}
 NOT_A_MESSAGE = b"\xff\xff\xff\xff"
 
 _ZIGZAG = {F.TYPE_SINT32, F.TYPE_SINT64}
@@ -170,10 +179,14 @@ def _times(field: FieldDescriptor) -> dict[str, tuple[int, int]]:
     return {}
 
 
-def _texts(depth: Depth, rng: random.Random) -> dict[str, bytes]:
+def _texts(depth: Depth, rng: random.Random, http: bool) -> dict[str, bytes]:
     found = _sample(
         {f"invalid-utf8-{k}": v for k, v in INVALID_UTF8.items()}, depth, rng
     ) | _sample({f"control-{k}": v.encode() for k, v in CONTROL.items()}, depth, rng)
+    if http:
+        found |= _sample(
+            {f"not-http-{k}": v.encode() for k, v in NOT_HTTP.items()}, depth, rng
+        )
     for size in depth.oversize_bytes:
         # Over the limit in bytes: ASCII, or two-byte characters (the
         # limit counts bytes, not characters); one of them unless deep.
@@ -197,13 +210,20 @@ def _sample(found: dict[str, T], depth: Depth, rng: random.Random) -> dict[str, 
 
 
 def bad_values(
-    field: FieldDescriptor, template: bytes, depth: Depth, rng: random.Random
+    field: FieldDescriptor,
+    template: bytes,
+    depth: Depth,
+    rng: random.Random,
+    *,
+    http: bool = False,
 ) -> dict[str, bytes]:
     """Label -> one occurrence of `field` (its tag included) holding a bad
-    value; `template` is a valid element of it (for oversized repeats)."""
+    value; `template` is a valid element of it (for oversized repeats). With
+    `http`, a string field also gets text HTTP cannot carry (`NOT_HTTP`)."""
     found: dict[str, bytes] = {}
     if field.type == F.TYPE_STRING:
-        found = {k: delimited(field, v) for k, v in _texts(depth, rng).items()}
+        texts = _texts(depth, rng, http)
+        found = {k: delimited(field, v) for k, v in texts.items()}
     elif field.type == F.TYPE_BYTES:
         found = {
             f"oversized-{size}": delimited(field, b"\x00" * size)
@@ -253,15 +273,18 @@ def mutations(
     *,
     prefix: str = "",
     seen: tuple[str, ...] = (),
+    http: bool = False,
 ) -> Iterator[Mutation]:
     """Every bad value of every field of `descriptor`, nested fields
     included (each message type once per path, so recursion ends); the
     `data` of each is an occurrence of the whole message, to append to the
-    bytes of `base`'s parent (or to `base` itself at the top)."""
+    bytes of `base`'s parent (or to `base` itself at the top). `http`: the
+    message reaches HTTP (`bad_values`)."""
     for field in descriptor.fields:
         path = f"{prefix}{field.name}{'[+]' if field.is_repeated else ''}"
         template = _template(field, base)
-        for label, data in bad_values(field, template, depth, rng).items():
+        found = bad_values(field, template, depth, rng, http=http)
+        for label, data in found.items():
             yield Mutation(path, label, data)
         nested = field.message_type
         if (
@@ -280,6 +303,7 @@ def mutations(
             rng,
             prefix=path + ".",
             seen=(*seen, descriptor.full_name),
+            http=http,
         ):
             yield Mutation(inner.path, inner.value, delimited(field, head + inner.data))
 
@@ -338,10 +362,11 @@ def _plain(field: FieldDescriptor) -> object:
 
 
 def requests(
-    base: Message, depth: Depth, rng: random.Random
+    base: Message, depth: Depth, rng: random.Random, *, http: bool = False
 ) -> Iterator[tuple[Mutation, bytes]]:
-    """Each mutation of `base` with the whole request's bytes."""
+    """Each mutation of `base` with the whole request's bytes; `http`: the
+    request reaches HTTP (`bad_values`)."""
     head = base.SerializeToString()
     descriptor: Any = base.DESCRIPTOR
-    for m in mutations(descriptor, base, depth, rng):
+    for m in mutations(descriptor, base, depth, rng, http=http):
         yield m, head + m.data

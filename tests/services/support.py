@@ -12,7 +12,7 @@ from sidecar.ledger.fingerprint import fingerprint
 from sidecar.ledger.model import CallRef, Effect, Payload, PayloadKind
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.rules import PrepareSpec
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.api import CallWrite, ReadView, Store, WriteView
 
 T = TypeVar("T")
 TOOL = "upsert_contact"
@@ -32,12 +32,15 @@ class SwitchablePolicy:
 class ReloadBeforeWrite:
     """A `Store` that runs `reload` when a read is made or a write is queued:
     a reload that takes effect after the request arrived and before the
-    ledger decides it (a repeated prepare that changes nothing is decided on
-    a read, anything else in its write transaction)."""
+    ledger decides it (on its read), or after it decided and before its
+    write (`save_call`) is applied. With `reads` False, only the second."""
 
-    def __init__(self, inner: Store, reload: Callable[[], None]) -> None:
+    def __init__(
+        self, inner: Store, reload: Callable[[], None], *, reads: bool = True
+    ) -> None:
         self._inner = inner
         self.reload: Callable[[], None] | None = reload
+        self._reads = reads
 
     @property
     def incarnation(self) -> int:
@@ -52,7 +55,7 @@ class ReloadBeforeWrite:
         return self._inner.reads_wait
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
-        if self.reload is not None:
+        if self.reload is not None and self._reads:
             self.reload()
         return self._inner.read(fn)
 
@@ -65,6 +68,11 @@ class ReloadBeforeWrite:
         if self.reload is not None:
             self.reload()
         return await self._inner.write(fn)
+
+    async def save_call(self, write: CallWrite) -> None:
+        if self.reload is not None:
+            self.reload()
+        await self._inner.save_call(write)
 
     def close(self) -> None:
         self._inner.close()

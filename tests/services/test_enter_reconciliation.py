@@ -1,5 +1,5 @@
-"""Putting every open call of a tool into reconciliation (ADR-010 R2, DESIGN
-§12), on a real store: every open call of the tool in scope becomes a
+"""Putting every open call of a tool into reconciliation (ADR-010 R2, contract
+§7.3), on a real store: every open call of the tool in scope becomes a
 SIDE_EFFECT for good, each with its audit entry, in bounded batches, and
 none is offered a retry afterwards whatever the policy says."""
 
@@ -24,7 +24,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.ledger.builders import ok_result
 from tests.services.support import TOOL, spec
 

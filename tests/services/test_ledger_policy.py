@@ -17,7 +17,7 @@ from sidecar.ledger.model import Decision, Effect, State
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.services.support import (
     TOOL,
     ReloadBeforeWrite,
@@ -35,13 +35,18 @@ def store(tmp_path: Path) -> Iterator[LmdbStore]:
     s.close()
 
 
-def test_a_reload_before_the_write_decides_the_retry(store: LmdbStore) -> None:
+@pytest.mark.parametrize("on_read", [True, False], ids=["before-read", "before-write"])
+def test_a_reload_before_the_write_decides_the_retry(
+    store: LmdbStore, on_read: bool
+) -> None:
     """A policy forcing SIDE_EFFECT that takes effect after StartTool(retry)
     arrived but before its write refuses the retry (audit F11: fails before the
     fix, the policy was read before the request was queued and attempt 2
-    started under the policy the reload had replaced)."""
+    started under the policy the reload had replaced). Also when it takes
+    effect after the retry was decided on a snapshot, before its write: the
+    write sees the policy changed and the retry is decided again."""
     source = SwitchablePolicy()
-    held = ReloadBeforeWrite(store, reload=lambda: None)
+    held = ReloadBeforeWrite(store, reload=lambda: None, reads=on_read)
     ledger = LedgerService(held, ManualClock(), Limits(), source)
 
     async def scenario() -> None:

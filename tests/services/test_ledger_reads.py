@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sidecar.clock import ManualClock
-from sidecar.errors import EffectdError, InputMismatch
-from sidecar.ledger import rules
+from sidecar.errors import InputMismatch
 from sidecar.ledger.fingerprint import fingerprint, result_digest
 from sidecar.ledger.model import (
     Decision,
@@ -26,14 +25,13 @@ from sidecar.ledger.model import (
     Result,
     State,
 )
-from sidecar.ledger.policy import PolicySource
-from sidecar.ledger.rules import Answer, Now, PrepareSpec
+from sidecar.ledger.rules import PrepareSpec
 from sidecar.ledger.validation import Limits
-from sidecar.services import ledger as ledger_service
+from sidecar.services._common import Decided
 from sidecar.services.ledger import LedgerService
 from sidecar.storage import records
 from sidecar.storage.api import ReadView
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from tests.services.support import SwitchablePolicy, spec
 
 OUTPUT = Payload(PayloadKind.JSON, b'{"id": 7}')
@@ -113,14 +111,18 @@ def test_a_prepare_that_changes_the_record_is_written(store: LmdbStore) -> None:
 
 
 def _answers_every_repeat(
-    view: ReadView, spec: PrepareSpec, now: Now, source: PolicySource
-) -> Answer | EffectdError | None:
+    decide: Callable[[LedgerService, ReadView, PrepareSpec], Decided],
+) -> Callable[[LedgerService, ReadView, PrepareSpec], Decided]:
     """BROKEN on purpose: answers a repeat from the read even when its rule
     changes the record, which is then never written."""
-    old = records.load_call(view, spec.ref)
-    if old is None:
-        return None
-    return rules.prepare(old, spec, now, source.current()).reply
+
+    def broken(self: LedgerService, view: ReadView, spec: PrepareSpec) -> Decided:
+        decision = decide(self, view, spec)
+        if records.load_call(view, spec.ref) is None:
+            return decision
+        return Decided(decision.reply)
+
+    return broken
 
 
 def test_negative_control_a_read_that_answers_changes_is_caught(
@@ -128,5 +130,9 @@ def test_negative_control_a_read_that_answers_changes_is_caught(
 ) -> None:
     """The check above catches a read path that answers a change it does not
     write."""
-    monkeypatch.setattr(ledger_service, "_unchanged_answer", _answers_every_repeat)
+    monkeypatch.setattr(
+        LedgerService,
+        "_prepare_decision",
+        _answers_every_repeat(LedgerService._prepare_decision),
+    )
     assert _changed_prepare_problems(store) != []

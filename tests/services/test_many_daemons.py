@@ -1,12 +1,12 @@
 """Several daemons on one store (`ledger.ownership`, `services.membership`):
-each daemon is the ledger, settlement and membership services over its own
+each daemon is the ledger, lease sweep and membership services over its own
 incarnation of one real store it shares with the others, each on its own
 clock whose monotonic time means nothing to the others: a PostgreSQL store
 opened by each daemon, or one LMDB environment with an identity per daemon
 (`SharedIdentity`: the store's own incarnation counter, `exclusive` off).
 
 The property: another daemon's restart, start-time settlement or periodic
-settlement pass never turns daemon A's live STARTED call into UNKNOWN; A's
+lease sweep never turns daemon A's live STARTED call into UNKNOWN; A's
 own restart does, and A's lapsed (or ended) registration does, and only
 once it lapsed. Its negative control is a daemon B that judges the shared
 store as exclusive (the single-daemon rule): the property check catches it.
@@ -39,13 +39,13 @@ from sidecar.ledger.model import (
 from sidecar.ledger.policy import FixedPolicy
 from sidecar.ledger.rules import Answer, PrepareSpec
 from sidecar.ledger.validation import Limits
+from sidecar.services.lease_sweep import LeaseSweep
 from sidecar.services.ledger import LedgerService
-from sidecar.services.membership import KEEP_GONE_NS, SETTLEMENT, MembershipService
-from sidecar.services.settlement import SettlementService
-from sidecar.storage.api import ReadView, Store, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.services.membership import KEEP_GONE_NS, LEASE_SWEEP, MembershipService
+from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
 from tests.ledger.builders import ok_result
 
 T = TypeVar("T")
@@ -86,6 +86,9 @@ class SharedIdentity:
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         return await self._inner.write(fn)
 
+    async def save_call(self, write: CallWrite) -> None:
+        await self._inner.save_call(write)
+
     def close(self) -> None:
         pass
 
@@ -120,6 +123,9 @@ class JudgedExclusive:
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         return await self._inner.write(fn)
 
+    async def save_call(self, write: CallWrite) -> None:
+        await self._inner.save_call(write)
+
     def close(self) -> None:
         self._inner.close()
 
@@ -132,8 +138,8 @@ class Broken(enum.Enum):
 
     NOTHING = "nothing"
     EVERYTHING = "everything"
-    # Its start is right; its periodic settlement pass is not.
-    SETTLEMENT = "settlement"
+    # Its start is right; its periodic lease sweep is not.
+    LEASE_SWEEP = "lease sweep"
 
 
 class Shared(Protocol):
@@ -173,7 +179,7 @@ class Daemon:
     broken: Broken
     clock: ManualClock
     ledger: LedgerService
-    settlement: SettlementService
+    lease_sweep: LeaseSweep
     membership: MembershipService
 
 
@@ -196,7 +202,7 @@ def daemon(
         broken,
         clock,
         LedgerService(serving, clock, Limits(), FixedPolicy()),
-        SettlementService(settling, clock),
+        LeaseSweep(settling, clock),
         MembershipService(serving, clock, daemon_id=daemon_id, ttl_seconds=TTL),
     )
     run(d.membership.register())
@@ -278,7 +284,7 @@ def assert_untouched(d: Daemon, before: ToolCall) -> None:
 
 def b_restarts_and_settles_while_a_serves(env: Shared, *, broken: Broken) -> None:
     """B starts, restarts (twice, its registration renewed or not) and runs
-    its settlement pass while A serves a call; A's call is untouched."""
+    its lease sweep while A serves a call; A's call is untouched."""
     clocks = Clocks()
     a = daemon(env, "a", clocks.a)
     call = start_call(a, "x")
@@ -287,12 +293,12 @@ def b_restarts_and_settles_while_a_serves(env: Shared, *, broken: Broken) -> Non
     clocks.advance(TTL / 2)
     run(a.membership.renew())
     b = restart(env, b)
-    run(b.settlement.settle())
+    run(b.lease_sweep.sweep())
     assert_untouched(b, call)
     clocks.advance(TTL / 2)
     run(a.membership.renew())
     b = restart(env, b)
-    run(b.settlement.settle())
+    run(b.lease_sweep.sweep())
     assert_untouched(b, call)
 
 
@@ -302,7 +308,7 @@ def test_another_daemons_restarts_and_passes_leave_a_live_call_started(
     b_restarts_and_settles_while_a_serves(env, broken=Broken.NOTHING)
 
 
-@pytest.mark.parametrize("broken", [Broken.EVERYTHING, Broken.SETTLEMENT])
+@pytest.mark.parametrize("broken", [Broken.EVERYTHING, Broken.LEASE_SWEEP])
 def test_a_daemon_that_judges_a_shared_store_as_exclusive_is_caught(
     env: Shared, broken: Broken
 ) -> None:
@@ -317,7 +323,7 @@ def test_a_lapsed_registration_settles_its_calls_once_it_lapsed(
     env: Shared,
 ) -> None:
     """A is killed (it renews no more): its side effect stays IN_PROGRESS
-    until its registration lapses, then B's settlement pass makes it UNKNOWN
+    until its registration lapses, then B's lease sweep makes it UNKNOWN
     and it answers RECONCILE, never EXECUTE; B's own call is untouched."""
     clocks = Clocks()
     a = daemon(env, "a", clocks.a)
@@ -326,10 +332,10 @@ def test_a_lapsed_registration_settles_its_calls_once_it_lapsed(
     own = start_call(b, "y")
     clocks.advance(TTL - 0.001)
     run(b.membership.renew())
-    assert run(b.settlement.settle()).settled == 0
+    assert run(b.lease_sweep.sweep()).settled == 0
     assert_untouched(b, call)
     clocks.advance(0.001)
-    assert run(b.settlement.settle()).settled == 1
+    assert run(b.lease_sweep.sweep()).settled == 1
     settled = run(b.ledger.get(call.ref))
     assert settled.state is State.UNKNOWN
     assert settled.history[-1].event is Event.EXPIRE
@@ -359,7 +365,7 @@ def test_a_clean_stop_hands_its_calls_to_the_next_daemon(env: Shared) -> None:
     b = daemon(env, "b", clocks.b)
     call = start_call(a, "x")
     run(a.membership.deregister())
-    assert run(b.settlement.settle()).settled == 1
+    assert run(b.lease_sweep.sweep()).settled == 1
     assert run(b.ledger.get(call.ref)).state is State.UNKNOWN
 
 
@@ -374,7 +380,7 @@ def test_renewals_keep_a_daemons_calls_live_for_as_long_as_it_serves(
         clocks.advance(a.membership.renew_interval_seconds)
         run(a.membership.renew())
         run(b.membership.renew())
-        assert run(b.settlement.settle()).settled == 0
+        assert run(b.lease_sweep.sweep()).settled == 0
     assert_untouched(b, call)
 
 
@@ -394,7 +400,7 @@ def test_a_heartbeat_at_another_daemon_moves_the_attempt_to_it(
     assert run(a.ledger.get(call.ref)) == beat
     clocks.advance(TTL)
     run(a.membership.renew())
-    run(a.settlement.settle())
+    run(a.lease_sweep.sweep())
     assert run(a.ledger.get(call.ref)).state is State.UNKNOWN
     done = run(
         a.ledger.commit(call.ref, attempt=1, result=ok_result(), expected_revision=None)
@@ -408,14 +414,14 @@ def test_one_daemon_runs_each_pass_per_interval(env: Shared) -> None:
     clocks = Clocks()
     a = daemon(env, "a", clocks.a)
     b = daemon(env, "b", clocks.b)
-    assert run(a.membership.claim(SETTLEMENT, 10))
-    assert not run(b.membership.claim(SETTLEMENT, 10))
-    assert run(a.membership.claim(SETTLEMENT, 10))
+    assert run(a.membership.claim(LEASE_SWEEP, 10))
+    assert not run(b.membership.claim(LEASE_SWEEP, 10))
+    assert run(a.membership.claim(LEASE_SWEEP, 10))
     clocks.advance(10)
-    assert run(b.membership.claim(SETTLEMENT, 10))
-    assert not run(a.membership.claim(SETTLEMENT, 10))
+    assert run(b.membership.claim(LEASE_SWEEP, 10))
+    assert not run(a.membership.claim(LEASE_SWEEP, 10))
     run(b.membership.deregister())
-    assert run(a.membership.claim(SETTLEMENT, 10))
+    assert run(a.membership.claim(LEASE_SWEEP, 10))
 
 
 def test_registrations_gone_for_a_day_are_forgotten(env: Shared) -> None:

@@ -43,7 +43,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
 from sidecar.storage import records
 from sidecar.storage.api import ReadView, Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.scans import Scans
 from sidecar.testing import running_daemon
 from tests.rpc.support import prepare_request, ref

@@ -33,8 +33,8 @@ from sidecar.config import ServeConfig
 from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
 from sidecar.testing import running_daemon
 from tests.rpc.support import prepare_request, ref
 
@@ -48,7 +48,7 @@ CONTROL_WAIT = 2.0
 _WAITING_READS = """
     SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
     WHERE l.relation = 'effectd_kv'::regclass AND NOT l.granted
-      AND a.application_name = %s
+      AND a.application_name = ANY(%s)
 """
 
 
@@ -82,8 +82,10 @@ def _table_locked(url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
 
 
 def _wait_for_held_read(url: str) -> None:
-    """Returns once a read of the daemon's read pool waits for the lock."""
-    name = PostgresOptions().application_name + "/reads"
+    """Returns once a read of the daemon's read pools (snapshots, point
+    reads) waits for the lock."""
+    app = PostgresOptions().application_name
+    name = [app + "/reads", app + "/points"]
     with psycopg.connect(url, autocommit=True) as conn:
         deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline:

@@ -7,6 +7,7 @@ without a write. Negative control: the whole-run transaction of before
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -22,9 +23,9 @@ from sidecar.ledger.validation import Limits
 from sidecar.services._common import moment
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
-from sidecar.storage import records
-from sidecar.storage.api import ReadView, Store, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage import calls, records
+from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.services.support import spec
 
 T = TypeVar("T")
@@ -80,6 +81,9 @@ class _Watched:
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         return await self._inner.write(self._counted(fn))
+
+    async def save_call(self, write: CallWrite) -> None:
+        await self.write(functools.partial(calls.compare_and_save, write=write))
 
     def _counted(self, fn: Callable[[WriteView], T]) -> Callable[[WriteView], T]:
         def counted(view: WriteView) -> T:

@@ -34,7 +34,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.retention import RetentionService
 from sidecar.storage import keys, records, retention_times, tombstones
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import committed, ok_result
 
 LIMITS = Limits()

@@ -18,12 +18,13 @@ import pytest
 from sidecar.errors import NotFound, ShuttingDown, StorageFull, StorageUnavailable
 from sidecar.locking import AlreadyLocked
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import (
+from sidecar.storage.keys import KeyTooLong
+from sidecar.storage.lmdb.store import (
     LmdbOptions,
     LmdbStore,
     StoreFormatError,
 )
-from sidecar.storage.views import BufferedView, KeyTooLong, TxnView
+from sidecar.storage.lmdb.views import BufferedView, TxnView
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The upgrade of a store of format 2, written by the effectd before format 3
 (`old_stores/format2.tar.gz`, made by `old_stores/make_format2.py`), to
-format 3 at open (`storage.migration`): every call and checkpoint is found
+format 3 at open (`storage.lmdb.migration`): every call and checkpoint is found
 under its identity, long ones included, so none is recorded or executed
 again; records keep comparing with repeated prepares of their own inputs;
 approvals bound to a fingerprint still apply; counters are exact; an
@@ -35,9 +35,10 @@ from sidecar.ledger.validation import Limits
 from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
-from sidecar.storage import migration, tombstones, usage
+from sidecar.storage import tombstones, usage
 from sidecar.storage.api import Table
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb import migration
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.storage.old_stores.make_format2 import (
     JSON_INPUT,
     LONG_CALL,

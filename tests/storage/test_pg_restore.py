@@ -1,4 +1,4 @@
-"""`effectd ctl restore BACKUP --store URL` (`storage.pg_restore`): a
+"""`effectd ctl restore BACKUP --store URL` (`storage.postgres.restore`): a
 PostgreSQL database restored by its own tools is marked as an LMDB restore
 marks its copy. Stands in for `pg_restore`: the state the daemons left is
 the state restored. The negative control is the same database unmarked,
@@ -22,9 +22,11 @@ from sidecar.config import ServeConfig
 from sidecar.ledger import ownership
 from sidecar.ledger.restore import CHECKPOINT_REVISION_GAP
 from sidecar.services.membership import MembershipService
-from sidecar.storage import daemons, pg_restore, restore
+from sidecar.storage import daemons
+from sidecar.storage import marking as restore
 from sidecar.storage.api import ReadView
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.storage.postgres import restore as pg_restore
+from sidecar.storage.postgres.store import PostgresStore
 from sidecar.testing import running_daemon
 
 RUN = "run-1"

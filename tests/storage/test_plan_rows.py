@@ -30,9 +30,10 @@ from sidecar.ledger.model import (
     ToolCall,
 )
 from sidecar.rpc import convert
-from sidecar.storage import migration, plan_rows, records, tombstones
+from sidecar.storage import plan_rows, records, tombstones
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb import migration
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.storage.random_calls import random_call
 
 CALLS = 400

@@ -18,7 +18,7 @@ import pytest
 
 from sidecar.errors import StorageUnavailable
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.postgres_store import (
+from sidecar.storage.postgres.store import (
     MAY_HAVE_BEEN_APPLIED,
     PostgresOptions,
     PostgresStore,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -23,8 +24,9 @@ from sidecar.ledger.policy import FixedPolicy
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
-from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
+from sidecar.storage import calls
+from sidecar.storage.api import CallWrite, ReadView, Table, WriteView
+from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.services.support import spec
 
 T = TypeVar("T")
@@ -108,6 +110,9 @@ class Racing:
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         rendezvous = self.rendezvous
         return await self.inner.write(lambda view: fn(_MeetingView(view, rendezvous)))
+
+    async def save_call(self, write: CallWrite) -> None:
+        await self.write(functools.partial(calls.compare_and_save, write=write))
 
     def close(self) -> None:
         self.inner.close()

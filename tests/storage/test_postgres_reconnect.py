@@ -25,7 +25,7 @@ import pytest
 
 from sidecar.errors import StorageUnavailable
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
+from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.support import postgres
 from tests.support.pg_cluster import PrivateCluster, private_cluster
 

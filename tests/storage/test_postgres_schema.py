@@ -17,7 +17,7 @@ from sidecar.cli import main
 from sidecar.composition import open_store
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
 from sidecar.observability.metrics import Metrics
-from sidecar.storage import pg_schema
+from sidecar.storage.postgres import schema as pg_schema
 from tests.settings.support import layered
 from tests.support import postgres
 

@@ -31,9 +31,10 @@ from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.ctl import restore as ctl_restore
-from sidecar.storage import restore as restoring
+from sidecar.storage import marking
+from sidecar.storage.lmdb import restore as restoring
 from sidecar.testing import running_daemon
-from tests.conftest import NO_SETTLEMENT_SECONDS
+from tests.conftest import NO_SWEEP_SECONDS
 from tests.rpc.support import assert_serving, prepare_request, ref
 
 Ledger = ledger_pb2_grpc.ToolLedgerStub
@@ -48,7 +49,7 @@ class Crash(BaseException):
 
 
 def _config(data_dir: Path) -> ServeConfig:
-    return ServeConfig(data_dir=data_dir, settle_interval_seconds=NO_SETTLEMENT_SECONDS)
+    return ServeConfig(data_dir=data_dir, settle_interval_seconds=NO_SWEEP_SECONDS)
 
 
 @contextmanager
@@ -409,7 +410,9 @@ IN_THE_WRITER = ("_mark_batch", "_finish")
 
 
 def _stop_at(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
-    real = getattr(restoring, step)
+    # The marking's steps are the backend-neutral marking's.
+    module = marking if step in IN_THE_WRITER else restoring
+    real = getattr(module, step)
 
     def stopped(*args: object, **kw: object) -> object:
         if step in IN_THE_WRITER:
@@ -418,7 +421,7 @@ def _stop_at(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
             real(*args, **kw)  # the step itself is done, the next one is not
         raise Crash(step)
 
-    monkeypatch.setattr(restoring, step, stopped)
+    monkeypatch.setattr(module, step, stopped)
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -472,7 +475,7 @@ def test_an_unfinished_restore_is_named_by_the_daemon(short_tmp: Path) -> None:
     """Only staging and no store: the daemon's start says what to do."""
     target = short_tmp / "target"
     (target / restoring.STAGING).mkdir(parents=True)
-    with pytest.raises(restoring.UnfinishedRestore, match="ctl restore"):
+    with pytest.raises(marking.UnfinishedRestore, match="ctl restore"):
         restoring.refuse_unfinished(target)
     (target / "data.mdb").write_bytes(b"")
     restoring.refuse_unfinished(target)

@@ -31,9 +31,10 @@ from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
-from sidecar.storage import migration, records, retention_times, tombstones
+from sidecar.storage import records, retention_times, tombstones
 from sidecar.storage.api import ReadView, Table
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb import migration
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import ok_result
 from tests.services.support import spec
 

@@ -9,15 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from sidecar.errors import ShuttingDown
-from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.api import ReadsPoints, ReadView, Table, WriteView
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
 from sidecar.storage.scans import Scans
+
+T = TypeVar("T")
 
 ROWS = 50
 # A bound on every wait; reached only when the code under test is broken.
@@ -304,3 +309,45 @@ def test_a_cancelled_point_read_stops_at_its_next_key_and_close_waits_for_it(
             await scans.point_read(Held())
 
     asyncio.run(scenario())
+
+
+class _CountingPostgresStore(PostgresStore):
+    """Counts the reads on a snapshot and the point reads it serves."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, PostgresOptions(readers=1))
+        self.snapshots = 0
+        self.points = 0
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        self.snapshots += 1
+        return super().read(fn)
+
+    def read_point(self, fn: Callable[[ReadView], T]) -> T:
+        self.points += 1
+        return super().read_point(fn)
+
+
+def test_point_reads_of_postgresql_need_no_snapshot_and_scans_keep_theirs(
+    pg_url: str,
+) -> None:
+    """On PostgreSQL a point read is served outside a transaction (each key
+    one statement), and sees what was committed; a scan still reads one
+    snapshot. LMDB offers no such read: its point reads run inline."""
+    store = _CountingPostgresStore(pg_url)
+    try:
+        store.submit(lambda view: view.put(Table.META, b"k", b"v")).result(10)
+        scans = Scans(store)
+
+        async def both() -> tuple[bytes | None, list[tuple[bytes, bytes]]]:
+            point = await scans.point_read(lambda view: view.get(Table.META, b"k"))
+            scanned = await scans.read(lambda view: list(view.scan(Table.META, b"k")))
+            await scans.close()
+            return point, scanned
+
+        assert asyncio.run(both()) == (b"v", [(b"k", b"v")])
+        assert (store.points, store.snapshots) == (1, 1)
+    finally:
+        store.close()
+    assert isinstance(store, ReadsPoints)
+    assert not issubclass(LmdbStore, ReadsPoints)

@@ -7,6 +7,7 @@ twice, the audit chain unbroken, a new incarnation per open."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -14,15 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.errors import ShuttingDown
-from sidecar.ledger import audit
-from sidecar.ledger.model import State
-from sidecar.ledger.quota import Usage
-from sidecar.storage import records, usage
-from sidecar.storage.api import ReadView, Store, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbStore
-from sidecar.storage.postgres_store import PostgresOptions, PostgresStore
-from sidecar.storage.views import KeyTooLong
+from sidecar.errors import QuotaExceeded, ShuttingDown
+from sidecar.ledger import audit, retention, rules
+from sidecar.ledger.model import Outcome, Result, State, ToolCall
+from sidecar.ledger.policy import Policy
+from sidecar.ledger.quota import Quotas, Usage
+from sidecar.ledger.rules import Now
+from sidecar.storage import records, tombstones, usage
+from sidecar.storage.api import CallWrite, Conflict, ReadView, Store, Table, WriteView
+from sidecar.storage.keys import KeyTooLong
+from sidecar.storage.lmdb.store import LmdbStore
+from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
+from tests.services import support
 from tests.support import postgres
 
 OPTIONS = PostgresOptions(readers=2)
@@ -433,3 +437,73 @@ def test_an_awaited_write_is_read_back_and_a_refused_one_leaves_nothing(
         return [after, store.read(lambda v: v.get(Table.META, b"aw-bad"))]
 
     assert asyncio.run(main()) == [b"1", None]
+
+
+# -- the compare-and-swap of one call record (Store.save_call) -----------------
+
+
+def _new_call(call_id: str, namespace: str = "ns") -> ToolCall:
+    asked = dataclasses.replace(
+        support.spec(call_id, namespace=namespace), lease_ms=60_000
+    )
+    return rules.prepare(None, asked, Now(1, 1, 1), Policy()).call
+
+
+def _saved(store: Store, write: CallWrite) -> None:
+    asyncio.run(store.save_call(write))
+
+
+def _record(store: Store, call: ToolCall) -> ToolCall | None:
+    return store.read(lambda view: records.load_call(view, call.ref))
+
+
+def test_save_call_creates_once_and_updates_only_the_revision_read(
+    store: Store,
+) -> None:
+    """A new call is saved while none is stored; an update only while the
+    stored record is at the revision it was decided on; each lost compare
+    (`Conflict`) writes nothing."""
+    new = _new_call("c1")
+    _saved(store, CallWrite(None, new))
+    assert _record(store, new) == new
+    with pytest.raises(Conflict):
+        _saved(store, CallWrite(None, dataclasses.replace(new, tool_name="other")))
+    later = dataclasses.replace(new, revision=new.revision + 1, updated_ns=5)
+    _saved(store, CallWrite(new, later))
+    assert _record(store, new) == later
+    stale = dataclasses.replace(new, revision=new.revision + 1, updated_ns=9)
+    with pytest.raises(Conflict):
+        _saved(store, CallWrite(new, stale))
+    assert _record(store, new) == later
+    with pytest.raises(Conflict):
+        _saved(store, CallWrite(later, stale, holds=lambda: False))
+    assert _record(store, new) == later
+    assert store.read(usage.recount) == store.read(usage.stored)
+
+
+def test_save_call_refuses_a_call_whose_tombstone_is_stored(store: Store) -> None:
+    """A call compacted after its retention window is never created again."""
+    call = _new_call("c1")
+    result = Result(Outcome.OK, None, "", "", "digest")
+    done = dataclasses.replace(call, state=State.COMMITTED, result=result)
+    store.submit(lambda view: records.save_call(view, None, done)).result(10)
+    tomb = retention.tombstone(done, 10)
+    store.submit(lambda view: tombstones.compact(view, done, tomb)).result(10)
+    with pytest.raises(Conflict):
+        _saved(store, CallWrite(None, call))
+    assert _record(store, call) is None
+
+
+def test_save_call_keeps_a_new_call_within_its_quotas(store: Store) -> None:
+    """A new call past the namespace's open-call quota is refused and leaves
+    nothing; an update of an open call is never refused by a quota."""
+    quotas = Quotas(open_calls=1, stored_bytes=0)
+    first, second = _new_call("c1"), _new_call("c2")
+    _saved(store, CallWrite(None, first, quotas))
+    with pytest.raises(QuotaExceeded):
+        _saved(store, CallWrite(None, second, quotas))
+    assert _record(store, second) is None
+    assert store.read(lambda view: usage.load(view, "ns")).open_calls == 1
+    later = dataclasses.replace(first, revision=first.revision + 1)
+    _saved(store, CallWrite(first, later, quotas))
+    assert store.read(usage.recount) == store.read(usage.stored)

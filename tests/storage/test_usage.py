@@ -48,7 +48,7 @@ from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
 from sidecar.storage import records, tombstones, usage
 from sidecar.storage.api import ReadView, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import committed, prepared, started
 
 OPTIONS = LmdbOptions(map_size=64 << 20, sync=False)

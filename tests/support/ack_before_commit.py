@@ -13,14 +13,25 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sidecar import cli, server
-from sidecar.storage import answers
-from sidecar.storage.api import Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 
 T = TypeVar("T")
 
 
 class AckBeforeCommitStore(LmdbStore):
+    # Its reads may wait (below): off the event loop, on worker threads.
+    reads_wait = True
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        # A read waits for the commit in flight, so that a request after an
+        # answered write finds it (as it would once committed): the answer
+        # it got is what a crash in the window then loses.
+        with self._txn:
+            pass
+        return super().read(fn)
+
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         # Every write through the writer thread, so that the reply leaves
         # while the loop is free to send it (a commit on the loop would hold
@@ -30,7 +41,7 @@ class AckBeforeCommitStore(LmdbStore):
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)  # the reply leaves before the commit
+            answers.resolve(outcomes)  # the reply leaves before the commit
             # A real window between the reply and the commit, for kill -9 to land in.
             time.sleep(3.0)
 

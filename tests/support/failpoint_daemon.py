@@ -19,9 +19,9 @@ from typing import TypeVar
 from sidecar import callstate, cli, failpoints, server
 from sidecar.config import ServeConfig
 from sidecar.seams import Seams
-from sidecar.storage import answers
-from sidecar.storage.api import Store, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore, _Item
+from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 
 T = TypeVar("T")
 # The variable that picks a broken build in a forked child.
@@ -38,6 +38,16 @@ def current_method() -> str:
 class AnswersBeforeCommit(LmdbStore):
     """BROKEN on purpose: answers a batch, then commits it."""
 
+    # Its reads may wait (below): off the event loop, on worker threads.
+    reads_wait = True
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        # A read waits for the commit in flight, so that a request after an
+        # answered write finds it (as it would once committed).
+        with self._txn:
+            pass
+        return super().read(fn)
+
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         # Through the writer thread, so the loop is free to send the answer.
         return await asyncio.wrap_future(self.submit(fn))
@@ -46,7 +56,7 @@ class AnswersBeforeCommit(LmdbStore):
         failpoints_ = self.options.failpoints
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)
+            answers.resolve(outcomes)
             time.sleep(1.0)  # the answer leaves
             if failpoints_ is not None:
                 fns = [fn for fn, _ in batch]

@@ -19,9 +19,9 @@ import psycopg
 
 from sidecar import cli, server
 from sidecar.storage.api import Store, Table
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.pg_views import PgWriteView
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
+from sidecar.storage.postgres.views import PgWriteView
 
 PAUSE_SECONDS = 0.005
 

@@ -9,29 +9,60 @@ is missing once the database came back.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import psycopg
 
 from sidecar import cli, server
-from sidecar.storage.api import Store
-from sidecar.storage.pg_faults import before_commit, rollback
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.pg_views import USAGE_SHARDS, Batch, DatabaseFailed, PgWriteView
-from sidecar.storage.postgres_store import (
+from sidecar.storage.api import ReadView, Store
+from sidecar.storage.postgres.faults import before_commit, rollback
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import (
     PostgresStore,
     _Conn,
     _Item,
     _Outcome,
 )
+from sidecar.storage.postgres.views import (
+    USAGE_SHARDS,
+    Batch,
+    DatabaseFailed,
+    PgWriteView,
+)
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 # A real window between the answers and COMMIT, for a restart to land in.
 WINDOW_SECONDS = 0.3
 
 
 class AckBeforeCommitPgStore(PostgresStore):
+    def __init__(self, url: str, options: PostgresOptions) -> None:
+        # Held from a batch's answers until its COMMIT returned.
+        self._answered = threading.Lock()
+        super().__init__(url, options)
+
+    def read(self, fn: Callable[[ReadView], T]) -> T:
+        # A read waits for the COMMIT in flight, so that a request after an
+        # answered write finds it (as it would once committed): the answer
+        # it got is what a restart in the window then loses.
+        with self._answered:
+            pass
+        return super().read(fn)
+
+    def read_point(self, fn: Callable[[ReadView], T]) -> T:
+        with self._answered:
+            pass
+        return super().read_point(fn)
+
     def _transaction(self, conn: _Conn, batch: list[_Item]) -> list[_Outcome]:
+        with self._answered:
+            return self._answer_then_commit(conn, batch)
+
+    def _answer_then_commit(self, conn: _Conn, batch: list[_Item]) -> list[_Outcome]:
         written = Batch()
         outcomes: list[_Outcome] = []
         try:

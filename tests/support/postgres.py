@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from sidecar.storage import pg_schema
+from sidecar.storage.postgres import schema as pg_schema
 
 SERVER_URL = os.environ.get("EFFECTD_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
 # What `config` and `store` fixtures serve: "lmdb" unless the environment

@@ -12,6 +12,7 @@ from sidecar.ledger import rules
 from sidecar.ledger.model import CallRef
 from sidecar.ledger.rules import Answer, PrepareSpec
 from sidecar.server import Daemon
+from sidecar.services._common import answered
 from sidecar.services.ledger import LedgerService
 from sidecar.storage import records
 from sidecar.storage.api import Store, WriteView
@@ -31,7 +32,7 @@ class RacyLedger(LedgerService):
             records.save_call(view, old, step.call)
             return step.reply
 
-        return await self._write(blind_write)
+        return await answered(self._store, blind_write)
 
     async def start(
         self,
@@ -60,7 +61,7 @@ class RacyLedger(LedgerService):
             records.save_call(view, old, step.call)
             return step.reply
 
-        return await self._write(blind_write)
+        return await answered(self._store, blind_write)
 
 
 class RacyDaemon(Daemon):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from sidecar import cli, server
 from sidecar.storage.api import Store
-from sidecar.storage.pg_options import PostgresOptions
-from sidecar.storage.postgres_store import PostgresStore
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
 
 
 class ExclusivePostgresStore(PostgresStore):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 
 from sidecar import server
-from sidecar.storage import answers
 from sidecar.storage.api import Store
-from sidecar.storage.lmdb_store import LmdbOptions, _Item
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbOptions, _Item
 from tests.support.ack_before_commit import AckBeforeCommitStore
 from tests.support.pg_ack_before_commit import AckBeforeCommitPgDaemon
 
@@ -27,7 +27,7 @@ class ShortWindowStore(AckBeforeCommitStore):
     def _commit(self, batch: list[_Item]) -> None:
         with self._env.begin(write=True) as txn:
             outcomes, _ = self._apply(txn, batch)
-            answers.settle(outcomes)  # the reply leaves before the commit
+            answers.resolve(outcomes)  # the reply leaves before the commit
             time.sleep(WINDOW_SECONDS)
 
 

@@ -42,7 +42,7 @@ from tests.torture.crash_database import DatabaseRestarts, RestartDatabase
 PRELOAD = [
     "sidecar.cli",
     "sidecar.server",
-    "sidecar.storage.postgres_store",
+    "sidecar.storage.postgres.store",
     "httpcore",
     "h2.connection",
     "effectd_client",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sidecar import failpoints
 from sidecar.storage.api import Store, Table, WriteView
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.support import failpoint_daemon
 
 _PRELOAD = ["tests.support.failpoint_daemon"]
@@ -131,7 +131,7 @@ def _put(view: WriteView, key: bytes) -> None:
 
 def _open(store: str, armed: failpoints.Failpoints | None = None) -> Store:
     if store.startswith("postgresql://"):
-        from sidecar.storage.postgres_store import (  # noqa: PLC0415
+        from sidecar.storage.postgres.store import (  # noqa: PLC0415
             PostgresOptions,
             PostgresStore,
         )

@@ -48,7 +48,7 @@ from sidecar.rpc.errors import CODES
 from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.provider.support import FakeSleep
 from tests.provider.upstream import Reply, serving
@@ -178,7 +178,7 @@ class InFlight:
         with self._lock:
             self._pending.discard(future)
 
-    def settle(self) -> None:
+    def wait_resolved(self) -> None:
         """Waits until every write handed over so far is resolved."""
         with self._lock:
             pending = list(self._pending)
@@ -225,7 +225,7 @@ class Target:
     def writes(self) -> int:
         """The rows the store has committed, once every write handed to it
         is resolved."""
-        self._in_flight.settle()
+        self._in_flight.wait_resolved()
         return self._rows_written()
 
     # -- sending -------------------------------------------------------------

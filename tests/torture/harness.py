@@ -268,9 +268,9 @@ class Daemon:
         assert self.running is not None
         self.run(self.running.daemon.compact_expired())
 
-    def settle(self) -> None:
+    def sweep(self) -> None:
         assert self.running is not None
-        self.run(self.running.daemon.settle_expired())
+        self.run(self.running.daemon.sweep_leases())
 
     def renew(self) -> None:
         """Renews the registration now, as the periodic renewal that a clock

@@ -5,7 +5,7 @@ daemon's histories to.
 moves it: each operation is applied to a model holding only that call, so
 the ledger's rules are the model's, never rewritten here. A daemon restart
 is an operation of every call (STARTED of an earlier incarnation becomes
-UNKNOWN, DESIGN §4). Leases are long enough never to lapse during a run.
+UNKNOWN, contract §4.4). Leases are long enough never to lapse during a run.
 
 `CheckpointSpec`: one checkpoint key as a versioned compare-and-swap
 register. Revisions come from one counter of the store (checkpoints.proto),

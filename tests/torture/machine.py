@@ -2,7 +2,7 @@
 checkpoint keys (prepare with every flag, start, commit, unknown reports,
 heartbeats, approvals, reconciliations, recovery, acknowledgements, retry
 decisions, checkpoint writes, clock advances past leases and retention
-windows, compaction and settlement passes, daemon restarts), applies each to
+windows, compaction passes and lease sweeps, daemon restarts), applies each to
 the real daemon and to the reference model, and requires the same answer
 (decision, state, error reason) and the same record every time.
 
@@ -179,9 +179,12 @@ class TortureMachine(RuleBasedStateMachine):
                 f"the model's calls before the step: {before}"
             )
 
-    def same_record(self, ref: m.Ref, got: pb.ToolCall | None = None) -> None:
+    def same_record(
+        self, ref: m.Ref, got: pb.ToolCall | None = None, *, agent: bool = False
+    ) -> None:
         """The daemon's record of `ref` (as answered, or read now) is the
-        model's, field by field."""
+        model's, field by field. An answer to the agent's own step (`agent`)
+        carries the kept input only while the call awaits approval."""
         found = self.model.get(ref)
         if got is None:
             answer = call(
@@ -200,6 +203,8 @@ class TortureMachine(RuleBasedStateMachine):
         )
         daemon = call_view(got, self.fingerprints, found.fingerprint)
         model = model_view(found)
+        if agent and found.state != m.AWAITING:
+            model["kept_input"] = None
         differ = {k: (daemon[k], model[k]) for k in model if daemon[k] != model[k]}
         assert not differ, f"record {ref}: (daemon, model) differ in {differ}"
 
@@ -321,7 +326,7 @@ class TortureMachine(RuleBasedStateMachine):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same(f"PrepareTool {p}", self.decision_view(got), expected.value)
-            self.same_record(ref, got.call)
+            self.same_record(ref, got.call, agent=True)
         else:
             self.same_record(ref)
 
@@ -379,7 +384,7 @@ class TortureMachine(RuleBasedStateMachine):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
             self.same(f"StartTool {ref}", self.decision_view(got), expected.value)
-            self.same_record(ref, got.call)
+            self.same_record(ref, got.call, agent=True)
         else:
             self.same_record(ref)
 
@@ -425,7 +430,7 @@ class TortureMachine(RuleBasedStateMachine):
         ):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
-            self.same_record(ref, got.call)
+            self.same_record(ref, got.call, agent=True)
         else:
             self.same_record(ref)
 
@@ -445,7 +450,7 @@ class TortureMachine(RuleBasedStateMachine):
         if self.same_answer(f"ReportUnknown {ref} attempt {attempt}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
-            self.same_record(ref, got.call)
+            self.same_record(ref, got.call, agent=True)
         else:
             self.same_record(ref)
 
@@ -460,7 +465,7 @@ class TortureMachine(RuleBasedStateMachine):
         if self.same_answer(f"Heartbeat {ref} attempt {attempt}", got, expected):
             assert not isinstance(got, m.Err)
             assert isinstance(expected, m.Ok)
-            self.same_record(ref, got.call)
+            self.same_record(ref, got.call, agent=True)
         else:
             self.same_record(ref)
 
@@ -850,9 +855,9 @@ class TortureMachine(RuleBasedStateMachine):
         self.same_everything()
 
     @rule()
-    def settle(self) -> None:
-        self.daemon.settle()
-        self.model.settle_expired()
+    def sweep(self) -> None:
+        self.daemon.sweep()
+        self.model.sweep_leases()
         self.same_everything()
 
     def same_everything(self) -> None:

@@ -4,7 +4,7 @@ commit, unknown reports, heartbeats, reads), approvals, reconciliation,
 recovery plans, retry decisions, checkpoints and retention, on a clock the
 test moves.
 
-It is written from the contract (DESIGN §3-§8, ADR-010, the comments of the
+It is written from the contract (contract §3-§8, ADR-010, the comments of the
 protos and docs/ledger.md), never from the daemon's rules: it imports nothing
 of `sidecar`, so an error shared by both cannot hide in a shared rule. The
 torture test drives it and the real daemon with the same operations and
@@ -16,7 +16,7 @@ Answers are plain values: `Ok(...)` with the fields a client reads, or
 
 The module is long on purpose (over 400 lines): it is one state machine of
 one contract, and splitting it would scatter the rules a reader checks
-against DESIGN side by side.
+against docs/contract.md side by side.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class Model:
 
     def restart(self) -> None:
         """A new incarnation: every STARTED call of an earlier one becomes
-        UNKNOWN (DESIGN §4), then a compaction pass runs (docs/ledger.md)."""
+        UNKNOWN (contract §4.4), then a compaction pass runs (docs/ledger.md)."""
         self.incarnation += 1
         for c in self.calls.values():
             if c.state == STARTED:
@@ -237,8 +237,8 @@ class Model:
             if self.wall - t.made_wall >= TOMBSTONE_NS:
                 del self.tombstones[ref]
 
-    def settle_expired(self) -> None:
-        """The settlement pass: every STARTED call whose lease ran out
+    def sweep_leases(self) -> None:
+        """The lease sweep: every STARTED call whose lease ran out
         becomes UNKNOWN, untouched by any request (docs/ledger.md)."""
         for c in self.calls.values():
             if self._expired(c):
@@ -286,7 +286,7 @@ class Model:
         c.unknown_since_wall = 0
         self._move(c, COMMITTED, event)
 
-    # -- the retry rules (DESIGN §7, retry.proto) -------------------------
+    # -- the retry rules (contract §7.2, retry.proto) -------------------------
 
     def retry_rules(  # noqa: PLR0911 - one return per rule, in the contract's order
         self,
@@ -377,7 +377,7 @@ class Model:
         return ("REJECTED" if c.rejected else "RETURN_RESULT"), False
 
     @transaction
-    def prepare(self, p: Prepare) -> Ok | Err:  # noqa: PLR0911, PLR0912 - DESIGN §4-§5 row by row
+    def prepare(self, p: Prepare) -> Ok | Err:  # noqa: PLR0911, PLR0912 - contract §4-§5 row by row
         ref = (p.ns, p.run, p.call)
         if ref in self.tombstones:
             t = self.tombstones[ref]
@@ -399,8 +399,10 @@ class Model:
                 approval_required=p.require_approval,
             )
             self.calls[ref] = c
+            # Every call keeps its input until it is settled (contract §4.5,
+            # `ledger.kept_inputs`); the default policy drops it then.
+            c.kept = p.input
             if p.require_approval:
-                c.kept = p.input
                 self._move(c, AWAITING, "prepare")
                 return self._answer("AWAIT_APPROVAL", c)
             self._move(c, PREPARED, "prepare")
@@ -467,7 +469,7 @@ class Model:
             return Err(NOT_FOUND, "NOT_FOUND")
         return c
 
-    def start(  # noqa: PLR0911 - one return per row of DESIGN §4
+    def start(  # noqa: PLR0911 - one return per row of contract §4.2
         self, ref: Ref, expected_revision: int | None, lease_ms: int, retry: bool
     ) -> Ok | Err:
         c = self._find(ref)

@@ -2,7 +2,7 @@
 6): leases and rate limits are judged on the monotonic clock, so a jump of
 the wall clock neither ends a live lease (no premature settlement, no
 RECONCILE for a call that is running) nor refills a rate limit; approvals do
-not expire; retention (a wall-clock window, DESIGN §4) compacts nothing while
+not expire; retention (a wall-clock window, contract §4.7) compacts nothing while
 the clock is behind the commit, and a tombstone still refuses a
 re-execution (RESULT_COMPACTED); no answer carries a negative duration, and
 nothing is answered INTERNAL. Each has its control: the monotonic clock
@@ -57,8 +57,8 @@ class Daemon:
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.running.loop).result(30)
 
-    def settle(self) -> None:
-        self.run(self.running.daemon.settle_expired())
+    def sweep(self) -> None:
+        self.run(self.running.daemon.sweep_leases())
 
     def state(self, call_id: str) -> int:
         got = self.ledger.GetToolCall(
@@ -90,14 +90,14 @@ def test_a_wall_jump_neither_ends_nor_stretches_a_lease(
     jumping: Daemon, jump: int
 ) -> None:
     """A call STARTED with a 60 s lease, the wall clock jumped: after a
-    settlement pass it is still STARTED, a repeat is IN_PROGRESS (never
+    lease sweep it is still STARTED, a repeat is IN_PROGRESS (never
     RECONCILE or EXECUTE), its heartbeat and commit are taken. Control: the
     monotonic clock moved past the lease settles another call UNKNOWN, and
     a repeat of it is RECONCILE."""
     call = started(jumping, "held")
     other = started(jumping, "lapses")
     jumping.clock.jump_wall(jump)
-    jumping.settle()
+    jumping.sweep()
     assert jumping.state("held") == pb.CALL_STATE_STARTED
     again = jumping.ledger.PrepareTool(prepare_request("run", "held"), timeout=30)
     assert again.decision == pb.DECISION_IN_PROGRESS
@@ -111,7 +111,7 @@ def test_a_wall_jump_neither_ends_nor_stretches_a_lease(
     assert beat.call.state == pb.CALL_STATE_STARTED
     # Control: 45 s more is past the other call's lease, not the renewed one.
     jumping.clock.advance(45)
-    jumping.settle()
+    jumping.sweep()
     assert jumping.state("lapses") == pb.CALL_STATE_UNKNOWN
     assert other.attempt == 1
     repeat = jumping.ledger.PrepareTool(prepare_request("run", "lapses"), timeout=30)
@@ -139,7 +139,7 @@ def test_an_approval_does_not_expire_with_the_wall_clock(
     ).call
     jumping.clock.jump_wall(jump)
     jumping.clock.advance(DAY)
-    jumping.settle()
+    jumping.sweep()
     assert jumping.state("ask") == pb.CALL_STATE_AWAITING_APPROVAL
     decided = jumping.ledger.DecideApproval(
         pb.DecideApprovalRequest(

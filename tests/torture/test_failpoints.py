@@ -78,33 +78,34 @@ class Row:
     retry: str
 
 
-# (transition, fate) -> the row. Rules cited from DESIGN §4-§5 and ADR-010.
+# (transition, fate) -> the row. Rules cited from the contract and ADR-010.
 TABLE: dict[tuple[str, Fate], Row] = {
-    # §4 prepare: durable before the agent executes; a repeat is idempotent.
+    # contract §4.2 prepare: durable before the agent executes; a repeat is idempotent.
     ("prepare", Fate.LOST): Row("absent", "EXECUTE PREPARED"),
     ("prepare", Fate.KEPT): Row("PREPARED by prepare", "EXECUTE PREPARED"),
-    # §5 prepare+start: EXECUTE means the caller holds the attempt; a call
+    # contract §5.2 prepare+start: EXECUTE means the caller holds the attempt; a call
     # started under a daemon that restarted is UNKNOWN and answers RECONCILE.
     ("prepare+start", Fate.LOST): Row("absent", "EXECUTE held STARTED"),
     ("prepare+start", Fate.KEPT): Row("UNKNOWN by restart", "RECONCILE UNKNOWN"),
-    # §4 start; STARTED/UNKNOWN + SIDE_EFFECT retried: RECONCILIATION_REQUIRED.
+    # contract §4.2 start; STARTED/UNKNOWN + SIDE_EFFECT retried:
+    # RECONCILIATION_REQUIRED.
     ("start", Fate.LOST): Row("PREPARED by prepare", "EXECUTE held STARTED"),
     ("start", Fate.KEPT): Row("UNKNOWN by restart", "refused RECONCILIATION_REQUIRED"),
-    # §4 commit: the attempt's result is taken while its call is UNKNOWN
+    # contract §4.3 commit: the attempt's result is taken while its call is UNKNOWN
     # (settled at restart); a repeat with the same result is a no-op.
     ("commit", Fate.LOST): Row("UNKNOWN by restart", "ok COMMITTED"),
     ("commit", Fate.KEPT): Row(COMMITTED, "ok COMMITTED"),
-    # §4 the agent reports an unknown outcome; a repeat is answered done.
+    # contract §4.2 the agent reports an unknown outcome; a repeat is answered done.
     ("mark unknown", Fate.LOST): Row("UNKNOWN by restart", "ok UNKNOWN"),
     ("mark unknown", Fate.KEPT): Row("UNKNOWN by report_unknown", "ok UNKNOWN"),
-    # §4 approve, bound to the revision it saw: once applied, the same
+    # contract §4.5 approve, bound to the revision it saw: once applied, the same
     # approval is stale (REVISION_CONFLICT), never applied twice.
     ("approve", Fate.LOST): Row("AWAITING_APPROVAL by prepare", "ok PREPARED"),
     ("approve", Fate.KEPT): Row("PREPARED by approve", "refused REVISION_CONFLICT"),
-    # §4 reconcile (operator, at the revision seen).
+    # contract §4.6 reconcile (operator, at the revision seen).
     ("reconcile", Fate.LOST): Row("UNKNOWN by report_unknown", "ok COMMITTED"),
     ("reconcile", Fate.KEPT): Row(RECONCILED, "refused REVISION_CONFLICT"),
-    # §8 Put expecting the key absent; no unconditional overwrite.
+    # contract §8 Put expecting the key absent; no unconditional overwrite.
     ("checkpoint put", Fate.LOST): Row("absent", "ok revision=1"),
     ("checkpoint put", Fate.KEPT): Row(CHECKPOINT, "refused REVISION_CONFLICT"),
 }

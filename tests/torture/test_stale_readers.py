@@ -24,7 +24,7 @@ from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1.checkpoints_pb2_grpc import CheckpointsStub
 
 from sidecar.config import ServeConfig
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.torture.fuzzing import KeepingDaemon
 

@@ -31,8 +31,8 @@ from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
-from sidecar.storage import answers
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb import answers
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import Refusal, assert_serving, decode, prepare_request
 
@@ -167,7 +167,7 @@ def test_negative_control_an_acknowledged_write_the_map_refused_is_found(
     committed: the checks find the answered write lost."""
 
     def ack_anyway(self: LmdbStore, batch: list[Any], exc: Exception) -> None:
-        answers.settle([(waiter, 1 << 40, None) for _, waiter in batch])
+        answers.resolve([(waiter, 1 << 40, None) for _, waiter in batch])
 
     monkeypatch.setattr(LmdbStore, "_commit_too_big", ack_anyway)
     config = ServeConfig(data_dir=short_tmp / "data", map_size=MiB)

@@ -370,6 +370,24 @@ def test_an_mcp_calls_result_must_be_a_call_tool_result(
     assert _state(daemon, "m-1")[0] == "UNKNOWN"
 
 
+def test_the_reconcile_page_shows_what_the_unknown_call_was_sent(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """An UNKNOWN side effect prepared without approval, under the default
+    policy, shows its input on its page, checked against its fingerprint,
+    so the operator knows what to look for (issue 25 item 7: fails before
+    the fix: "The input is not kept for this call")."""
+    daemon, server = served
+    unknown(daemon, "u-sent")
+    b = Browserless(server.url)
+    b.sign_in(ONCALL_OLA.secret)
+    page = b.get(_call_path("u-sent"))
+    assert "The quarantine rule." in page.body
+    assert "The input is not kept for this call." not in page.body
+    assert "&quot;id&quot;: &quot;u-sent&quot;" in page.body
+    assert "This input hashes to the fingerprint" in page.body
+
+
 def test_a_result_reconciled_in_the_console_is_stored_as_ctl_stores_it(
     served: tuple[RunningDaemon, ConsoleServer],
 ) -> None:

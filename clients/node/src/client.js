@@ -15,6 +15,7 @@ const { connection } = require('./connection');
 const { load } = require('./proto');
 const { fromServiceError } = require('./errors');
 const { Session, FIELDS } = require('./session');
+const { Outage, backoffMs, DEFAULT_RECONNECT_WAIT_MS } = require('./reconnect');
 const c = require('./convert');
 
 const DEFAULT_TARGET = 'unix:.effectd/effectd.sock';
@@ -58,8 +59,7 @@ function transient(error) {
 /** Milliseconds to wait before try `tries + 1`, or null: give up. */
 function recordingWait(policy, tries, error, elapsedMs, jitter) {
   if (tries >= policy.attempts || !transient(error)) return null;
-  const backoff = Math.min(policy.maxBackoffMs, policy.initialBackoffMs * 2 ** (tries - 1));
-  let delay = backoff / 2 + (jitter * backoff) / 2;
+  let delay = backoffMs(tries, policy.initialBackoffMs, policy.maxBackoffMs, jitter);
   if (error.retryDelayMs !== null && error.retryDelayMs !== undefined) delay = Math.max(delay, error.retryDelayMs);
   return elapsedMs + delay >= policy.deadlineMs ? null : delay;
 }
@@ -84,6 +84,10 @@ class Client {
    *   maxBackoffMs = 2000, onRetry(error, waitMs)}.
    * @param {boolean} [options.session] carry the ledger's tool-call requests over one session stream
    *   (default true, unless `EFFECTD_SESSION` is '0', 'false' or 'off'); false: one unary call each.
+   * @param {number} [options.reconnectWaitMs] how long a call whose request was not sent (the daemon
+   *   away, restarting or stopping) waits for the daemon before it fails UNAVAILABLE, never past its
+   *   deadline (default 5000; 0: it fails at once). A request that may have reached the daemon is never
+   *   sent again this way.
    */
   constructor({
     target = DEFAULT_TARGET,
@@ -97,6 +101,7 @@ class Client {
     protosDir,
     recordingRetry = {},
     session = sessionDefault(),
+    reconnectWaitMs = DEFAULT_RECONNECT_WAIT_MS,
   } = {}) {
     const { services } = load(protosDir);
     this.target = target;
@@ -105,6 +110,7 @@ class Client {
     this.recordingRetry = { ...DEFAULT_RECORDING_RETRY, ...recordingRetry };
     const conn = connection({ token, tls, credentials, maxMessageBytes, channelOptions });
     this._connection = conn;
+    this._outage = new Outage(target, reconnectWaitMs);
     credentials = conn.credentials;
     this._ledger = new services.ledger(target, credentials, conn.channelOptions);
     // The other stubs share the first one's channel.
@@ -143,11 +149,18 @@ class Client {
     this._ledger.close();
   }
 
+  /** One request; its error is an EffectdError. Sent again once the daemon is back when it was not sent (reconnect.js). */
   _call(stub, method, request, timeoutMs = this.timeoutMs) {
+    const deadline = Date.now() + timeoutMs;
+    return this._send(stub, method, request, timeoutMs).catch((error) =>
+      this._outage.again(error, (ms) => this._send(stub, method, request, ms), deadline),
+    );
+  }
+
+  /** One try: on the session stream (its failures are gRPC-like errors) or unary. */
+  _send(stub, method, request, timeoutMs) {
     if (this._session && stub === this._ledger && Object.hasOwn(FIELDS, method)) {
-      return this._session.call(method, request, timeoutMs).catch((error) => {
-        throw fromServiceError(error);
-      });
+      return this._session.call(method, request, timeoutMs);
     }
     return this._unary(stub, method, request, timeoutMs);
   }

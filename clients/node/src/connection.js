@@ -74,6 +74,11 @@ function connection({
     channelOptions: {
       'grpc.max_send_message_length': maxMessageBytes,
       'grpc.max_receive_message_length': maxMessageBytes,
+      // A channel that lost its daemon tries to connect again after 0.1 s, then at most every second
+      // (grpc-js's default backoff grows to 2 minutes): a daemon back from a restart is found within a
+      // second, however long it was away, by the requests that wait for it (reconnect.js).
+      'grpc.initial_reconnect_backoff_ms': 100,
+      'grpc.max_reconnect_backoff_ms': 1000,
       ...channelOptions,
     },
     metadata() {

@@ -186,6 +186,13 @@ export interface ClientOptions {
    * stream is asked by the unary RPCs, for the client's life.
    */
   session?: boolean;
+  /**
+   * How long a call whose request was not sent (the daemon away, restarting or stopping) waits for the
+   * daemon before it fails UNAVAILABLE, never past its deadline; default 5000, 0: it fails at once. A
+   * request that may have reached the daemon is never sent again this way. The first call of an
+   * outage emits a process warning (code `EFFECTD_DAEMON_AWAY`).
+   */
+  reconnectWaitMs?: number;
 }
 
 /** Tries of one recording request (defaults: 8 tries within 30 s, 100 ms doubling to 2 s). */

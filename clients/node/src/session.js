@@ -16,13 +16,16 @@
  *                                                       `cancel` is sent)
  *   the stream broke after the message was sent      -> UNAVAILABLE,
  *                                                       mayHaveBeenApplied=true
- *   the stream broke before it, twice                -> UNAVAILABLE,
- *                                                       mayHaveBeenApplied=false
+ *   the stream broke before it, twice, or found no   -> UNAVAILABLE,
+ *     connection to the daemon                          mayHaveBeenApplied=false
  *   the client was closed                            -> CANCELLED
  *
  * A message is "sent" once it is handed to the stream; one still queued in
  * this client (the stream was not writable: gRPC flow control) is sent again
  * once on a new stream when its stream breaks: it cannot have been applied.
+ * A stream that found no connection (`neverConnected`: gRPC never sent it)
+ * sent none of its messages, whatever was handed to it: they fail at once as
+ * not sent, and the client waits for the daemon (reconnect.js).
  * The next message after a break opens a new stream. A daemon that answers
  * the stream UNIMPLEMENTED before answering anything (one older than the
  * session; PERMISSION_DENIED if it requires tokens) is asked by the unary
@@ -67,6 +70,17 @@ const DEFAULT_IDLE_MS = 5_000;
 const UNSERVED = [grpc.status.UNIMPLEMENTED, grpc.status.PERMISSION_DENIED];
 /** A stream refused before it served anything, for its credential: each message is refused alike. */
 const REFUSALS = [grpc.status.UNAUTHENTICATED];
+/**
+ * How @grpc/grpc-js says that a call found no connection (its load balancer's pick failed): nothing
+ * of it reached the daemon. A call it had sent ends otherwise ('read ECONNRESET', 'Connection
+ * dropped'), and one it never put on the wire grpc-js sends again itself before it fails it so.
+ */
+const NO_CONNECTION = 'No connection established';
+
+/** Whether a call (unary or stream) failed before gRPC had a connection for it. */
+function neverConnected(error) {
+  return Boolean(error) && error.code === grpc.status.UNAVAILABLE && String(error.details ?? '').includes(NO_CONNECTION);
+}
 
 const identity = (buffer) => buffer;
 
@@ -299,10 +313,12 @@ class Session {
       return;
     }
     const why = describe(error);
+    // A stream that never connected took nothing; a new one at once would find no connection either.
+    const connected = !neverConnected(error);
     const again = [];
     for (const entry of mine) {
-      if (entry.sent) this._settle(entry, broken(true, why));
-      else if (entry.resends >= RESENDS || this._closed) this._settle(entry, broken(false, why));
+      if (entry.sent && connected) this._settle(entry, broken(true, why));
+      else if (entry.resends >= RESENDS || this._closed || !connected) this._settle(entry, broken(false, why));
       else again.push(entry);
     }
     for (const entry of again) {
@@ -362,4 +378,4 @@ class Session {
   }
 }
 
-module.exports = { Session, FIELDS, MAY_HAVE_BEEN_APPLIED, DEFAULT_IDLE_MS };
+module.exports = { Session, FIELDS, MAY_HAVE_BEEN_APPLIED, DEFAULT_IDLE_MS, NO_CONNECTION, neverConnected };

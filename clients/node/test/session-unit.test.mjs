@@ -204,6 +204,19 @@ describe('a broken stream', () => {
     assert.equal((await next).call.callId, 'c5');
   });
 
+  test('a stream that found no connection sent nothing: all fail not sent, none on a new stream', async () => {
+    const { s, calls } = session({ capacities: [2] });
+    const p = [1, 2, 3].map((i) => settled(s.call('PrepareTool', ref(`c${i}`), 5_000)));
+    assert.equal(calls[0].ids().length, 2); // handed to the stream, never on a connection
+    calls[0].fail(grpc.status.UNAVAILABLE, 'No connection established. Last error: connect ECONNREFUSED');
+    const results = (await Promise.all(p)).map(({ error }) => fromServiceError(error));
+    assert.deepEqual(
+      results.map((e) => [e.code, e.metadata.mayHaveBeenApplied]),
+      Array(3).fill(['UNAVAILABLE', 'false']),
+    );
+    assert.equal(calls.length, 1); // the client waits for the daemon instead
+  });
+
   test('a stream that ends OK with messages in flight broke all the same', async () => {
     const { s, calls } = session();
     const pending = settled(s.call('CommitTool', ref('c1'), 5_000));

@@ -28,7 +28,8 @@ async def main(target: str, state: Path, transport: str, port: int) -> None:
         tools = LedgeredSession(session, AsyncRun(effectd, run_id), server="counter")
         result = await tools.call_tool("send", {"to": "ann"}, call_id=call_id)
         (state / "committed").write_text(result.model_dump_json())
-        time.sleep(60)  # the crash comes here, before the answer
+        # The crash comes here, before the answer; the loop must not run on.
+        time.sleep(60)  # noqa: ASYNC251 - blocking on purpose until the kill
 
 
 if __name__ == "__main__":

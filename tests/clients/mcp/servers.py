@@ -82,7 +82,8 @@ async def connect(
             params = StdioServerParameters(
                 command=sys.executable, args=[str(SERVER), str(state), "stdio"]
             )
-            errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
+            # Opening the null device does not block the loop.
+            errlog = stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115, ASYNC230
             streams = stdio_client(params, errlog=errlog)
         else:
             # The transport does not close a client it is given.

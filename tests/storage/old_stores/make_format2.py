@@ -38,7 +38,7 @@ from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
-from sidecar.storage.lmdb_store import LmdbOptions, LmdbStore
+from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 
 NS = "default"
 RUN = "run-1"

@@ -19,6 +19,7 @@ from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
+from effectd_client._reconnect import DEFAULT_WAIT, Outage
 from effectd_client._recording import RecordingRetry
 from effectd_client._session_aio import AsyncSession
 from effectd_client._session_wire import LedgerCalls, wanted
@@ -39,8 +40,8 @@ class AsyncClient:
     """An asyncio connection to effectd (`unix:PATH` or `HOST:PORT`).
 
     Create and use it inside a running event loop; `async with` closes it.
-    The options, a `Connection` and `session` among them, are those of
-    `Client`: by default the ledger requests of every task travel over one
+    The options, a `Connection`, `session` and `reconnect_wait` among them,
+    are those of `Client`: by default the ledger requests of every task travel over one
     session stream, read by one task of the loop.
     """
 
@@ -58,6 +59,7 @@ class AsyncClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         recording_retry: RecordingRetry | None = None,
         session: bool | None = None,
+        reconnect_wait: float = DEFAULT_WAIT,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -72,6 +74,7 @@ class AsyncClient:
             max_message_bytes=max_message_bytes,
         )
         self._metadata = self._connection.metadata
+        self._outage = Outage(self._connection.target, reconnect_wait)
         self._channel = self._connection.aio_channel()
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
@@ -97,11 +100,31 @@ class AsyncClient:
             await self._session.close()
         await self._channel.close(None)
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: object) -> T:
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[T]],
+        request: object,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline
+    ) -> T:
+        """One request; sent again once the daemon is back when it was not
+        sent (`effectd_client._reconnect`). `timeout` (the client's when None)
+        is the call's deadline, sent with it; the wait for the daemon ends
+        with it too."""
+        timeout = self.timeout if timeout is None else timeout
+        started = time.monotonic()
         try:
-            return await method(request, timeout=self.timeout, metadata=self._metadata)
+            return await method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise EffectdError.from_rpc_error(exc) from None
+            error = EffectdError.from_rpc_error(exc)
+        with self._outage.waiting(error, started, timeout) as waiting:
+            while True:
+                await asyncio.sleep(waiting.pause())
+                try:
+                    return await method(
+                        request, timeout=waiting.timeout(), metadata=self._metadata
+                    )
+                except grpc.RpcError as exc:
+                    waiting.failed(EffectdError.from_rpc_error(exc))
 
     async def _record(
         self,
@@ -116,16 +139,12 @@ class AsyncClient:
             tries += 1
             elapsed = time.monotonic() - start
             try:
-                return await method(
-                    request,
-                    timeout=policy.try_timeout(self.timeout, elapsed),
-                    metadata=self._metadata,
+                return await self._call(
+                    method, request, policy.try_timeout(self.timeout, elapsed)
                 )
-            except grpc.RpcError as exc:
-                error = EffectdError.from_rpc_error(exc)
-            await asyncio.sleep(
-                policy.next_wait(tries, error, time.monotonic() - start)
-            )
+            except EffectdError as error:
+                wait = policy.next_wait(tries, error, time.monotonic() - start)
+            await asyncio.sleep(wait)
 
     # -- tool calls ----------------------------------------------------------
 

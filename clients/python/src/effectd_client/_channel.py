@@ -110,6 +110,7 @@ class Connection:
         return (
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
+            *_RECONNECT,
         )
 
     def _credentials(self) -> grpc.ChannelCredentials:
@@ -134,6 +135,16 @@ class Connection:
                 self.target, self._credentials(), options=self._options()
             )
         return grpc.aio.insecure_channel(self.target, options=self._options())
+
+
+# A channel that lost its daemon tries to connect again after 0.1 s, then
+# backs off to at most every second (gRPC's default grows to 2 minutes): a
+# daemon back from a restart is found within a second, however long it was
+# away, by the requests that wait for it (`effectd_client._reconnect`).
+_RECONNECT = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 def _is_header_value(token: str) -> bool:

@@ -18,6 +18,7 @@ from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
+from effectd_client._reconnect import DEFAULT_WAIT, Outage
 from effectd_client._recording import RecordingRetry
 from effectd_client._session import Session, release
 from effectd_client._session_wire import LedgerCalls, wanted
@@ -63,6 +64,11 @@ class Client:
             one session stream, or False: a unary call each; None (the
             default) is the stream unless `EFFECTD_SESSION` is 0, false or
             off. docs/client-session.md says what a broken stream means.
+        reconnect_wait: seconds a call whose request was not sent (the
+            daemon away, restarting or stopping) waits for the daemon before
+            it fails UNAVAILABLE, never past its `timeout`; 0: it fails at
+            once. A request that may have reached the daemon is never sent
+            again this way (docs/client-session.md).
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class Client:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         recording_retry: RecordingRetry | None = None,
         session: bool | None = None,
+        reconnect_wait: float = DEFAULT_WAIT,
     ) -> None:
         self.namespace = namespace
         self.timeout = timeout
@@ -93,6 +100,7 @@ class Client:
             max_message_bytes=max_message_bytes,
         )
         self._metadata = self._connection.metadata
+        self._outage = Outage(self._connection.target, reconnect_wait)
         self._channel = self._connection.channel()
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
@@ -118,11 +126,26 @@ class Client:
     def close(self) -> None:
         self._release()
 
-    def _call(self, method: Callable[..., T], request: object) -> T:
+    def _call(
+        self, method: Callable[..., T], request: object, timeout: float | None = None
+    ) -> T:
+        """One request; sent again once the daemon is back when it was not
+        sent (`effectd_client._reconnect`)."""
+        timeout = self.timeout if timeout is None else timeout
+        started = time.monotonic()
         try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
+            return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise EffectdError.from_rpc_error(exc) from None
+            error = EffectdError.from_rpc_error(exc)
+        with self._outage.waiting(error, started, timeout) as waiting:
+            while True:
+                time.sleep(waiting.pause())
+                try:
+                    return method(
+                        request, timeout=waiting.timeout(), metadata=self._metadata
+                    )
+                except grpc.RpcError as exc:
+                    waiting.failed(EffectdError.from_rpc_error(exc))
 
     def _record(
         self, method: Callable[..., T], request: object, retry: RecordingRetry | None
@@ -134,14 +157,12 @@ class Client:
             tries += 1
             elapsed = time.monotonic() - start
             try:
-                return method(
-                    request,
-                    timeout=policy.try_timeout(self.timeout, elapsed),
-                    metadata=self._metadata,
+                return self._call(
+                    method, request, policy.try_timeout(self.timeout, elapsed)
                 )
-            except grpc.RpcError as exc:
-                error = EffectdError.from_rpc_error(exc)
-            time.sleep(policy.next_wait(tries, error, time.monotonic() - start))
+            except EffectdError as error:
+                wait = policy.next_wait(tries, error, time.monotonic() - start)
+            time.sleep(wait)
 
     # -- tool calls ----------------------------------------------------------
 

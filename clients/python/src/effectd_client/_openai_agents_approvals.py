@@ -26,7 +26,7 @@ from effectd_client import (
 )
 from effectd_client._safe_outcomes import Matcher
 
-# The error code of a call an approver rejected (DESIGN §4).
+# The error code of a call an approver rejected (contract §4.5).
 APPROVAL_REJECTED = "APPROVAL_REJECTED"
 # What the model reads for a call an approver rejected (the SDK's default).
 DEFAULT_REJECTION_MESSAGE = "Tool execution was not approved."

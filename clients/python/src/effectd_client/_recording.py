@@ -7,7 +7,9 @@ result is `RESULT_MISMATCH`), a second ReportUnknown finds the call UNKNOWN
 under that attempt and answers it, a heartbeat extends the lease again, and an
 acknowledged call stays acknowledged. So a request whose answer was lost, or
 that a transient refusal turned away, is sent again, with the same attempt,
-within a bounded number of tries and a deadline, with backoff.
+within a bounded number of tries and a deadline, with backoff. A try that
+finds the daemon away waits for it first, within the try's timeout
+(`effectd_client._reconnect`), so that an outage costs the tries only one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def transient(error: EffectdError) -> bool:
     if error.code is grpc.StatusCode.DEADLINE_EXCEEDED and not error.reason:
         return True
     return error.retry_delay is not None
+
+
+def backoff(tries: int, initial: float, maximum: float, jitter: float) -> float:
+    """Seconds to wait after try `tries`: `initial` doubling up to `maximum`,
+    half of it jittered (`jitter` in [0, 1))."""
+    full = min(maximum, initial * 2.0 ** (tries - 1))
+    return full / 2 + jitter * full / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +76,7 @@ class RecordingRetry:
         """
         if tries >= self.attempts or not transient(error):
             return None
-        backoff = min(self.max_backoff, self.initial_backoff * 2.0 ** (tries - 1))
-        delay = backoff / 2 + jitter * backoff / 2
+        delay = backoff(tries, self.initial_backoff, self.max_backoff, jitter)
         if error.retry_delay is not None:
             delay = max(delay, error.retry_delay)
         if elapsed + delay >= self.deadline:

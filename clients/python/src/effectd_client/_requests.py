@@ -93,7 +93,7 @@ def start_tool(
 
 
 def started(r: pb.StartToolResponse) -> Prepared:
-    # Only a StartTool that answers EXECUTE holds the attempt (DESIGN §5).
+    # Only a StartTool that answers EXECUTE holds the attempt (contract §5.2).
     held = r.decision == pb.DECISION_EXECUTE
     return Prepared(
         Decision(r.decision), ToolCall.from_pb(r.call), r.idempotency_key, held, False

@@ -237,8 +237,9 @@ def encode_result(value: Any, serialize: Callable[[Any], Any] | None, raw: bool)
 
 # -- texts the daemon bounds ---------------------------------------------------
 
-# The daemon's limits (DESIGN §3): an error code is an identifier, a message or
-# a reason free text; both refuse control characters other than \n and \t.
+# The daemon's limits (as for identifiers, contract §3.1): an error code is an
+# identifier, a message or a reason free text; both refuse control characters
+# other than \n and \t.
 MAX_CODE_BYTES = 256
 MAX_TEXT_BYTES = 4096
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -77,8 +77,11 @@ class AsyncSession:
     ) -> Callable[..., Awaitable[Any]]:
         """RPC `name` called as a stub's method, through this session."""
 
+        # The signature of a grpc.aio stub's method, which this stands in for.
         async def call(
-            request: Any, timeout: float | None = None, metadata: Any = None
+            request: Any,
+            timeout: float | None = None,  # noqa: ASYNC109
+            metadata: Any = None,
         ) -> Any:
             answer = await self.call(name, request, timeout)
             if answer is _UNARY:
@@ -87,9 +90,15 @@ class AsyncSession:
 
         return call
 
-    async def call(self, name: str, body: Any, timeout: float | None) -> Any:
+    async def call(
+        self,
+        name: str,
+        body: Any,
+        timeout: float | None,  # noqa: ASYNC109 - also the message's timeout_ms
+    ) -> Any:
         """The answer of RPC `name`, `_UNARY` when the stream is not served;
-        raises `SessionRpcError`."""
+        raises `SessionRpcError`. `timeout` is the stub call's: the daemon
+        gets it as the message's deadline, and the wait here ends with it."""
         if self._closed:
             raise wire.closed()
         if self._unary or time.monotonic() < self._unary_until:

@@ -13,14 +13,18 @@ the same whichever way it came:
                                                       `cancel` is sent)
   the stream broke after the message was sent      -> UNAVAILABLE,
                                                       mayHaveBeenApplied=true
-  the stream broke before it, twice                -> UNAVAILABLE,
-                                                      mayHaveBeenApplied=false
+  the stream broke before it, twice, or found no   -> UNAVAILABLE,
+    connection to the daemon                          mayHaveBeenApplied=false
   the client was closed                            -> CANCELLED
   the stream was refused as a whole                -> see `ended`
 
 A message the stream broke before sending is sent again once on a new
-stream: it cannot have been applied. A daemon that answers the stream
-UNIMPLEMENTED (one older than the session) is asked by the unary RPCs.
+stream: it cannot have been applied. A stream that found no connection
+(`never_connected`: gRPC never sent it) sent none of its messages, whatever
+gRPC had taken from the queue; they fail at once as not sent, and the client
+waits for the daemon (`effectd_client._reconnect`). A daemon that answers
+the stream UNIMPLEMENTED (one older than the session) is asked by the unary
+RPCs.
 """
 
 from __future__ import annotations
@@ -146,6 +150,27 @@ def why(error: BaseException | None) -> str:
     if code is not None:
         return f"{code.name}: {getattr(error, 'details', lambda: '')()}"
     return "it ended" if error is None else repr(error)
+
+
+def never_connected(error: BaseException | None) -> bool:
+    """The call (unary or stream) failed before gRPC had a connection for it:
+    nothing of it reached the daemon.
+
+    gRPC fails a call so when its channel cannot connect (its load balancer's
+    pick fails); a call it had sent ends otherwise ("Stream removed",
+    "Socket closed"), and one it never put on the wire, or that the daemon
+    refused unread (GOAWAY), gRPC itself sends again on a new connection
+    before it fails it with this status.
+    """
+    if _code(error) is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    return NO_CONNECTION in getattr(error, "details", lambda: "")()
+
+
+#: How gRPC (core) says that a call found no connection: the pick_first
+#: balancer's message, as of grpcio 1.5x (the pinned version's test fails
+#: if it changes: `tests/clients/test_reconnect.py`).
+NO_CONNECTION = "failed to connect to all addresses"
 
 
 def refused(error: BaseException | None) -> bool:
@@ -305,6 +330,8 @@ def ended(
     without room for another stream (CONCURRENCY_LIMITED) has them asked by
     unary calls, as every call for a pause (its RetryInfo, else
     `FULL_PAUSE`), since a unary call holds a slot only while it is served.
+    A stream that found no connection fails its messages as not sent, for
+    the client to wait for the daemon (`effectd_client._reconnect`).
     """
     if closing:
         return Ending(
@@ -326,6 +353,13 @@ def ended(
             pause = FULL_PAUSE if delay is None else delay
             return Ending(False, [], table.take(stream), [], pause=pause)
         return Ending(True, [], table.take(stream), [])
+    if never_connected(error):
+        # It took none of its messages, whatever gRPC had read from the
+        # queue; a new stream at once would find no connection either.
+        unsent: list[tuple[Entry[W], Exception]] = [
+            (e, broken(False, why(error))) for e in table.take(stream)
+        ]
+        return Ending(False, unsent, [], [])
     failed, again = table.broken(stream)
     return Ending(False, [(e, broken(e.sent, why(error))) for e in failed], [], again)
 

@@ -228,7 +228,8 @@ class AgentLedger(LedgerApprovals):
         *,
         name: str,
         policy: McpPolicy | None = None,
-        timeout: float | None = None,
+        # Each tool call's time limit, as `tool`'s: not a wait of this method.
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> list[FunctionTool]:
         """The tools of a connected SDK MCP server, each through the ledger.
 

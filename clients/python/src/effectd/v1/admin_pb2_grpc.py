@@ -142,7 +142,7 @@ class AdminServicer:
 
     def ListDaemons(self, request, context):
         """The daemons that serve this daemon's store, as the store keeps their
-        registrations (DESIGN §4 "started under an earlier daemon incarnation"):
+        registrations (contract §4.4 "started under an earlier daemon incarnation"):
         each incarnation's daemon id, when it registered and last renewed, when
         its registration ends unless renewed, where it stands now, and the
         STARTED calls whose lease it granted. On the LMDB store this daemon is

@@ -94,7 +94,7 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 18
     """FAILED_PRECONDITION. The wait before a retry would pass the caller's
-    deadline, or the deadline has passed (DESIGN §7).
+    deadline, or the deadline has passed (contract §7.2).
     """
     ALREADY_COMMITTED: _ErrorReason.ValueType  # 19
     """FAILED_PRECONDITION. The call is committed: use its stored result, never
@@ -115,7 +115,7 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     RESULT_COMPACTED: _ErrorReason.ValueType  # 23
     """FAILED_PRECONDITION. The call was committed, and after the retention
-    window its record was reduced to a tombstone (DESIGN §4). It is never
+    window its record was reduced to a tombstone (contract §4.7). It is never
     executed again; use a new call_id for a new logical call. The ErrorInfo
     metadata carries the outcome and result digest kept, and whether the
     result was acknowledged ("acknowledged": "false" when it never was).
@@ -252,7 +252,7 @@ non-empty idempotency key that the target de-duplicates on (ADR-010 D6).
 """
 DEADLINE_EXCEEDED: ErrorReason.ValueType  # 18
 """FAILED_PRECONDITION. The wait before a retry would pass the caller's
-deadline, or the deadline has passed (DESIGN §7).
+deadline, or the deadline has passed (contract §7.2).
 """
 ALREADY_COMMITTED: ErrorReason.ValueType  # 19
 """FAILED_PRECONDITION. The call is committed: use its stored result, never
@@ -273,7 +273,7 @@ retry-safe policy off (ADR-010 R2).
 """
 RESULT_COMPACTED: ErrorReason.ValueType  # 23
 """FAILED_PRECONDITION. The call was committed, and after the retention
-window its record was reduced to a tombstone (DESIGN §4). It is never
+window its record was reduced to a tombstone (contract §4.7). It is never
 executed again; use a new call_id for a new logical call. The ErrorInfo
 metadata carries the outcome and result digest kept, and whether the
 result was acknowledged ("acknowledged": "false" when it never was).

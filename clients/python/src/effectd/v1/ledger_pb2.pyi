@@ -452,13 +452,16 @@ class ToolCall(_message.Message):
 
     @_builtins.property
     def kept_input(self) -> Global___Payload:
-        """The exact input as sent, kept while the call awaits approval (and, when
-        the policy keeps inputs, for every call up to its size cap) until the
-        call is COMMITTED, so that an approver sees what they approve. Set
-        wherever the history is (GetToolCall and the answers to changes), not in
-        ListToolCalls or Recover items. It counts in the namespace's stored
-        bytes. An approval binds `input_fingerprint`, never this copy: check that
-        it hashes to the fingerprint before trusting it.
+        """The exact input as sent, kept from the first prepare until the call is
+        COMMITTED (and after that, up to its size cap, when the policy keeps
+        settled inputs), so that an approver sees what they approve and an
+        operator what to look for in the target system. Set in GetToolCall and
+        the operator's answers (DecideApproval, Reconcile); in the answers to
+        the agent's own steps only while the call awaits approval; never in
+        ListToolCalls or Recover items. Records written before every input was
+        kept may have none. It counts in the namespace's stored bytes. An
+        approval binds `input_fingerprint`, never this copy: check that it
+        hashes to the fingerprint before trusting it.
         """
 
     def __init__(

@@ -77,7 +77,7 @@ class _RecoveryActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Recove
     """
 
 class RecoveryAction(_RecoveryAction, metaclass=_RecoveryActionEnumTypeWrapper):
-    """What the agent does with one call when it resumes the run (DESIGN §6)."""
+    """What the agent does with one call when it resumes the run (contract §6.1)."""
 
 RECOVERY_ACTION_UNSPECIFIED: RecoveryAction.ValueType  # 0
 RECOVERY_ACTION_REPLAY_RESULT: RecoveryAction.ValueType  # 1

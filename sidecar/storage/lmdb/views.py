@@ -1,7 +1,7 @@
 """The views a store function gets of one LMDB transaction: `TxnView`, the
 `ReadView` of a read (or of the writer's transaction), and `BufferedView`, the
 `WriteView` of one write function, whose writes reach the transaction only
-when it returns (`sidecar.storage.lmdb_store`).
+when it returns (`sidecar.storage.lmdb.store`).
 """
 
 from __future__ import annotations
@@ -13,20 +13,7 @@ from typing import Any
 import lmdb
 
 from sidecar.storage.api import Table
-from sidecar.storage.keys import MAX_KEY_BYTES
-
-
-class KeyTooLong(ValueError):
-    """A write function wrote a key LMDB cannot store. Keys are built to fit
-    (`sidecar.storage.keys`); raised inside the function, it refuses that
-    request alone, never its batch."""
-
-
-def _check_key(key: bytes) -> None:
-    if len(key) > MAX_KEY_BYTES:
-        raise KeyTooLong(
-            f"a store key has {len(key)} bytes, LMDB stores {MAX_KEY_BYTES}"
-        )
+from sidecar.storage.keys import check_key
 
 
 class TxnView:
@@ -92,11 +79,11 @@ class BufferedView:
                 yield key, value
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
-        _check_key(key)
+        check_key(key)
         self._pending[(table, key)] = value
 
     def delete(self, table: Table, key: bytes) -> None:
-        _check_key(key)
+        check_key(key)
         self._pending[(table, key)] = None
 
     def flush(self) -> int:

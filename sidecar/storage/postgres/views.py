@@ -1,9 +1,9 @@
 """The views a store function gets of one PostgreSQL transaction
-(`sidecar.storage.postgres_store`): `PgReadView` for reads, `PgWriteView` for
+(`sidecar.storage.postgres.store`): `PgReadView` for reads, `PgWriteView` for
 a write function of a batch, whose writes stay in memory until the batch
 is sent (a function that raises leaves nothing).
 
-Every `Table` is a range of `effectd_kv` (`sidecar.storage.pg_schema`),
+Every `Table` is a range of `effectd_kv` (`sidecar.storage.postgres.schema`),
 except `Table.USAGE`, which reads the sums of the counter rows of
 `effectd_usage` and writes them as changes to the row of the writing
 connection's shard (`add_usage`), so that concurrent writers never update
@@ -26,8 +26,7 @@ import psycopg
 from sidecar.ledger.quota import Usage
 from sidecar.storage import usage
 from sidecar.storage.api import Table
-from sidecar.storage.keys import MAX_KEY_BYTES
-from sidecar.storage.views import KeyTooLong
+from sidecar.storage.keys import check_key
 
 # Rows read per round trip of a scan.
 SCAN_BATCH = 500
@@ -166,14 +165,6 @@ class PgReadView:
                 and total != Usage()
             ):
                 yield key, usage.encode(total)
-
-
-def _check_key(key: bytes) -> None:
-    # The same bound as LMDB's: a key one store refuses, the other does too.
-    if len(key) > MAX_KEY_BYTES:
-        raise KeyTooLong(
-            f"a store key has {len(key)} bytes, the store keeps {MAX_KEY_BYTES}"
-        )
 
 
 class _Layer:
@@ -344,14 +335,14 @@ class PgWriteView(PgReadView):
                 yield key, value
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
-        _check_key(key)
+        check_key(key)
         if table is Table.USAGE:
             self._own.set_total(key, usage.decode(value))
         else:
             self._own.rows[(table, key)] = value
 
     def delete(self, table: Table, key: bytes) -> None:
-        _check_key(key)
+        check_key(key)
         if table is Table.USAGE:
             self._own.set_total(key, Usage())
         else:

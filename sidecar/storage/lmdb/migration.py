@@ -39,14 +39,7 @@ from dataclasses import dataclass
 
 from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger.model import CallRef, State
-from sidecar.storage import (
-    keys,
-    plan_rows,
-    records,
-    retention_times,
-    tombstones,
-    usage,
-)
+from sidecar.storage import keys, plan_rows, records, retention_times, tombstones, usage
 from sidecar.storage.api import Store, Table, WriteView
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ open, which refuses a schema it does not know.
 Every `api.Table` lives in one key-value table, `effectd_kv`, keyed by
 (table name, key): a table added to the enum needs no migration. Beside it:
 `effectd_usage`, the usage counters as rows sharded per writing connection
-(`sidecar.storage.postgres_store`), summed on read; the sequence of daemon
+(`sidecar.storage.postgres.store`), summed on read; the sequence of daemon
 incarnations (one per daemon that opens the store); and the sequence of
 checkpoint revisions, which never gives a number twice, whatever is deleted.
 
@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sidecar.storage import usage
+from sidecar.storage.api import FormatError
 
 if TYPE_CHECKING:
     # Imported where a connection is made: a daemon of the LMDB store, and
@@ -73,7 +74,7 @@ MIGRATIONS: Mapping[int, tuple[str, ...]] = {
 _PARAMETERS = {"counted": usage.COUNTED_KEY}
 
 
-class SchemaError(RuntimeError):
+class SchemaError(FormatError):
     """The database holds no effectd schema, or one of another version."""
 
 

@@ -1,5 +1,5 @@
 """How the PostgreSQL store reads a database failure
-(`sidecar.storage.postgres_store`): whether the transaction may run again
+(`sidecar.storage.postgres.store`): whether the transaction may run again
 (a serialization failure, a deadlock, a connection lost before COMMIT), or
 the request answers `StorageUnavailable` with ErrorInfo metadata
 `mayHaveBeenApplied`, the key the clients read (as the session stream says

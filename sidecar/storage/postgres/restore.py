@@ -4,7 +4,7 @@
 `pg_restore`, or a point-in-time recovery, brings back an earlier state of
 the ledger, and nothing in it says so: a call PREPARED then, and started and
 run since, would answer EXECUTE again. This marks the restored database as
-`effectd ctl restore` marks an LMDB copy (`storage.restore.mark`): every call
+`effectd ctl restore` marks an LMDB copy (`storage.marking.mark`): every call
 not COMMITTED turned UNKNOWN, the checkpoint revision sequence moved ahead,
 the marker and its audit entry. No daemon may serve the database meanwhile:
 the marking is refused while any registration it holds is live (a daemon
@@ -27,8 +27,8 @@ from sidecar.ledger.ownership import Registration, Standing
 from sidecar.ledger.restore import Marker
 from sidecar.storage import daemons
 from sidecar.storage.api import ReadView
-from sidecar.storage.pg_schema import SchemaError
-from sidecar.storage.restore import RestoreRefused, mark
+from sidecar.storage.marking import RestoreRefused, mark
+from sidecar.storage.postgres.schema import SchemaError
 
 
 def _live(regs: list[Registration], wall_ns: int) -> list[Registration]:
@@ -49,7 +49,7 @@ def mark_database(
     # Imported here: the command line of an LMDB store loads no driver.
     import psycopg  # noqa: PLC0415
 
-    from sidecar.storage.postgres_store import PostgresStore  # noqa: PLC0415
+    from sidecar.storage.postgres.store import PostgresStore  # noqa: PLC0415
 
     try:
         store = PostgresStore(url)

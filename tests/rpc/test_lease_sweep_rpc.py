@@ -1,4 +1,4 @@
-"""The settlement pass: STARTED calls whose lease ran out become UNKNOWN
+"""The lease sweep: STARTED calls whose lease ran out become UNKNOWN
 without anyone touching them, in bounded batches, on the injected clock."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from sidecar.ledger.model import (
 from sidecar.ledger.policy import FixedPolicy
 from sidecar.ledger.rules import PrepareSpec
 from sidecar.ledger.validation import Limits
+from sidecar.services.lease_sweep import LeaseSweep, SweepPass
 from sidecar.services.ledger import LedgerService
-from sidecar.services.settlement import SettlementService, SettlePass
 from sidecar.storage import records
 from sidecar.storage.api import Table
-from sidecar.storage.lmdb_store import LmdbStore
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import running_daemon
 from tests.ledger.builders import started
 from tests.rpc.support import prepare_request, ref
@@ -133,18 +133,18 @@ def test_a_pass_settles_in_bounded_batches(
     transactions and one that finds the end, the five settled, the live one
     untouched; a second pass finds nothing to do."""
     ledger = LedgerService(store, clock, Limits(), FixedPolicy())
-    service = SettlementService(store, clock, batch=2)
+    service = LeaseSweep(store, clock, batch=2)
 
-    async def scenario() -> tuple[SettlePass, SettlePass]:
+    async def scenario() -> tuple[SweepPass, SweepPass]:
         for i in range(5):
             await ledger.prepare(_spec(f"c{i}", lease_ms=1000))
         await ledger.prepare(_spec("live", lease_ms=60_000))
         clock.advance(2)
-        return await service.settle(), await service.settle()
+        return await service.sweep(), await service.sweep()
 
     first, second = asyncio.run(scenario())
-    assert first == SettlePass(examined=6, settled=5, transactions=4)
-    assert second == SettlePass(examined=1, settled=0, transactions=1)
+    assert first == SweepPass(examined=6, settled=5, transactions=4)
+    assert second == SweepPass(examined=1, settled=0, transactions=1)
     states = _states(store)
     assert states.pop("live") is State.STARTED
     assert set(states.values()) == {State.UNKNOWN}
@@ -153,7 +153,7 @@ def test_a_pass_settles_in_bounded_batches(
 def test_a_batch_size_below_one_is_refused(store: LmdbStore) -> None:
     """A pass must make progress: a batch of 0 is a programming error."""
     with pytest.raises(ValueError, match="batch"):
-        SettlementService(store, ManualClock(), batch=0)
+        LeaseSweep(store, ManualClock(), batch=0)
 
 
 def test_a_pass_walks_past_a_call_of_an_unknown_key_scheme(
@@ -175,7 +175,7 @@ def test_a_pass_walks_past_a_call_of_an_unknown_key_scheme(
     )
     store.submit(functools.partial(records.save_call, old=None, new=future)).result()
     clock.advance(2)
-    done = asyncio.run(SettlementService(store, clock).settle())
+    done = asyncio.run(LeaseSweep(store, clock).sweep())
     assert done.settled == 1
     assert _states_by_index(store) == {
         "a-future": State.STARTED,

@@ -1,9 +1,9 @@
-"""The settlement pass: STARTED calls whose lease ran out become UNKNOWN.
+"""The lease sweep: STARTED calls whose lease ran out become UNKNOWN.
 
 A request that touches such a call settles it first (`rules.settle`), but a
 call nobody touches again (its agent died) would stay STARTED, and listings,
 stats and metrics would count it as running instead of waiting for a person.
-The daemon therefore runs this pass periodically (`sidecar.server`): it walks
+The daemon therefore runs this sweep periodically (`sidecar.server`): it walks
 the by-state index of STARTED records in key order, a bounded batch per write
 transaction, and applies `rules.settle` to each record with the moment the
 writer runs the batch, so a call heartbeated or committed meanwhile is judged
@@ -27,8 +27,8 @@ DEFAULT_BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)
-class SettlePass:
-    """What one settlement pass did."""
+class SweepPass:
+    """What one lease sweep did."""
 
     examined: int
     settled: int
@@ -43,7 +43,7 @@ class _Batch:
     resume: bytes | None
 
 
-class SettlementService:
+class LeaseSweep:
     def __init__(
         self, store: Store, clock: Clock, *, batch: int = DEFAULT_BATCH
     ) -> None:
@@ -53,7 +53,7 @@ class SettlementService:
         self._clock = clock
         self._batch = batch
 
-    def _settle_batch(self, view: WriteView, *, after: bytes | None) -> _Batch:
+    def _sweep_batch(self, view: WriteView, *, after: bytes | None) -> _Batch:
         now = moment(self._clock, self._store, view)
         prefix = records.state_prefix(State.STARTED)
         keys = []
@@ -76,17 +76,17 @@ class SettlementService:
         resume = keys[-1] if len(keys) == self._batch else None
         return _Batch(len(keys), settled, resume)
 
-    async def settle(self) -> SettlePass:
+    async def sweep(self) -> SweepPass:
         """One pass over every STARTED record."""
         after: bytes | None = None
         examined = settled = transactions = 0
         while True:
             batch = await bulk_committed(
-                self._store, functools.partial(self._settle_batch, after=after)
+                self._store, functools.partial(self._sweep_batch, after=after)
             )
             examined += batch.examined
             settled += batch.settled
             transactions += 1
             if batch.resume is None:
-                return SettlePass(examined, settled, transactions)
+                return SweepPass(examined, settled, transactions)
             after = batch.resume

@@ -3,7 +3,7 @@
 A write function submitted from a thread (`submit`) is queued to one writer
 thread; the writer drains what is queued into one transaction, commits it
 once (one fsync for many requests), and only then answers them
-(`storage.answers`): no answer leaves before its data is durable. A write
+(`storage.lmdb.answers`): no answer leaves before its data is durable. A write
 awaited on the event loop (`write`) is committed on the loop itself: the
 writes of one pass of the loop are gathered and committed together, once,
 at the start of its next pass (group commit across every message of the
@@ -22,6 +22,7 @@ handling of a request LMDB refuses and of a batch too big for the map.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import queue
@@ -44,14 +45,17 @@ from sidecar.errors import (
 from sidecar.failpoints import Failpoints, Point
 from sidecar.ledger.quota import StoreFill
 from sidecar.locking import ExclusiveLock
-from sidecar.storage import answers, migration, usage
+from sidecar.storage import calls, usage
 from sidecar.storage.api import (
+    CallWrite,
+    FormatError,
     ReadView,
     Table,
     WriteView,
 )
 from sidecar.storage.keys import MAX_KEY_BYTES
-from sidecar.storage.views import BufferedView, TxnView
+from sidecar.storage.lmdb import answers, migration
+from sidecar.storage.lmdb.views import BufferedView, TxnView
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -65,7 +69,7 @@ log = logging.getLogger(__name__)
 # 4: the retention index (`storage.retention_times`); 5: the plan rows
 # (`storage.plan_rows`). A daemon of the format before would leave them stale
 # (a row would answer for an older record): it must not open the store.
-# Formats 1 to 4 are upgraded at open (`storage.migration`);
+# Formats 1 to 4 are upgraded at open (`storage.lmdb.migration`);
 # `storage.daemons` changes no format.
 FORMAT_VERSION = b"5"
 _UPGRADABLE = frozenset({b"1", b"2", b"3", b"4"})
@@ -80,7 +84,7 @@ _FULL_DISK = ("No space left on device", "Disk quota exceeded", "File too large"
 _NEARLY_FULL = 16 << 20
 
 
-class StoreFormatError(RuntimeError):
+class StoreFormatError(FormatError):
     """The data directory holds a store of another format version."""
 
 
@@ -224,6 +228,11 @@ class LmdbStore:
         value: T = await waiter.future
         return value
 
+    async def save_call(self, write: CallWrite) -> None:
+        """The compare-and-swap of one record (`storage.calls`), as a write
+        of its own."""
+        await self.write(functools.partial(calls.compare_and_save, write=write))
+
     def _commit_gathered(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the loop: commits the writes of its last pass, or hands them to
         the writer thread when it holds the transaction."""
@@ -235,12 +244,12 @@ class LmdbStore:
                         self._queue.put(item)
                     return
             error = ShuttingDown("the store is closed")
-            answers.settle([(w, None, error) for _, w in batch])
+            answers.resolve([(w, None, error) for _, w in batch])
             return
         try:
             if self._closed:
                 error = ShuttingDown("the store is closed")
-                answers.settle([(w, None, error) for _, w in batch])
+                answers.resolve([(w, None, error) for _, w in batch])
                 return
             for start in range(0, len(batch), self.options.max_batch):
                 part = batch[start : start + self.options.max_batch]
@@ -364,7 +373,7 @@ class LmdbStore:
                 _, waiter = pending.pop(failed.index)
                 log.error("LMDB refused a request's writes: %s", failed.error)
                 error = StorageUnavailable(f"storage write failed: {failed.error}")
-                answers.settle([(waiter, None, error)])
+                answers.resolve([(waiter, None, error)])
                 continue
             except (lmdb.MapFullError, lmdb.TxnFullError) as exc:
                 if isinstance(exc, lmdb.MapFullError) and self._clear_stale_readers():
@@ -374,7 +383,7 @@ class LmdbStore:
             except lmdb.Error as exc:
                 log.error("LMDB commit failed: %s", exc)
                 failure = self._commit_error(exc)
-                answers.settle([(waiter, None, failure) for _, waiter in pending])
+                answers.resolve([(waiter, None, failure) for _, waiter in pending])
                 return
             # Durable now: answer.
             if failpoints is not None:
@@ -382,7 +391,7 @@ class LmdbStore:
             self.stats.transactions += 1
             self.stats.writes += writes
             self.stats.largest_batch = max(self.stats.largest_batch, len(pending))
-            answers.settle(outcomes)
+            answers.resolve(outcomes)
             if self.options.on_commit is not None:
                 try:
                     self.options.on_commit(len(pending), committed)
@@ -404,7 +413,7 @@ class LmdbStore:
             message = f"the storage map of {size} bytes is full"
         else:
             message = "the request writes more than one transaction holds"
-        answers.settle([(batch[0][1], None, StorageFull(message))])
+        answers.resolve([(batch[0][1], None, StorageFull(message))])
 
     def _clear_stale_readers(self) -> int:
         """Frees the reader slots of processes that died holding a read

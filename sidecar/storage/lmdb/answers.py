@@ -4,7 +4,7 @@ A request queued by `LmdbStore.submit` waits on a `concurrent.futures.Future`
 (a thread, or `asyncio.wrap_future`); one queued by `LmdbStore.write` waits
 on a future of its event loop (`LoopWaiter`). A batch is answered only after
 its commit: on the loop that committed it, at once; from the writer thread,
-the loop's futures of a batch by one callback on that loop (`settle`), one
+the loop's futures of a batch by one callback on that loop (`resolve`), one
 wake of the loop per batch, where a wrapped concurrent future costs a wake
 (and its chaining) per request.
 """
@@ -45,7 +45,7 @@ def claim(waiter: Waiter) -> bool:
     return waiter.set_running_or_notify_cancel()
 
 
-def settle(outcomes: list[Outcome]) -> None:
+def resolve(outcomes: list[Outcome]) -> None:
     """Answers each request with its value or error: concurrent futures at
     once, each loop's futures in one callback on that loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
@@ -59,10 +59,10 @@ def settle(outcomes: list[Outcome]) -> None:
             waiter.set_exception(error)
     for loop, answers in by_loop.items():
         if _running() is loop:  # committed on the loop itself
-            _settle_on_loop(answers)
+            _resolve_on_loop(answers)
             continue
         try:
-            loop.call_soon_threadsafe(_settle_on_loop, answers)
+            loop.call_soon_threadsafe(_resolve_on_loop, answers)
         except RuntimeError:  # the loop is closed: nobody awaits them
             log.debug("%d answers for a closed event loop dropped", len(answers))
 
@@ -74,7 +74,7 @@ def _running() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _settle_on_loop(outcomes: list[Outcome]) -> None:
+def _resolve_on_loop(outcomes: list[Outcome]) -> None:
     for waiter, value, error in outcomes:
         assert isinstance(waiter, LoopWaiter)
         future = waiter.future

@@ -1,4 +1,4 @@
-"""How the PostgreSQL store (`sidecar.storage.postgres_store`) is tuned, and
+"""How the PostgreSQL store (`sidecar.storage.postgres.store`) is tuned, and
 what its writers count."""
 
 from __future__ import annotations

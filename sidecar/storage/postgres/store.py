@@ -8,7 +8,7 @@ batch, or one whose connection was lost before COMMIT, runs again on a new
 snapshot: write functions read everything they decide on from their view,
 so running one again is running it for the first time. A future resolves
 only after COMMIT returned, or after `pg_xact_status` said a COMMIT whose
-answer was lost committed (`sidecar.storage.pg_faults` says what each
+answer was lost committed (`sidecar.storage.postgres.faults` says what each
 failure answers). Reads run on REPEATABLE READ read-only snapshots of their
 own pool. The incarnation comes from a sequence: one per daemon, never reused.
 
@@ -19,6 +19,7 @@ COMMIT it settles are one path, read together.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import random
@@ -34,9 +35,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point
-from sidecar.storage import pg_schema, usage
-from sidecar.storage.api import ReadView, WriteView
-from sidecar.storage.pg_faults import (
+from sidecar.storage import calls, usage
+from sidecar.storage.api import CallWrite, ReadView, WriteView
+from sidecar.storage.postgres import schema as pg_schema
+from sidecar.storage.postgres.faults import (
     CONFLICTS,
     MAY_HAVE_BEEN_APPLIED,
     Again,
@@ -48,8 +50,8 @@ from sidecar.storage.pg_faults import (
     unavailable,
     xact_status,
 )
-from sidecar.storage.pg_options import PgStats, PostgresOptions
-from sidecar.storage.pg_views import (
+from sidecar.storage.postgres.options import PgStats, PostgresOptions
+from sidecar.storage.postgres.views import (
     USAGE_SHARDS,
     Batch,
     DatabaseFailed,
@@ -88,30 +90,20 @@ class PostgresStore:
         self._stats_lock = threading.Lock()
         self._closing = threading.Lock()
         self._closed = False
-        self._writes = ConnectionPool(
-            url,
-            min_size=1,
-            max_size=o.writers,
-            kwargs={"autocommit": False, "application_name": o.application_name},
-            configure=self._configure_writer,
-            timeout=o.pool_timeout,
-            reconnect_timeout=o.reconnect_seconds,
-            name="effectd-writes",
-            open=False,
+        self._writes = self._pool(
+            url, "writes", o.writers, configure=self._configure_writer
         )
-        self._reads = ConnectionPool(
+        self._reads = self._pool(
+            url, "reads", o.readers, configure=self._configure_reader
+        )
+        # Point reads: each statement on its own snapshot, with no transaction
+        # around it (one statement where a snapshot costs BEGIN and ROLLBACK).
+        self._points = self._pool(
             url,
-            min_size=1,
-            max_size=o.readers,
-            kwargs={
-                "autocommit": False,
-                "application_name": o.application_name + "/reads",
-            },
-            configure=self._configure_reader,
-            timeout=o.pool_timeout,
-            reconnect_timeout=o.reconnect_seconds,
-            name="effectd-reads",
-            open=False,
+            "points",
+            o.readers,
+            configure=self._configure_points,
+            autocommit=True,
         )
         self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
         self._writers = [
@@ -123,6 +115,7 @@ class PostgresStore:
                 writer.start()
             self._writes.open(wait=True, timeout=o.pool_timeout)
             self._reads.open(wait=True, timeout=o.pool_timeout)
+            self._points.open(wait=True, timeout=o.pool_timeout)
             with self._writes.connection() as conn:
                 pg_schema.check(conn)
                 row = conn.execute("SELECT nextval('effectd_incarnation')").fetchone()
@@ -138,6 +131,31 @@ class PostgresStore:
         except BaseException:
             self.close()
             raise
+
+    def _pool(
+        self,
+        url: str,
+        use: str,
+        size: int,
+        *,
+        configure: Callable[[_Conn], None],
+        autocommit: bool = False,
+    ) -> ConnectionPool[_Conn]:
+        """A pool named for its `use`, shown in pg_stat_activity as
+        `effectd` (writes) or `effectd/<use>`; opened by `__init__`."""
+        o = self.options
+        name = o.application_name + ("" if use == "writes" else "/" + use)
+        return ConnectionPool(
+            url,
+            min_size=1,
+            max_size=size,
+            kwargs={"autocommit": autocommit, "application_name": name},
+            configure=configure,
+            timeout=o.pool_timeout,
+            reconnect_timeout=o.reconnect_seconds,
+            name="effectd-" + use,
+            open=False,
+        )
 
     def _configure(self, conn: _Conn, *, read_only: bool) -> None:
         if not read_only:
@@ -163,6 +181,13 @@ class PostgresStore:
     def _configure_reader(self, conn: _Conn) -> None:
         self._configure(conn, read_only=True)
 
+    def _configure_points(self, conn: _Conn) -> None:
+        if self.options.statement_timeout is not None:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (f"{int(self.options.statement_timeout * 1000)}ms",),
+            )
+
     @property
     def incarnation(self) -> int:
         return self._incarnation
@@ -178,19 +203,36 @@ class PostgresStore:
     # -- reads ------------------------------------------------------------
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
-        """`fn` on a snapshot. A connection found broken (the database
-        restarted since it was pooled) means the others pooled with it may
-        be too: the pool's idle connections are checked (the broken ones
-        replaced) and `fn` runs once more."""
+        """`fn` on a snapshot (a REPEATABLE READ read-only transaction)."""
+        return self._read(self._reads, fn, snapshot=True)
+
+    def read_point(self, fn: Callable[[ReadView], T]) -> T:
+        """`fn`, a read of a few keys (`api.ReadsPoints`), each statement on
+        its own snapshot, outside any transaction: a one-key read is one
+        statement."""
+        return self._read(self._points, fn, snapshot=False)
+
+    def _read(
+        self,
+        pool: ConnectionPool[_Conn],
+        fn: Callable[[ReadView], T],
+        *,
+        snapshot: bool,
+    ) -> T:
+        """`fn` on a connection of `pool`. A connection found broken (the
+        database restarted since it was pooled) means the others pooled with
+        it may be too: the pool's idle connections are checked (the broken
+        ones replaced) and `fn` runs once more."""
         if self._closed:
             raise ShuttingDown("the store is closed")
         for attempt in (1, 2):
             try:
-                with self._reads.connection() as conn:
+                with pool.connection() as conn:
                     try:
                         return fn(PgReadView(conn))
                     finally:
-                        rollback(conn)
+                        if snapshot:
+                            rollback(conn)
             except PoolTimeout:
                 raise unavailable(
                     "no PostgreSQL connection for a read within "
@@ -199,7 +241,7 @@ class PostgresStore:
                 ) from None
             except DatabaseFailed as failed:
                 if attempt == 1 and connection_lost(failed.error):
-                    self._reads.check()
+                    pool.check()
                     continue
                 raise unavailable(
                     f"a PostgreSQL read failed: {failed.error}", applied=False
@@ -226,6 +268,11 @@ class PostgresStore:
         transaction on PostgreSQL is network round trips the event loop
         must not wait for."""
         return await asyncio.wrap_future(self.submit(fn))
+
+    async def save_call(self, write: CallWrite) -> None:
+        """The compare-and-swap of one record (`storage.calls`), as a write
+        of its own."""
+        await self.write(functools.partial(calls.compare_and_save, write=write))
 
     def _run(self) -> None:
         """A writer thread: what is queued, up to `max_batch`, goes into one
@@ -394,6 +441,7 @@ class PostgresStore:
                 writer.join()
         self._writes.close()
         self._reads.close()
+        self._points.close()
 
     def backup(self, path: Path) -> int:
         raise NotImplementedYet(

@@ -1,0 +1,420 @@
+"""effectd on PostgreSQL against DBOS Transact on the same server, and effectd
+with 1 to 4 daemons on one database, in one run (`make bench-shared`).
+
+DBOS Transact (pinned in `PINS`) runs in a venv of its own, outside the
+repository (`--state`, created once); it is never one of the project's
+dependencies. Both sides get a database of their own on the server of
+EFFECTD_BENCH_POSTGRES (default postgresql://127.0.0.1:5432/test), dropped
+after. A tool call is, for effectd, PrepareTool(start) + the body +
+CommitTool(acknowledge) through a daemon's Unix socket
+(`bench/effectd_caller.py`); for DBOS, a workflow per call started with
+`SetWorkflowID(key)` whose one step is the body (`bench/dbos_caller.py`),
+one process per caller, each with `DBOS.launch()`. A duplicate is the same
+call again. Every phase is validated per key: in `first` the body ran exactly
+once, in `dup` never, and every call answered its own key's result.
+
+Rounds interleave every point (first, then dup, at 1 and 16 callers; then
+effectd's first executions at 32 callers on 1, 2, 3 and 4 daemons), so a
+burst of other work on the machine falls on all of them alike; the table
+gives the median of the rounds and the ratios of the medians. Per call:
+write commits and WAL bytes of each side's database (`pg_stat_database`,
+`pg_walinspect`), the CPU milliseconds of effectd's daemons and of both
+sides' database backends (/proc; DBOS runs inside its callers, whose CPU is
+not counted), and effectd's serialization re-runs per write commit (the
+server's log, when readable).
+
+    python bench/versus_dbos.py [--rounds 3] [--no-dbos]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lifecycle import _daemon
+from pg_cost import SERVER, Probe, _cpu_ms, _url, wal_kept
+
+from sidecar.storage.postgres import schema
+
+HERE = Path(__file__).resolve().parent
+PINS = ("dbos==3.4.0", "psycopg[binary]==3.3.9")
+_Conn = psycopg.Connection[tuple[object, ...]]
+
+
+def ensure_venv(venv: Path) -> Path:
+    """The DBOS venv with `PINS` installed (once; again when they change)."""
+    python = venv / "bin" / "python"
+    stamp = venv / "effectd-bench-pins.txt"
+    if python.exists() and stamp.exists() and stamp.read_text() == "\n".join(PINS):
+        return python
+    print(f"installing {', '.join(PINS)} into {venv}", flush=True)
+    if not python.exists():
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", *PINS], check=True)
+    stamp.write_text("\n".join(PINS))
+    return python
+
+
+@dataclass
+class Phase:
+    """One measured phase of one point: calls/s, latencies, costs per call."""
+
+    calls: int
+    seconds: float
+    latencies: list[int]
+    costs: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ops_s(self) -> float:
+        return self.calls / self.seconds
+
+    def pct(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+
+
+class Failed(Exception):
+    """A phase did not validate."""
+
+
+def _run_callers(commands: list[list[str]], phase: str) -> Phase:
+    """Starts the callers, waits until each is ready, lets them go together,
+    and validates what they report."""
+    procs = [
+        subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for c in commands
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise Failed(f"a caller did not start: {line!r}")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        reports = []
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    want = 1 if phase == "first" else 0
+    latencies: list[int] = []
+    calls = 0
+    for r in reports:
+        bad = {k: n for k, n in r["bodies"].items() if n != want}
+        if bad or r["wrong"]:
+            raise Failed(f"{phase}: bodies {bad} answers {r['wrong'][:5]}")
+        latencies += r["latencies"]
+        calls += len(r["bodies"])
+    began = min(r["began"] for r in reports)
+    ended = max(r["ended"] for r in reports)
+    return Phase(calls, ended - began, latencies)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.token = secrets.token_hex(3)
+        self.daemons: list[subprocess.Popen[str]] = []
+        self.dbos_python: Path | None = None
+        self.log = _server_log()
+
+    def effectd_commands(
+        self, callers: int, daemons: int, phase: str, prefix: str, count: int
+    ) -> list[list[str]]:
+        shares = [callers // daemons] * daemons
+        for i in range(callers - sum(shares)):
+            shares[i] += 1
+        commands = []
+        first = 0
+        for d, share in enumerate(shares):
+            if share:
+                commands.append(
+                    [
+                        sys.executable,
+                        str(HERE / "effectd_caller.py"),
+                        f"unix:{self.tmp}/pg{d}/effectd.sock",
+                        str(share),
+                        phase,
+                        prefix,
+                        str(first),
+                        str(count),
+                    ]
+                )
+                first += share * count
+        return commands
+
+    def dbos_commands(
+        self, url: str, callers: int, phase: str, prefix: str, count: int
+    ) -> list[list[str]]:
+        assert self.dbos_python is not None
+        return [
+            [
+                str(self.dbos_python),
+                str(HERE / "dbos_caller.py"),
+                url,
+                f"caller{c}",
+                phase,
+                prefix,
+                str(c * count),
+                str(count),
+            ]
+            for c in range(callers)
+        ]
+
+
+def _server_log() -> Path | None:
+    found = sorted(glob.glob("/var/log/postgresql/postgresql-*-main.log"))
+    if found and os.access(found[-1], os.R_OK):
+        return Path(found[-1])
+    return None
+
+
+def _reruns(log: Path | None, offset: int, database: str) -> int | None:
+    if log is None:
+        return None
+    with log.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    return text.count(f"@{database} ERROR:  could not serialize")
+
+
+def _measured(probe: Probe, pids: list[int], run: Callable[[], Phase]) -> Phase:
+    """`run()` with the database's and the processes' counters around it."""
+    probe.admin.execute("SELECT 1")
+    backends = probe.backends()
+    before = probe.mark()
+    cpu = {p: _cpu_ms(p) for p in [*pids, *backends]}
+    phase: Phase = run()
+    after = probe.mark()
+    backends = sorted(set(backends) | set(probe.backends()))
+    wal, writes = probe.wal(before["lsn"], after["lsn"])
+    n = phase.calls
+    phase.costs = {
+        "commits": writes / n,
+        "wal": wal / n,
+        "daemon_ms": sum(_cpu_ms(p) - cpu.get(p, 0.0) for p in pids) / n,
+        "pg_ms": sum(_cpu_ms(p) - cpu.get(p, 0.0) for p in backends) / n,
+        "writes": writes,
+    }
+    return phase
+
+
+def _median(phases: list[Phase], what: str) -> float:
+    values = {
+        "ops_s": [p.ops_s for p in phases],
+        "p50": [p.pct(0.5) for p in phases],
+        "p99": [p.pct(0.99) for p in phases],
+    }.get(what) or [p.costs.get(what, float("nan")) for p in phases]
+    return statistics.median(values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keys-1", type=int, default=300, help="keys of 1 caller")
+    parser.add_argument("--keys-16", type=int, default=25, help="keys per caller")
+    parser.add_argument("--keys-32", type=int, default=15, help="keys per caller")
+    parser.add_argument("--no-dbos", action="store_true")
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=Path(
+            os.environ.get("EFFECTD_BENCH_STATE")
+            or Path(tempfile.gettempdir()) / "effectd-bench-dbos"
+        ),
+        help="where the DBOS venv is kept (outside the repository)",
+    )
+    args = parser.parse_args()
+    names = {side: f"effectd_vs_{side}_{secrets.token_hex(3)}" for side in ("e", "d")}
+    with psycopg.connect(SERVER, autocommit=True) as admin:
+        for name in names.values():
+            admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            for name in names.values():
+                with psycopg.connect(_url(name), autocommit=True) as conn:
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            schema.migrate_url(_url(names["e"]))
+            with (
+                wal_kept(admin),
+                tempfile.TemporaryDirectory(prefix="effectd-vs-", dir="/tmp") as t,
+            ):
+                _bench(args, admin, names, Path(t))
+        finally:
+            for name in names.values():
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return 0
+
+
+def _bench(
+    args: argparse.Namespace, admin: _Conn, names: dict[str, str], tmp: Path
+) -> None:
+    bench = Bench(args, tmp)
+    e_url, d_url = _url(names["e"]), _url(names["d"])
+    for i in range(4):
+        bench.daemons.append(
+            _daemon(f"{tmp}/pg{i}", "--store", e_url, "--daemon-id", f"pg{i}")
+        )
+    pids = [d.pid for d in bench.daemons]
+    if not args.no_dbos:
+        bench.dbos_python = ensure_venv(args.state / "venv")
+    print(
+        f"effectd against DBOS Transact ({PINS[0]}) on one PostgreSQL; "
+        f"{args.rounds} rounds, medians; load average "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        flush=True,
+    )
+    with (
+        psycopg.connect(e_url, autocommit=True) as e_own,
+        psycopg.connect(d_url, autocommit=True) as d_own,
+    ):
+        e_probe, d_probe = (
+            Probe(admin, names["e"], e_own),
+            Probe(admin, names["d"], d_own),
+        )
+        results: dict[tuple[str, str, int], list[Phase]] = {}
+        reruns: dict[int, list[float]] = {}
+        try:
+            for r in range(args.rounds):
+                _round(
+                    bench,
+                    r,
+                    probes=(e_probe, d_probe),
+                    pids=pids,
+                    results=results,
+                    reruns=reruns,
+                )
+        finally:
+            for d in bench.daemons:
+                d.terminate()
+            for d in bench.daemons:
+                d.wait(timeout=30)
+    _print(results, reruns)
+
+
+def _round(
+    bench: Bench,
+    r: int,
+    *,
+    probes: tuple[Probe, Probe],
+    pids: list[int],
+    results: dict[tuple[str, str, int], list[Phase]],
+    reruns: dict[int, list[float]],
+) -> None:
+    a = bench.args
+    e_probe, d_probe = probes
+    d_url = _url(d_probe.db)
+    points: list[tuple[str, int, int]] = [("effectd 1d", 1, 1), ("effectd 1d", 16, 1)]
+    points.append(("effectd 3d", 16, 3))
+    if not a.no_dbos:
+        points += [("DBOS", 1, 0), ("DBOS", 16, 0)]
+    # A DBOS process first creates its schema alone.
+    order = points if r % 2 == 0 else list(reversed(points))
+    for name, callers, daemons in order:
+        count = a.keys_1 if callers == 1 else a.keys_16
+        prefix = f"r{r}{name[0]}{daemons}c{callers}".replace(" ", "")
+        for phase in ("first", "dup"):
+            if daemons:
+                cmds = bench.effectd_commands(callers, daemons, phase, prefix, count)
+                measured = _measured(
+                    e_probe,
+                    pids[:daemons],
+                    functools.partial(_run_callers, cmds, phase),
+                )
+            else:
+                cmds = bench.dbos_commands(d_url, callers, phase, prefix, count)
+                measured = _measured(
+                    d_probe, [], functools.partial(_run_callers, cmds, phase)
+                )
+                # DBOS runs in its callers, whose backends come and go with
+                # them: neither is counted.
+                measured.costs.pop("daemon_ms")
+                measured.costs.pop("pg_ms")
+            results.setdefault((name, phase, callers), []).append(measured)
+    for daemons in (1, 2, 3, 4):
+        prefix = f"r{r}s{daemons}"
+        cmds = bench.effectd_commands(32, daemons, "first", prefix, a.keys_32)
+        offset = bench.log.stat().st_size if bench.log is not None else 0
+        measured = _measured(
+            e_probe, pids[:daemons], functools.partial(_run_callers, cmds, "first")
+        )
+        failures = _reruns(bench.log, offset, e_probe.db)
+        if failures is not None and measured.costs["writes"]:
+            reruns.setdefault(daemons, []).append(failures / measured.costs["writes"])
+        results.setdefault((f"effectd {daemons}d", "scale", 32), []).append(measured)
+
+
+def _print(
+    results: dict[tuple[str, str, int], list[Phase]], reruns: dict[int, list[float]]
+) -> None:
+    print(
+        f"\n{'point':<13}{'phase':<6}{'callers':>8}{'calls/s':>9}{'p50 ms':>8}"
+        f"{'p99 ms':>8}{'commits':>8}{'WAL B':>7}{'daemon ms':>10}{'PG ms':>7}"
+    )
+    for (name, phase, callers), phases in results.items():
+        print(
+            f"{name:<13}{phase:<6}{callers:>8}{_median(phases, 'ops_s'):>9.0f}"
+            f"{_median(phases, 'p50'):>8.1f}{_median(phases, 'p99'):>8.1f}"
+            f"{_median(phases, 'commits'):>8.2f}{_median(phases, 'wal'):>7.0f}"
+            f"{_median(phases, 'daemon_ms'):>10.2f}{_median(phases, 'pg_ms'):>7.2f}"
+        )
+    print("\nratios of the medians (per round in brackets: min-max)")
+    for phase, callers, e in (
+        ("first", 1, "effectd 1d"),
+        ("first", 16, "effectd 1d"),
+        ("first", 16, "effectd 3d"),
+        ("dup", 1, "effectd 1d"),
+        ("dup", 16, "effectd 1d"),
+    ):
+        _ratio(results, (e, phase, callers), ("DBOS", phase, callers), f"{e} / DBOS")
+    one = ("effectd 1d", "scale", 32)
+    for daemons in (2, 3, 4):
+        _ratio(results, (f"effectd {daemons}d", "scale", 32), one, f"{daemons}d / 1d")
+    for daemons, values in sorted(reruns.items()):
+        print(
+            f"serialization re-runs per write commit, {daemons} daemons at 32 "
+            f"callers: {statistics.median(values):.3f}"
+        )
+
+
+def _ratio(
+    results: dict[tuple[str, str, int], list[Phase]],
+    top: tuple[str, str, int],
+    bottom: tuple[str, str, int],
+    label: str,
+) -> None:
+    if top not in results or bottom not in results:
+        return
+    per_round = [
+        a.ops_s / b.ops_s for a, b in zip(results[top], results[bottom], strict=True)
+    ]
+    print(
+        f"{label:<22}{top[1]:<6}{top[2]:>3} callers: "
+        f"{_median(results[top], 'ops_s') / _median(results[bottom], 'ops_s'):.2f} "
+        f"[{min(per_round):.2f}-{max(per_round):.2f}]"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""The compare-and-swap of one call record (`api.CallWrite`), on a write view:
+the write of every request on one call (PrepareTool, StartTool, CommitTool,
+Heartbeat, ReportUnknown, and an operator's approval or reconciliation, with
+its audit entry).
+
+The service reads the record on a snapshot and decides with the pure rules
+(`ledger.rules`); the store then saves the new record only if the stored one
+is still the one decided on, else nothing is written and `api.Conflict` is
+raised, and the service reads and decides again. Deciding off the writer
+keeps the write transaction to what must be atomic: the compare, the record
+with its index entries (`records.save_call`), the audit entry the rule
+writes with it, and, for a new call, the namespace's quota, checked against
+its usage as the write finds it.
+"""
+
+from __future__ import annotations
+
+from sidecar.ledger import quota
+from sidecar.ledger.model import CallRef, ToolCall
+from sidecar.ledger.retention import Tombstone
+from sidecar.storage import records, tombstones, usage
+from sidecar.storage.api import CallWrite, Conflict, ReadView, WriteView
+
+
+def find(view: ReadView, ref: CallRef) -> tuple[ToolCall | None, Tombstone | None]:
+    """The record of `ref`, or else the tombstone of its compacted record."""
+    call = records.load_call(view, ref)
+    if call is not None:
+        return call, None
+    return None, tombstones.load(view, ref)
+
+
+def compare_and_save(view: WriteView, write: CallWrite) -> None:
+    """Saves `write.new` if its compare holds.
+
+    Raises:
+        Conflict: the stored record is not `write.old` (by revision), or, for
+            a new call, a record or a tombstone of it is stored, or what the
+            decision assumed no longer holds.
+        QuotaExceeded: a new call past its namespace's quotas; nothing is
+            written.
+    """
+    ref = write.new.ref
+    if write.holds is not None and not write.holds():
+        raise Conflict("what the decision assumed changed before its write")
+    stored = records.load_call(view, ref)
+    if write.old is None:
+        if stored is not None or tombstones.load(view, ref) is not None:
+            raise Conflict(f"tool call {ref.run_id}:{ref.call_id} exists now")
+    elif stored is None or stored.revision != write.old.revision:
+        raise Conflict(
+            f"tool call {ref.run_id}:{ref.call_id} changed since it was read"
+        )
+    limits = write.quotas
+    if write.old is not None or limits is None or not limits.limits_storage:
+        records.save_call(view, stored, write.new)
+    else:
+        before = usage.load(view, ref.namespace)
+        records.save_call(view, None, write.new)
+        # Measured after the save: the stored size is the encoded record's.
+        refusal = quota.refuse_growth(
+            ref.namespace, before, usage.load(view, ref.namespace), limits
+        )
+        if refusal is not None:
+            # Raised inside the write function: nothing of it is kept.
+            raise refusal
+    if write.audit is not None:
+        records.append_audit(view, write.audit)
