@@ -44,6 +44,7 @@ from effectd_client import (
     InputMismatch,
     ReconciliationNeeded,
     State,
+    ToolCall,
     ToolTimedOut,
 )
 from effectd_client.mcp import McpPolicy
@@ -814,7 +815,7 @@ def test_parallel_unknown_calls_are_all_named_by_the_interruption(
     with pytest.raises(LedgerInterruption) as stopped:
         asyncio.run(restart())
     assert isinstance(stopped.value.cause, ReconciliationNeeded)
-    named = getattr(stopped.value, "calls", (stopped.value.call,))
+    named: tuple[ToolCall, ...] = stopped.value.calls
     assert sorted(c.call_id for c in named) == ["p-1", "p-2"]
     assert "p-1 (send, UNKNOWN), p-2 (send, UNKNOWN)" in str(stopped.value)
     with Client(daemon.target) as client:

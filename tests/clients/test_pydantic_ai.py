@@ -714,6 +714,7 @@ def test_a_resume_carries_a_human_approval_beside_a_deferred_sibling(
                 output_type=[str, DeferredToolRequests],
             )
             first = await agent.run("go")
+            assert isinstance(first.output, DeferredToolRequests)
             assert [c.tool_call_id for c in first.output.approvals] == ["tc-send"]
             history = first.all_messages()
             approved = DeferredToolResults(approvals={"tc-send": True})
