@@ -20,7 +20,7 @@ import grpc
 import pytest
 from effectd.v1 import admin_pb2, admin_pb2_grpc, ledger_pb2_grpc
 
-from effectd_client import Client, Effect, State
+from effectd_client import Channel, Client, Effect, State
 from sidecar.cli import main
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
@@ -265,6 +265,32 @@ def test_reconcile_with_the_result_found(ctl: Ctl, client: Client) -> None:
     call = client.get_tool_call(RUN, "c1")
     assert call.result is not None
     assert call.result.value == {"charged": 42}
+
+
+def test_reconcile_refuses_a_result_an_mcp_call_could_never_return(
+    ctl: Ctl, client: Client
+) -> None:
+    """An MCP call reconciled with a bare string is refused (exit 1) with the
+    CallToolResult shape it wants; nothing changes, and that shape is then
+    committed (issue 25 item 5: fails before the fix: it was committed, and
+    the resumed MCP agent failed on it forever)."""
+    prepared = client.prepare_tool(
+        RUN, "m1", "mcp://pay/charge", {"id": 9}, start=True, channel=Channel.MCP
+    )
+    client.report_unknown(RUN, "m1", prepared.call.attempt, "the process died")
+    args = ("reconcile", RUN, "m1", "--reason", "found it", "--evidence", "PSP 7")
+    code, _, err = ctl(*args, "--result", '"charged i-9"')
+    assert code == 1
+    assert "refused: INVALID_REQUEST" in err
+    assert (
+        "  result: an MCP call's result is an MCP CallToolResult object, e.g. "
+        '{"content": [{"type": "text", "text": "..."}], "isError": false}: '
+        "the result is a string, not an object"
+    ) in err
+    assert client.get_tool_call(RUN, "m1").state is State.UNKNOWN
+    found = '{"content": [{"type": "text", "text": "charged i-9"}], "isError": false}'
+    assert ctl(*args, "--result", found)[0] == 0
+    assert client.get_tool_call(RUN, "m1").state is State.COMMITTED
 
 
 def test_reconcile_not_executed_makes_the_call_startable(

@@ -35,10 +35,10 @@ AT_LEAST = {
     "README.md": 9,
     "docs/operations.md": 6,
     "clients/node/README.md": 0,
-    "docs/mcp.md": 3,
-    "docs/pydantic-ai.md": 1,
-    "docs/langgraph.md": 2,
-    "docs/openai-agents.md": 1,
+    "docs/mcp.md": 4,
+    "docs/pydantic-ai.md": 2,
+    "docs/langgraph.md": 3,
+    "docs/openai-agents.md": 2,
 }
 
 
@@ -98,6 +98,33 @@ def test_the_readme_needs_no_fixture_of_the_tests() -> None:
     markers = [b.marker for b in docs.blocks((ROOT / "README.md").read_text())]
     assert "given" not in markers
     assert markers[0] == "serves"
+
+
+FRAMEWORK_PAGES = (
+    "docs/mcp.md",
+    "docs/pydantic-ai.md",
+    "docs/langgraph.md",
+    "docs/openai-agents.md",
+)
+
+
+@pytest.mark.parametrize("document", FRAMEWORK_PAGES)
+def test_each_framework_page_reconciles_in_a_block_that_runs(document: str) -> None:
+    """Each framework's page shows how to reconcile its calls in a block the
+    documents' test runs: the result found, and "never ran" with
+    `--confirm-dead-attempt` (issue 25 item 15: fails before the fix: no
+    framework page named the flag, and none ran a reconcile)."""
+    runs = [
+        block.code
+        for block in docs.blocks((ROOT / document).read_text())
+        if block.lang == "sh" and block.marker != "skip"
+    ]
+    assert any(
+        "effectd ctl reconcile" in code
+        and "--result" in code
+        and "--not-executed --confirm-dead-attempt" in code
+        for code in runs
+    ), document
 
 
 def test_every_marker_is_understood() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from effectd.v1 import admin_pb2 as apb
 from effectd.v1 import ledger_pb2 as pb
 
+from sidecar.ledger.channel_results import CALL_TOOL_RESULT_EXAMPLE
 from sidecar.ledger.model import APPROVAL_REJECTED
 
 REJECTED = "REJECTED"
@@ -51,3 +52,12 @@ def audit_after(e: apb.AuditEntry) -> str:
     if e.action == apb.AUDIT_ACTION_REJECT and e.state_after == pb.CALL_STATE_COMMITTED:
         return REJECTED
     return state_name(e.state_after)
+
+
+def result_example(call: pb.ToolCall) -> str | None:
+    """An example of the result found for `call`, where its channel decides
+    its shape (an MCP call's CallToolResult): None where any JSON value is a
+    result."""
+    if call.channel != pb.CALL_CHANNEL_MCP:
+        return None
+    return CALL_TOOL_RESULT_EXAMPLE

@@ -20,13 +20,16 @@ from dataclasses import dataclass
 
 from sidecar.errors import (
     EffectdError,
+    FieldViolation,
     InputMismatch,
+    InvalidArgument,
     InvalidTransition,
     ReconcileQuarantine,
     RevisionConflict,
     StaleAttempt,
 )
 from sidecar.ledger import fingerprint, kept_inputs, machine, rules
+from sidecar.ledger.channel_results import result_fault
 from sidecar.ledger.model import (
     APPROVAL_REJECTED,
     Approval,
@@ -125,6 +128,22 @@ def quarantine_end_ns(call: ToolCall, policy: Policy) -> int:
     return call.outcome_unknown_since_ns + policy.reconcile_quarantine_ns(call.lease_ms)
 
 
+def _wrong_order(call: ToolCall, order: ReconcileOrder) -> EffectdError | None:
+    """A confirmation naming another attempt than the call's, or a result
+    the call's channel could never return."""
+    confirmed = order.confirmed_dead_attempt
+    if confirmed and confirmed != call.attempt:
+        return StaleAttempt(
+            f"attempt {confirmed} is not the call's attempt: confirm that "
+            f"attempt {call.attempt} is dead",
+            {"currentAttempt": str(call.attempt)},
+        )
+    fault = None if order.result is None else result_fault(call.channel, order.result)
+    if fault is not None:
+        return InvalidArgument([FieldViolation("result", fault)])
+    return None
+
+
 def _quarantined(call: ToolCall, now: Now, policy: Policy) -> EffectdError | None:
     """The refusal of "never executed" while the call is in quarantine."""
     quarantine = policy.reconcile_quarantine_ns(call.lease_ms)
@@ -215,7 +234,8 @@ def reconcile(
     execute (INVALID_TRANSITION); a confirmation naming another attempt than
     the call's (STALE_ATTEMPT); "never executed" before the call has been
     UNKNOWN for `policy`'s quarantine, unless its attempt is confirmed dead
-    (RECONCILE_QUARANTINE).
+    (RECONCILE_QUARANTINE); a result the call's channel could never return
+    (INVALID_ARGUMENT, a violation of `result` saying the shape wanted).
     """
     conflict = _revision_conflict(call, order.expected_revision)
     if conflict is not None:
@@ -227,16 +247,10 @@ def reconcile(
     )
     if call.state not in (State.STARTED, State.UNKNOWN):
         return Step(call, _invalid(call, event))
+    wrong = _wrong_order(call, order)
+    if wrong is not None:
+        return Step(call, wrong)
     confirmed = order.confirmed_dead_attempt
-    if confirmed and confirmed != call.attempt:
-        return Step(
-            call,
-            StaleAttempt(
-                f"attempt {confirmed} is not the call's attempt: confirm that "
-                f"attempt {call.attempt} is dead",
-                {"currentAttempt": str(call.attempt)},
-            ),
-        )
     settled = rules.settle(call, now)
     if settled.state is State.STARTED and order.result is None:
         return Step(

@@ -16,7 +16,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd_client import EffectdError
 from sidecar.ctl.calls import input_matches
 from sidecar.ctl.output import enum_name, printable, when
-from sidecar.ctl.states import state_name, transition_to
+from sidecar.ctl.states import result_example, state_name, transition_to
 from sidecar.web.html import (
     at,
     call_link,
@@ -134,6 +134,17 @@ def _bound(call: pb.ToolCall, csrf: str) -> str:
     )
 
 
+def _result_shape(call: pb.ToolCall) -> str:
+    """What the result of a call on its channel looks like, when it matters."""
+    example = result_example(call)
+    if example is None:
+        return ""
+    return (
+        "<br>An MCP call's result is an MCP CallToolResult object, e.g. "
+        f"<code>{esc(example)}</code>"
+    )
+
+
 def _quarantine(call: pb.ToolCall, now_ns: int) -> str:
     """When "it never ran" is accepted, from the daemon's own account."""
     since = at(call.unknown_since)
@@ -168,7 +179,8 @@ def _reconcile_form(call: pb.ToolCall, csrf: str, now_ns: int) -> str:
         ' <label for="r-not">It never ran: the call may be executed again</label>'
         "</p></fieldset>"
         '<p><label for="result">Result found (JSON, when it ran)</label>'
-        '<textarea id="result" name="result" rows="3" spellcheck="false"></textarea>'
+        + _result_shape(call)
+        + '<textarea id="result" name="result" rows="3" spellcheck="false"></textarea>'
         "</p>"
         '<p><label for="evidence">Evidence from the target system</label>'
         '<textarea id="evidence" name="evidence" required rows="3"></textarea></p>'

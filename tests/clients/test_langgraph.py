@@ -8,12 +8,14 @@ unknown outcome is an interrupt, and approvals hold for their arguments only.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,7 +39,6 @@ from effectd_client import (
 from effectd_client._langgraph_parts import GraphToolCall, restored
 from effectd_client.langgraph import (
     TOOL_ERROR,
-    ApprovalMismatch,
     DurabilityError,
     LedgeredToolCalls,
     ToolPolicy,
@@ -261,9 +262,9 @@ def test_an_approval_covers_only_its_own_call_and_arguments(
     effectd: TestDaemon, client: Client, workdir: Path
 ) -> None:
     """An answer approving one thread's call does not approve another's
-    (other arguments); a call approved in effectd and then asked for with
-    other arguments under its call id is refused, never run; the approved
-    call itself runs once."""
+    (other arguments): the thread asks again, saying why; a call approved in
+    effectd and then asked for with other arguments under its call id is
+    refused, never run; the approved call itself runs once."""
     ann = lg.run(effectd.target, workdir, "t-ann", policy=lg.APPROVAL_POLICY)
     answer = approve(ann["interrupts"][0], approver="ann")
     mallory = ledgered_graph(client, workdir, MALLORY)
@@ -271,8 +272,8 @@ def test_an_approval_covers_only_its_own_call_and_arguments(
     asked = mallory.invoke(START_INPUT, config, durability="sync")
     assert asked["__interrupt__"][0].value["arguments"] == {"city": "Mallory"}
     forged = {**answer, "run_id": "t-mallory"}
-    with pytest.raises(ApprovalMismatch, match="other arguments"):
-        mallory.invoke(Command(resume=forged), config, durability="sync")
+    again = mallory.invoke(Command(resume=forged), config, durability="sync")
+    assert "about other arguments" in again["__interrupt__"][0].value["refused"]
     client.decide_approval(  # an approver decides in effectd
         "t-ann",
         "call-book-1",
@@ -290,6 +291,36 @@ def test_an_approval_covers_only_its_own_call_and_arguments(
     assert lg.effects(workdir) == 0
     done = lg.run(effectd.target, workdir, "t-ann", policy=lg.APPROVAL_POLICY)
     assert done["final"].startswith("done: booked Paris (#1) |")
+    assert lg.effects(workdir) == 1
+
+
+def test_an_approval_of_edited_arguments_is_refused(
+    client: Client, workdir: Path
+) -> None:
+    """An interrupt whose shown `arguments` were edited (a human-in-the-loop
+    "edit"), then approved: refused, never run, since effectd would run the
+    arguments it recorded, not the ones shown; the thread asks again, saying
+    why, and the interrupt approved as raised runs once (issue 25 item 4:
+    fails before the fix: approved, and `book` ran for Paris while Rome was
+    shown)."""
+    graph = ledgered_graph(client, workdir)
+    config = thread("t-edited")
+    asked = graph.invoke(START_INPUT, config, durability="sync")
+    request = asked["__interrupt__"][0].value
+    edited = {**request, "arguments": {"city": "Rome"}}
+    again = graph.invoke(
+        Command(resume=approve(edited, approver="ann")), config, durability="sync"
+    )
+    assert lg.effects(workdir) == 0
+    call = client.get_tool_call("t-edited", "call-book-1")
+    assert call.state is State.AWAITING_APPROVAL
+    [asked_again] = [i.value for i in again["__interrupt__"]]
+    assert "shows other arguments ({'city': 'Rome'})" in asked_again["refused"]
+    assert asked_again["arguments"] == {"city": "Paris"}
+    done = graph.invoke(
+        Command(resume=approve(asked_again, approver="ann")), config, durability="sync"
+    )
+    assert done["messages"][-1].content.startswith("done: booked Paris (#1) |")
     assert lg.effects(workdir) == 1
 
 
@@ -492,6 +523,18 @@ def test_an_async_graph_goes_through_the_ledger_too(
     assert lg.effects(workdir) == 1
 
 
+def test_the_langgraph_extra_brings_the_sqlite_checkpointer() -> None:
+    """`pip install effectd-client[langgraph]` installs `SqliteSaver`, the
+    durable checkpointer the docs compile with, pinned at the release tested
+    here beside the pinned LangGraph (issue 25 item 15: fails before the
+    fix: the extra held LangGraph alone)."""
+    project = tomllib.loads((ROOT / "clients/python/pyproject.toml").read_text())
+    extra = project["project"]["optional-dependencies"]["langgraph"]
+    pins = dict(requirement.split("==") for requirement in extra)
+    for package in ("langgraph", "langgraph-checkpoint-sqlite"):
+        assert pins.get(package) == importlib.metadata.version(package), package
+
+
 def test_importing_the_client_does_not_import_langgraph() -> None:
     """The extra is imported only by `effectd_client.langgraph`."""
     probe = "import effectd_client, effectd_client.testing"
@@ -616,6 +659,118 @@ def test_a_sibling_of_an_interrupted_call_is_replayed_not_run_again(
             check_at_most_once(workdir)
 
 
+# One model message with two calls of `book`; then the final answer.
+TWO_BOOKINGS = (
+    [
+        {"name": "book", "args": {"city": "Paris"}, "id": "call-book-1"},
+        {"name": "book", "args": {"city": "Rome"}, "id": "call-book-2"},
+    ],
+)
+
+
+def unknown_call(
+    client: Client, run_id: str, call_id: str, tool: str, args: dict[str, Any]
+) -> None:
+    """A call of a process that died mid-tool: UNKNOWN."""
+    effect = Effect.READ if tool == "search" else Effect.SIDE_EFFECT
+    held = client.prepare_tool(run_id, call_id, tool, args, effect=effect, start=True)
+    client.report_unknown(run_id, call_id, held.call.attempt, "the process died")
+
+
+def named(interrupts: Any) -> list[tuple[str, str]]:
+    """The calls the node's interrupt asks a human about, with their kind."""
+    [value] = [i.value for i in interrupts]
+    return [(c["call_id"], c["effectd"]) for c in value.get("calls", [value])]
+
+
+def test_parallel_unknown_calls_are_reconciled_in_one_round(
+    client: Client, workdir: Path
+) -> None:
+    """Two parallel calls of a step both UNKNOWN: the one interrupt names
+    both, so the operator reconciles both and one resume finishes (issue 25
+    item 6: fails before the fix: one call per interrupt, a round each)."""
+    for call_id, city in (("call-book-1", "Paris"), ("call-book-2", "Rome")):
+        unknown_call(client, "t-two-unknown", call_id, "book", {"city": city})
+    graph = ledgered_graph(client, workdir, TWO_BOOKINGS, policy=lg.POLICY)
+    config = thread("t-two-unknown")
+    asked = graph.invoke(START_INPUT, config, durability="sync")
+    waiting = named(asked["__interrupt__"])
+    assert waiting == [("call-book-1", "reconcile"), ("call-book-2", "reconcile")]
+    for call_id, _ in waiting:
+        client.reconcile(
+            "t-two-unknown",
+            call_id,
+            expected_revision=client.get_tool_call("t-two-unknown", call_id).revision,
+            operator="olga",
+            reason="found it",
+            evidence="booking system",
+            result=f"booked ({call_id})",
+        )
+    done = graph.invoke(Command(resume="reconciled"), config, durability="sync")
+    assert "__interrupt__" not in done
+    assert done["messages"][-1].content == (
+        "done: booked (call-book-1) | booked (call-book-2)"
+    )
+    assert lg.effects(workdir) == 0
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_parallel_approvals_are_asked_and_answered_in_one_round(
+    effectd: TestDaemon, client: Client, workdir: Path, asynchronous: bool
+) -> None:
+    """Two parallel calls of a step that need approval, beside a read of
+    unknown outcome: one interrupt asks about all three; one list of answers
+    approves both and retries the read, and one resume finishes; each
+    approved call runs once (issue 25 item 6: fails before the fix: one
+    call per interrupt, a round each)."""
+    run_id = f"t-two-approvals-{asynchronous}"
+    search = {"name": "search", "args": {"q": "hotels"}, "id": "call-search-1"}
+    script = ([*TWO_BOOKINGS[0], search],)
+    unknown_call(client, run_id, "call-search-1", "search", {"q": "hotels"})
+    policy = lg.APPROVAL_POLICY
+    config = thread(run_id)
+
+    async def answer(graph: Any, resume: Any) -> Any:
+        if asynchronous:
+            return await graph.ainvoke(resume, config, durability="sync")
+        return graph.invoke(resume, config, durability="sync")
+
+    async def main(graph: Any) -> tuple[Any, Any]:
+        asked = await answer(graph, START_INPUT)
+        assert lg.effects(workdir) == 0
+        [value] = [i.value for i in asked["__interrupt__"]]
+        answers = [
+            approve(c, approver="ann") if c["effectd"] == "approval" else retry(c)
+            for c in value["calls"]
+        ]
+        return asked, await answer(graph, Command(resume=answers))
+
+    if asynchronous:
+
+        async def with_async_client() -> tuple[Any, Any]:
+            async with AsyncClient(effectd.target) as aclient:
+                graph = ledgered_graph(aclient, workdir, script, policy=policy)
+                return await main(graph)
+
+        asked, done = asyncio.run(with_async_client())
+    else:
+        asked, done = asyncio.run(
+            main(ledgered_graph(client, workdir, script, policy=policy))
+        )
+    assert named(asked["__interrupt__"]) == [
+        ("call-book-1", "approval"),
+        ("call-book-2", "approval"),
+        ("call-search-1", "retry"),
+    ]
+    assert "__interrupt__" not in done, done["__interrupt__"]
+    seen = sorted(done["messages"][-1].content.removeprefix("done: ").split(" | "))
+    # The two bookings ran side by side: either may have been first.
+    booked = ["booked Paris (#1)", "booked Rome (#2)"]
+    other = ["booked Paris (#2)", "booked Rome (#1)"]
+    assert seen in (["3 results for hotels", *booked], ["3 results for hotels", *other])
+    assert lg.effects(workdir) == 2
+
+
 def test_an_async_graph_interrupts_for_approval_and_reconciliation_too(
     effectd: TestDaemon, client: Client, workdir: Path
 ) -> None:
@@ -685,14 +840,17 @@ def test_a_sync_client_with_an_async_approver_is_refused(
 
 
 def test_an_answer_for_another_call_is_refused(client: Client, workdir: Path) -> None:
-    """An approval of another thread's call (same arguments) is refused."""
+    """An approval of another thread's call (same arguments) is refused:
+    the thread asks again, saying why; nothing is recorded or run."""
     first = ledgered_graph(client, workdir)
     asked = first.invoke(START_INPUT, thread("t-one"), durability="sync")
     answer = approve(asked["__interrupt__"][0].value, approver="ann")
     second = ledgered_graph(client, workdir)
     second.invoke(START_INPUT, thread("t-two"), durability="sync")
-    with pytest.raises(ApprovalMismatch, match="decides call"):
-        second.invoke(Command(resume=answer), thread("t-two"), durability="sync")
+    again = second.invoke(Command(resume=answer), thread("t-two"), durability="sync")
+    refused = again["__interrupt__"][0].value["refused"]
+    assert "about call 'call-book-1' of run 't-one'" in refused
+    assert client.get_tool_call("t-two", "call-book-1").state is State.AWAITING_APPROVAL
     assert lg.effects(workdir) == 0
 
 

@@ -32,7 +32,11 @@ from effectd_client.mcp import (
     McpConnectionLost,
     McpPolicy,
     SessionInvalidated,
+    unwrapped,
 )
+from sidecar.ledger.channel_results import result_fault
+from sidecar.ledger.model import Channel as LedgerChannel
+from sidecar.ledger.model import Result
 from sidecar.testing import RunningDaemon
 from tests.clients.mcp.servers import (
     TRANSPORTS,
@@ -42,6 +46,7 @@ from tests.clients.mcp.servers import (
     kill_server,
     wait_for,
 )
+from tests.ledger.test_channel_results import ACCEPTED
 from tests.support.imports import imported_by
 
 T = TypeVar("T")
@@ -79,7 +84,7 @@ def run_with(daemon: RunningDaemon, body: Callable[[AsyncClient], Awaitable[T]])
     return asyncio.run(main())
 
 
-def text(result: CallToolResult) -> str:
+def text_of(result: CallToolResult) -> str:
     return " ".join(getattr(c, "text", "") for c in result.content)
 
 
@@ -356,3 +361,104 @@ def test_an_idempotent_write_carries_its_key_in_meta(
 def test_importing_the_client_does_not_import_mcp() -> None:
     """The extra is imported only by `effectd_client.mcp`."""
     assert imported_by("import effectd_client", ["mcp"]) == []
+
+
+@pytest.mark.parametrize("found", ACCEPTED)
+def test_what_reconcile_accepts_of_an_mcp_call_the_sdk_reads(found: Result) -> None:
+    """Every result the daemon's rule lets an operator record for an MCP call
+    is a CallToolResult of the SDK (another error than the tool's own is
+    raised as `ToolFailed`, whatever it holds)."""
+    assert result_fault(LedgerChannel.MCP, found) is None
+    if found.payload is not None and found.error_code in ("", MCP_TOOL_ERROR):
+        CallToolResult.model_validate_json(found.payload.data)
+
+
+@pytest.mark.parametrize(
+    ("stored", "text"),
+    [("charged i-9", "charged i-9"), ({"charged": 9}, '{"charged": 9}')],
+    ids=["string", "object"],
+)
+def test_a_stored_result_that_is_no_call_tool_result_reaches_the_caller_as_text(
+    daemon: RunningDaemon, server: Server, stored: Any, text: str
+) -> None:
+    """A plain value stored for an MCP call (recorded before the daemon
+    checked a reconciled result's shape) is returned as a CallToolResult
+    with that text, never a validation error; the server is not called
+    (issue 25 item 5: fails before the fix: a raw ValidationError, on every
+    resume)."""
+
+    async def body(effectd: AsyncClient) -> CallToolResult:
+        p = await effectd.prepare_tool(
+            "r",
+            "tc-9",
+            "mcp://counter/send",
+            {"server": "counter", "tool": "send", "arguments": {"to": "ann"}},
+            start=True,
+            channel=Channel.MCP,
+        )
+        await effectd.commit_tool("r", "tc-9", p.call.attempt, stored)
+        async with server.connect() as session:
+            tools = LedgeredSession(session, AsyncRun(effectd, "r"), server="counter")
+            return await tools.call_tool("send", {"to": "ann"}, call_id="tc-9")
+
+    result = run_with(daemon, body)
+    assert (text_of(result), result.is_error) == (text, False)
+    assert server.executions("send") == 0
+
+
+@pytest.mark.slow
+def test_a_lost_connection_names_its_call_and_is_caught_as_itself(
+    daemon: RunningDaemon, server: Server
+) -> None:
+    """Killed mid-call inside the transport's and session's blocks: with
+    `unwrapped()` around them, `except McpConnectionLost` catches it (not an
+    ExceptionGroup), and it names the run and the call to reconcile (issue
+    25 item 15: fails before the fix: an ExceptionGroup, and no call id)."""
+
+    async def body(effectd: AsyncClient) -> McpConnectionLost:
+        (server.state / "hold").touch()
+        try:
+            with unwrapped():
+                async with server.connect() as session:
+                    tools = LedgeredSession(
+                        session, AsyncRun(effectd, "r-lost"), server="counter"
+                    )
+                    sent = asyncio.ensure_future(
+                        tools.call_tool("slow_send", {"to": "bo"}, call_id="tc-8")
+                    )
+                    await asyncio.to_thread(
+                        wait_for, lambda: server.executions("slow_send"), "the call"
+                    )
+                    kill_server(server.state)
+                    await sent
+        except McpConnectionLost as lost:
+            return lost
+        finally:
+            (server.state / "hold").unlink()
+        raise AssertionError("the call did not fail")
+
+    lost = run_with(daemon, body)
+    assert (lost.run_id, lost.call_id) == ("r-lost", "tc-8")
+    assert "call tc-8 of run r-lost" in str(lost)
+    assert "effectd ctl show r-lost tc-8" in str(lost)
+    check_never_reissued(server, "slow_send")
+
+
+def test_unwrapped_lifts_one_ledger_error_and_leaves_other_groups() -> None:
+    """One ledger exception among the transport's teardown errors is raised
+    as itself; a group without one, or with two, is raised as it is."""
+    lost = McpConnectionLost("lost", run_id="r", call_id="c")
+    nested = BaseExceptionGroup(
+        "session", [ExceptionGroup("transport", [lost, OSError("closed")])]
+    )
+    with pytest.raises(McpConnectionLost) as caught, unwrapped():
+        raise nested
+    assert caught.value is lost
+    two = McpConnectionLost("too", run_id="r", call_id="d")
+    for group in (
+        ExceptionGroup("g", [OSError("closed")]),
+        ExceptionGroup("g", [lost, two]),
+    ):
+        with pytest.raises(ExceptionGroup) as kept, unwrapped():
+            raise group
+        assert kept.value is group

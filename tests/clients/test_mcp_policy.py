@@ -97,6 +97,7 @@ def test_the_mcp_module_exports_are_pinned() -> None:
         "SessionInvalidated",
         "ToolRule",
         "ledger_tool_name",
+        "unwrapped",
     }
     for name in effectd_client.mcp.__all__:
         assert hasattr(effectd_client.mcp, name), name

@@ -44,6 +44,7 @@ from effectd_client import (
     InputMismatch,
     ReconciliationNeeded,
     State,
+    ToolCall,
     ToolTimedOut,
 )
 from effectd_client.mcp import McpPolicy
@@ -771,18 +772,79 @@ def test_a_call_outside_a_run_is_refused(daemon: TestDaemon, tmp_path: Path) -> 
     assert count(tmp_path, "lookup") == 0
 
 
+# -- parallel calls of one step ------------------------------------------------
+
+
+def parallel_agent(ledger: AgentLedger, workdir: Path) -> Agent[Any]:
+    """Sends to Ann and to Bo in one model response, then says what it saw."""
+    _, send = tools(workdir, approval=False)
+
+    def answer(call: ModelCall) -> Any:
+        seen = outputs_of(call)
+        if not seen:
+            return [
+                function_call("send", {"to": "ann"}, call_id="p-1"),
+                function_call("send", {"to": "bo"}, call_id="p-2"),
+            ]
+        return [assistant_message(f"model saw: {seen['p-1']} | {seen['p-2']}")]
+
+    model = ScriptedModel([ModelStep.respond(answer) for _ in range(4)])
+    return Agent(name="trip", model=model, tools=[ledger.tool(send)])
+
+
+def test_parallel_unknown_calls_are_all_named_by_the_interruption(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """Both parallel sends of a step are UNKNOWN (their process died): the
+    interruption names both, so the operator reconciles both and one restart
+    finishes, unsent (issue 25 item 6: fails before the fix: it named one,
+    and each call took a reconcile-and-restart round)."""
+    run = run_id(tmp_path)
+    with Client(daemon.target) as client:
+        for call_id, to in (("p-1", "ann"), ("p-2", "bo")):
+            held = client.prepare_tool(run, call_id, "send", {"to": to}, start=True)
+            client.report_unknown(run, call_id, held.call.attempt, "the process died")
+
+    async def restart() -> str:
+        async with AsyncClient(daemon.target) as effectd:
+            ledger = AgentLedger(effectd, lease_ms=LEASE_MS)
+            with ledger.run(run):
+                result = await Runner.run(parallel_agent(ledger, tmp_path), "send")
+                return str(result.final_output)
+
+    with pytest.raises(LedgerInterruption) as stopped:
+        asyncio.run(restart())
+    assert isinstance(stopped.value.cause, ReconciliationNeeded)
+    named: tuple[ToolCall, ...] = stopped.value.calls
+    assert sorted(c.call_id for c in named) == ["p-1", "p-2"]
+    assert "p-1 (send, UNKNOWN), p-2 (send, UNKNOWN)" in str(stopped.value)
+    with Client(daemon.target) as client:
+        for call in named:
+            client.reconcile(
+                run,
+                call.call_id,
+                expected_revision=client.get_tool_call(run, call.call_id).revision,
+                operator="olga",
+                reason="found it",
+                evidence="outbox",
+                result=f"sent ({call.call_id})",
+            )
+    assert asyncio.run(restart()) == "model saw: sent (p-1) | sent (p-2)"
+    assert count(tmp_path, "send") == 0
+
+
 # -- MCP servers ----------------------------------------------------------------
 
 
-def mcp_agent(tools: list[Any], tool: str) -> Agent[Any]:
+def mcp_agent(tools: list[Any], tool: str, call_id: str = "m-1") -> Agent[Any]:
     """Calls the MCP tool `tool` once (call id m-1), then says what it got;
     each answer follows from the transcript, as `model` does."""
 
     def answer(call: ModelCall) -> Any:
         seen = outputs_of(call)
-        if "m-1" not in seen:
-            return [function_call(tool, {"to": "ann"}, call_id="m-1")]
-        return [assistant_message(f"model saw: {seen['m-1']}")]
+        if call_id not in seen:
+            return [function_call(tool, {"to": "ann"}, call_id=call_id)]
+        return [assistant_message(f"model saw: {seen[call_id]}")]
 
     model = ScriptedModel([ModelStep.respond(answer) for _ in range(4)])
     return Agent(name="mailer", model=model, tools=tools)
@@ -792,7 +854,9 @@ def stdio_params(state: Path) -> MCPServerStdioParams:
     return {"command": sys.executable, "args": [str(SERVER), str(state), "stdio"]}
 
 
-async def run_mcp(target: str, state: Path, tool: str, *, ledgered: bool = True) -> str:
+async def run_mcp(
+    target: str, state: Path, tool: str, *, ledgered: bool = True, call_id: str = "m-1"
+) -> str:
     params = stdio_params(state)
     async with (
         AsyncClient(target) as effectd,
@@ -801,7 +865,7 @@ async def run_mcp(target: str, state: Path, tool: str, *, ledgered: bool = True)
         ledger = AgentLedger(effectd)
         if ledgered:
             tools: list[Any] = await ledger.mcp_tools(server, name="counter")
-            agent = mcp_agent(tools, tool)
+            agent = mcp_agent(tools, tool, call_id)
         else:
             agent = mcp_agent([], tool)
             agent.mcp_servers = [server]
@@ -903,6 +967,48 @@ def test_an_mcp_tool_the_policy_holds_for_approval_runs_once_approved(
     again = asyncio.run(step(approve=False))
     assert first == again
     assert "sent to ann (#1)" in first
+    assert executions(tmp_path, "send") == 1
+
+
+@pytest.mark.slow
+def test_an_mcp_calls_result_is_a_call_tool_result_in_the_ledger_and_back(
+    daemon: TestDaemon, tmp_path: Path
+) -> None:
+    """An MCP tool's output is stored as the CallToolResult it came from (the
+    shape the daemon lets an operator reconcile an MCP call with); a call
+    reconciled with one reaches the model as a live result would, the server never
+    called (issue 25 item 5: fails before the fix: the SDK's own output was
+    stored, and a reconciled CallToolResult reached the model as a dump)."""
+    first = asyncio.run(run_mcp(daemon.target, tmp_path, "send"))
+    run = run_id(tmp_path)
+    with Client(daemon.target) as client:
+        call = client.get_tool_call(run, "m-1")
+        assert call.result is not None
+        assert call.result.value == {
+            "content": [{"type": "text", "text": "sent to ann (#1)"}],
+            "isError": False,
+        }
+        held = client.prepare_tool(
+            run,
+            "m-2",
+            "mcp://counter/send",
+            {"server": "counter", "tool": "send", "arguments": {"to": "ann"}},
+            start=True,
+            channel=Channel.MCP,
+        )
+        client.report_unknown(run, "m-2", held.call.attempt, "the process died")
+        client.reconcile(
+            run,
+            "m-2",
+            expected_revision=client.get_tool_call(run, "m-2").revision,
+            operator="olga",
+            reason="found it",
+            evidence="outbox",
+            result={"content": [{"type": "text", "text": "charged i-9"}]},
+        )
+    answer = asyncio.run(run_mcp(daemon.target, tmp_path, "send", call_id="m-2"))
+    # As the model sees a live result of the tool.
+    assert answer == first.replace("sent to ann (#1)", "charged i-9")
     assert executions(tmp_path, "send") == 1
 
 

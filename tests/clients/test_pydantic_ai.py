@@ -15,9 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import RunContext
+from pydantic_ai import Agent, RunContext
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, UserError
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved
 from pydantic_ai.toolsets import FunctionToolset
@@ -33,6 +41,7 @@ from effectd_client import (
 )
 from effectd_client.pydantic_ai import (
     METADATA_KEY,
+    DeferredCallsNotResumed,
     EffectdToolset,
     ToolPolicy,
     ToolRule,
@@ -47,6 +56,7 @@ from tests.clients.pydantic_agent import (
     approving_agent,
     executions,
     run_agent,
+    tools,
     unwrapped_agent,
 )
 from tests.support.imports import imported_by
@@ -516,6 +526,7 @@ def test_the_policy_requires_approval_of_a_tool_that_does_not_declare_it(
 def test_the_public_surface_is_pinned() -> None:
     """What `effectd_client.pydantic_ai` exports."""
     assert sorted(effectd_pydantic_ai.__all__) == [
+        "DeferredCallsNotResumed",
         "EffectdToolset",
         "METADATA_KEY",
         "PolicyError",
@@ -548,3 +559,174 @@ def test_a_call_from_a_response_without_a_run_id_is_refused(
             assert counted == ["hi"]
 
     asyncio.run(body())
+
+
+# -- parallel calls of one model response --------------------------------------
+
+
+def parallel_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Sends to Ann and looks the weather up in one response; then answers
+    with every result it saw."""
+    if not any(isinstance(m, ModelResponse) for m in messages):
+        return ModelResponse(
+            parts=[
+                ToolCallPart("send", {"to": "ann"}, tool_call_id="tc-send"),
+                ToolCallPart("lookup", {"city": "Oslo"}, tool_call_id="tc-lookup"),
+            ]
+        )
+    returns = {
+        p.tool_name: p.model_response_str()
+        for m in messages
+        for p in getattr(m, "parts", ())
+        if isinstance(p, ToolReturnPart)
+    }
+    return ModelResponse(parts=[TextPart(json.dumps(returns, sort_keys=True))])
+
+
+def parallel_agent(
+    effectd: AsyncClient, state: Path, run_id: str
+) -> tuple[Agent[None, Any], EffectdToolset[None]]:
+    toolset = EffectdToolset(
+        tools(state),
+        client=effectd,
+        policy={"lookup": Effect.READ},
+        run_id=run_id,
+    )
+    agent = Agent(
+        FunctionModel(parallel_script),
+        toolsets=[toolset],
+        output_type=[str, DeferredToolRequests],
+    )
+    return agent, toolset
+
+
+def held_send(target: str, run_id: str, *, unknown: bool) -> None:
+    """The send of another process: its attempt holds a live lease, or it
+    died mid-tool (UNKNOWN)."""
+    with Client(target) as client:
+        held = client.prepare_tool(run_id, "tc-send", "send", {"to": "ann"}, start=True)
+        if unknown:
+            client.report_unknown(run_id, "tc-send", held.call.attempt, "it died")
+
+
+def test_a_deferred_sibling_is_carried_by_the_resume_and_gets_the_reconciled_result(
+    target: str, state: Path
+) -> None:
+    """Two parallel calls: the lookup runs, the send is deferred (UNKNOWN).
+    The operator reconciles the send; the run resumed as the docs say
+    (`resume_results`) hands the model the result found and the lookup's,
+    and runs neither again (issue 25 item 1: fails before the fix: the
+    resume answered the send "interrupted" and the run completed)."""
+    held_send(target, "order-7", unknown=True)
+
+    async def body() -> Any:
+        async with AsyncClient(target) as effectd:
+            agent, toolset = parallel_agent(effectd, state, "order-7")
+            first = await agent.run("go")
+            facts = deferred(first.output, "tc-send")
+            assert facts["action"] == "reconcile"
+            # The deferral names the run the toolset was given, and how to see it.
+            assert facts["show"] == "effectd ctl show order-7 tc-send"
+            history = first.all_messages()
+            call = await effectd.get_tool_call("order-7", "tc-send")
+            await effectd.reconcile(
+                "order-7",
+                "tc-send",
+                expected_revision=call.revision,
+                operator="oncall",
+                reason="found it",
+                evidence="outbox message 1",
+                result="sent to ann (reconciled)",
+            )
+            results = await toolset.resume_results(history)
+            done = await agent.run(
+                message_history=history, deferred_tool_results=results
+            )
+            return done.output
+
+    assert seen(asyncio.run(body())) == {
+        "lookup": "Oslo: sunny",
+        "send": "sent to ann (reconciled)",
+    }
+    assert executions(state, "send") == []
+    assert executions(state, "lookup") == ["Oslo"]
+
+
+def test_a_resume_without_the_deferred_sibling_is_refused_not_answered_interrupted(
+    target: str, state: Path
+) -> None:
+    """Two parallel calls, the send held by another process (a live lease):
+    resumed from the history alone, the run is refused before the model is
+    asked, naming the send; resumed with `resume_results`, the send is
+    deferred again (still in progress), never answered "interrupted" (issue
+    25 item 1: fails before the fix: the run completed, the send
+    "interrupted" for the model)."""
+    held_send(target, "order-8", unknown=False)
+
+    async def body() -> tuple[DeferredCallsNotResumed, Any]:
+        async with AsyncClient(target) as effectd:
+            agent, toolset = parallel_agent(effectd, state, "order-8")
+            first = await agent.run("go")
+            assert deferred(first.output, "tc-send")["action"] == "wait"
+            history = first.all_messages()
+            with pytest.raises(DeferredCallsNotResumed) as refused:
+                await agent.run(message_history=history)
+            results = await toolset.resume_results(history)
+            again = await agent.run(
+                message_history=history, deferred_tool_results=results
+            )
+            return refused.value, again.output
+
+    refused, again = asyncio.run(body())
+    assert [c.call_id for c in refused.calls] == ["tc-send"]
+    assert "tc-send (send, STARTED, run order-8)" in str(refused)
+    assert deferred(again, "tc-send")["action"] == "wait"
+    assert executions(state, "send") == []
+
+
+def test_a_resume_carries_a_human_approval_beside_a_deferred_sibling(
+    target: str, state: Path
+) -> None:
+    """The send needs approval, the lookup is deferred (another process
+    holds it): the approval given in Pydantic AI is recorded and the send
+    runs once; the lookup comes back through the toolset as a resume, not
+    an approval (it waits again)."""
+
+    async def body() -> Any:
+        async with AsyncClient(target) as effectd:
+            await effectd.prepare_tool(
+                "order-9",
+                "tc-lookup",
+                "lookup",
+                {"city": "Oslo"},
+                effect=Effect.READ,
+                start=True,
+            )
+            toolset = EffectdToolset(
+                tools(state, approval=True),
+                client=effectd,
+                policy={"lookup": Effect.READ},
+                run_id="order-9",
+            )
+            agent = Agent(
+                FunctionModel(parallel_script),
+                toolsets=[toolset],
+                output_type=[str, DeferredToolRequests],
+            )
+            first = await agent.run("go")
+            assert isinstance(first.output, DeferredToolRequests)
+            assert [c.tool_call_id for c in first.output.approvals] == ["tc-send"]
+            history = first.all_messages()
+            approved = DeferredToolResults(approvals={"tc-send": True})
+            results = await toolset.resume_results(history, approved)
+            assert results is not None
+            assert set(results.approvals) == {"tc-send", "tc-lookup"}
+            again = await agent.run(
+                message_history=history, deferred_tool_results=results
+            )
+            return again.output
+
+    output = asyncio.run(body())
+    assert deferred(output, "tc-lookup")["action"] == "wait"
+    assert executions(state, "send") == ["ann"]
+    assert executions(state, "lookup") == []

@@ -14,7 +14,8 @@ the working directory and the virtual environment first on PATH:
 
 - `sh`, `bash`, `shell`: `bash -e -o pipefail -c BLOCK`, so any failing
   command fails the block;
-- `python`: the virtual environment's Python;
+- `python`: the virtual environment's Python; it must write nothing to
+  stderr (a warning every reader of the example would see);
 - `js`, `javascript`: saved as `clients/node/example.js` (inside the
   package, as the Node README says) and run by `node` from the sandbox;
   it must also write nothing to stderr (the example reports refusals
@@ -51,8 +52,9 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from effectd_client import Client
+from effectd_client import Channel, Client
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.support.processes import ROOT
@@ -148,8 +150,58 @@ def _calls_to_handle(daemon: RunningDaemon) -> None:
         )
 
 
+def _unknown(
+    daemon: RunningDaemon,
+    run_id: str,
+    tool: str,
+    inputs: list[Any],
+    channel: Channel = Channel.TOOL,
+) -> None:
+    """Calls call-1, call-2... of `run_id`, one per input, UNKNOWN after
+    their attempt 1 (reported: their agent lost the connection)."""
+    with Client(daemon.target) as client:
+        for n, value in enumerate(inputs, start=1):
+            call_id = f"call-{n}"
+            held = client.prepare_tool(
+                run_id, call_id, tool, value, start=True, channel=channel
+            )
+            client.report_unknown(run_id, call_id, held.call.attempt, "lost")
+
+
+def _mcp_calls_unknown(daemon: RunningDaemon) -> None:
+    """mcp-run-2: MCP calls of `send` on the server the operator names
+    `mail`, UNKNOWN, for the MCP page's reconcile examples."""
+    inputs = [
+        {"server": "mail", "tool": "send", "arguments": {"to": to}}
+        for to in ("ann", "bo")
+    ]
+    _unknown(daemon, "mcp-run-2", "mcp://mail/send", inputs, Channel.MCP)
+
+
+def _langgraph_calls_unknown(daemon: RunningDaemon) -> None:
+    """trip-2: two calls of `book`, UNKNOWN, for the LangGraph page."""
+    _unknown(daemon, "trip-2", "book", [{"city": "Paris"}, {"city": "Rome"}])
+
+
+def _agents_calls_unknown(daemon: RunningDaemon) -> None:
+    """mail-run-3: two calls of `send_email`, UNKNOWN, for the Agents SDK
+    page."""
+    inputs = [{"to": "ann@example.com", "body": "Hi"}, {"to": "bo@example.com"}]
+    _unknown(daemon, "mail-run-3", "send_email", inputs)
+
+
+def _pydantic_ai_calls_unknown(daemon: RunningDaemon) -> None:
+    """refund-order-b: two calls of `refund`, UNKNOWN, for the Pydantic AI
+    page."""
+    _unknown(daemon, "refund-order-b", "refund", [{"order": "b"}, {"order": "c"}])
+
+
 FIXTURES: dict[str, Callable[[RunningDaemon], None]] = {
     "calls-to-handle": _calls_to_handle,
+    "mcp-calls-unknown": _mcp_calls_unknown,
+    "langgraph-calls-unknown": _langgraph_calls_unknown,
+    "agents-calls-unknown": _agents_calls_unknown,
+    "pydantic-ai-calls-unknown": _pydantic_ai_calls_unknown,
 }
 
 
@@ -393,7 +445,7 @@ def _execute(block: Block, command: list[str], box: Sandbox) -> str | None:
         return f"still running after {BLOCK_TIMEOUT:g} s:\n{output[-2000:]}"
     if code != 0:
         return f"exit {code}:\n{output[-2000:]}"
-    if block.lang in _JS and err.read_text():
+    if block.lang in (*_JS, "python") and err.read_text():
         return f"wrote to stderr:\n{err.read_text()[-2000:]}"
     return None
 

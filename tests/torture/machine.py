@@ -81,6 +81,10 @@ RESULTS = st.sampled_from(
         m.Result("OK", m.Input("json", '{"r": 1.0}', "R1")),
         m.Result("OK", m.Input("json", '{"r":2}', "R2")),
         m.Result("ERROR", None, "E_BOOM", "boom"),
+        # The shape an MCP call's result takes (`ledger.channel_results`).
+        m.Result(
+            "OK", m.Input("json", '{"content":[{"type":"text","text":"r"}]}', "R3")
+        ),
     )
 )
 LEASES = st.sampled_from((0, 1_000, 5_000))

@@ -22,6 +22,7 @@ against docs/contract.md side by side.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ OPEN_ATTEMPT = (STARTED, UNKNOWN)
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
 ABORTED = "ABORTED"
 NOT_FOUND = "NOT_FOUND"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,9 @@ class Bugs:
     execute_without_attempt: bool = False
     # A deleted checkpoint's revision is given again to its next put (ABA).
     checkpoint_revision_reused: bool = False
+    # An MCP call reconciled with a result its adapters could never return
+    # is committed (issue 25 item 5).
+    mcp_result_unchecked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,27 @@ class Result:
     def digest_class(self) -> tuple[str, str, str, str]:
         same = self.payload.same_as if self.payload else ""
         return (self.outcome, same, self.error_code, self.error_message)
+
+
+def returned_by_mcp(result: Result) -> bool:
+    """A result an MCP call can return: an error other than the tool's own,
+    or an object with a `content` list of text blocks (the CallToolResults
+    the machine sends; `ledger.channel_results` has the whole rule)."""
+    if result.outcome == "ERROR" and result.error_code != "MCP_TOOL_ERROR":
+        return True
+    if result.payload is None or result.payload.kind != "json":
+        return result.outcome == "ERROR"
+    value = json.loads(result.payload.text)
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("content"), list)
+        and all(
+            isinstance(b, dict)
+            and b.get("type") == "text"
+            and isinstance(b.get("text"), str)
+            for b in value["content"]
+        )
+    )
 
 
 def rejection(reason: str) -> Result:
@@ -606,6 +632,9 @@ class Model:
         if c.state not in OPEN_ATTEMPT:
             return Err(FAILED_PRECONDITION, "INVALID_TRANSITION")
         if result is not None:
+            mcp = c.channel == "MCP" and not self.bugs.mcp_result_unchecked
+            if mcp and not returned_by_mcp(result):
+                return Err(INVALID_ARGUMENT, "INVALID_REQUEST")
             c.reconciliations.append(("COMMITTED", *seen))
             self._commit(c, result, "reconcile_committed")
             return Ok(None)

@@ -51,10 +51,24 @@ def _revision_reused(machine: TortureMachine) -> None:
     machine.cp_put(ns="default", key="k1", value=b"v2", skew=None)
 
 
+def _mcp_result(machine: TortureMachine) -> None:
+    machine.prepare(
+        ref=REF, tool="t1", effect=m.SIDE_EFFECT, given=A, channel="MCP",
+        approval=False, start=True, lease=0, retry=False,
+    )  # fmt: skip
+    machine.report_unknown(ref=REF, skew=0)
+    found = m.Result("OK", m.Input("json", '"charged"', "C"))
+    machine.reconcile(ref=REF, rev=0, result=found, dead=None)
+    call_tool_result = '{"content":[{"type":"text","text":"charged"}]}'
+    found = m.Result("OK", m.Input("json", call_tool_result, "R3"))
+    machine.reconcile(ref=REF, rev=0, result=found, dead=None)
+
+
 SCRIPTS: dict[str, Callable[[TortureMachine], None]] = {
     "approval_flag_ignored_on_repeat": _approval_flag,
     "execute_without_attempt": _execute_without_attempt,
     "checkpoint_revision_reused": _revision_reused,
+    "mcp_result_unchecked": _mcp_result,
 }
 
 

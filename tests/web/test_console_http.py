@@ -17,7 +17,7 @@ from urllib.parse import urlencode, urlsplit
 
 import pytest
 
-from effectd_client import Client
+from effectd_client import Channel, Client
 from sidecar.cli import main
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
@@ -327,6 +327,49 @@ def test_reconcile_as_committed_with_the_result_found(
     assert call.state.name == "COMMITTED"
     assert call.result is not None
     assert json.loads(call.result.json_text or "") == {"charge": "ch_9"}
+
+
+def test_an_mcp_calls_result_must_be_a_call_tool_result(
+    served: tuple[RunningDaemon, ConsoleServer],
+) -> None:
+    """An MCP call's reconcile form shows the CallToolResult shape its result
+    takes; a bare string is refused by the daemon, the page says the shape
+    wanted, and the call stays UNKNOWN (issue 25 item 5: fails before the
+    fix: the string was committed, and the resumed agent failed on it)."""
+    daemon, server = served
+    with agent(daemon) as c:
+        prepared = c.prepare_tool(
+            RUN, "m-1", "mcp://pay/charge", {"id": 9}, start=True, channel=Channel.MCP
+        )
+        c.report_unknown(RUN, "m-1", prepared.call.attempt, "the process died")
+    b = Browserless(server.url)
+    b.sign_in(ONCALL_OLA.secret)
+    page = b.get(_call_path("m-1"))
+    shape = (
+        "{&quot;content&quot;: [{&quot;type&quot;: &quot;text&quot;, &quot;text&quot;"
+        ": &quot;...&quot;}], &quot;isError&quot;: false}"
+    )
+    assert f"an MCP CallToolResult object, e.g. <code>{shape}</code>" in page.body
+    refused = b.post(
+        "/call/reconcile",
+        {
+            "csrf": page.csrf(),
+            "namespace": NAMESPACE,
+            "run": RUN,
+            "call": "m-1",
+            "revision": str(_state(daemon, "m-1")[1]),
+            "resolution": "committed",
+            "result": '"charged i-9"',
+            "evidence": "charge ch_9 in the dashboard",
+            "reason": "found it",
+        },
+    )
+    assert refused.status == 400
+    assert (
+        f"result: an MCP call&#x27;s result is an MCP CallToolResult object, e.g. "
+        f"{shape}: the result is a string, not an object"
+    ) in refused.body
+    assert _state(daemon, "m-1")[0] == "UNKNOWN"
 
 
 def test_the_reconcile_page_shows_what_the_unknown_call_was_sent(

@@ -53,4 +53,8 @@ export function ledgerToolName(server: string, tool: string): string;
 
 export class McpPolicyError extends Error {}
 export class SessionInvalidated extends Error {}
-export class McpConnectionLost extends OutcomeUnknown {}
+export class McpConnectionLost extends OutcomeUnknown {
+  /** The run and the call whose outcome is unknown: the call to reconcile. */
+  runId: string;
+  callId: string;
+}

@@ -20,6 +20,10 @@
  *                                         (the daemon never starts an MCP call of unknown
  *                                         outcome again, ADR-010 D5)
  *
+ * A stored result is returned as the CallToolResult it is (the daemon refuses to reconcile an
+ * MCP call with anything else); a stored value that is none (a plain value, recorded before
+ * the daemon checked) is returned as a CallToolResult whose text it is, never as a bare value.
+ *
  * After a transport failure the wrapper refuses every call (SessionInvalidated,
  * ADR-010 D5) until the caller reconnects and wraps the new client. The effect
  * comes from the operator's policy (`decideEffect`, the same rules and layout
@@ -57,11 +61,16 @@ class SessionInvalidated extends Error {
   }
 }
 
-/** The connection failed while the call was in flight: UNKNOWN, never sent again. */
+/**
+ * The connection failed while the call was in flight: UNKNOWN, never sent again. `runId` and
+ * `callId` name the call to reconcile.
+ */
 class McpConnectionLost extends OutcomeUnknown {
   constructor(message, options) {
     super(message, options);
     this.name = 'McpConnectionLost';
+    this.runId = options?.runId;
+    this.callId = options?.callId;
   }
 }
 
@@ -75,6 +84,17 @@ class McpToolError extends Error {
     this.result = result;
     this.errorResult = result;
   }
+}
+
+/**
+ * The CallToolResult a stored result holds; a value that is none (a plain value, recorded
+ * before the daemon checked the shape of an MCP call's reconciled result) as one whose text it is.
+ */
+function restored(value, isError = false) {
+  const isResult = value !== null && typeof value === 'object' && Array.isArray(value.content);
+  if (isResult) return value;
+  const text = typeof value === 'string' ? value : JSON.stringify(value);
+  return { content: [{ type: 'text', text }], isError };
 }
 
 /** The name a call is recorded under. */
@@ -252,7 +272,7 @@ class LedgeredMcpClient {
       leaseMs: this.leaseMs,
     };
     try {
-      return await safeToolCall(this.effectd, call, async (ctx) => {
+      const answer = await safeToolCall(this.effectd, call, async (ctx) => {
         const meta = { ...(_meta || {}) };
         if (ctx.idempotencyKey) meta[KEY_META] = ctx.idempotencyKey;
         const params = { name, arguments: args, ...(Object.keys(meta).length ? { _meta: meta } : {}) };
@@ -263,18 +283,20 @@ class LedgeredMcpClient {
           // Sent, or maybe sent: whatever failed, the server may have run it.
           this._invalidated = error;
           throw new McpConnectionLost(
-            `${this.server}/${name}: the connection failed during the call (${error?.message ?? error}); ` +
-              'its outcome is unknown and it is never sent again',
-            { cause: error },
+            `${this.server}/${name}, call ${callId} of run ${this.runId}: the connection failed ` +
+              `during the call (${error?.message ?? error}); its outcome is unknown (recorded UNKNOWN) ` +
+              `and it is never sent again: reconcile it (effectd ctl show ${this.runId} ${callId})`,
+            { cause: error, runId: this.runId, callId },
           );
         }
         if (result.isError) throw new McpToolError(result);
         return result;
       });
+      return restored(answer);
     } catch (error) {
       if (error instanceof McpToolError) return error.result;
       if (error instanceof ToolFailed && error.errorCode === MCP_TOOL_ERROR && error.result.value) {
-        return error.result.value;
+        return restored(error.result.value, true);
       }
       // The deadline passed while the request was out: as lost as a dropped connection.
       if (error instanceof OutcomeUnknown && error.name === 'OutcomeUnknown') this._invalidated ??= error;

@@ -122,6 +122,9 @@ for (const transport of TRANSPORTS) {
         return tools.callTool({ name: 'slow_send', arguments: { to: 'bo' }, callId: 'tc-2' }, undefined, KILLED);
       });
       assert.ok(error instanceof McpConnectionLost, String(error));
+      // It names the call to reconcile (issue 25 item 15).
+      assert.deepEqual([error.runId, error.callId], [runId, 'tc-2']);
+      assert.match(error.message, new RegExp(`call tc-2 of run ${runId}: .*effectd ctl show ${runId} tc-2`));
       assert.equal((await effectd.getToolCall({ runId, callId: 'tc-2' })).state, 'UNKNOWN');
       assert.ok(tools.invalidated);
       await assert.rejects(
@@ -199,6 +202,25 @@ for (const transport of TRANSPORTS) {
       assert.equal(call.state, 'COMMITTED');
       assert.equal(call.result.errorCode, MCP_TOOL_ERROR);
       assert.equal(executions(server.state, 'fail'), 1);
+    });
+
+    test('a stored value that is no CallToolResult is returned as one with its text', async () => {
+      // Recorded before the daemon checked the shape of an MCP call's reconciled result
+      // (issue 25 item 5: fails before the fix: the bare value was returned).
+      const runId = `${transport}-plain`;
+      const before = executions(server.state, 'send');
+      const tools = new LedgeredMcpClient(await session(server), effectd, { runId, server: 'counter' });
+      for (const [callId, stored, text] of [
+        ['tc-8', 'charged i-9', 'charged i-9'],
+        ['tc-9', { charged: 9 }, '{"charged":9}'],
+      ]) {
+        const input = { server: 'counter', tool: 'send', arguments: { to: 'ann' } };
+        const p = await effectd.prepareTool({ runId, callId, toolName: 'mcp://counter/send', input, start: true, channel: 'MCP' });
+        await effectd.commitTool({ runId, callId, attempt: p.call.attempt, result: stored });
+        const result = await tools.callTool({ name: 'send', arguments: { to: 'ann' }, callId });
+        assert.deepEqual(result, { content: [{ type: 'text', text }], isError: false });
+      }
+      assert.equal(executions(server.state, 'send'), before);
     });
 
     test('an IDEMPOTENT_WRITE carries its key in _meta', async () => {

@@ -19,6 +19,7 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command
 
 from effectd_client import CallRejected, Effect, ToolCall, ToolFailed
@@ -34,8 +35,9 @@ _SERDE = JsonPlusSerializer()
 
 
 class ApprovalMismatch(ValueError):
-    """A resume value approves another call than the one waiting: an approval
-    covers the exact call (run, call id, arguments) it was given for."""
+    """A resume value approves another call than the one waiting, or shows
+    other arguments than effectd recorded for it: an approval covers the
+    exact call (run, call id, arguments) it was given for, as shown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +122,11 @@ def request(kind: str, call: GraphToolCall, record: ToolCall) -> dict[str, Any]:
 
 _MESSAGES = {
     "approval": "the call waits for an approver: resume with approve(...) or "
-    "reject(...) of this request, or after an approver decided it in effectd",
+    "reject(...) of this request (a list of answers for several of `calls`), or "
+    "after an approver decided it in effectd",
     "reconcile": "a side effect of unknown outcome: an operator reconciles it in "
-    "effectd (effectd ctl reconcile); then resume the graph",
+    "effectd (effectd ctl reconcile RUN CALL --result JSON, or --not-executed); "
+    "then resume the graph (with any value)",
     "retry": "the last attempt's outcome is unknown: resume with retry(...) to "
     "run this READ or IDEMPOTENT_WRITE tool again, after checking it is safe",
     "in_progress": "another attempt holds the call (a live process, or a crashed "
@@ -150,19 +154,22 @@ def retry(interrupt_value: Mapping[str, Any]) -> dict[str, Any]:
     """The resume value that runs a READ or IDEMPOTENT_WRITE tool of unknown
     outcome again (a SIDE_EFFECT is never run again: it is reconciled)."""
     if interrupt_value.get(KIND) != "retry":
-        raise ValueError("retry() answers a retry interrupt")
+        raise ApprovalMismatch("retry() answers a retry interrupt")
     return {**_bound(interrupt_value), "retry": True}
 
 
 def _bound(value: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: value[k] for k in ("run_id", "call_id", "input_fingerprint")}
+    """What binds an answer to its call: the call, its fingerprint, and the
+    arguments the person was shown (checked against what effectd recorded)."""
+    bound = {k: value[k] for k in ("run_id", "call_id", "input_fingerprint")}
+    return {**bound, "arguments": value.get("arguments")}
 
 
 def _answer(
     value: Mapping[str, Any], approve: bool, approver: str, reason: str
 ) -> dict[str, Any]:
     if value.get(KIND) != "approval":
-        raise ValueError("approve() and reject() answer an approval interrupt")
+        raise ApprovalMismatch("approve() and reject() answer an approval interrupt")
     if not approver:
         raise ValueError("approver: who decides, for the audit log")
     return {
@@ -174,32 +181,28 @@ def _answer(
     }
 
 
-def decision_in(answer: Any, call: GraphToolCall, record: ToolCall) -> bool:
-    """Whether a resume value carries an approver's decision for this call;
-    raises `ApprovalMismatch` when it decides another call. A resume value
-    without one (None, text) means: look again (decided in effectd)."""
-    if not isinstance(answer, Mapping) or "approve" not in answer:
-        return False
-    if (answer.get("run_id"), answer.get("call_id")) != (call.run_id, call.call_id):
-        raise ApprovalMismatch(
-            f"the answer decides call {answer.get('call_id')!r} of run "
-            f"{answer.get('run_id')!r}, not {call.call_id!r} of {call.run_id!r}"
-        )
-    if answer.get("input_fingerprint") != record.input_fingerprint:
-        raise ApprovalMismatch(
-            "the answer approves other arguments than the call waiting has"
-        )
-    return True
+def recorded_arguments(call: GraphToolCall, record: ToolCall) -> Any:
+    """The arguments effectd recorded for the call: its kept input, else the
+    model's arguments the call was prepared with (its fingerprint's)."""
+    if record.kept_input_json is not None:
+        return json.loads(record.kept_input_json)
+    return call.arguments
 
 
-def asks_retry(answer: Any, call: GraphToolCall, record: ToolCall) -> bool:
-    """Whether a resume value asks to run this call of unknown outcome again."""
-    return (
-        isinstance(answer, Mapping)
-        and answer.get("retry") is True
-        and (answer.get("run_id"), answer.get("call_id")) == (call.run_id, call.call_id)
-        and answer.get("input_fingerprint") == record.input_fingerprint
-    )
+def call_options(
+    call: GraphToolCall, retry_unknown: bool, timeout: float | None
+) -> dict[str, Any]:
+    """The safe call's options for a graph's tool call."""
+    return {
+        "call_id": call.call_id,
+        "effect": call.decision.effect,
+        "require_approval": call.decision.require_approval,
+        "retry_unknown": retry_unknown or call.decision.retry_unknown is True,
+        "timeout": timeout,
+        # A tool that interrupts itself may have acted before it asked.
+        "unknown_on": (GraphBubbleUp,),
+        "serialize": stored,
+    }
 
 
 def decision(answer: Any) -> dict[str, Any]:

@@ -17,23 +17,23 @@ and the model's tool call id (the call id), with the effect the operator's
   the tool raises                     -> committed ERROR, or UNKNOWN when it
                                           cannot know whether it acted (the
                                           safe call's rules); re-raised
-  the policy requires approval        -> `interrupt()` with an approval
-                                          request; resumed with `approve()` or
-                                          `reject()` of it, the decision is
-                                          recorded in effectd, bound to the
-                                          call's arguments and revision
-  a SIDE_EFFECT of unknown outcome    -> `interrupt()` with a reconcile
-    (the process died mid-call)           request: never run again; an
-                                          operator reconciles it in effectd,
-                                          then the graph is resumed
-  a READ / IDEMPOTENT_WRITE of        -> `interrupt()` with a retry request;
-    unknown outcome                       `retry()` of it runs it again
+  the policy requires approval        -> an approval request: `approve()` or
+                                          `reject()` of it, recorded in effectd,
+                                          bound to the call's arguments
+  a SIDE_EFFECT of unknown outcome    -> a reconcile request: never run
+    (the process died mid-call)           again; an operator reconciles it
+  a READ / IDEMPOTENT_WRITE of        -> a retry request; `retry()` of it
+    unknown outcome                       runs it again
   rejected by an approver             -> an error ToolMessage for the model
-  another attempt holds a live lease  -> waits for it to end (a crashed
-                                          process's lease runs out), at most
+  another attempt holds a live lease  -> waits for it, at most
                                           `in_progress_wait` seconds, then an
-                                          `interrupt()`: resumed, it waits
-                                          again
+                                          in-progress request
+
+A request is the value of an `interrupt()` of the tools node; it names, in
+`calls`, every call of the same model message that waits for a human, so
+that one resume answers them all (a list of answers; `_langgraph_step`).
+An answer that fits no call waiting (another call, other arguments than
+effectd recorded) is refused: the node asks again, saying why (`refused`).
 
 The call ids are the model's, kept in the graph's checkpoint: the graph must
 checkpoint the model's message before its tools run, so the wrapper refuses
@@ -55,32 +55,15 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import suppress
 from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.types import Command, interrupt
 
-from effectd_client import (
-    ApprovalPending,
-    AsyncClient,
-    AsyncRun,
-    CallInProgress,
-    CallRejected,
-    Client,
-    Effect,
-    InvalidTransition,
-    ReconciliationNeeded,
-    RetryRequired,
-    RevisionConflict,
-    Run,
-    ToolFailed,
-)
+from effectd_client import AsyncClient, AsyncRun, Client, Effect, Run, ToolFailed
 from effectd_client._langgraph_parts import (
     KIND,
     TOOL_ERROR,
@@ -88,17 +71,31 @@ from effectd_client._langgraph_parts import (
     GraphToolCall,
     ToolErrorMessage,
     approve,
-    asks_retry,
+    call_options,
     decision,
-    decision_in,
     reject,
-    rejected_message,
-    request,
     restored,
     retry,
-    stored,
     stored_error,
     thread_run_id,
+)
+from effectd_client._langgraph_step import (
+    IN_PROGRESS_POLL,
+    Ask,
+    Asking,
+    Conduct,
+    Decide,
+    Done,
+    Look,
+    Once,
+    Op,
+    Output,
+    Pause,
+    Prepare,
+    Steps,
+    advance,
+    conduct,
+    siblings,
 )
 from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 
@@ -118,13 +115,10 @@ __all__ = [
     "thread_run_id",
 ]
 
-Output = ToolMessage | Command[Any]
 # Runs kept for their lease watchers, by run id (least recently used dropped).
 MAX_RUNS = 256
-# Interrupts a call may be resumed from in one node run, and the pause
-# between looks at a call another attempt holds: bounded loops.
+# Interrupts a call may be resumed from in one node run: a bounded loop.
 MAX_ROUNDS = 50
-IN_PROGRESS_POLL = 0.2
 _DURABILITY = "__pregel_durability"
 
 
@@ -179,6 +173,7 @@ class LedgeredToolCalls:
         self.in_progress_wait = in_progress_wait
         self.require_sync_durability = require_sync_durability
         self._runs: OrderedDict[str, Run | AsyncRun] = OrderedDict()
+        self._steps = Steps(threads=not isinstance(client, AsyncClient))
 
     def tool_node(
         self, tools: Sequence[BaseTool | Callable[..., Any]], **kwargs: Any
@@ -235,17 +230,40 @@ class LedgeredToolCalls:
         polls = math.ceil(self.in_progress_wait / IN_PROGRESS_POLL)
         return range(MAX_ROUNDS + polls + 1)
 
-    def _options(self, call: GraphToolCall, retry_unknown: bool) -> dict[str, Any]:
-        return {
-            "call_id": call.call_id,
-            "effect": call.decision.effect,
-            "require_approval": call.decision.require_approval,
-            "retry_unknown": retry_unknown or call.decision.retry_unknown is True,
-            "timeout": self.timeout,
-            # A tool that interrupts itself may have acted before it asked.
-            "unknown_on": (GraphBubbleUp,),
-            "serialize": stored,
-        }
+    def _conduct(self, req: ToolCallRequest) -> tuple[GraphToolCall, Conduct]:
+        """The call of a request, and what is to be done about it."""
+        call = self.identify(req)
+        step_calls = siblings(req, call, self.policy)
+        step = self._steps.of(step_calls)
+        rounds = self._rounds()
+        return call, conduct(call, step_calls, step, rounds, self.in_progress_wait)
+
+    def _thunk(self, op: Op, once: Callable[[bool], Any]) -> Callable[[], Any]:
+        """What an op asks of the daemon (a value with a `Client`, an
+        awaitable with an `AsyncClient`), the lock's ops aside."""
+        client, approver = self.client, self.approver
+        match op:
+            case Once(retry_unknown=retry_unknown):
+                return lambda: once(retry_unknown)
+            case Pause(seconds=seconds):
+                sleep = asyncio.sleep if isinstance(client, AsyncClient) else time.sleep
+                return lambda: sleep(seconds)
+            case Look(call=c):
+                return lambda: client.get_tool_call(c.run_id, c.call_id)
+            case Prepare(call=c):
+                return lambda: client.prepare_tool(
+                    c.run_id,
+                    c.call_id,
+                    c.tool,
+                    c.arguments,
+                    effect=c.decision.effect,
+                    require_approval=c.decision.require_approval,
+                )
+            case Decide(call=c, answer=answer):
+                return lambda: approver.decide_approval(
+                    c.run_id, c.call_id, **decision(answer)
+                )
+        raise AssertionError(op)  # pragma: no cover
 
     # -- sync ---------------------------------------------------------------
 
@@ -255,34 +273,31 @@ class LedgeredToolCalls:
         """The `wrap_tool_call` of a ToolNode (graphs run with `invoke`)."""
         if not isinstance(self.client, Client):
             self._sync_refused(req, execute)
-        call = self.identify(req)
+        call, work = self._conduct(req)
         run: Run = self._run(call.run_id)
-        retry_unknown, waiting_until = False, 0.0
-        for _ in self._rounds():
+
+        def once(retry_unknown: bool) -> Output:
+            return self._once(run, call, req, execute, retry_unknown)
+
+        output: Output = self._drive(work, once)
+        return output
+
+    def _drive(self, work: Conduct | Asking, once: Callable[[bool], Any]) -> Any:
+        answer, error, op = None, None, advance(work, None, None)
+        while not isinstance(op, Done):
             try:
-                return self._once(run, call, req, execute, retry_unknown)
-            except ApprovalPending as stop:
-                answer = interrupt(request("approval", call, stop.call))
-                if decision_in(answer, call, stop.call):
-                    self._decide(call, answer)
-            except ReconciliationNeeded as stop:
-                interrupt(request("reconcile", call, stop.call))
-            except RetryRequired as stop:
-                answer = interrupt(request("retry", call, stop.call))
-                retry_unknown = asks_retry(answer, call, stop.call)
-            except CallInProgress as stop:
-                waiting_until = (
-                    waiting_until or time.monotonic() + self.in_progress_wait
-                )
-                if time.monotonic() < waiting_until:
-                    time.sleep(IN_PROGRESS_POLL)
-                    continue
-                # Never an error result: the model would call it anew.
-                interrupt(request("in_progress", call, stop.call))
-                waiting_until = 0.0
-            except CallRejected as rejected:
-                return rejected_message(call, rejected)
-        raise RuntimeError(f"{call.call_id}: stopped after {len(self._rounds())} looks")
+                if isinstance(op, Ask):
+                    assert not isinstance(op.step.lock, asyncio.Lock)
+                    with op.step.lock:
+                        answer = self._drive(op.body, once)
+                else:
+                    answer = self._thunk(op, once)()
+            except Exception as exc:
+                answer, error = None, exc
+            else:
+                error = None
+            op = advance(work, answer, error)
+        return op.value
 
     def _once(
         self,
@@ -294,7 +309,9 @@ class LedgeredToolCalls:
     ) -> Output:
         try:
             with run.call(
-                call.tool, call.arguments, **self._options(call, retry_unknown)
+                call.tool,
+                call.arguments,
+                **call_options(call, retry_unknown, self.timeout),
             ) as step:
                 if not step.execute:
                     return restored(step.result, call)
@@ -307,12 +324,6 @@ class LedgeredToolCalls:
             return error.message
         except ToolFailed as failed:
             return stored_error(call, failed)
-
-    def _decide(self, call: GraphToolCall, answer: Any) -> None:
-        assert isinstance(self.approver, Client)
-        # Decided already (before a crash, or in effectd): the next look says.
-        with suppress(InvalidTransition, RevisionConflict):
-            self.approver.decide_approval(call.run_id, call.call_id, **decision(answer))
 
     def _sync_refused(self, req: ToolCallRequest, execute: Any) -> Output:
         raise TypeError(
@@ -332,34 +343,31 @@ class LedgeredToolCalls:
             raise TypeError(
                 "awrap needs an AsyncClient; a sync Client wraps with wrap_tool_call"
             )
-        call = self.identify(req)
+        call, work = self._conduct(req)
         run: AsyncRun = self._run(call.run_id)
-        retry_unknown, waiting_until = False, 0.0
-        for _ in self._rounds():
+
+        def once(retry_unknown: bool) -> Awaitable[Output]:
+            return self._aonce(run, call, req, execute, retry_unknown)
+
+        output: Output = await self._adrive(work, once)
+        return output
+
+    async def _adrive(self, work: Conduct | Asking, once: Callable[[bool], Any]) -> Any:
+        answer, error, op = None, None, advance(work, None, None)
+        while not isinstance(op, Done):
             try:
-                return await self._aonce(run, call, req, execute, retry_unknown)
-            except ApprovalPending as stop:
-                answer = interrupt(request("approval", call, stop.call))
-                if decision_in(answer, call, stop.call):
-                    await self._adecide(call, answer)
-            except ReconciliationNeeded as stop:
-                interrupt(request("reconcile", call, stop.call))
-            except RetryRequired as stop:
-                answer = interrupt(request("retry", call, stop.call))
-                retry_unknown = asks_retry(answer, call, stop.call)
-            except CallInProgress as stop:
-                waiting_until = (
-                    waiting_until or time.monotonic() + self.in_progress_wait
-                )
-                if time.monotonic() < waiting_until:
-                    await asyncio.sleep(IN_PROGRESS_POLL)
-                    continue
-                # Never an error result: the model would call it anew.
-                interrupt(request("in_progress", call, stop.call))
-                waiting_until = 0.0
-            except CallRejected as rejected:
-                return rejected_message(call, rejected)
-        raise RuntimeError(f"{call.call_id}: stopped after {len(self._rounds())} looks")
+                if isinstance(op, Ask):
+                    assert isinstance(op.step.lock, asyncio.Lock)
+                    async with op.step.lock:
+                        answer = await self._adrive(op.body, once)
+                else:
+                    answer = await self._thunk(op, once)()
+            except Exception as exc:
+                answer, error = None, exc
+            else:
+                error = None
+            op = advance(work, answer, error)
+        return op.value
 
     async def _aonce(
         self,
@@ -371,7 +379,9 @@ class LedgeredToolCalls:
     ) -> Output:
         try:
             async with run.call(
-                call.tool, call.arguments, **self._options(call, retry_unknown)
+                call.tool,
+                call.arguments,
+                **call_options(call, retry_unknown, self.timeout),
             ) as step:
                 if not step.execute:
                     return restored(step.result, call)
@@ -384,10 +394,3 @@ class LedgeredToolCalls:
             return error.message
         except ToolFailed as failed:
             return stored_error(call, failed)
-
-    async def _adecide(self, call: GraphToolCall, answer: Any) -> None:
-        assert isinstance(self.approver, AsyncClient)
-        with suppress(InvalidTransition, RevisionConflict):
-            await self.approver.decide_approval(
-                call.run_id, call.call_id, **decision(answer)
-            )

@@ -29,7 +29,17 @@ tool call id:
 
 After a transport failure the session refuses every further call
 (`SessionInvalidated`, ADR-010 D5) until the caller reconnects and wraps the
-new session. The effect of each tool comes from the operator's `McpPolicy`
+new session. The SDK's transports and sessions run in task groups, which
+wrap what the block raises in `ExceptionGroup`s: `unwrapped()` around them
+re-raises the ledger's exception (`McpConnectionLost`, which names the run
+and the call, a `ToolCallStopped`) as itself.
+
+A stored result is handed back as the `CallToolResult` it is (Reconcile
+refuses an MCP call's result of another shape); one that is not (a plain
+value recorded before the daemon checked) reaches the caller as a result
+with that value as its text, never as a validation error.
+
+The effect of each tool comes from the operator's `McpPolicy`
 (`effectd_client._mcp_policy`); the ledger records it as the tool
 `mcp://{server}/{tool}` (the daemon's policy file can force it to SIDE_EFFECT
 by that name), with the input `{"server", "tool", "arguments"}`. An
@@ -48,6 +58,9 @@ IDEMPOTENT_WRITE call carries its key `{run_id}:{call_id}` in the request's
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from mcp import ClientSession
@@ -56,10 +69,20 @@ from mcp.types import (
     ListToolsResult,
     PaginatedRequestParams,
     RequestParamsMeta,
+    TextContent,
     Tool,
 )
+from pydantic import ValidationError
 
-from effectd_client import AsyncRun, Channel, Effect, OutcomeUnknown, ToolFailed
+from effectd_client import (
+    AsyncRun,
+    Channel,
+    Effect,
+    EffectdError,
+    OutcomeUnknown,
+    ToolCallStopped,
+    ToolFailed,
+)
 from effectd_client._mcp_policy import McpDecision, McpPolicy, McpServerPolicy
 from effectd_client.policy import EFFECT_NAMES, PolicyError, ToolRule
 
@@ -76,6 +99,7 @@ __all__ = [
     "SessionInvalidated",
     "ToolRule",
     "ledger_tool_name",
+    "unwrapped",
 ]
 
 # The error code of a committed tool result with isError.
@@ -95,7 +119,11 @@ class SessionInvalidated(Exception):
 class McpConnectionLost(OutcomeUnknown):
     """The connection failed while the call was in flight: its outcome is
     unknown (recorded UNKNOWN), the session is invalidated, and the call is
-    never sent again."""
+    never sent again. `run_id` and `call_id` name the call to reconcile."""
+
+    def __init__(self, message: str, *, run_id: str, call_id: str) -> None:
+        super().__init__(message)
+        self.run_id, self.call_id = run_id, call_id
 
 
 class _ToolError(Exception):
@@ -116,6 +144,68 @@ def ledger_tool_name(server: str, tool: str) -> str:
 
 def _stored(result: CallToolResult) -> Any:
     return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _restored(value: Any, *, is_error: bool = False) -> CallToolResult:
+    """The CallToolResult a stored result holds; a value that is none (a
+    plain value, recorded before the daemon checked the shape of an MCP
+    call's reconciled result) as a result whose text it is."""
+    if isinstance(value, dict):
+        try:
+            return CallToolResult.model_validate(value)
+        except ValidationError:
+            pass
+    text = value if isinstance(value, str) else json.dumps(value)
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], is_error=is_error
+    )
+
+
+@contextmanager
+def unwrapped() -> Iterator[None]:
+    """Re-raises the ledger's exception that an MCP transport or session
+    wrapped in an `ExceptionGroup` (their task groups wrap whatever their
+    block raises) as itself, so that `except McpConnectionLost` (or
+    `ReconciliationNeeded`, `ApprovalPending`...) catches it:
+
+        try:
+            with unwrapped():
+                async with (
+                    stdio_client(params) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    ...
+        except McpConnectionLost as lost:
+            ...  # lost.run_id, lost.call_id: the call to reconcile
+
+    A group that holds no such exception, or several, is raised as it is.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        ours = [e for e in _leaves(group) if isinstance(e, _LEDGER_ERRORS)]
+        if len(ours) != 1:
+            raise
+        # Its own cause (the SDK's error) stays the one shown.
+        raise ours[0] from ours[0].__cause__
+
+
+# What the wrapper and the ledger raise about a call: what `unwrapped` lifts
+# out of the groups the MCP transports' task groups wrap it in.
+_LEDGER_ERRORS = (
+    EffectdError,
+    OutcomeUnknown,
+    ToolCallStopped,
+    SessionInvalidated,
+)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def _text_of(result: CallToolResult) -> str:
@@ -222,12 +312,12 @@ class LedgeredSession:
                 channel=Channel.MCP,
             ) as step:
                 if not step.execute:
-                    return CallToolResult.model_validate(step.result)
+                    return _restored(step.result)
                 request_meta = dict(meta or {})
                 if decision.effect is Effect.IDEMPOTENT_WRITE and step.idempotency_key:
                     request_meta[KEY_META] = step.idempotency_key
                 result = await self._send(
-                    name, args, read_timeout_seconds, request_meta or None
+                    name, args, call_id, read_timeout_seconds, request_meta or None
                 )
                 if result.is_error:
                     raise _ToolError(result)
@@ -237,13 +327,14 @@ class LedgeredSession:
             return error.result
         except ToolFailed as failed:
             if failed.error_code == MCP_TOOL_ERROR and failed.result.value is not None:
-                return CallToolResult.model_validate(failed.result.value)
+                return _restored(failed.result.value, is_error=True)
             raise
 
     async def _send(
         self,
         name: str,
         args: dict[str, Any],
+        call_id: str,
         read_timeout_seconds: float | None,
         meta: dict[str, Any] | None,
     ) -> CallToolResult:
@@ -260,9 +351,14 @@ class LedgeredSession:
         except Exception as exc:
             # Sent, or maybe sent: whatever failed, the server may have run it.
             self._invalidated = exc
+            run_id = self.run.run_id
             raise McpConnectionLost(
-                f"{self.server}/{name}: the connection failed during the call "
-                f"({exc!r}); its outcome is unknown and it is never sent again"
+                f"{self.server}/{name}, call {call_id} of run {run_id}: the "
+                f"connection failed during the call ({exc!r}); its outcome is "
+                "unknown (recorded UNKNOWN) and it is never sent again: "
+                f"reconcile it (effectd ctl show {run_id} {call_id})",
+                run_id=run_id,
+                call_id=call_id,
             ) from exc
 
     def _check_alive(self) -> None:

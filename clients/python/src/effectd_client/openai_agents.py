@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from agents import AgentsException, FunctionTool
+from agents import FunctionTool
 from agents.mcp import MCPServer, MCPUtil
 from agents.run_context import RunContextWrapper
 from agents.tool_context import ToolContext
@@ -71,7 +71,6 @@ from effectd_client import (
     Effect,
     EffectdError,
     OutcomeUnknown,
-    ToolCall,
     ToolCallStopped,
     ToolFailed,
 )
@@ -84,6 +83,8 @@ from effectd_client._openai_agents_approvals import (
     Rule,
     arguments_of,
 )
+from effectd_client._openai_agents_mcp import stored_result, tool_output
+from effectd_client._openai_agents_stops import LedgerInterruption, interruption
 from effectd_client._safe_outcomes import Matcher, is_unknown
 from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 
@@ -101,23 +102,6 @@ __all__ = [
 ]
 
 _ALL: tuple[Matcher, ...] = (Exception,)
-
-
-class LedgerInterruption(AgentsException):
-    """The ledger stopped a tool call: the run ends here.
-
-    `cause` is the client's reason: `ReconciliationNeeded` (a side effect of
-    unknown outcome: an operator reconciles it), `ApprovalPending` (effectd
-    has not approved this call), `CallInProgress`, `RetryRequired`, a refusal
-    (`InputMismatch`: the same call id with other arguments), or what the
-    tool raised just now when its outcome is unknown (recorded UNKNOWN; the
-    only case in which the tool ran).
-    """
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(f"effectd stopped the tool call: {cause}")
-        self.cause = cause
-        self.call: ToolCall | None = getattr(cause, "call", None)
 
 
 def mcp_tool_name(server: str, tool: str) -> str:
@@ -295,6 +279,10 @@ class AgentLedger(LedgerApprovals):
     def _wrap(self, tool: FunctionTool, rule: Rule) -> FunctionTool:
         self._rules[tool.name] = rule
         invoke = tool.on_invoke_tool
+        # An MCP call's result in the ledger is a CallToolResult.
+        mcp = rule.channel is Channel.MCP
+        store = stored_result if mcp else _same
+        restore = tool_output if mcp else _same
 
         async def needs_approval(
             ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
@@ -334,19 +322,19 @@ class AgentLedger(LedgerApprovals):
                     channel=rule.channel,
                 ) as step:
                     if not step.execute:
-                        return step.result
+                        return restore(step.result)
                     output = await invoke(ctx, raw)
-                    step.set_result(output)
+                    step.set_result(store(output))
                     return output
             except CallRejected:
                 return DEFAULT_REJECTION_MESSAGE
             except ToolFailed as failed:
                 return _error_text(failed.result.error_message)
             except (ToolCallStopped, OutcomeUnknown, EffectdError) as stopped:
-                raise LedgerInterruption(stopped) from stopped
+                raise await interruption(self.client, run.run_id, stopped) from stopped
             except Exception as exc:
                 if is_unknown(exc, rule.unknown_on):
-                    raise LedgerInterruption(exc) from exc
+                    raise await interruption(self.client, run.run_id, exc) from exc
                 # Committed as an error result: the model reads it.
                 return _error_text(str(exc))
 
@@ -369,6 +357,10 @@ class AgentLedger(LedgerApprovals):
         if inspect.isawaitable(answer):
             answer = await answer
         return bool(answer)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _error_text(message: str) -> str:

@@ -39,16 +39,22 @@ human must do), so it reaches `DeferredToolRequests.metadata`; give the agent
 `output_type=[..., DeferredToolRequests]` to receive them as the run's output
 (without it Pydantic AI refuses the run with an error: still never re-run).
 
-The run a call belongs to is the `run_id` of the model response that made it
+The run a call belongs to is the toolset's `run_id` (name it: `effectd ctl
+list --run` finds it), else the `run_id` of the model response that made it
 (Pydantic AI keeps it in the message history), so a run resumed from its
 history after a crash, or from `DeferredToolResults`, finds its calls: resume
 from the persisted `all_messages()`, not from the prompt (a new model response
-has new call ids). Each tool's effect, approval and retry come from the
-operator's `ToolPolicy` (`effectd_client.policy`, the words LangGraph's
-adapter reads too; or just its rules by tool name: a `ToolRule` or an
-`Effect`), default SIDE_EFFECT; a tool declared `requires_approval=True`
-requires an effectd approval too. An IDEMPOTENT_WRITE
-tool reads its key `{run_id}:{call_id}` from `effectd_client.current_call()`.
+has new call ids), with `deferred_tool_results=await toolset.resume_results(
+history, approvals)`, which carries every call the run deferred back to the
+toolset; a resume that leaves one out is refused (`DeferredCallsNotResumed`):
+Pydantic AI would tell the model it was interrupted.
+
+Each tool's effect, approval and retry come from the operator's
+`ToolPolicy` (`effectd_client.policy`, the words LangGraph's adapter reads
+too; or just its rules by tool name: a `ToolRule` or an `Effect`), default
+SIDE_EFFECT; a tool declared `requires_approval=True` requires an effectd
+approval too. An IDEMPOTENT_WRITE tool reads its key `{run_id}:{call_id}`
+from `effectd_client.current_call()`.
 
     toolset = EffectdToolset(
         FunctionToolset([send_email, lookup]),
@@ -65,7 +71,7 @@ executes the approved call without `DeferredToolResults`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -73,8 +79,12 @@ from typing import Any
 from pydantic_ai import RunContext
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
 from pydantic_ai.exceptions import ToolFailed as PydanticToolFailed
-from pydantic_ai.messages import ModelResponse, ToolCallPart
-from pydantic_ai.tools import AgentDepsT, DeferredToolRequests
+from pydantic_ai.messages import ModelMessage, ToolCallPart
+from pydantic_ai.tools import (
+    AgentDepsT,
+    DeferredToolResults,
+    ToolApproved,
+)
 from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import to_jsonable_python
@@ -84,11 +94,22 @@ from effectd_client._exceptions import (
     ApprovalPending,
     CallInProgress,
     CallRejected,
+    NotFound,
     ReconciliationNeeded,
     RetryRequired,
     RevisionConflict,
     ToolFailed,
     ToolTimedOut,
+)
+from effectd_client._pydantic_ai_resume import (
+    METADATA_KEY,
+    RESUME,
+    DeferredCallsNotResumed,
+    decide_deferred,
+    effectd_metadata,
+    is_resume,
+    open_calls,
+    run_of,
 )
 from effectd_client._safe_aio import AsyncRun
 from effectd_client._safe_outcomes import is_unknown
@@ -97,6 +118,7 @@ from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRul
 
 __all__ = [
     "METADATA_KEY",
+    "DeferredCallsNotResumed",
     "EffectdToolset",
     "PolicyError",
     "ToolDecision",
@@ -106,56 +128,12 @@ __all__ = [
     "effectd_metadata",
 ]
 
-# Where a deferral's ledger facts travel (`DeferredToolRequests.metadata`).
-METADATA_KEY = "effectd"
 # Who the ledger names as the approver of a call approved through Pydantic AI.
 DEFAULT_APPROVER = "pydantic-ai"
 # The code of a committed error raised as ModelRetry (replayed as such).
 MODEL_RETRY = "ModelRetry"
 # Rounds of prepare, record a Pydantic AI approval, prepare again.
 MAX_APPROVAL_ROUNDS = 3
-
-
-def effectd_metadata(call: ToolCall, action: str) -> dict[str, Any]:
-    """The facts a deferral carries under `METADATA_KEY`: the ledger's call,
-    its state, and what a human must do (`approve`, `reconcile`, `wait`)."""
-    return {
-        METADATA_KEY: {
-            "run_id": call.run_id,
-            "call_id": call.call_id,
-            "tool": call.tool_name,
-            "state": call.state.name,
-            "effect": call.effect.name,
-            "revision": call.revision,
-            "input_fingerprint": call.input_fingerprint,
-            "action": action,
-        }
-    }
-
-
-def _run_of(ctx: RunContext[Any]) -> str:
-    """The run in which the model made this call: its response's run id (kept
-    in the history across resumes); this run's for a call not in the history.
-
-    Raises:
-        ValueError: The response has no run id (a history written without
-            them): falling back to this run's id would run the call again on
-            every resume, so the caller must name the run (`run_id=`).
-    """
-    for message in reversed(ctx.messages):
-        if not isinstance(message, ModelResponse):
-            continue
-        for part in message.parts:
-            if isinstance(part, ToolCallPart) and part.tool_call_id == ctx.tool_call_id:
-                if not message.run_id:
-                    raise ValueError(
-                        f"{ctx.tool_call_id}: the model response that made the call "
-                        "has no run_id; pass run_id= to EffectdToolset"
-                    )
-                return message.run_id
-    if not ctx.run_id:
-        raise ValueError("the run has no run_id; pass run_id= to EffectdToolset")
-    return ctx.run_id
 
 
 @dataclass
@@ -224,8 +202,85 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
         elif self.run_id is not None:
             run_id = self.run_id(ctx)
         else:
-            run_id = _run_of(ctx)
+            run_id = run_of(ctx)
         return AsyncRun(self.client, run_id, lease_ms=self.lease_ms)
+
+    async def _known(
+        self, run_id: str, calls: Sequence[ToolCallPart]
+    ) -> list[ToolCall]:
+        """The ledger's records of those of `calls` it has."""
+        known = []
+        for call in calls:
+            with suppress(NotFound):
+                known.append(await self.client.get_tool_call(run_id, call.tool_call_id))
+        return known
+
+    async def resume_results(
+        self,
+        messages: Sequence[ModelMessage],
+        results: DeferredToolResults | None = None,
+        *,
+        run_id: str | None = None,
+    ) -> DeferredToolResults | None:
+        """The `deferred_tool_results` of a run resumed from `messages` (the
+        persisted `all_messages()`): `results` (the approvals a human gave in
+        Pydantic AI), and every other call of the last model response that
+        the history leaves without a result and effectd knows, back through
+        this toolset (a resume, not an approval: the ledger answers it, with
+        its stored or reconciled result, a run if it was verified not done,
+        or a deferral again). None: nothing to carry; resume from the
+        history alone.
+
+        Args:
+            run_id: The ledger's run, when this toolset's `run_id` is a
+                function; default the toolset's, else the response's.
+        """
+        response, unanswered, followed = open_calls(messages)
+        given = results or DeferredToolResults()
+        carried = [
+            c
+            for c in unanswered
+            if c.tool_call_id not in given.approvals
+            and c.tool_call_id not in given.calls
+        ]
+        # No request after the response, and no results: resumed from the
+        # history alone, the run calls the toolset for each of its calls.
+        if response is None or not carried or (results is None and not followed):
+            return results
+        if run_id is None and callable(self.run_id):
+            raise ValueError("this toolset's run_id is a function: pass run_id=")
+        run = run_id or self.run_id or response.run_id
+        if not isinstance(run, str) or not run:
+            raise ValueError("the model response has no run_id: pass run_id=")
+        out = DeferredToolResults(
+            approvals=dict(given.approvals),
+            calls=dict(given.calls),
+            metadata=dict(given.metadata),
+        )
+        for call in await self._known(run, carried):
+            out.approvals[call.call_id] = ToolApproved()
+            out.metadata[call.call_id] = {
+                **out.metadata.get(call.call_id, {}),
+                **RESUME,
+            }
+        return out
+
+    async def get_instructions(self, ctx: RunContext[AgentDepsT]) -> Any:
+        """The wrapped toolset's instructions, once the model's request does
+        not leave a call effectd knows without a result (Pydantic AI would
+        answer it "interrupted").
+
+        Raises:
+            DeferredCallsNotResumed: The run was resumed from a history
+                without its deferred calls (`resume_results`).
+        """
+        response, unanswered, followed = open_calls(ctx.messages)
+        if response is not None and unanswered and followed:
+            first = replace(ctx, tool_call_id=unanswered[0].tool_call_id)
+            known = await self._known(self._run(first).run_id, unanswered)
+            if known:
+                raise DeferredCallsNotResumed(known)
+        return await super().get_instructions(ctx)
 
     async def call_tool(
         self,
@@ -248,7 +303,8 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
                 )
             except ApprovalPending as pending:
                 waiting = pending.call
-            if not (ctx.tool_call_approved and self.approver):
+            approved = ctx.tool_call_approved and not is_resume(ctx)
+            if not (approved and self.approver):
                 break
             with suppress(RevisionConflict):
                 await self._approve(waiting)
@@ -321,34 +377,3 @@ class EffectdToolset(WrapperToolset[AgentDepsT]):
 def _serialize(value: Any) -> Any:
     """A tool's return value as the JSON the ledger stores and replays."""
     return to_jsonable_python(value, fallback=str)
-
-
-async def decide_deferred(
-    client: AsyncClient,
-    requests: DeferredToolRequests,
-    tool_call_id: str,
-    *,
-    approve: bool,
-    approver: str,
-    reason: str,
-) -> ToolCall:
-    """Records an approver's decision on a deferred call in the ledger, for
-    the arguments and revision the deferral carried (`approver` role when
-    the daemon requires tokens).
-
-    Raises:
-        KeyError: The call was not deferred by `EffectdToolset`.
-        InputMismatch, RevisionConflict: The call changed since.
-    """
-    facts = requests.metadata.get(tool_call_id, {}).get(METADATA_KEY)
-    if not facts or facts.get("action") != "approve":
-        raise KeyError(f"{tool_call_id}: not an approval deferred by effectd")
-    return await client.decide_approval(
-        facts["run_id"],
-        facts["call_id"],
-        approve=approve,
-        approver=approver,
-        reason=reason,
-        expected_revision=facts["revision"],
-        input_fingerprint=facts["input_fingerprint"],
-    )

@@ -1,0 +1,77 @@
+"""What ends a run of `effectd_client.openai_agents`: `LedgerInterruption`,
+which names, beside the call that stopped, every call of the run waiting
+for a human. The Agents SDK ends a run at the first tool that raises (and
+cancels the others), so the parallel calls of a step that all need a
+human (after a crash: each of unknown outcome) would stop the run one per
+restart; the interruption names them all, so that they are settled at once.
+Imported only with the `openai-agents` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agents import AgentsException
+
+from effectd_client import (
+    AsyncClient,
+    EffectdError,
+    RecoveryAction,
+    State,
+    ToolCall,
+)
+
+# The recovery actions that wait for a human.
+HUMAN = frozenset(
+    {
+        RecoveryAction.RECONCILE,
+        RecoveryAction.RETRY_NEEDS_POLICY,
+        RecoveryAction.WAIT_FOR_APPROVAL,
+    }
+)
+
+
+class LedgerInterruption(AgentsException):
+    """The ledger stopped a tool call: the run ends here.
+
+    `cause` is the client's reason: `ReconciliationNeeded` (a side effect of
+    unknown outcome: an operator reconciles it), `ApprovalPending` (effectd
+    has not approved this call), `CallInProgress`, `RetryRequired`, a refusal
+    (`InputMismatch`: the same call id with other arguments), or what the
+    tool raised just now when its outcome is unknown (recorded UNKNOWN; the
+    only case in which the tool ran). `call` is the ledger's record of the
+    call, and `calls` every call of the run that waits for a human now
+    (UNKNOWN: to reconcile, or to retry; AWAITING_APPROVAL: to approve), in
+    the daemon's judgement: the parallel calls of a step stop the run one at
+    a time, and are settled together.
+    """
+
+    def __init__(self, cause: Exception, calls: Sequence[ToolCall] = ()) -> None:
+        self.cause = cause
+        self.call: ToolCall | None = getattr(cause, "call", None)
+        self.calls = tuple(calls)
+        waiting = ", ".join(
+            f"{c.call_id} ({c.tool_name}, {c.state.name})" for c in self.calls
+        )
+        also = (
+            f"; the calls of the run waiting for a human: {waiting}" if waiting else ""
+        )
+        super().__init__(f"effectd stopped the tool call: {cause}{also}")
+
+
+async def interruption(
+    client: AsyncClient, run_id: str, cause: Exception
+) -> LedgerInterruption:
+    """The interruption of the run by `cause`, naming every call of the run
+    that waits for a human (Recover: the daemon's judgement, after expired
+    leases became UNKNOWN; a call still running is not one)."""
+    try:
+        plan = await client.recover(run_id)
+    except EffectdError:
+        return LedgerInterruption(cause)  # the cause says enough
+    waiting = [
+        item.call
+        for item in plan.items
+        if item.action in HUMAN and item.call.state is not State.STARTED
+    ]
+    return LedgerInterruption(cause, waiting)
