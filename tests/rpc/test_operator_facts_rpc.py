@@ -68,7 +68,9 @@ def test_a_listing_names_the_token_and_its_roles(short_tmp: Path) -> None:
     """With tokens, ListToolCalls says whose token it answered and its roles;
     without authentication, nobody."""
     data = short_tmp
-    config = ServeConfig(data_dir=data / "auth", tokens_text=tokens_text(*TEAM))
+    config = ServeConfig(
+        data_dir=data / "auth", init=True, tokens_text=tokens_text(*TEAM)
+    )
     with running_daemon(config) as daemon:
         for token, name, roles in (
             (ONCALL, "oncall", ["agent", "approver", "operator"]),
@@ -81,7 +83,7 @@ def test_a_listing_names_the_token_and_its_roles(short_tmp: Path) -> None:
                     metadata=(("authorization", f"Bearer {token.secret}"),),
                 )
             assert (answer.caller, list(answer.caller_roles)) == (name, roles)
-    with running_daemon(ServeConfig(data_dir=data / "open")) as daemon:
+    with running_daemon(ServeConfig(data_dir=data / "open", init=True)) as daemon:
         with grpc.insecure_channel(daemon.target) as channel:
             answer = ToolLedgerStub(channel).ListToolCalls(
                 pb.ListToolCallsRequest(), timeout=5

@@ -186,7 +186,7 @@ def test_the_header_says_who_is_signed_in(
     ola = Browserless(server.url)
     ola.sign_in(ONCALL_OLA.secret)
     assert "Signed in as <b>ola</b> (operator)" in ola.get("/").body
-    with running_daemon(ServeConfig(data_dir=short_tmp / "open")) as daemon:
+    with running_daemon(ServeConfig(data_dir=short_tmp / "open", init=True)) as daemon:
         console = ConsoleServer(
             ConsoleConfig(target=daemon.target, listen="127.0.0.1:0")
         ).start()
