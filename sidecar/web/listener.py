@@ -85,5 +85,7 @@ class Listener(ThreadingHTTPServer):
         except Exception:
             self.handle_error(request, client_address)
         finally:
-            self.shutdown_request(request)
+            # The slot is free before the client sees its connection end:
+            # a client that connects again at once finds it free.
             self._slots.release()
+            self.shutdown_request(request)
