@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from effectd_client import (
     Client,
     Decision,
     EffectdError,
+    RecordingRetry,
     Run,
     State,
 )
@@ -323,3 +325,17 @@ def test_a_request_that_may_have_been_sent_does_not_wait() -> None:
     assert raised.value is lost
     with pytest.raises(ValueError, match="reconnect_wait"):
         Outage("unix:/x.sock", -1.0)
+
+
+def test_the_clients_backoffs_leave_the_global_random_alone() -> None:
+    """The jitter of a wait for the daemon and of a recording retry comes
+    from the OS: an application's (or a test's random search's) global
+    `random` is never drawn from (fails before the fix: both drew from it,
+    and a Hypothesis search saw its random source used behind its back)."""
+    random.seed(7)
+    before = random.getstate()
+    away = _error(UNAVAILABLE, message=NO_CONNECTION)
+    with Outage("unix:/x.sock", 10.0).waiting(away, time.monotonic(), 10.0) as w:
+        w.pause()
+    RecordingRetry(attempts=3).next_wait(1, away, 0.0)
+    assert random.getstate() == before

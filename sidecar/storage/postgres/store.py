@@ -59,6 +59,10 @@ from sidecar.storage.postgres.views import (
     PgWriteView,
 )
 
+# Jitter from the OS, never from the global `random` an application (or a
+# test's random search) owns: it keeps no state.
+_JITTER = random.SystemRandom()
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -313,7 +317,7 @@ class PostgresStore:
                 with self._stats_lock:
                     self.stats.retries += 1
                 # Contenders spread out, so the next attempt rarely meets them.
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))  # noqa: S311
+                time.sleep(_JITTER.uniform(0, min(0.05, 0.001 * 2**attempt)))
                 continue
             except Failed as failed:
                 _fail(batch, failed.message, applied=failed.applied)

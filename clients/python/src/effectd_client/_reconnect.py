@@ -38,6 +38,10 @@ from effectd_client._exceptions import EffectdError
 from effectd_client._recording import backoff
 from effectd_client._session_wire import MAY_HAVE_BEEN_APPLIED, NO_CONNECTION
 
+# Jitter from the OS, never from the global `random` an application (or a
+# test's random search) owns: it keeps no state.
+_JITTER = random.SystemRandom()
+
 log = logging.getLogger("effectd_client")
 
 #: Seconds a request known not sent waits for the daemon, by default.
@@ -151,7 +155,7 @@ class Waiting:
         if left <= 0:
             raise self._gave_up()
         self._tries += 1
-        jitter = random.random()  # noqa: S311 - jitter
+        jitter = _JITTER.random()
         return min(left, backoff(self._tries, _INITIAL_BACKOFF, _MAX_BACKOFF, jitter))
 
     def timeout(self) -> float | None:

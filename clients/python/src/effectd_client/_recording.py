@@ -22,6 +22,10 @@ import grpc
 
 from effectd_client._exceptions import EffectdError
 
+# Jitter from the OS, never from the global `random` an application (or a
+# test's random search) owns: it keeps no state.
+_JITTER = random.SystemRandom()
+
 
 def transient(error: EffectdError) -> bool:
     """Whether trying the same recording request again can succeed.
@@ -86,7 +90,7 @@ class RecordingRetry:
     def next_wait(self, tries: int, error: EffectdError, elapsed: float) -> float:
         """The seconds to wait before the next try, `on_retry` told of them;
         raises `error` when the tries end here (see `wait`)."""
-        wait = self.wait(tries, error, elapsed, random.random())  # noqa: S311 - jitter
+        wait = self.wait(tries, error, elapsed, _JITTER.random())
         if wait is None:
             raise error from None
         if self.on_retry is not None:
