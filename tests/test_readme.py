@@ -28,7 +28,12 @@ def test_the_readme_has_python_examples() -> None:
     assert all(SOCKET in e for e in examples)
 
 
-@pytest.mark.timeout(60)
+# An example that hangs prints every thread's stack before it is stopped, so
+# that a hang seen once is a hang that can be read.
+_WATCHDOG = "import faulthandler; faulthandler.dump_traceback_later(25, exit=True)\n"
+
+
+@pytest.mark.timeout(120)
 def test_python_examples_run_in_order(short_tmp: Path) -> None:
     """Each example exits 0 against one daemon; the quickstart prints what the
     README says it prints, the first time and when run again."""
@@ -37,15 +42,15 @@ def test_python_examples_run_in_order(short_tmp: Path) -> None:
     with running_daemon(config):
         for code in [*_python_examples(), _python_examples()[0]]:
             run = subprocess.run(
-                [sys.executable, "-"],
-                input=code,
+                [sys.executable, "-u", "-"],
+                input=_WATCHDOG + code,
                 cwd=short_tmp,
                 capture_output=True,
                 text=True,
                 timeout=30,
                 check=False,
             )
-            assert run.returncode == 0, run.stderr
+            assert run.returncode == 0, run.stdout + run.stderr
             outputs.append(run.stdout)
     assert "first prepare: EXECUTE" in outputs[0]
     assert "repeated prepare: RETURN_RESULT {'message_id': 'm-42'}" in outputs[0]

@@ -182,15 +182,20 @@ describe('approval and reconciliation', () => {
 });
 
 describe('kept input', () => {
-  test('getToolCall shows the exact input of a call awaiting approval, and only of such a call', async () => {
+  test('getToolCall shows the exact input of a call until it is settled, and not after', async () => {
     const ref = { runId: 'kept', callId: 'k1' };
     const sent = Buffer.from([0, 1, 2, 0xff]);
     await client.prepareTool({ ...ref, tool: 'pay', input: sent, requireApproval: true });
     const got = await client.getToolCall(ref);
     assert.deepEqual(got.keptInput.raw, sent);
     assert.equal(got.keptInput.json, null);
-    await client.prepareTool({ runId: 'kept', callId: 'k2', tool: 'pay', input: { a: 1 } });
-    assert.equal((await client.getToolCall({ runId: 'kept', callId: 'k2' })).keptInput, null);
+    // Kept while the call is unsettled, so that an operator deciding on it
+    // sees what was sent; dropped once the agent commits.
+    const k2 = { runId: 'kept', callId: 'k2' };
+    const p = await client.prepareTool({ ...k2, tool: 'pay', input: { a: 1 }, start: true });
+    assert.equal((await client.getToolCall(k2)).keptInput.json, '{"a":1}');
+    await client.commitTool({ ...k2, attempt: p.call.attempt, result: { ok: true } });
+    assert.equal((await client.getToolCall(k2)).keptInput, null);
   });
 });
 
