@@ -85,7 +85,7 @@ def _quarantine(call: pb.ToolCall) -> str:
 
 
 def show(con: Console, args: argparse.Namespace) -> int:
-    call = con.tool_call(args.run, args.call)
+    call = con.operator.record(args.run, args.call)
     if args.json:
         emit_json(call)
         return OK
