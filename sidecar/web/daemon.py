@@ -17,8 +17,8 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
 from effectd_client import Client, Connection, State
-from sidecar.ctl.calls import input_matches
 from sidecar.ctl.output import printable
+from sidecar.ctl.record import input_matches
 
 # What waits for a person: an approval, or a reconciliation.
 WAITING = (State.AWAITING_APPROVAL, State.UNKNOWN)
