@@ -321,13 +321,15 @@ class Handler(Plumbing):
         if decision not in ("approve", "reject"):
             raise Refused(HTTPStatus.BAD_REQUEST, "Approve or reject.")
         try:
-            session.daemon.decide(
-                ref,
+            session.daemon.operator.decide(
+                ref.run_id,
+                ref.call_id,
+                namespace=ref.namespace,
                 approve=decision == "approve",
                 approver=session.actor,
                 reason=form.get("reason", ""),
-                revision=self._revision(form),
-                fingerprint=form.get("fingerprint", ""),
+                expected_revision=self._revision(form),
+                input_fingerprint=form.get("fingerprint", ""),
             )
         except EffectdError as exc:
             self._refused_decision(session, ref, exc)
@@ -351,9 +353,11 @@ class Handler(Plumbing):
         if dead is None:
             raise Refused(HTTPStatus.BAD_REQUEST, "The attempt is not a number.")
         try:
-            session.daemon.reconcile(
-                ref,
-                revision=self._revision(form),
+            session.daemon.operator.reconcile(
+                ref.run_id,
+                ref.call_id,
+                namespace=ref.namespace,
+                expected_revision=self._revision(form),
                 operator=session.actor,
                 reason=form.get("reason", ""),
                 evidence=form.get("evidence", ""),

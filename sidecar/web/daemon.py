@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from effectd.v1 import admin_pb2 as apb
 from effectd.v1 import ledger_pb2 as pb
@@ -56,7 +56,8 @@ class Daemon:
         self._client = Client(
             connection, timeout=timeout, session=False, reconnect_wait=0
         )
-        self._operator = self._client.operator
+        # The decisions go straight to the client's operator surface.
+        self.operator = self._client.operator
         self._admin = self._client.admin
         self._previews: dict[tuple[str, str, str, str], Preview] = {}
         self._lock = threading.Lock()
@@ -68,7 +69,7 @@ class Daemon:
         """Proves the credential with a read every role may make; answers
         whose token the daemon took it for and its roles ("", () without
         authentication)."""
-        caller = self._operator.caller()
+        caller = self.operator.caller()
         return caller.name, caller.roles
 
     def calls(
@@ -81,7 +82,7 @@ class Daemon:
     ) -> list[pb.ToolCall]:
         """Every matching call of `namespace`, or of every namespace the
         token may see (""), following page tokens; at most `limit` (0: all)."""
-        return self._operator.calls(
+        return self.operator.calls(
             states=states,
             run_id=run_id,
             namespace=namespace,
@@ -97,7 +98,7 @@ class Daemon:
         )
 
     def call(self, ref: Ref | pb.CallRef) -> pb.ToolCall:
-        return self._operator.record(ref.run_id, ref.call_id, namespace=ref.namespace)
+        return self.operator.record(ref.run_id, ref.call_id, namespace=ref.namespace)
 
     def previews(self, calls: list[pb.ToolCall]) -> dict[tuple[str, str, str], Preview]:
         """The input previews of the first PREVIEWS of `calls` (a listing
@@ -116,61 +117,11 @@ class Daemon:
             shown[_key(c.ref)] = found
         return shown
 
-    def decide(
-        self,
-        ref: Ref,
-        *,
-        approve: bool,
-        approver: str,
-        reason: str,
-        revision: int,
-        fingerprint: str,
-    ) -> pb.ToolCall:
-        """A decision bound to the revision and input fingerprint the page
-        showed, as decided."""
-        return self._operator.decide(
-            ref.run_id,
-            ref.call_id,
-            namespace=ref.namespace,
-            approve=approve,
-            approver=approver,
-            reason=reason,
-            expected_revision=revision,
-            input_fingerprint=fingerprint,
-        )
-
-    def reconcile(
-        self,
-        ref: Ref,
-        *,
-        revision: int,
-        operator: str,
-        reason: str,
-        evidence: str,
-        result: Any,
-        not_executed: bool,
-        confirmed_dead_attempt: int,
-    ) -> pb.ToolCall:
-        """What the target system shows, bound to the revision the page
-        showed."""
-        return self._operator.reconcile(
-            ref.run_id,
-            ref.call_id,
-            namespace=ref.namespace,
-            expected_revision=revision,
-            operator=operator,
-            reason=reason,
-            evidence=evidence,
-            result=result,
-            not_executed=not_executed,
-            confirmed_dead_attempt=confirmed_dead_attempt,
-        )
-
     def recover(self, namespace: str, run_id: str) -> Iterator[rpb.RecoverResponse]:
         """The recovery plan of a run, page by page. Recover settles the
         run's expired leases (it never executes anything), as `effectd ctl
         recover` does: a state-changing request, so only a POST calls it."""
-        return self._operator.recover_pages(run_id, namespace=namespace)
+        return self.operator.recover_pages(run_id, namespace=namespace)
 
     def audit(self, namespace: str) -> list[apb.AuditEntry]:
         """The newest entries of the audit log of `namespace` ("": all)."""
