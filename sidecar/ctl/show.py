@@ -91,7 +91,13 @@ def show(con: Console, args: argparse.Namespace) -> int:
     call = con.operator.record(args.run, args.call)
     if args.json:
         emit_json(call)
-        return OK
+    else:
+        print_record(call)
+    return OK
+
+
+def print_record(call: pb.ToolCall) -> None:
+    """The record as `show` prints it for a person."""
     fields(
         [
             ("call", f"{call.ref.run_id} / {call.ref.call_id}"),
@@ -119,7 +125,6 @@ def show(con: Console, args: argparse.Namespace) -> int:
     if call.reconciliations:
         print("\nreconciliations")
         _table(_RECONCILIATIONS, call.reconciliations)
-    return OK
 
 
 _RECONCILIATIONS = record.reconciliation(
