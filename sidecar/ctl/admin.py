@@ -18,7 +18,7 @@ def _limit(value: float) -> str:
 
 
 def stats(con: Console, args: argparse.Namespace) -> int:
-    done = con.call(con.admin.GetStats, apb.GetStatsRequest(namespace=con.namespace))
+    done = con.admin.stats()
     if args.json:
         emit_json(done)
         return OK
@@ -107,7 +107,7 @@ def _print_disk(done: apb.GetStatsResponse) -> None:
 
 
 def daemons(con: Console, args: argparse.Namespace) -> int:
-    done = con.call(con.admin.ListDaemons, apb.ListDaemonsRequest())
+    done = con.admin.daemons()
     if args.json:
         emit_json(done)
         return OK

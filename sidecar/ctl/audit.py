@@ -33,7 +33,7 @@ def register(cmds: a.Subparsers) -> None:
 
 
 def audit_verify(con: Console, args: argparse.Namespace) -> int:
-    v = con.call(con.admin.VerifyAudit, apb.VerifyAuditRequest())
+    v = con.admin.verify_audit()
     if args.json:
         emit_json(v)
     elif v.ok:
@@ -47,23 +47,9 @@ def audit_verify(con: Console, args: argparse.Namespace) -> int:
 
 
 def audit_list(con: Console, args: argparse.Namespace) -> int:
-    entries: list[apb.AuditEntry] = []
-    token = ""
-    while args.limit <= 0 or len(entries) < args.limit:
-        page = con.call(
-            con.admin.ListAudit,
-            apb.ListAuditRequest(
-                namespace=con.namespace,
-                newest_first=args.newest_first,
-                page_token=token,
-            ),
-        )
-        entries.extend(page.entries)
-        token = page.next_page_token
-        if not token:
-            break
-    if args.limit > 0:
-        entries = entries[: args.limit]
+    entries = con.admin.audit_entries(
+        newest_first=args.newest_first, limit=max(0, args.limit)
+    )
     if args.json:
         emit_json({"entries": entries})
         return OK

@@ -7,8 +7,6 @@ import argparse
 import os
 from pathlib import Path
 
-from effectd.v1 import admin_pb2 as apb
-
 from sidecar.ctl import args as a
 from sidecar.ctl.console import OK, Console
 from sidecar.ctl.output import emit_json
@@ -32,7 +30,7 @@ def register(cmds: a.Subparsers) -> None:
 def backup(con: Console, args: argparse.Namespace) -> int:
     # The daemon resolves nothing: send it an absolute path.
     path = os.path.abspath(args.path)
-    done = con.call(con.admin.Backup, apb.BackupRequest(path=path))
+    done = con.admin.backup(path)
     if args.json:
         emit_json(done)
     else:

@@ -1,92 +1,43 @@
-"""The daemon as `effectd ctl` sees it: the typed client for ledger and
-recovery commands, and the generated stubs on a second channel to the same
-target for the full record of `show` and the Admin RPCs; and who the audit
-log records as the operator.
+"""The daemon as `effectd ctl` sees it: the public client
+(`effectd_client.Client`), whose `admin` and `operator` surfaces send every
+command's RPC; and who the audit log records as the operator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
-from collections.abc import Callable
-from typing import TypeVar
 
-import grpc
-from effectd.v1 import admin_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
-from effectd.v1 import ledger_pb2 as pb
-
-from effectd_client import Client, Connection, EffectdError
-
-T = TypeVar("T")
+from effectd_client import Admin, Client, Connection, Operator
 
 OK = 0
 
 
 class Console:
-    """The daemon as the console sees it: the typed client plus raw stubs."""
+    """The daemon as the console sees it: one client, its operator surface."""
 
     def __init__(self, connection: Connection, namespace: str, timeout: float) -> None:
         self.target = connection.target
         self.namespace = namespace
         self.timeout = timeout
-        self._connection = connection
+        self.authenticated = connection.token is not None
         self.client = Client(
-            connection.target,
+            # "" rather than None: the console already read EFFECTD_TOKEN.
+            dataclasses.replace(connection, token=connection.token or ""),
             namespace=namespace,
             timeout=timeout,
-            # "" rather than None: the console already read EFFECTD_TOKEN.
-            token=connection.token or "",
-            root_certificates=connection.root_certificates,
-            certificate_chain=connection.certificate_chain,
-            private_key=connection.private_key,
-            max_message_bytes=connection.max_message_bytes,
+            # Operator commands are unary calls; no session stream.
+            session=False,
             # An operator's command says at once that the daemon is away (or
             # why its TLS handshake failed) rather than wait for it.
             reconnect_wait=0,
         )
-        self._channel: grpc.Channel | None = None
-
-    @property
-    def authenticated(self) -> bool:
-        return self._connection.token is not None
+        self.admin: Admin = self.client.admin
+        self.operator: Operator = self.client.operator
 
     def close(self) -> None:
         self.client.close()
-        if self._channel is not None:
-            self._channel.close()
-
-    def _stub_channel(self) -> grpc.Channel:
-        if self._channel is None:
-            self._channel = self._connection.channel()
-        return self._channel
-
-    @property
-    def admin(self) -> admin_pb2_grpc.AdminStub:
-        return admin_pb2_grpc.AdminStub(self._stub_channel())
-
-    @property
-    def ledger(self) -> ledger_pb2_grpc.ToolLedgerStub:
-        return ledger_pb2_grpc.ToolLedgerStub(self._stub_channel())
-
-    @property
-    def recovery(self) -> recovery_pb2_grpc.RecoveryStub:
-        return recovery_pb2_grpc.RecoveryStub(self._stub_channel())
-
-    def ref(self, run_id: str, call_id: str) -> pb.CallRef:
-        return pb.CallRef(namespace=self.namespace, run_id=run_id, call_id=call_id)
-
-    def tool_call(self, run_id: str, call_id: str) -> pb.ToolCall:
-        """The whole record of one call."""
-        request = pb.GetToolCallRequest(ref=self.ref(run_id, call_id))
-        return self.call(self.ledger.GetToolCall, request).call
-
-    def call(self, method: Callable[..., T], request: object) -> T:
-        try:
-            return method(
-                request, timeout=self.timeout, metadata=self._connection.metadata
-            )
-        except grpc.RpcError as exc:
-            raise EffectdError.from_rpc_error(exc) from None
 
 
 def actor(con: Console, name: str | None) -> str:

@@ -8,7 +8,6 @@ import argparse
 from sidecar.ctl import args as a
 from sidecar.ctl.calls import print_call
 from sidecar.ctl.console import OK, Console, actor
-from sidecar.ctl.requests import decide_request
 
 
 def register(cmds: a.Subparsers) -> None:
@@ -33,14 +32,16 @@ def register(cmds: a.Subparsers) -> None:
 
 
 def decide(con: Console, args: argparse.Namespace) -> int:
-    seen = con.tool_call(args.run, args.call)
-    request = decide_request(
-        seen.ref,
+    seen = con.operator.record(args.run, args.call)
+    decided = con.operator.decide(
+        seen.ref.run_id,
+        seen.ref.call_id,
+        namespace=seen.ref.namespace,
         approve=args.ctl_command == "approve",
         approver=actor(con, args.approver),
         reason=args.reason,
-        revision=seen.revision,
-        fingerprint=seen.input_fingerprint,
+        expected_revision=seen.revision,
+        input_fingerprint=seen.input_fingerprint,
     )
-    print_call(args, con.call(con.ledger.DecideApproval, request).call)
+    print_call(args, decided)
     return OK

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from effectd.v1 import admin_pb2 as apb
-
 from sidecar.ctl import args as a
 from sidecar.ctl.console import OK, Console, actor
 from sidecar.ctl.output import emit_json, fields
@@ -30,14 +28,8 @@ def register(cmds: a.Subparsers) -> None:
 
 
 def enter_reconciliation(con: Console, args: argparse.Namespace) -> int:
-    done = con.call(
-        con.admin.EnterReconciliation,
-        apb.EnterReconciliationRequest(
-            tool_name=args.tool,
-            namespace=con.namespace,
-            reason=args.reason,
-            operator=actor(con, args.operator),
-        ),
+    done = con.admin.enter_reconciliation(
+        args.tool, reason=args.reason, operator=actor(con, args.operator)
     )
     if args.json:
         emit_json(done)

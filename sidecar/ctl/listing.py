@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from effectd.v1 import ledger_pb2 as pb
 
+from effectd_client import State
 from sidecar.ctl import args as a
 from sidecar.ctl.calls import CALL_HEADERS, call_row
 from sidecar.ctl.console import OK, Console
@@ -33,9 +34,9 @@ DEFAULT_LIMIT = 50
 # place within a page means the same call when the listing resumes.
 PAGE_SIZE = 100
 # Calls that wait for a human come first (contract §10.8), each state a pass.
-_FIRST = (pb.CALL_STATE_UNKNOWN, pb.CALL_STATE_AWAITING_APPROVAL)
-_STATES = (*_FIRST, pb.CALL_STATE_PREPARED, pb.CALL_STATE_STARTED)
-_ALL = (*_STATES, pb.CALL_STATE_COMMITTED)
+_FIRST = (State.UNKNOWN, State.AWAITING_APPROVAL)
+_STATES = (*_FIRST, State.PREPARED, State.STARTED)
+_ALL = (*_STATES, State.COMMITTED)
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -143,10 +144,10 @@ def register(cmds: a.Subparsers) -> None:
     )
 
 
-def _stages(args: argparse.Namespace) -> list[tuple[pb.CallState.ValueType, ...]]:
+def _stages(args: argparse.Namespace) -> list[tuple[State, ...]]:
     """The states each pass lists: one pass for each state that waits for a
     person, then one for the others asked for."""
-    asked = {s.value for s in args.state} or set(_ALL)
+    asked = set(args.state) or set(_ALL)
     rest = tuple(s for s in _ALL if s in asked and s not in _FIRST)
     return [(s,) for s in _FIRST if s in asked] + ([rest] if rest else [])
 
@@ -162,23 +163,20 @@ def _pages(
     con: Console,
     args: argparse.Namespace,
     namespace: str | None,
-    states: tuple[pb.CallState.ValueType, ...],
+    states: tuple[State, ...],
     *,
     token: str,
     searched: dict[str, None],
 ) -> Iterator[tuple[str, pb.ListToolCallsResponse]]:
     """The pages of one pass from `token` on, each with its own token."""
     while True:
-        page = con.call(
-            con.ledger.ListToolCalls,
-            pb.ListToolCallsRequest(
-                namespace=namespace or "",
-                all_namespaces=namespace is None,
-                run_id=args.run,
-                states=list(states),
-                page_size=PAGE_SIZE,
-                page_token=token,
-            ),
+        page = con.operator.list_page(
+            states=states,
+            run_id=args.run,
+            namespace=namespace or "",
+            all_namespaces=namespace is None,
+            page_size=PAGE_SIZE,
+            page_token=token,
         )
         searched.update(dict.fromkeys(page.searched_namespaces))
         yield token, page

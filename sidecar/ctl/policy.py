@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from effectd.v1 import admin_pb2 as apb
-
 from sidecar.ctl import args as a
 from sidecar.ctl.console import OK, Console
 from sidecar.ctl.output import emit_json, fields
@@ -21,7 +19,7 @@ def register(cmds: a.Subparsers) -> None:
 
 
 def policy_reload(con: Console, args: argparse.Namespace) -> int:
-    done = con.call(con.admin.ReloadPolicy, apb.ReloadPolicyRequest(reason=args.reason))
+    done = con.admin.reload_policy(args.reason)
     if args.json:
         emit_json(done)
         return OK

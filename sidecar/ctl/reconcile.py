@@ -8,7 +8,6 @@ import argparse
 from sidecar.ctl import args as a
 from sidecar.ctl.calls import print_call
 from sidecar.ctl.console import OK, Console, actor
-from sidecar.ctl.requests import reconcile_request
 
 
 def register(cmds: a.Subparsers) -> None:
@@ -55,10 +54,12 @@ def register(cmds: a.Subparsers) -> None:
 
 
 def reconcile(con: Console, args: argparse.Namespace) -> int:
-    seen = con.tool_call(args.run, args.call)
-    request = reconcile_request(
-        seen.ref,
-        revision=seen.revision,
+    seen = con.operator.record(args.run, args.call)
+    reconciled = con.operator.reconcile(
+        seen.ref.run_id,
+        seen.ref.call_id,
+        namespace=seen.ref.namespace,
+        expected_revision=seen.revision,
         operator=actor(con, args.operator),
         reason=args.reason,
         evidence=args.evidence,
@@ -66,5 +67,5 @@ def reconcile(con: Console, args: argparse.Namespace) -> int:
         not_executed=args.not_executed,
         confirmed_dead_attempt=args.confirm_dead_attempt,
     )
-    print_call(args, con.call(con.ledger.Reconcile, request).call)
+    print_call(args, reconciled)
     return OK

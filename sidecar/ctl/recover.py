@@ -27,27 +27,8 @@ def register(cmds: a.Subparsers) -> None:
     p.add_argument("run", metavar="RUN", help="the run id")
 
 
-def _plan(con: Console, run_id: str) -> rpb.RecoverResponse:
-    """The whole plan of `run_id`, its pages in one answer."""
-    plan = rpb.RecoverResponse()
-    token = ""
-    while True:
-        page = con.call(
-            con.recovery.Recover,
-            rpb.RecoverRequest(
-                namespace=con.namespace, run_id=run_id, page_token=token
-            ),
-        )
-        plan.items.extend(page.items)
-        plan.interrupted |= page.interrupted
-        plan.settled += page.settled
-        token = page.next_page_token
-        if not token:
-            return plan
-
-
 def recover(con: Console, args: argparse.Namespace) -> int:
-    plan = _plan(con, args.run)
+    plan = con.operator.recover(args.run)
     if args.json:
         emit_json(plan)
         return OK

@@ -6,22 +6,26 @@ from __future__ import annotations
 import argparse
 import base64
 import time
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from effectd.v1 import ledger_pb2 as pb
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from sidecar.ctl import args as a
-from sidecar.ctl.calls import input_matches
+from sidecar.ctl import record
 from sidecar.ctl.console import OK, Console
 from sidecar.ctl.output import (
     age,
     emit_json,
-    enum_name,
     fields,
     printable,
     table,
     when,
 )
-from sidecar.ctl.states import display_state, state_name, transition_to
+from sidecar.ctl.states import display_state
+
+T = TypeVar("T")
 
 
 def register(cmds: a.Subparsers) -> None:
@@ -46,10 +50,9 @@ def _result_text(r: pb.ToolResult) -> str:
 
 
 def _effect_text(call: pb.ToolCall) -> str:
-    declared = enum_name(pb.Effect.Name(call.effect), "EFFECT_")
-    if call.forced_effect == pb.EFFECT_UNSPECIFIED:
+    declared, forced = record.effect(call)
+    if forced is None:
         return declared
-    forced = enum_name(pb.Effect.Name(call.forced_effect), "EFFECT_")
     return f"{declared}, forced to {forced} (ADR-010 R2)"
 
 
@@ -57,10 +60,10 @@ def _kept_input(call: pb.ToolCall) -> list[tuple[str, object]]:
     """The kept input as sent, control and format characters made visible
     (an agent wrote it: it must not steer the approver's terminal), and
     whether it hashes to the fingerprint the decision will be bound to."""
-    if not call.HasField("kept_input"):
+    kept = record.kept_input(call)
+    if kept is None:
         return [("kept input", "not kept")]
-    kept = call.kept_input
-    if kept.WhichOneof("kind") == "raw":
+    if kept.json is None:
         text = f"<{len(kept.raw)} raw bytes> base64:" + base64.b64encode(
             kept.raw
         ).decode("ascii")
@@ -68,7 +71,7 @@ def _kept_input(call: pb.ToolCall) -> list[tuple[str, object]]:
         text = printable(kept.json)
     check = (
         "hashes to the input fingerprint"
-        if input_matches(call)
+        if kept.matches
         else "DOES NOT hash to the input fingerprint: decide on the agent's "
         "own account of the input, not on this text"
     )
@@ -85,19 +88,16 @@ def _quarantine(call: pb.ToolCall) -> str:
 
 
 def show(con: Console, args: argparse.Namespace) -> int:
-    call = con.tool_call(args.run, args.call)
+    call = con.operator.record(args.run, args.call)
     if args.json:
         emit_json(call)
-        return OK
-    a = call.approval
-    approval = (
-        "not required"
-        if not call.approval_required
-        else "pending"
-        if not call.HasField("approval")
-        else f"{'approved' if a.approved else 'rejected'} by {a.approver} at "
-        f"{when(a.decided_at)} (revision {a.revision}): {a.reason}"
-    )
+    else:
+        print_record(call)
+    return OK
+
+
+def print_record(call: pb.ToolCall) -> None:
+    """The record as `show` prints it for a person."""
     fields(
         [
             ("call", f"{call.ref.run_id} / {call.ref.call_id}"),
@@ -113,7 +113,7 @@ def show(con: Console, args: argparse.Namespace) -> int:
             ("key", call.idempotency_key),
             ("input", call.input_fingerprint),
             *_kept_input(call),
-            ("approval", approval),
+            ("approval", record.approval(call)),
             ("result", _result_text(call.result) if call.HasField("result") else "-"),
             ("acknowledged", "yes" if call.acknowledged else "no"),
             ("created", when(call.created_at)),
@@ -121,37 +121,23 @@ def show(con: Console, args: argparse.Namespace) -> int:
         ]
     )
     print("\nhistory")
-    table(
-        ("REV", "AT", "EVENT", "FROM", "TO", "ATTEMPT", "ACTOR", "REASON"),
-        [
-            [
-                t.revision,
-                when(t.at),
-                t.event,
-                state_name(t.from_state),
-                transition_to(t),
-                t.attempt,
-                t.actor,
-                t.reason,
-            ]
-            for t in call.history
-        ],
-    )
+    _table(record.HISTORY, call.history)
     if call.reconciliations:
         print("\nreconciliations")
-        table(
-            ("REV", "AT", "RESOLUTION", "FROM", "OPERATOR", "REASON", "EVIDENCE"),
-            [
-                [
-                    r.revision,
-                    when(r.reconciled_at),
-                    enum_name(pb.Resolution.Name(r.resolution), "RESOLUTION_"),
-                    state_name(r.from_state),
-                    r.operator,
-                    r.reason,
-                    r.evidence,
-                ]
-                for r in call.reconciliations
-            ],
-        )
-    return OK
+        _table(_RECONCILIATIONS, call.reconciliations)
+
+
+_RECONCILIATIONS = record.reconciliation(
+    "Rev", "At", "Resolution", "From", "Operator", "Reason", "Evidence"
+)
+
+
+def _table(columns: Sequence[record.Column[T]], items: Iterable[T]) -> None:
+    """A table of the record's, its times in UTC."""
+    table(
+        [c.title.upper() for c in columns],
+        [
+            [when(v) if isinstance(v, Timestamp) else v for v in row]
+            for row in record.rows(columns, items)
+        ],
+    )

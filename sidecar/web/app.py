@@ -20,9 +20,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import EffectdError
-from sidecar.ctl import requests
 from sidecar.web import callpage, pages
-from sidecar.web.daemon import Daemon
+from sidecar.web.daemon import Daemon, Ref
 from sidecar.web.html import notice
 from sidecar.web.plumbing import Plumbing, Refused, whole_number
 from sidecar.web.sessions import COOKIE, Session
@@ -137,11 +136,9 @@ class Handler(Plumbing):
             HTTPStatus.OK, fragment, extra=(("X-Queue-Digest", pages.digest(calls)),)
         )
 
-    def _ref(self, query: dict[str, str]) -> pb.CallRef:
-        ref = pb.CallRef(
-            namespace=query.get("namespace", ""),
-            run_id=query.get("run", ""),
-            call_id=query.get("call", ""),
+    def _ref(self, query: dict[str, str]) -> Ref:
+        ref = Ref(
+            query.get("namespace", ""), query.get("run", ""), query.get("call", "")
         )
         if not ref.run_id or not ref.call_id:
             raise Refused(HTTPStatus.BAD_REQUEST, "Name a run and a call.")
@@ -280,7 +277,7 @@ class Handler(Plumbing):
             (self._cookie(COOKIE, sid), self._cookie(SIGNIN_COOKIE, "", max_age=0)),
         )
 
-    def _after(self, ref: pb.CallRef, done: str) -> None:
+    def _after(self, ref: Ref, done: str) -> None:
         query = urlencode(
             {
                 "namespace": ref.namespace,
@@ -291,9 +288,7 @@ class Handler(Plumbing):
         )
         self._redirect(f"/call?{query}")
 
-    def _refused_decision(
-        self, session: Session, ref: pb.CallRef, exc: EffectdError
-    ) -> None:
+    def _refused_decision(self, session: Session, ref: Ref, exc: EffectdError) -> None:
         status = (
             HTTPStatus.CONFLICT
             if exc.reason in ("REVISION_CONFLICT", "INPUT_MISMATCH")
@@ -326,15 +321,16 @@ class Handler(Plumbing):
         if decision not in ("approve", "reject"):
             raise Refused(HTTPStatus.BAD_REQUEST, "Approve or reject.")
         try:
-            request = requests.decide_request(
-                ref,
+            session.daemon.operator.decide(
+                ref.run_id,
+                ref.call_id,
+                namespace=ref.namespace,
                 approve=decision == "approve",
                 approver=session.actor,
                 reason=form.get("reason", ""),
-                revision=self._revision(form),
-                fingerprint=form.get("fingerprint", ""),
+                expected_revision=self._revision(form),
+                input_fingerprint=form.get("fingerprint", ""),
             )
-            session.daemon.decide(request)
         except EffectdError as exc:
             self._refused_decision(session, ref, exc)
             return
@@ -357,9 +353,11 @@ class Handler(Plumbing):
         if dead is None:
             raise Refused(HTTPStatus.BAD_REQUEST, "The attempt is not a number.")
         try:
-            reconciliation = requests.reconcile_request(
-                ref,
-                revision=self._revision(form),
+            session.daemon.operator.reconcile(
+                ref.run_id,
+                ref.call_id,
+                namespace=ref.namespace,
+                expected_revision=self._revision(form),
                 operator=session.actor,
                 reason=form.get("reason", ""),
                 evidence=form.get("evidence", ""),
@@ -367,7 +365,6 @@ class Handler(Plumbing):
                 not_executed=resolution == "not_executed",
                 confirmed_dead_attempt=dead,
             )
-            session.daemon.reconcile(reconciliation)
         except EffectdError as exc:
             self._refused_decision(session, ref, exc)
             return

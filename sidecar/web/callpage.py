@@ -10,13 +10,16 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from effectd.v1 import ledger_pb2 as pb
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from effectd_client import EffectdError
-from sidecar.ctl.calls import input_matches
-from sidecar.ctl.output import enum_name, printable, when
-from sidecar.ctl.states import result_example, state_name, transition_to
+from sidecar.ctl import record
+from sidecar.ctl.output import printable
+from sidecar.ctl.states import result_example
 from sidecar.web.html import (
     at,
     call_link,
@@ -30,6 +33,8 @@ from sidecar.web.html import (
     table,
     waited,
 )
+
+T = TypeVar("T")
 
 # The other calls of the run a call's page shows at most.
 RUN_CALLS = 50
@@ -67,10 +72,10 @@ def refusal(exc: EffectdError) -> str:
 
 def _pretty_input(call: pb.ToolCall) -> tuple[str, str]:
     """The kept input shown, and whether it hashes to the fingerprint."""
-    if not call.HasField("kept_input"):
+    kept = record.kept_input(call)
+    if kept is None:
         return "<p>The input is not kept for this call.</p>", ""
-    kept = call.kept_input
-    if kept.WhichOneof("kind") == "raw":
+    if kept.json is None:
         text = f"{len(kept.raw)} raw bytes, base64:\n" + base64.b64encode(
             kept.raw
         ).decode("ascii")
@@ -82,7 +87,7 @@ def _pretty_input(call: pb.ToolCall) -> tuple[str, str]:
         text = "\n".join(printable(line) for line in pretty.split("\n"))
     check = (
         notice("This input hashes to the fingerprint the decision is bound to.", "ok")
-        if input_matches(call)
+        if kept.matches
         else notice(
             "This input DOES NOT hash to the fingerprint: decide on the agent's "
             "own account of the input, not on this text.",
@@ -91,19 +96,6 @@ def _pretty_input(call: pb.ToolCall) -> tuple[str, str]:
     )
     # Each line is made printable above; the line breaks are the layout.
     return f'<pre class="json" tabindex="0">{html.escape(text)}</pre>', check
-
-
-def _approval(call: pb.ToolCall) -> str:
-    if not call.approval_required:
-        return "not required"
-    if not call.HasField("approval"):
-        return "pending"
-    a = call.approval
-    verdict = "approved" if a.approved else "rejected"
-    return esc(
-        f"{verdict} by {a.approver} at {when(a.decided_at)} (revision {a.revision}): "
-        f"{a.reason}"
-    )
 
 
 def _decide_form(call: pb.ToolCall, csrf: str) -> str:
@@ -241,11 +233,8 @@ def call_page(
     read at most, so that more than RUN_CALLS others can be told), shown
     beside it."""
     shown, check = _pretty_input(call)
-    effect = enum_name(pb.Effect.Name(call.effect), "EFFECT_")
-    if call.forced_effect != pb.EFFECT_UNSPECIFIED:
-        effect += ", forced to " + enum_name(
-            pb.Effect.Name(call.forced_effect), "EFFECT_"
-        )
+    declared, forced = record.effect(call)
+    effect = declared if forced is None else f"{declared}, forced to {forced}"
     out = notice(message, kind or "info") if message else ""
     out += fields(
         [
@@ -259,7 +248,7 @@ def call_page(
             ("Attempt", esc(call.attempt)),
             ("Idempotency key", f"<code>{esc(call.idempotency_key)}</code>"),
             ("Input fingerprint", f"<code>{esc(call.input_fingerprint)}</code>"),
-            ("Approval", _approval(call)),
+            ("Approval", esc(record.approval(call))),
             ("Created", at(call.created_at)),
             ("Updated", at(call.updated_at)),
         ]
@@ -271,22 +260,8 @@ def call_page(
         out += _reconcile_form(call, csrf, now_ns)
     if run is not None:
         out += _run_calls(call, run, now_ns)
-    out += "<h2>History</h2>" + table(
-        "Every change of the call, oldest first",
-        ("Rev", "At", "Event", "From", "To", "Attempt", "Actor", "Reason"),
-        [
-            [
-                esc(t.revision),
-                at(t.at),
-                esc(t.event),
-                esc(state_name(t.from_state)),
-                esc(transition_to(t)),
-                esc(t.attempt),
-                esc(t.actor),
-                esc(t.reason),
-            ]
-            for t in call.history
-        ],
+    out += "<h2>History</h2>" + _table(
+        "Every change of the call, oldest first", record.HISTORY, call.history
     )
     attempts = sorted({t.attempt for t in call.history if t.attempt})
     out += "<h2>Attempts</h2>" + table(
@@ -298,20 +273,26 @@ def call_page(
             for last in [[t for t in call.history if t.attempt == n][-1]]
         ],
     )
-    out += "<h2>Reconciliations</h2>" + table(
-        "Reconciliations, oldest first",
-        ("Rev", "At", "Resolution", "Attempt", "Operator", "Reason", "Evidence"),
-        [
-            [
-                esc(r.revision),
-                at(r.reconciled_at),
-                esc(enum_name(pb.Resolution.Name(r.resolution), "RESOLUTION_")),
-                esc(r.attempt),
-                esc(r.operator),
-                esc(r.reason),
-                esc(r.evidence),
-            ]
-            for r in call.reconciliations
-        ],
+    out += "<h2>Reconciliations</h2>" + _table(
+        "Reconciliations, oldest first", _RECONCILIATIONS, call.reconciliations
     )
     return out
+
+
+_RECONCILIATIONS = record.reconciliation(
+    "Rev", "At", "Resolution", "Attempt", "Operator", "Reason", "Evidence"
+)
+
+
+def _table(
+    caption: str, columns: Sequence[record.Column[T]], items: Iterable[T]
+) -> str:
+    """A table of the record's, every cell escaped, times as the page's."""
+    return table(
+        caption,
+        [c.title for c in columns],
+        [
+            [at(v) if isinstance(v, Timestamp) else esc(v) for v in row]
+            for row in record.rows(columns, items)
+        ],
+    )

@@ -20,6 +20,12 @@ EXPORTS = {
     "State",
     "ToolCall",
     "ToolResult",
+    # the operator's surface: client.admin and client.operator
+    "Admin",
+    "AsyncAdmin",
+    "AsyncOperator",
+    "Caller",
+    "Operator",
     # the safe tool call
     "AsyncRun",
     "AsyncSafeTool",

@@ -12,6 +12,11 @@ named after its `ErrorReason`. They send the ledger's hot requests as
 messages of one session stream (`session=False`: unary calls; see
 `effectd_client._session_wire`).
 
+`client.admin` and `client.operator` (`Admin`, `Operator`, and their async
+twins) are the operator's surface: one method per RPC of the Admin service,
+and a person's reads and decisions answering whole records; `effectd ctl`
+and the web console are their users (`effectd_client._operator`).
+
 `EffectdTransport` (and its async and httpx2 siblings) send an SDK's HTTP
 requests through the daemon's Provider service: see `effectd_client._transport`.
 
@@ -78,6 +83,11 @@ from effectd_client._exceptions import (
     UpstreamDeadlineExceeded as UpstreamDeadlineExceeded,
 )
 from effectd_client._exceptions import UpstreamUnavailable as UpstreamUnavailable
+from effectd_client._operator import Admin as Admin
+from effectd_client._operator import Caller as Caller
+from effectd_client._operator import Operator as Operator
+from effectd_client._operator_aio import AsyncAdmin as AsyncAdmin
+from effectd_client._operator_aio import AsyncOperator as AsyncOperator
 from effectd_client._provider import is_hop_by_hop as is_hop_by_hop
 from effectd_client._recording import RecordingRetry as RecordingRetry
 from effectd_client._safe import Run as Run
@@ -108,17 +118,21 @@ from effectd_client._types import ToolCall as ToolCall
 from effectd_client._types import ToolResult as ToolResult
 
 __all__ = [
+    "Admin",
     "AlreadyCommitted",
     "ApprovalPending",
+    "AsyncAdmin",
     "AsyncClient",
     "AsyncEffectdTransport",
     "AsyncHttpx2EffectdTransport",
+    "AsyncOperator",
     "AsyncRun",
     "AsyncSafeTool",
     "AttemptsExhausted",
     "CallInProgress",
     "CallOptions",
     "CallRejected",
+    "Caller",
     "Channel",
     "Checkpoint",
     "Client",
@@ -139,6 +153,7 @@ __all__ = [
     "NoPolicyFile",
     "NotFound",
     "NotImplementedYet",
+    "Operator",
     "OutcomeUnknown",
     "PermissionDenied",
     "PlanItem",

@@ -19,6 +19,7 @@ from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
+from effectd_client._operator_aio import AsyncAdmin, AsyncOperator
 from effectd_client._reconnect import DEFAULT_WAIT, Outage
 from effectd_client._recording import RecordingRetry
 from effectd_client._session_aio import AsyncSession
@@ -99,6 +100,16 @@ class AsyncClient:
         if self._session is not None:
             await self._session.close()
         await self._channel.close(None)
+
+    @property
+    def admin(self) -> AsyncAdmin:
+        """`Client.admin`, awaited."""
+        return AsyncAdmin(self._call, self._channel, self.namespace)
+
+    @property
+    def operator(self) -> AsyncOperator:
+        """`Client.operator`, awaited."""
+        return AsyncOperator(self._call, self._ledger, self._recovery, self.namespace)
 
     async def _call(
         self,

@@ -18,6 +18,7 @@ from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
+from effectd_client._operator import Admin, Operator
 from effectd_client._reconnect import DEFAULT_WAIT, Outage
 from effectd_client._recording import RecordingRetry
 from effectd_client._session import Session, release
@@ -125,6 +126,17 @@ class Client:
 
     def close(self) -> None:
         self._release()
+
+    @property
+    def admin(self) -> Admin:
+        """The Admin service's RPCs: audit, policy, backup, stats, daemons
+        (`effectd_client._operator`)."""
+        return Admin(self._call, self._channel, self.namespace)
+
+    @property
+    def operator(self) -> Operator:
+        """A person's reads and decisions, each answering the whole record."""
+        return Operator(self._call, self._ledger, self._recovery, self.namespace)
 
     def _call(
         self, method: Callable[..., T], request: object, timeout: float | None = None

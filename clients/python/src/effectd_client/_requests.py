@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from effectd.v1 import admin_pb2 as apb
 from effectd.v1 import checkpoints_pb2 as cpb
 from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
@@ -274,3 +275,45 @@ def list_checkpoints(
     return cpb.ListCheckpointsRequest(
         namespace=namespace, prefix=prefix, page_token=page_token, keys_only=keys_only
     )
+
+
+# -- the Admin service -------------------------------------------------------
+
+
+def verify_audit() -> apb.VerifyAuditRequest:
+    return apb.VerifyAuditRequest()
+
+
+def list_audit(
+    namespace: str, newest_first: bool, page_size: int, page_token: str
+) -> apb.ListAuditRequest:
+    return apb.ListAuditRequest(
+        namespace=namespace,
+        newest_first=newest_first,
+        page_size=page_size,
+        page_token=page_token,
+    )
+
+
+def reload_policy(reason: str) -> apb.ReloadPolicyRequest:
+    return apb.ReloadPolicyRequest(reason=reason)
+
+
+def backup(path: str) -> apb.BackupRequest:
+    return apb.BackupRequest(path=path)
+
+
+def get_stats(namespace: str) -> apb.GetStatsRequest:
+    return apb.GetStatsRequest(namespace=namespace)
+
+
+def enter_reconciliation(
+    namespace: str, tool_name: str, *, reason: str, operator: str
+) -> apb.EnterReconciliationRequest:
+    return apb.EnterReconciliationRequest(
+        tool_name=tool_name, namespace=namespace, reason=reason, operator=operator
+    )
+
+
+def list_daemons() -> apb.ListDaemonsRequest:
+    return apb.ListDaemonsRequest()
