@@ -20,10 +20,10 @@ $(INSTALLED): $(PY) pyproject.toml clients/python/pyproject.toml
 	$(PIP) install -e clients/python -e .
 	touch $@
 
-# The client's extras are tested too: `mcp` (effectd_client.mcp) with its
-# pinned SDK and its real servers, `pydantic-ai` (effectd_client.pydantic_ai),
-# `langgraph` (effectd_client.langgraph) with real graphs and checkpointers,
-# `openai-agents` (effectd_client.openai_agents).
+# The client's extras are tested too: `mcp` (effectd_client.contrib.mcp) with its
+# pinned SDK and its real servers, `pydantic-ai` (effectd_client.contrib.pydantic_ai),
+# `langgraph` (effectd_client.contrib.langgraph) with real graphs and checkpointers,
+# `openai-agents` (effectd_client.contrib.openai_agents).
 $(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.toml
 	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp,pydantic-ai,langgraph,openai-agents]'
 	touch $@
