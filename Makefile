@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check chromium node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
+.PHONY: help run test test-fast check unasync chromium node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,10 @@ $(INSTALLED): $(PY) pyproject.toml clients/python/pyproject.toml
 	$(PIP) install -e clients/python -e .
 	touch $@
 
-# The client's extras are tested too: `mcp` (effectd_client.mcp) with its
-# pinned SDK and its real servers, `pydantic-ai` (effectd_client.pydantic_ai),
-# `langgraph` (effectd_client.langgraph) with real graphs and checkpointers,
-# `openai-agents` (effectd_client.openai_agents).
+# The client's extras are tested too: `mcp` (effectd_client.contrib.mcp) with its
+# pinned SDK and its real servers, `pydantic-ai` (effectd_client.contrib.pydantic_ai),
+# `langgraph` (effectd_client.contrib.langgraph) with real graphs and checkpointers,
+# `openai-agents` (effectd_client.contrib.openai_agents).
 $(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.toml
 	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp,pydantic-ai,langgraph,openai-agents]'
 	touch $@
@@ -33,12 +33,19 @@ $(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.tom
 run: $(INSTALLED)
 	$(VENV)/bin/effectd serve --data-dir $(DATA_DIR) --init $(ARGS)
 
-## check: lint, format, strict typing, generated-code freshness
+## check: lint, format, strict typing, generated-code freshness (the protos' code,
+## the synchronous client written from the asyncio one)
 check: $(DEV_INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) scripts/gen_protos.py --check
+	$(PY) scripts/unasync.py --check
+
+## unasync: write the synchronous client's modules from the asyncio ones
+## (scripts/unasync.py: _aio.py -> _client.py, _safe_aio.py -> _safe.py)
+unasync: $(DEV_INSTALLED)
+	$(PY) scripts/unasync.py
 
 ## test: install what the tests need, run the checks and the whole suite: on
 ## TEST_WORKERS workers, then the tests marked serial (many processes racing,

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts import gen_protos
+import pytest
+
+from scripts import gen_protos, unasync
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,3 +36,69 @@ def test_negative_control_stale_code_is_detected(tmp_path: Path) -> None:
     found = gen_protos.differences(committed, copy)
     assert "stale: v1/ledger_pb2.py" in found
     assert "missing: v1/errors_pb2.pyi" in found
+
+
+# -- the synchronous client, generated from the asyncio one (scripts/unasync.py)
+
+
+def test_the_synchronous_client_is_fresh() -> None:
+    """`scripts/unasync.py` would change no synchronous module."""
+    run = subprocess.run(
+        [sys.executable, "scripts/unasync.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_negative_control_a_hand_edit_or_a_drifted_source_is_stale(
+    tmp_path: Path,
+) -> None:
+    """A synchronous module edited by hand, or an asyncio source changed
+    without regenerating, is reported by `--check`'s comparison."""
+    client = tmp_path / "effectd_client"
+    shutil.copytree(
+        unasync.CLIENT, client, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    assert unasync.stale(client) == []
+    sync = client / "_client.py"
+    fresh = sync.read_text()
+    sync.write_text(fresh.replace("time.sleep(wait)", "time.sleep(wait * 2)"))
+    assert unasync.stale(client) == ["_client.py"]
+    sync.write_text(fresh)
+    source = client / "_aio.py"
+    source.write_text(source.read_text().replace("tries += 1", "tries += 2"))
+    assert unasync.stale(client) == ["_client.py"]
+
+
+@pytest.mark.parametrize(
+    ("source", "sync"),
+    [
+        ("async def f() -> None:\n", "def f() -> None:\n"),
+        ("    x = await g()\n", "    x = g()\n"),
+        ("    async with a as b:\n", "    with a as b:\n"),
+        ("    y = [p async for p in q]\n", "    y = [p for p in q]\n"),
+        ("c: Callable[..., Awaitable[T]]\n", "c: Callable[..., T]\n"),
+        ("await asyncio.sleep(1)\n", "time.sleep(1)\n"),
+        ("AsyncClient(AsyncSession())\n", "Client(Session())\n"),
+        ("def __aenter__(self): ...\n", "def __enter__(self): ...\n"),
+        ('describe("AsyncClient")\n', 'describe("Client")\n'),
+        # Strings and comments are text: only a string that is just a name.
+        ('s = "await AsyncClient()"\n', 's = "await AsyncClient()"\n'),
+        ("x = 1  # awaits AsyncClient\n", "x = 1  # awaits AsyncClient\n"),
+        ("t: float = 1,  # noqa: ASYNC109 - why\n", "t: float = 1,\n"),
+        ('"""Doc: async def f."""\n', '"""Doc: async def f."""\n'),
+        (
+            "a()\n# unasync: async-only\nawait b()\n# unasync: end\nc()\n",
+            "a()\nc()\n",
+        ),
+        (
+            "a()\n# unasync: sync-only\n# d(AsyncClient)\n# unasync: end\n",
+            "a()\nd(Client)\n",
+        ),
+    ],
+)
+def test_each_rule_writes_the_synchronous_line(source: str, sync: str) -> None:
+    assert unasync.unasync(source) == sync

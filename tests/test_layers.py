@@ -188,7 +188,7 @@ def unit_of(name: str) -> str | None:
     if parts[0] == "sidecar":
         return parts[1] if len(parts) > 1 else "sidecar"
     if parts[0] == "effectd_client":
-        private = len(parts) > 1 and parts[1].startswith("_")
+        private = any(part.startswith("_") for part in parts[1:])
         return CLIENT_PRIVATE if private else CLIENT_PUBLIC
     return None
 
@@ -413,10 +413,13 @@ def _cells(line: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
-def layer_rows(text: str) -> list[Row]:
-    """The rows of the table under "## The layers, bottom to top"."""
+DAEMON_TABLE = "## The layers, bottom to top"
+
+
+def layer_rows(text: str, heading: str = DAEMON_TABLE) -> list[Row]:
+    """The rows of the table under `heading`."""
     lines = text.splitlines()
-    start = lines.index("## The layers, bottom to top")
+    start = lines.index(heading)
     rows: list[Row] = []
     for number, line in enumerate(lines[start + 1 :], start + 2):
         if not line.startswith("|"):
@@ -504,4 +507,177 @@ def test_a_table_that_drifted_is_reported() -> None:
         f"line {line['observability']}: imports `rpc`, a row below it",
         f"line {line['web']}: imports `ctl`, a row below it",
         "`failpoints` has no row in the table",
+    ]
+
+
+# -- the client's layers ------------------------------------------------------------
+
+CLIENT_TABLE = "## The client's layers, bottom to top"
+CLIENT_CONTRIB = "effectd_client.contrib"
+# The adapters' first import paths, each a unit re-exporting its package.
+OLD_PATHS = tuple(
+    f"effectd_client.{name}"
+    for name in ("langgraph", "mcp", "openai_agents", "pydantic_ai")
+)
+
+# unit -> the units it may import (besides itself and anything outside effectd).
+CLIENT_ALLOWED: Mapping[str, frozenset[str]] = {
+    # The core: the public names and the private modules behind them.
+    CLIENT_PRIVATE: frozenset({CLIENT_PUBLIC}),
+    CLIENT_PUBLIC: frozenset({CLIENT_PRIVATE}),
+    # The adapters: the public names and `effectd_client.extend` only.
+    CLIENT_CONTRIB: frozenset({CLIENT_PUBLIC}),
+    **{old: frozenset({CLIENT_CONTRIB}) for old in OLD_PATHS},
+}
+
+
+def client_unit(name: str) -> str | None:
+    """The client's unit `name` belongs to; None: not part of the client."""
+    parts = name.split(".")
+    if parts[0] != "effectd_client":
+        return None
+    if len(parts) > 1 and parts[1] == "contrib":
+        return CLIENT_CONTRIB
+    if ".".join(parts[:2]) in OLD_PATHS:
+        return ".".join(parts[:2])
+    return unit_of(name)
+
+
+def adapter_of(name: str) -> str | None:
+    """The adapter package `name` is part of (None: no adapter's)."""
+    parts = name.split(".")
+    if parts[:2] == ["effectd_client", "contrib"] and len(parts) > 2:
+        return ".".join(parts[:3])
+    return None
+
+
+def client_problems(
+    source: str,
+    module: str,
+    *,
+    is_package: bool = False,
+    modules: frozenset[str] = frozenset(),
+) -> list[str]:
+    """The imports of client module `module` that `CLIENT_ALLOWED` does not
+    allow, and those of an adapter reaching into another adapter's package."""
+    own = client_unit(module) or ""
+    assert own in CLIENT_ALLOWED, f"{module}: no row in CLIENT_ALLOWED"
+    found: list[str] = []
+    for line, name in imported(source, module, is_package, modules):
+        unit = client_unit(name)
+        if unit is None:
+            continue
+        if unit != own and unit not in CLIENT_ALLOWED[own]:
+            found.append(f"{module}:{line} imports {name}")
+        elif own == CLIENT_CONTRIB and adapter_of(name) not in (
+            None,
+            adapter_of(module),
+        ):
+            found.append(f"{module}:{line} imports {name}, another adapter's")
+    return list(dict.fromkeys(found))
+
+
+def test_client_imports_run_down_its_table() -> None:
+    modules = known_modules()
+    found = [
+        problem
+        for module, is_package, text in sources(CLIENT)
+        for problem in client_problems(
+            text, module, is_package=is_package, modules=modules
+        )
+    ]
+    assert found == []
+
+
+def test_an_adapter_importing_a_private_module_is_reported() -> None:
+    """The negative control: LangGraph's step as it was before the extension
+    surface (the safe call's judgement from `_safe_base`), with a planted
+    `from effectd_client import _aio`, an adapter reaching into another's
+    package, a private module of the core importing an adapter, and an old
+    path importing the core, are each reported."""
+    modules = known_modules()
+    step = CLIENT / "contrib" / "langgraph" / "_step.py"
+    text = step.read_text().replace(
+        "from effectd_client.extend import admit, asks_for_retry\n",
+        "from effectd_client._safe_base import admit, asks_for_retry\n"
+        "from effectd_client import _aio\n",
+    )
+    module = "effectd_client.contrib.langgraph._step"
+    found = client_problems(text, module, modules=modules)
+    line = text.splitlines().index(
+        "from effectd_client._safe_base import admit, asks_for_retry"
+    )
+    assert found == [
+        f"{module}:{line + 1} imports effectd_client._safe_base",
+        f"{module}:{line + 2} imports effectd_client._aio",
+    ]
+    assert client_problems(
+        "from effectd_client.contrib.mcp import McpPolicy\n",
+        "effectd_client.contrib.openai_agents",
+        is_package=True,
+        modules=modules,
+    ) == [
+        "effectd_client.contrib.openai_agents:1 imports "
+        "effectd_client.contrib.mcp, another adapter's"
+    ]
+    assert (
+        client_problems(
+            "from .mcp import McpPolicy\n", "effectd_client.contrib.openai_agents._mcp"
+        )
+        == []
+    )  # its own private module
+    assert client_problems(
+        "def lazy():\n    from effectd_client.contrib.langgraph import approve\n",
+        "effectd_client._safe",
+        modules=modules,
+    ) == ["effectd_client._safe:2 imports effectd_client.contrib.langgraph"]
+    assert client_problems(
+        "from effectd_client import Client\n", "effectd_client.mcp", modules=modules
+    ) == ["effectd_client.mcp:1 imports effectd_client"]
+
+
+def test_the_client_table_allows_only_imports_the_code_makes() -> None:
+    modules = known_modules()
+    edges: dict[str, set[str]] = {}
+    for module, is_package, text in sources(CLIENT):
+        own = client_unit(module) or ""
+        for _, name in imported(text, module, is_package, modules):
+            unit = client_unit(name)
+            if unit is not None and unit != own:
+                edges.setdefault(own, set()).add(unit)
+    used = {unit: frozenset(units) for unit, units in edges.items()}
+    assert unused_allowances(CLIENT_ALLOWED, used) == []
+
+
+def test_the_architecture_client_table_says_what_client_allowed_says() -> None:
+    rows = layer_rows(ARCHITECTURE.read_text(encoding="utf-8"), CLIENT_TABLE)
+    problems = table_problems(rows, CLIENT_ALLOWED)
+    assert not problems, "docs/architecture.md, the client's table:\n" + "\n".join(
+        problems
+    )
+
+
+def test_a_client_table_that_drifted_is_reported() -> None:
+    """The negative control: the client's table saying the adapters may
+    import the private modules, and without the old paths' row."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    contrib = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("| `effectd_client.contrib`")
+    )
+    olds = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("| `effectd_client.langgraph`")
+    )
+    cells = contrib.rsplit("|", 2)
+    drifted = text.replace(
+        contrib, f"{cells[0]}| `effectd_client`, `effectd_client._*` |"
+    ).replace(olds + "\n", "")
+    rows = layer_rows(drifted, CLIENT_TABLE)
+    line = {unit: row.line for row in rows for unit in row.units}
+    assert table_problems(rows, CLIENT_ALLOWED) == [
+        f"line {line[CLIENT_CONTRIB]}: may import `{CLIENT_PRIVATE}`, ALLOWED says not",
+        *(f"`{old}` has no row in the table" for old in OLD_PATHS),
     ]

@@ -2,7 +2,7 @@
 
 The adapters of a channel hand the agent the stored result of a call in the
 form the channel's calls return. An MCP call's adapters (the Python
-`effectd_client.mcp` and the Agents SDK's MCP tools, the Node
+`effectd_client.contrib.mcp` and the Agents SDK's MCP tools, the Node
 `@effectd/client/mcp`) return an MCP `CallToolResult`, so an MCP call's
 result is one: committed OK, an object with a `content` list of content
 blocks; committed with the error code `MCP_TOOL_ERROR`, that object (the

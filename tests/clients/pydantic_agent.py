@@ -38,7 +38,7 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
 from effectd_client import AsyncClient, Effect, current_call
-from effectd_client.pydantic_ai import EffectdToolset
+from effectd_client.contrib.pydantic_ai import EffectdToolset
 
 # A short lease: a crashed call's runs out quickly.
 LEASE_MS = 300

@@ -42,10 +42,10 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.toolsets import FunctionToolset
 
 from effectd_client import AsyncClient, AsyncRun, Client, EffectdError, Run
-from effectd_client.langgraph import LedgeredToolCalls
-from effectd_client.mcp import LedgeredSession
-from effectd_client.openai_agents import AgentLedger
-from effectd_client.pydantic_ai import EffectdToolset
+from effectd_client.contrib.langgraph import LedgeredToolCalls
+from effectd_client.contrib.mcp import LedgeredSession
+from effectd_client.contrib.openai_agents import AgentLedger
+from effectd_client.contrib.pydantic_ai import EffectdToolset
 from tests.clients.lg.agent import ScriptedModel as ScriptedChatModel
 from tests.clients.mcp.servers import connect, executions
 from tests.support.restarts import (

@@ -1,4 +1,4 @@
-"""effectd_client.langgraph: a real LangGraph agent (StateGraph, ToolNode, a
+"""effectd_client.contrib.langgraph: a real LangGraph agent (StateGraph, ToolNode, a
 SQLite checkpointer) against a real daemon; the agent process is killed in
 the middle of its side-effecting tool and the thread resumed from its
 checkpoint: the tool acts at most once, a committed result is replayed, an
@@ -27,7 +27,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, interrupt
 
-import effectd_client.langgraph
+import effectd_client.contrib.langgraph
 from effectd_client import (
     AsyncClient,
     Client,
@@ -36,8 +36,7 @@ from effectd_client import (
     State,
     current_call,
 )
-from effectd_client._langgraph_parts import GraphToolCall, restored
-from effectd_client.langgraph import (
+from effectd_client.contrib.langgraph import (
     TOOL_ERROR,
     DurabilityError,
     LedgeredToolCalls,
@@ -47,6 +46,7 @@ from effectd_client.langgraph import (
     retry,
     thread_run_id,
 )
+from effectd_client.contrib.langgraph._parts import GraphToolCall, restored
 from effectd_client.testing import (
     CrashPoint,
     TestDaemon,
@@ -536,14 +536,14 @@ def test_the_langgraph_extra_brings_the_sqlite_checkpointer() -> None:
 
 
 def test_importing_the_client_does_not_import_langgraph() -> None:
-    """The extra is imported only by `effectd_client.langgraph`."""
+    """The extra is imported only by `effectd_client.contrib.langgraph`."""
     probe = "import effectd_client, effectd_client.testing"
     assert imported_by(probe, ["langgraph", "langchain_core"]) == []
 
 
 def test_the_public_names_are_pinned() -> None:
-    """`effectd_client.langgraph.__all__` is exactly the documented names."""
-    assert set(effectd_client.langgraph.__all__) == {
+    """`effectd_client.contrib.langgraph.__all__` is exactly the documented names."""
+    assert set(effectd_client.contrib.langgraph.__all__) == {
         "KIND",
         "TOOL_ERROR",
         "ApprovalMismatch",
@@ -558,8 +558,8 @@ def test_the_public_names_are_pinned() -> None:
         "retry",
         "thread_run_id",
     }
-    for name in effectd_client.langgraph.__all__:
-        assert getattr(effectd_client.langgraph, name) is not None
+    for name in effectd_client.contrib.langgraph.__all__:
+        assert getattr(effectd_client.contrib.langgraph, name) is not None
 
 
 def hold_call(client: Client, run_id: str, lease_ms: int) -> None:
@@ -582,7 +582,7 @@ def test_a_call_another_attempt_holds_waits_for_its_lease_then_interrupts(
     """The resumed graph meets a call whose crashed attempt still holds its
     lease: it waits for the lease to run out, however few interrupts a node
     may be resumed from, then asks to reconcile; `book` never runs here."""
-    monkeypatch.setattr(effectd_client.langgraph, "MAX_ROUNDS", 1)
+    monkeypatch.setattr(effectd_client.contrib.langgraph, "MAX_ROUNDS", 1)
     hold_call(client, "t-held", lease_ms=1500)
     graph = ledgered_graph(client, workdir, policy=lg.POLICY)
     asked = graph.invoke(START_INPUT, thread("t-held"), durability="sync")

@@ -1,4 +1,4 @@
-"""effectd_client.mcp: every tools/call of a real MCP server (the `mcp`
+"""effectd_client.contrib.mcp: every tools/call of a real MCP server (the `mcp`
 package's own server, over stdio and Streamable HTTP) runs at most once."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from effectd_client import (
     ReconciliationNeeded,
     State,
 )
-from effectd_client.mcp import (
+from effectd_client.contrib.mcp import (
     KEY_META,
     MCP_TOOL_ERROR,
     LedgeredSession,
@@ -359,7 +359,7 @@ def test_an_idempotent_write_carries_its_key_in_meta(
 
 
 def test_importing_the_client_does_not_import_mcp() -> None:
-    """The extra is imported only by `effectd_client.mcp`."""
+    """The extra is imported only by `effectd_client.contrib.mcp`."""
     assert imported_by("import effectd_client", ["mcp"]) == []
 
 

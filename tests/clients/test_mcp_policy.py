@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-import effectd_client.mcp
+import effectd_client.contrib.mcp
 from effectd_client import Effect
-from effectd_client.mcp import McpPolicy, PolicyError
+from effectd_client.contrib.mcp import McpPolicy, PolicyError
 
 READ, WRITE, SIDE = Effect.READ, Effect.IDEMPOTENT_WRITE, Effect.SIDE_EFFECT
 LIES_READ_ONLY = {"readOnlyHint": True, "destructiveHint": False}
@@ -84,7 +84,7 @@ def test_an_invalid_policy_names_the_setting(text: str, where: str) -> None:
 
 
 def test_the_mcp_module_exports_are_pinned() -> None:
-    assert set(effectd_client.mcp.__all__) == {
+    assert set(effectd_client.contrib.mcp.__all__) == {
         "EFFECT_NAMES",
         "KEY_META",
         "MCP_TOOL_ERROR",
@@ -99,5 +99,5 @@ def test_the_mcp_module_exports_are_pinned() -> None:
         "ledger_tool_name",
         "unwrapped",
     }
-    for name in effectd_client.mcp.__all__:
-        assert hasattr(effectd_client.mcp, name), name
+    for name in effectd_client.contrib.mcp.__all__:
+        assert hasattr(effectd_client.contrib.mcp, name), name

@@ -1,4 +1,4 @@
-"""effectd_client.openai_agents: an Agents SDK agent (the SDK's own Runner and
+"""effectd_client.contrib.openai_agents: an Agents SDK agent (the SDK's own Runner and
 ScriptedModel, no network) against a real daemon runs its side effect at most
 once across a SIGKILL and a restored RunState, replays committed results, and
 holds an approval across a crash for the exact arguments only."""
@@ -47,8 +47,8 @@ from effectd_client import (
     ToolCall,
     ToolTimedOut,
 )
-from effectd_client.mcp import McpPolicy
-from effectd_client.openai_agents import (
+from effectd_client.contrib.mcp import McpPolicy
+from effectd_client.contrib.openai_agents import (
     DEFAULT_REJECTION_MESSAGE,
     AgentLedger,
     ApprovalMismatch,
@@ -1028,5 +1028,5 @@ def test_an_mcp_server_that_retries_calls_is_refused(
 
 
 def test_importing_the_client_does_not_import_the_sdk() -> None:
-    """The extra is imported only by `effectd_client.openai_agents`."""
+    """The extra is imported only by `effectd_client.contrib.openai_agents`."""
     assert imported_by("import effectd_client", ["agents"]) == []

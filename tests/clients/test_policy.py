@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-import effectd_client.langgraph
-import effectd_client.mcp
-import effectd_client.openai_agents
+import effectd_client.contrib.langgraph
+import effectd_client.contrib.mcp
+import effectd_client.contrib.openai_agents
+import effectd_client.contrib.pydantic_ai
 import effectd_client.policy
-import effectd_client.pydantic_ai
 from effectd_client import Effect
 from effectd_client.policy import PolicyError, ToolDecision, ToolPolicy, ToolRule
 from tests.support.imports import imported_by
@@ -96,17 +96,17 @@ def test_a_wrong_policy_is_refused_naming_the_setting(text: str, names: str) -> 
 def test_the_adapters_share_one_vocabulary() -> None:
     """The policy names an adapter exports are the shared module's own."""
     adapters = (
-        effectd_client.langgraph,
-        effectd_client.openai_agents,
-        effectd_client.pydantic_ai,
+        effectd_client.contrib.langgraph,
+        effectd_client.contrib.openai_agents,
+        effectd_client.contrib.pydantic_ai,
     )
     for adapter in adapters:
         assert adapter.PolicyError is PolicyError
         assert adapter.ToolDecision is ToolDecision
         assert adapter.ToolPolicy is ToolPolicy
         assert adapter.ToolRule is ToolRule
-    assert effectd_client.mcp.PolicyError is PolicyError
-    assert effectd_client.mcp.ToolRule is ToolRule
+    assert effectd_client.contrib.mcp.PolicyError is PolicyError
+    assert effectd_client.contrib.mcp.ToolRule is ToolRule
 
 
 def test_the_public_names_are_pinned() -> None:
@@ -124,4 +124,4 @@ def test_the_policy_imports_no_framework() -> None:
     (the probe sees a framework an adapter imports: its negative control)."""
     frameworks = ["agents", "langgraph", "mcp", "pydantic_ai"]
     assert imported_by("import effectd_client.policy", frameworks) == []
-    assert imported_by("import effectd_client.mcp", frameworks) == ["mcp"]
+    assert imported_by("import effectd_client.contrib.mcp", frameworks) == ["mcp"]

@@ -1,4 +1,4 @@
-"""effectd_client.pydantic_ai: a real Pydantic AI agent (its FunctionModel, no
+"""effectd_client.contrib.pydantic_ai: a real Pydantic AI agent (its FunctionModel, no
 network) whose tools go through a real daemon runs each side effect at most
 once across a real crash, replays committed results, and binds approvals to
 the exact arguments."""
@@ -31,7 +31,7 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApp
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RunUsage
 
-import effectd_client.pydantic_ai as effectd_pydantic_ai
+import effectd_client.contrib.pydantic_ai as effectd_pydantic_ai
 from effectd_client import (
     AsyncClient,
     Client,
@@ -39,7 +39,7 @@ from effectd_client import (
     InputMismatch,
     State,
 )
-from effectd_client.pydantic_ai import (
+from effectd_client.contrib.pydantic_ai import (
     METADATA_KEY,
     DeferredCallsNotResumed,
     EffectdToolset,
@@ -405,7 +405,7 @@ def test_a_deferral_the_agent_cannot_output_stops_the_run(
 
 
 def test_importing_the_client_does_not_import_pydantic_ai() -> None:
-    """The extra is imported only by `effectd_client.pydantic_ai`."""
+    """The extra is imported only by `effectd_client.contrib.pydantic_ai`."""
     assert imported_by("import effectd_client", ["pydantic_ai"]) == []
 
 
@@ -524,7 +524,7 @@ def test_the_policy_requires_approval_of_a_tool_that_does_not_declare_it(
 
 
 def test_the_public_surface_is_pinned() -> None:
-    """What `effectd_client.pydantic_ai` exports."""
+    """What `effectd_client.contrib.pydantic_ai` exports."""
     assert sorted(effectd_pydantic_ai.__all__) == [
         "DeferredCallsNotResumed",
         "EffectdToolset",

@@ -39,7 +39,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 
 from effectd_client import Client
-from effectd_client.langgraph import LedgeredToolCalls, ToolPolicy
+from effectd_client.contrib.langgraph import LedgeredToolCalls, ToolPolicy
 
 THREAD_INPUT = "book a room in Paris"
 # The model's answers, turn by turn: book, then search, then a final text.

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from effectd_client import AsyncClient, AsyncRun
-from effectd_client.mcp import LedgeredSession
+from effectd_client.contrib.mcp import LedgeredSession
 from tests.clients.mcp.servers import connect
 
 

@@ -1,9 +1,13 @@
-"""The asyncio client (grpc.aio): the methods of `Client`, awaited.
+"""The client: one method per RPC of ToolLedger, Checkpoints and Recovery,
+typed values in and out.
 
-Requests are built and answers converted by `effectd_client._requests`, the
-same code the synchronous client uses; only the transport differs. As long
-as `effectd_client._client` on purpose: it mirrors that module method for
-method, so each RPC's awaited form sits in one class beside its docstring.
+Written once, as the asyncio client (`effectd_client._aio`, grpc.aio); the
+synchronous client (`effectd_client._client`) is generated from it by
+`scripts/unasync.py`, and `make check` fails when it is stale. What only the
+synchronous client does is in `effectd_client._client_sync`. Requests are
+built and answers converted by `effectd_client._requests`. Longer than the
+client's other modules on purpose: it is the public surface of one method per
+RPC, each with its docstring, kept in one class.
 """
 
 from __future__ import annotations
@@ -34,16 +38,51 @@ from effectd_client._types import (
     ToolCall,
 )
 
+# unasync: sync-only
+# from effectd_client._client_sync import closer, recovered
+# unasync: end
+
 T = TypeVar("T")
 
 
 class AsyncClient:
-    """An asyncio connection to effectd (`unix:PATH` or `HOST:PORT`).
+    """A connection to effectd (`unix:PATH` or `HOST:PORT`); `with` closes it.
 
-    Create and use it inside a running event loop; `async with` closes it.
-    The options, a `Connection`, `session` and `reconnect_wait` among them,
-    are those of `Client`: by default the ledger requests of every task travel over one
-    session stream, read by one task of the loop.
+    The asyncio client's methods are awaited, inside a running event loop;
+    the synchronous client's block their thread. Both send the ledger
+    requests of every task or thread over one session stream by default.
+
+    Args:
+        target: `unix:PATH` or `HOST:PORT`, or a `Connection` (then none of
+            its options below is given as a keyword).
+        namespace: sent with every request; with authentication on, empty
+            means the token's namespace when it grants exactly one.
+        timeout: the deadline of each call, in seconds.
+        token: the bearer token, sent as `authorization: Bearer` metadata on
+            every call; None reads `EFFECTD_TOKEN`, "" sends none. Never
+            shown by `repr()`.
+        tls: TLS with the system's root certificates; implied by any of the
+            three PEM options.
+        root_certificates: PEM roots that verify the daemon's certificate.
+        certificate_chain: PEM client certificate (mutual TLS), with
+            `private_key`.
+        private_key: PEM key of `certificate_chain`.
+        max_message_bytes: the largest message sent or received, by
+            default the daemon's own default (8 MiB); a larger request
+            fails before it is sent, as RESOURCE_EXHAUSTED.
+        recording_retry: how CommitTool, ReportUnknown, Heartbeat and
+            AcknowledgeRecovery are sent again after a transient failure
+            (they are idempotent on the daemon); by default 8 tries within
+            30 s.
+        session: the ledger's hot requests of every thread as messages of
+            one session stream, or False: a unary call each; None (the
+            default) is the stream unless `EFFECTD_SESSION` is 0, false or
+            off. docs/client-session.md says what a broken stream means.
+        reconnect_wait: seconds a call whose request was not sent (the
+            daemon away, restarting or stopping) waits for the daemon before
+            it fails UNAVAILABLE, never past its `timeout`; 0: it fails at
+            once. A request that may have reached the daemon is never sent
+            again this way (docs/client-session.md).
     """
 
     def __init__(
@@ -86,6 +125,10 @@ class AsyncClient:
         self._tool = LedgerCalls(
             self._ledger, self._session.method if self._session else None
         )
+        # unasync: sync-only
+        # # Dropped without close(), it ends its stream and reader thread too.
+        # self._release = closer(self, self._session, self._channel)
+        # unasync: end
 
     def __repr__(self) -> str:
         return self._connection.describe("AsyncClient", self.namespace)
@@ -97,9 +140,13 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        # unasync: async-only
         if self._session is not None:
             await self._session.close()
         await self._channel.close(None)
+        # unasync: sync-only
+        # self._release()
+        # unasync: end
 
     @property
     def admin(self) -> AsyncAdmin:
@@ -230,7 +277,9 @@ class AsyncClient:
         acknowledge: bool = False,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """See `Client.commit_tool`."""
+        """Commits the result, or with `error_code` an error one; `acknowledge`
+        marks it delivered in the same transaction. Sent again while it fails
+        transiently (`recording_retry`, `retry`): a repeat is answered done."""
         request = req.commit_tool(
             self.namespace,
             run_id,
@@ -253,7 +302,7 @@ class AsyncClient:
         *,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """See `Client.report_unknown`."""
+        """The attempt cannot know whether the tool ran; retried like a commit."""
         request = req.report_unknown(self.namespace, run_id, call_id, attempt, reason)
         r = await self._record(self._tool.ReportUnknown, request, retry)
         return ToolCall.from_pb(r.call)
@@ -267,7 +316,7 @@ class AsyncClient:
         *,
         retry: RecordingRetry | None = None,
     ) -> ToolCall:
-        """See `Client.heartbeat`."""
+        """Extends the attempt's lease; retried like a commit."""
         request = req.heartbeat(self.namespace, run_id, call_id, attempt, lease_ms)
         r = await self._record(self._tool.Heartbeat, request, retry)
         return ToolCall.from_pb(r.call)
@@ -371,14 +420,26 @@ class AsyncClient:
     async def recover(
         self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
     ) -> RecoveryPlan:
-        """See `Client.recover`."""
+        """The plan for every call of a crashed run, read page by page."""
+        # unasync: async-only
         pages = [p async for p in self.recover_pages(run_id, page_size=page_size)]
         return RecoveryPlan.joined(pages)
+        # unasync: sync-only
+        # return recovered(
+        #     self._call,
+        #     self._recovery.Recover,
+        #     lambda token: req.recover(self.namespace, run_id, page_size, token),
+        #     self.timeout,
+        #     self._metadata,
+        # )
+        # unasync: end
 
     async def recover_pages(
         self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
     ) -> AsyncIterator[RecoveryPlan]:
-        """See `Client.recover_pages`."""
+        """The plan of a crashed run, one page (at most `page_size` calls,
+        1..1000) at a time, in call_id byte order; a page is `interrupted`
+        when one of its own calls interrupts the run."""
         token = ""
         while True:
             request = req.recover(self.namespace, run_id, page_size, token)
@@ -395,7 +456,8 @@ class AsyncClient:
         *,
         retry: RecordingRetry | None = None,
     ) -> None:
-        """See `Client.acknowledge_recovery`."""
+        """Marks committed results as delivered to the transcript; retried
+        like a commit."""
         request = req.acknowledge_recovery(self.namespace, run_id, call_ids)
         await self._record(self._recovery.AcknowledgeRecovery, request, retry)
 

@@ -1,14 +1,19 @@
-"""The synchronous client: one method per RPC, typed values in and out.
+# Generated from _aio.py by scripts/unasync.py: edit that file, not this.
+"""The client: one method per RPC of ToolLedger, Checkpoints and Recovery,
+typed values in and out.
 
-Longer than the client's other modules on purpose: it is the public surface
-of one method per RPC, each with its docstring, kept in one class and one
-module that `effectd_client._aio` mirrors method for method.
+Written once, as the asyncio client (`effectd_client._aio`, grpc.aio); the
+synchronous client (`effectd_client._client`) is generated from it by
+`scripts/unasync.py`, and `make check` fails when it is stale. What only the
+synchronous client does is in `effectd_client._client_sync`. Requests are
+built and answers converted by `effectd_client._requests`. Longer than the
+client's other modules on purpose: it is the public surface of one method per
+RPC, each with its docstring, kept in one class.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -17,11 +22,12 @@ from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 
 from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
+from effectd_client._client_sync import closer, recovered
 from effectd_client._exceptions import EffectdError, NotFound
 from effectd_client._operator import Admin, Operator
 from effectd_client._reconnect import DEFAULT_WAIT, Outage
 from effectd_client._recording import RecordingRetry
-from effectd_client._session import Session, release
+from effectd_client._session import Session
 from effectd_client._session_wire import LedgerCalls, wanted
 from effectd_client._types import (
     Channel,
@@ -37,7 +43,11 @@ T = TypeVar("T")
 
 
 class Client:
-    """A connection to effectd (`unix:PATH` or `HOST:PORT`).
+    """A connection to effectd (`unix:PATH` or `HOST:PORT`); `with` closes it.
+
+    The asyncio client's methods are awaited, inside a running event loop;
+    the synchronous client's block their thread. Both send the ledger
+    requests of every task or thread over one session stream by default.
 
     Args:
         target: `unix:PATH` or `HOST:PORT`, or a `Connection` (then none of
@@ -113,7 +123,7 @@ class Client:
             self._ledger, self._session.method if self._session else None
         )
         # Dropped without close(), it ends its stream and reader thread too.
-        self._release = weakref.finalize(self, release, self._session, self._channel)
+        self._release = closer(self, self._session, self._channel)
 
     def __repr__(self) -> str:
         return self._connection.describe("Client", self.namespace)
@@ -139,10 +149,15 @@ class Client:
         return Operator(self._call, self._ledger, self._recovery, self.namespace)
 
     def _call(
-        self, method: Callable[..., T], request: object, timeout: float | None = None
+        self,
+        method: Callable[..., T],
+        request: object,
+        timeout: float | None = None,
     ) -> T:
         """One request; sent again once the daemon is back when it was not
-        sent (`effectd_client._reconnect`)."""
+        sent (`effectd_client._reconnect`). `timeout` (the client's when None)
+        is the call's deadline, sent with it; the wait for the daemon ends
+        with it too."""
         timeout = self.timeout if timeout is None else timeout
         started = time.monotonic()
         try:
@@ -160,7 +175,10 @@ class Client:
                     waiting.failed(EffectdError.from_rpc_error(exc))
 
     def _record(
-        self, method: Callable[..., T], request: object, retry: RecordingRetry | None
+        self,
+        method: Callable[..., T],
+        request: object,
+        retry: RecordingRetry | None,
     ) -> T:
         """A recording request, sent again while it fails transiently."""
         policy = retry or self.recording_retry
@@ -295,7 +313,8 @@ class Client:
 
     def get_tool_call(self, run_id: str, call_id: str) -> ToolCall:
         request = req.get_tool_call(self.namespace, run_id, call_id)
-        return ToolCall.from_pb(self._call(self._tool.GetToolCall, request).call)
+        r = self._call(self._tool.GetToolCall, request)
+        return ToolCall.from_pb(r.call)
 
     def list_tool_calls(
         self,
@@ -319,7 +338,8 @@ class Client:
                 all_namespaces=all_namespaces,
             )
             page = self._call(self._ledger.ListToolCalls, request)
-            yield from (ToolCall.from_pb(c) for c in page.calls)
+            for c in page.calls:
+                yield ToolCall.from_pb(c)
             token = page.next_page_token
             if not token:
                 return
@@ -348,7 +368,8 @@ class Client:
             expected_revision=expected_revision,
             input_fingerprint=input_fingerprint,
         )
-        return ToolCall.from_pb(self._call(self._ledger.DecideApproval, request).call)
+        r = self._call(self._ledger.DecideApproval, request)
+        return ToolCall.from_pb(r.call)
 
     def reconcile(
         self,
@@ -382,36 +403,19 @@ class Client:
             not_executed=not_executed,
             confirmed_dead_attempt=confirmed_dead_attempt,
         )
-        return ToolCall.from_pb(self._call(self._ledger.Reconcile, request).call)
+        return ToolCall.from_pb((self._call(self._ledger.Reconcile, request)).call)
 
     def recover(
         self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
     ) -> RecoveryPlan:
-        """The plan for every call of a crashed run, read page by page: the
-        next page is asked for while the last one is converted."""
-        pages = []
-        answer = self._call(
-            self._recovery.Recover, req.recover(self.namespace, run_id, page_size)
+        """The plan for every call of a crashed run, read page by page."""
+        return recovered(
+            self._call,
+            self._recovery.Recover,
+            lambda token: req.recover(self.namespace, run_id, page_size, token),
+            self.timeout,
+            self._metadata,
         )
-        while True:
-            token = answer.next_page_token
-            if not token:
-                pages.append(RecoveryPlan.from_pb(answer))
-                return RecoveryPlan.joined(pages)
-            upcoming = self._recovery.Recover.future(
-                req.recover(self.namespace, run_id, page_size, token),
-                timeout=self.timeout,
-                metadata=self._metadata,
-            )
-            try:
-                pages.append(RecoveryPlan.from_pb(answer))
-            except BaseException:
-                upcoming.cancel()  # type: ignore[no-untyped-call]
-                raise
-            try:
-                answer = upcoming.result()
-            except grpc.RpcError as exc:
-                raise EffectdError.from_rpc_error(exc) from None
 
     def recover_pages(
         self, run_id: str, *, page_size: int = req.RECOVER_PAGE_SIZE
@@ -456,7 +460,7 @@ class Client:
     ) -> int:
         """Writes `key` if it is at `expected_revision`, or absent when None."""
         request = req.put_checkpoint(self.namespace, key, value, expected_revision)
-        return self._call(self._checkpoints.Put, request).revision
+        return (self._call(self._checkpoints.Put, request)).revision
 
     def delete_checkpoint(self, key: str, expected_revision: int) -> None:
         request = req.delete_checkpoint(self.namespace, key, expected_revision)
@@ -469,7 +473,8 @@ class Client:
         while True:
             request = req.list_checkpoints(self.namespace, prefix, keys_only, token)
             page = self._call(self._checkpoints.List, request)
-            yield from (Checkpoint.from_pb(c) for c in page.checkpoints)
+            for c in page.checkpoints:
+                yield Checkpoint.from_pb(c)
             token = page.next_page_token
             if not token:
                 return

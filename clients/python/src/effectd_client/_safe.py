@@ -1,3 +1,4 @@
+# Generated from _safe_aio.py by scripts/unasync.py: edit that file, not this.
 """The safe tool call: the whole ADR-010 protocol around one tool function.
 
 `Run(client, run_id)` names an agent run; `run.call(...)` is a context manager
@@ -5,8 +6,8 @@ and `run.tool(...)` a decorator that prepare and start the call, replay a
 committed result without calling the tool, refuse (raise) when the ledger says
 not to execute, pass the stable idempotency key to IDEMPOTENT_WRITE tools,
 renew the attempt's lease while the tool runs, and commit the result, an error
-result, or report the outcome unknown. `AsyncRun` (`effectd_client._safe_aio`)
-does the same with an `AsyncClient` and async tools.
+result, or report the outcome unknown. `AsyncRun` does the same with an
+`AsyncClient` and async tools.
 
 Call ids are never random: either explicit (`tool.at("step-3")`) or
 `"{tool_name}-{n}"`, the n-th call of that tool in this `Run` object, so a
@@ -33,6 +34,17 @@ raises `ResultNotRecorded` (an `OutcomeUnknown`), never a tool failure. A
 result handed back to the agent (fresh or replayed, value or error) is then
 acknowledged (AcknowledgeRecovery; a fresh one by its commit, in the same
 transaction), which starts its retention window.
+
+Written once, as `AsyncRun` (`effectd_client._safe_aio`); `Run`
+(`effectd_client._safe`) is generated from it by `scripts/unasync.py`. Where
+a thread does what the event loop does, the two differ: asyncio renews the
+lease in a task and cancels the tool at the deadline (`asyncio.timeout`: the
+tool sees `CancelledError` at its next await, and the call raises
+`ToolTimedOut` once the attempt is reported unknown); the synchronous run
+renews it from a watcher thread and runs a tool with a timeout in a worker
+thread (`effectd_client._safe_threads`). Longer than the client's other
+modules on purpose: the single source of both runs, each public method with
+its docstring.
 """
 
 from __future__ import annotations
@@ -86,7 +98,7 @@ from effectd_client._types import Channel, Effect, Prepared, RecoveryPlan, ToolC
 
 
 class Run(RunBase):
-    """An agent run whose tool calls go through the ledger (sync client).
+    """An agent run whose tool calls go through the ledger.
 
     Args:
         client: The connection to effectd.
@@ -151,7 +163,8 @@ class Run(RunBase):
             require_approval: The call waits for an approver first.
             timeout: Seconds the tool may run. The block sees `deadline` and
                 `cancelled`; the decorator raises `ToolTimedOut` at the
-                deadline. The outcome is then reported unknown.
+                deadline (the asyncio block is cancelled at it). The outcome
+                is then reported unknown.
             unknown_on: Exception classes or predicates that mean the tool
                 cannot know whether it acted (reported unknown).
             definite_on: Exception classes or predicates that are definite
@@ -198,7 +211,8 @@ class Run(RunBase):
         enforced: bool = False,
     ) -> Iterator[SafeCall]:
         """The protocol around one block; `enforced`: the caller itself ends
-        the tool at the deadline (else `cancelled` is set when it passes)."""
+        the tool at the deadline (else `cancelled` is set when it passes; the
+        asyncio block is cancelled at it either way)."""
         call_id = call_id or self.next_call_id(tool_name)
         c = self.client
         try:
@@ -336,10 +350,11 @@ class Run(RunBase):
 
         The input recorded is the function's bound arguments (JSON); a
         replayed result is the stored, JSON-decoded value (bytes with `raw`).
-        The options are those of `call`; with `timeout` the function runs in
-        a worker thread, and at the deadline the call raises `ToolTimedOut`
-        while the thread is left to finish (`current_call().cancelled` is
-        set: a tool should return when it sees it).
+        The options are those of `call`; with `timeout` an async function is
+        cancelled at the deadline; a synchronous one runs in a worker thread,
+        and at the deadline the call raises `ToolTimedOut` while the thread is
+        left to finish (`current_call().cancelled` is set: a tool should
+        return when it sees it).
         """
 
         def wrap(fn: Callable[P, R]) -> SafeTool[P, R]:
@@ -360,7 +375,7 @@ class Run(RunBase):
 
 
 class SafeTool(Generic[P, R]):
-    """A tool function run through `Run.call`; see `Run.tool`."""
+    """A tool function run through its run's `call`; see its `tool`."""
 
     def __init__(
         self,

@@ -6,9 +6,10 @@ A framework's tool carries no trustworthy word on what it does to the world,
 so the effect is the operator's to say, by tool name; a tool nobody named is
 a SIDE_EFFECT without approval (ADR-010 D2). `ToolPolicy` is the whole
 policy (rules by tool name, and the default approval); `ToolRule` is one
-tool's word. `effectd_client.langgraph` and `effectd_client.pydantic_ai` take
-a `ToolPolicy`; `effectd_client.mcp`'s `McpPolicy` pins rules by server and
-tool in the same words. Free of I/O and of any framework.
+tool's word. `effectd_client.contrib.langgraph` and
+`effectd_client.contrib.pydantic_ai` take a `ToolPolicy`;
+`effectd_client.contrib.mcp`'s `McpPolicy` pins rules by server and tool in
+the same words. Free of I/O and of any framework.
 
     require_approval = false     # default for tools without their own word
 

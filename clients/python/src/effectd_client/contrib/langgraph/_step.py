@@ -1,4 +1,4 @@
-"""What `effectd_client.langgraph` does with one tool call of a step, written
+"""What `effectd_client.contrib.langgraph` does with one tool call of a step, written
 once for `invoke` and `ainvoke`: a generator that yields what it needs done
 (`Op`s: run the call once, pause, read or prepare a call, record a
 decision, ask under the step's lock) and gets the answers; the wrapper
@@ -49,14 +49,14 @@ from effectd_client import (
     ToolCall,
     ToolCallStopped,
 )
-from effectd_client._langgraph_parts import (
+from effectd_client.contrib.langgraph._parts import (
     ApprovalMismatch,
     GraphToolCall,
     recorded_arguments,
     rejected_message,
     request,
 )
-from effectd_client._safe_base import admit, asks_for_retry
+from effectd_client.extend import admit, asks_for_retry
 from effectd_client.policy import ToolPolicy
 
 Output = ToolMessage | Command[Any]

@@ -1,4 +1,4 @@
-"""What `effectd_client.langgraph` keeps and shows: a tool's output as a
+"""What `effectd_client.contrib.langgraph` keeps and shows: a tool's output as a
 ledger result and back, the identity of a tool call in a graph run, and the
 interrupts it raises for a human, with the answers they resume with.
 

@@ -1,4 +1,4 @@
-"""What ends a run of `effectd_client.openai_agents`: `LedgerInterruption`,
+"""What ends a run of `effectd_client.contrib.openai_agents`: `LedgerInterruption`,
 which names, beside the call that stopped, every call of the run waiting
 for a human. The Agents SDK ends a run at the first tool that raises (and
 cancels the others), so the parallel calls of a step that all need a

@@ -1,4 +1,4 @@
-"""Approvals of `effectd_client.openai_agents`: the SDK's tool approval
+"""Approvals of `effectd_client.contrib.openai_agents`: the SDK's tool approval
 interruptions decided in effectd, bound to the call's exact arguments.
 
 `AgentLedger` takes these methods from `LedgerApprovals`; the rule of a
@@ -24,7 +24,7 @@ from effectd_client import (
     State,
     ToolCall,
 )
-from effectd_client._safe_outcomes import Matcher
+from effectd_client.extend import Matcher
 
 # The error code of a call an approver rejected (contract §4.5).
 APPROVAL_REJECTED = "APPROVAL_REJECTED"

@@ -1,4 +1,4 @@
-"""What `effectd_client.pydantic_ai` tells of a deferral, and how a run it
+"""What `effectd_client.contrib.pydantic_ai` tells of a deferral, and how a run it
 deferred is resumed: the calls of its last model response that have no
 result in the history yet.
 
@@ -33,8 +33,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.tools import DeferredToolRequests
 
-from effectd_client._aio import AsyncClient
-from effectd_client._types import ToolCall
+from effectd_client import AsyncClient, ToolCall
 
 # Where a deferral's ledger facts travel (`DeferredToolRequests.metadata`),
 # and the mark of a resume in `DeferredToolResults.metadata`.

@@ -1,8 +1,8 @@
-"""The result of an MCP tool of `effectd_client.openai_agents`, in the ledger
+"""The result of an MCP tool of `effectd_client.contrib.openai_agents`, in the ledger
 and back.
 
 An MCP call's result in the ledger is an MCP `CallToolResult` (the daemon
-refuses to reconcile an MCP call with anything else; `effectd_client.mcp`
+refuses to reconcile an MCP call with anything else; `effectd_client.contrib.mcp`
 and `@effectd/client/mcp` store and return one). The Agents SDK turns the
 server's `CallToolResult` into its own tool output (a text or image item, a
 list of them, or the structured content as JSON text); that output is
