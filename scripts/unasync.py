@@ -52,6 +52,9 @@ NAMES = {
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "aio_channel": "channel",
+    "_operator_aio": "_operator",
+    "AsyncAdmin": "Admin",
+    "AsyncOperator": "Operator",
 }
 CODE_RULES: Sequence[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = (
     (re.compile(r"\basync\s+(?=(def|with|for)\b)"), ""),

@@ -150,12 +150,13 @@ class AsyncClient:
 
     @property
     def admin(self) -> AsyncAdmin:
-        """`Client.admin`, awaited."""
+        """The Admin service's RPCs: audit, policy, backup, stats, daemons
+        (`effectd_client._operator_aio`)."""
         return AsyncAdmin(self._call, self._channel, self.namespace)
 
     @property
     def operator(self) -> AsyncOperator:
-        """`Client.operator`, awaited."""
+        """A person's reads and decisions, each answering the whole record."""
         return AsyncOperator(self._call, self._ledger, self._recovery, self.namespace)
 
     async def _call(

@@ -140,7 +140,7 @@ class Client:
     @property
     def admin(self) -> Admin:
         """The Admin service's RPCs: audit, policy, backup, stats, daemons
-        (`effectd_client._operator`)."""
+        (`effectd_client._operator_aio`)."""
         return Admin(self._call, self._channel, self.namespace)
 
     @property
