@@ -76,6 +76,7 @@ from sidecar.ledger.model import (
 from sidecar.ledger.policy import FixedPolicy
 from sidecar.ledger.rules import PrepareSpec
 from sidecar.ledger.validation import Limits
+from sidecar.rpc.summaries import summarize
 from sidecar.server import Daemon
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
@@ -195,7 +196,8 @@ def _save(view: WriteView, calls: list[ToolCall]) -> None:
 def fill(path: Path, shape: Shape, t: Templates, batch: int) -> float:
     """Writes the store, fsync off; returns the seconds it took."""
     began = time.perf_counter()
-    store = LmdbStore(path, LmdbOptions(map_size=MAP_SIZE, sync=False))
+    options = LmdbOptions(map_size=MAP_SIZE, sync=False, summarize=summarize)
+    store = LmdbStore(path, options)
     try:
         pending: list[ToolCall] = []
         futures = []
@@ -219,7 +221,7 @@ def fill(path: Path, shape: Shape, t: Templates, batch: int) -> float:
 
 
 def durable(path: Path) -> LmdbStore:
-    return LmdbStore(path, LmdbOptions(map_size=MAP_SIZE))
+    return LmdbStore(path, LmdbOptions(map_size=MAP_SIZE, summarize=summarize))
 
 
 def retention_pass(path: Path) -> tuple[float, int, int]:

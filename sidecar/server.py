@@ -27,13 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.clock import every
-from sidecar.composition import (
-    SERVICES,
-    Services,
-    compose,
-    handlers,
-    server_options,
-)
+from sidecar.composition import SERVICES, Services, compose, handlers, server_options
 from sidecar.config import ConfigError, ServeConfig, is_loopback, split_host_port
 from sidecar.directories import (
     data_disk,
@@ -44,6 +38,7 @@ from sidecar.errors import ShuttingDown
 from sidecar.locking import ExclusiveLock
 from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
 from sidecar.rpc import tls
+from sidecar.rpc.summaries import summarize
 from sidecar.seams import Seams
 from sidecar.services.lease_sweep import SweepPass
 from sidecar.services.membership import LEASE_SWEEP, RETENTION
@@ -103,7 +98,7 @@ class Daemon:
 
     def open_store(self) -> Store:
         """The store to serve; the socket lock is held."""
-        return open_store(self.config, self.metrics, self.seams.failpoints)
+        return open_store(self.config, self.metrics, self.seams.failpoints, summarize)
 
     def compose(self, store: Store) -> Services:
         """The services over `store` (a test's subclass may replace one)."""

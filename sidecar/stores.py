@@ -21,20 +21,26 @@ from sidecar.storage.api import Store
 from sidecar.storage.backends import Opening
 from sidecar.storage.lmdb import ledger_files, restore
 from sidecar.storage.lmdb.ledger_files import Found
+from sidecar.storage.plan_rows import Summarize
 
 log = logging.getLogger(__name__)
 
 
 def open_store(
-    cfg: ServeConfig, metrics: Metrics, failpoints: Failpoints | None = None
+    cfg: ServeConfig,
+    metrics: Metrics,
+    failpoints: Failpoints | None = None,
+    summarize: Summarize | None = None,
 ) -> Store:
     """The store of `cfg.data_dir`, or the shared store `cfg.store` names (its
     backend found in `storage.backends`), its commits counted by `metrics`,
-    crashing at `failpoints` (a test build's); the caller holds the socket
-    lock (the LMDB store takes the data directory's)."""
+    crashing at `failpoints` (a test build's), its plan rows made by
+    `summarize` (`storage.plan_rows`); the caller holds the socket lock (the
+    LMDB store takes the data directory's)."""
     opening = Opening(
         on_commit=metrics.commit_observed,
         failpoints=failpoints,
+        summarize=summarize,
         sync=cfg.sync,
         map_size=cfg.map_size,
     )

@@ -20,6 +20,7 @@ from effectd_client import Client, Decision, EffectdError
 from sidecar.config import ConfigError, ServeConfig
 from sidecar.policy_file import PolicyError
 from sidecar.provider.routes import ProvidersError
+from sidecar.rpc import summaries
 from sidecar.server import Daemon
 from sidecar.storage.api import Store, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
@@ -156,7 +157,9 @@ class _HeldDaemon(Daemon):
     held: _HeldStore
 
     def open_store(self) -> Store:
-        self.held = _HeldStore(self.config.data_dir, LmdbOptions())
+        self.held = _HeldStore(
+            self.config.data_dir, LmdbOptions(summarize=summaries.summarize)
+        )
         return self.held
 
 

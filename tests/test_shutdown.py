@@ -32,6 +32,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 
 from sidecar import cli
+from sidecar.rpc import summaries
 from sidecar.server import Daemon, Endpoints
 from sidecar.storage.api import Store
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
@@ -67,7 +68,11 @@ class AbandonsWritesOnSigterm(Daemon):
     _broken: AckBeforeCommitOnceServing | None = None
 
     def open_store(self) -> Store:
-        options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
+        options = LmdbOptions(
+            map_size=self.config.map_size,
+            sync=self.config.sync,
+            summarize=summaries.summarize,
+        )
         self._broken = AckBeforeCommitOnceServing(self.config.data_dir, options)
         return self._broken
 

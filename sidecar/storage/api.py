@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from sidecar.ledger.audit import Fact
 from sidecar.ledger.model import ToolCall
 from sidecar.ledger.quota import Quotas, StoreFill
+from sidecar.storage.plan_rows import Summarize
 
 T = TypeVar("T")
 
@@ -101,6 +102,12 @@ class WriteView(ReadView, Protocol):
     def put(self, table: Table, key: bytes, value: bytes) -> None: ...
 
     def delete(self, table: Table, key: bytes) -> None: ...
+
+    @property
+    def summarize(self) -> Summarize | None:
+        """What makes the plan rows of the records saved here: the one the
+        store was opened with (`storage.plan_rows`); None: no rows."""
+        ...
 
 
 class Store(Protocol):

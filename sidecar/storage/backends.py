@@ -19,6 +19,7 @@ from sidecar.clock import Clock
 from sidecar.failpoints import Failpoints
 from sidecar.ledger.restore import Marker
 from sidecar.storage.api import Store
+from sidecar.storage.plan_rows import Summarize
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,9 @@ class Opening:
     # LMDB: fsync every commit; its map size (virtual address space).
     sync: bool = True
     map_size: int | None = None
+    # Makes the plan rows (`storage.plan_rows`): the daemon's, from the gRPC
+    # boundary; None (an offline tool's open): no rows are written.
+    summarize: Summarize | None = None
 
 
 class Entry(Protocol):

@@ -83,7 +83,7 @@ def save_call(view: WriteView, old: ToolCall | None, new: ToolCall) -> None:
             view.delete(Table.RETENTION_TIMES, was)
         if now is not None:
             view.put(Table.RETENTION_TIMES, now, b"")
-    row = plan_rows.encode(new)
+    row = plan_rows.encode(new, view.summarize)
     if row is not None:
         view.put(Table.PLAN_ROWS, key, row)
     elif old is not None and old.state is State.COMMITTED:

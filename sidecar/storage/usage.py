@@ -128,6 +128,7 @@ class Counting:
 
     def __init__(self, view: WriteView) -> None:
         self._view = view
+        self.summarize = view.summarize
         self._pending: dict[bytes, Usage] = {}
         # An attribute lookup, not isinstance(view, AddsUsage): a runtime
         # protocol check walks the protocol's members on every call, tens of

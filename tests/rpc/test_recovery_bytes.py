@@ -26,6 +26,7 @@ from sidecar.clock import ManualClock
 from sidecar.ledger.model import Effect, State
 from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.ledger.validation import Limits
+from sidecar.rpc import summaries
 from sidecar.rpc.recovery import Recovery, item_pb, page_bytes
 from sidecar.services.recovery import RecoveryService
 from sidecar.storage import plan_rows, records
@@ -33,7 +34,7 @@ from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.storage.random_calls import TOOLS, random_call
 
-OPTIONS = LmdbOptions(map_size=64 << 20, sync=False)
+OPTIONS = LmdbOptions(map_size=64 << 20, sync=False, summarize=summaries.summarize)
 CALLS = 300
 RUN = "run"
 

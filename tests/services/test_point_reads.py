@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
+from sidecar.rpc import summaries
 from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.storage.api import Store
@@ -67,7 +68,9 @@ class OnLoopPostgresStore(PostgresStore):
 class OnLoopDaemon(Daemon):
     def open_store(self) -> Store:
         assert self.config.store is not None
-        return OnLoopPostgresStore(self.config.store, PostgresOptions())
+        return OnLoopPostgresStore(
+            self.config.store, PostgresOptions(summarize=summaries.summarize)
+        )
 
 
 @contextmanager

@@ -38,6 +38,7 @@ class _CountingView:
 
     def __init__(self, inner: WriteView) -> None:
         self._inner = inner
+        self.summarize = inner.summarize
         self.records = 0
 
     def get(self, table: Table, key: bytes) -> bytes | None:

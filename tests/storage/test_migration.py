@@ -32,6 +32,7 @@ from sidecar.ledger.model import (
 from sidecar.ledger.operator_rules import ApprovalDecision
 from sidecar.ledger.policy import FixedPolicy
 from sidecar.ledger.validation import Limits
+from sidecar.rpc import summaries
 from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
@@ -52,7 +53,8 @@ from tests.storage.old_stores.make_format2 import (
 from tests.storage.test_usage import drift
 
 FIXTURE = Path(__file__).parent / "old_stores" / "format2.tar.gz"
-OPTIONS = LmdbOptions(map_size=64 << 20, sync=False)
+# A daemon's open: the upgrade writes the plan rows too.
+OPTIONS = LmdbOptions(map_size=64 << 20, sync=False, summarize=summaries.summarize)
 LONG = CallRef(NS, LONG_RUN, LONG_CALL)
 LONG_GONE = CallRef(NS, LONG_RUN, "gone-" + "g" * 240)
 
@@ -300,6 +302,6 @@ def test_resumption_never_runs_on_a_store_without_the_mark(tmp_path: Path) -> No
     try:
         assert meta(s, b"format_version") == b"5"
         assert meta(s, migration.PENDING_KEY) is None
-        assert not migration.resume(s)
+        assert not migration.resume(s, summaries.summarize)
     finally:
         s.close()

@@ -61,6 +61,7 @@ class Rendezvous:
 class _MeetingView:
     def __init__(self, view: WriteView, rendezvous: Rendezvous) -> None:
         self._view = view
+        self.summarize = view.summarize
         self._rendezvous = rendezvous
 
     def get(self, table: Table, key: bytes) -> bytes | None:

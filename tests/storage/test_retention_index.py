@@ -28,6 +28,7 @@ from sidecar.ledger import retention
 from sidecar.ledger.model import CallRef, Effect, State, ToolCall
 from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.ledger.validation import Limits
+from sidecar.rpc import summaries
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
@@ -38,7 +39,8 @@ from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import ok_result
 from tests.services.support import spec
 
-OPTIONS = LmdbOptions(map_size=64 << 20, sync=False)
+# A daemon's open: an upgrade writes the plan rows too.
+OPTIONS = LmdbOptions(map_size=64 << 20, sync=False, summarize=summaries.summarize)
 POLICY = Policy(
     retention_seconds=100,
     unacknowledged_retention_seconds=300,

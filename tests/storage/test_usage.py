@@ -42,6 +42,7 @@ from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.ledger.quota import Quotas, Usage
 from sidecar.ledger.rules import PrepareSpec
 from sidecar.ledger.validation import Limits
+from sidecar.rpc import summaries
 from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
@@ -51,7 +52,8 @@ from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import committed, prepared, started
 
-OPTIONS = LmdbOptions(map_size=64 << 20, sync=False)
+# A daemon's open: an upgrade writes the plan rows too.
+OPTIONS = LmdbOptions(map_size=64 << 20, sync=False, summarize=summaries.summarize)
 
 
 def truth(view: ReadView) -> dict[str, Usage]:

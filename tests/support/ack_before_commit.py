@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sidecar import cli, server
+from sidecar.rpc import summaries
 from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.lmdb import answers
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
@@ -48,7 +49,11 @@ class AckBeforeCommitStore(LmdbStore):
 
 class AckBeforeCommitDaemon(server.Daemon):
     def open_store(self) -> Store:
-        options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
+        options = LmdbOptions(
+            map_size=self.config.map_size,
+            sync=self.config.sync,
+            summarize=summaries.summarize,
+        )
         return AckBeforeCommitStore(self.config.data_dir, options)
 
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from sidecar import callstate, cli, failpoints, server
 from sidecar.config import ServeConfig
+from sidecar.rpc import summaries
 from sidecar.seams import Seams
 from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.lmdb import answers
@@ -72,7 +73,9 @@ class FailpointDaemon(server.Daemon):
     def open_store(self) -> Store:
         if os.environ.get(BROKEN_ENV) != ANSWERS_BEFORE_COMMIT:
             return super().open_store()
-        options = LmdbOptions(failpoints=self.seams.failpoints)
+        options = LmdbOptions(
+            failpoints=self.seams.failpoints, summarize=summaries.summarize
+        )
         return AnswersBeforeCommit(self.config.data_dir, options)
 
 

@@ -18,6 +18,7 @@ import time
 import psycopg
 
 from sidecar import cli, server
+from sidecar.rpc import summaries
 from sidecar.storage.api import Store, Table
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
@@ -42,7 +43,9 @@ class LoosePostgresStore(PostgresStore):
 class LooseStoreDaemon(server.Daemon):
     def open_store(self) -> Store:
         assert self.config.store is not None
-        return LoosePostgresStore(self.config.store, PostgresOptions())
+        return LoosePostgresStore(
+            self.config.store, PostgresOptions(summarize=summaries.summarize)
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import TypeVar
 import psycopg
 
 from sidecar import cli, server
+from sidecar.rpc import summaries
 from sidecar.storage.api import ReadView, Store
 from sidecar.storage.postgres.faults import before_commit, rollback
 from sidecar.storage.postgres.options import PostgresOptions
@@ -98,7 +99,9 @@ class AckBeforeCommitPgStore(PostgresStore):
 class AckBeforeCommitPgDaemon(server.Daemon):
     def open_store(self) -> Store:
         assert self.config.store is not None
-        return AckBeforeCommitPgStore(self.config.store, PostgresOptions())
+        return AckBeforeCommitPgStore(
+            self.config.store, PostgresOptions(summarize=summaries.summarize)
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ The many-daemon process test must catch it.
 from __future__ import annotations
 
 from sidecar import cli, server
+from sidecar.rpc import summaries
 from sidecar.storage.api import Store
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
@@ -23,7 +24,9 @@ class ExclusivePostgresStore(PostgresStore):
 class SingleDaemonRuleDaemon(server.Daemon):
     def open_store(self) -> Store:
         assert self.config.store is not None
-        return ExclusivePostgresStore(self.config.store, PostgresOptions())
+        return ExclusivePostgresStore(
+            self.config.store, PostgresOptions(summarize=summaries.summarize)
+        )
 
 
 if __name__ == "__main__":

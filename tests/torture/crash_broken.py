@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from sidecar import server
+from sidecar.rpc import summaries
 from sidecar.storage.api import Store
 from sidecar.storage.lmdb import answers
 from sidecar.storage.lmdb.store import LmdbOptions, _Item
@@ -33,7 +34,11 @@ class ShortWindowStore(AckBeforeCommitStore):
 
 class AckBeforeCommitDaemon(server.Daemon):
     def open_store(self) -> Store:
-        options = LmdbOptions(map_size=self.config.map_size, sync=self.config.sync)
+        options = LmdbOptions(
+            map_size=self.config.map_size,
+            sync=self.config.sync,
+            summarize=summaries.summarize,
+        )
         return ShortWindowStore(self.config.data_dir, options)
 
 

@@ -20,6 +20,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from sidecar import failpoints
+from sidecar.rpc import summaries
 from sidecar.storage.api import Store, Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.support import failpoint_daemon
@@ -137,8 +138,12 @@ def _open(store: str, armed: failpoints.Failpoints | None = None) -> Store:
             PostgresStore,
         )
 
-        return PostgresStore(store, PostgresOptions(failpoints=armed))
-    return LmdbStore(Path(store), LmdbOptions(failpoints=armed))
+        return PostgresStore(
+            store, PostgresOptions(failpoints=armed, summarize=summaries.summarize)
+        )
+    return LmdbStore(
+        Path(store), LmdbOptions(failpoints=armed, summarize=summaries.summarize)
+    )
 
 
 def rows_left(store: str, keys: list[bytes]) -> list[bytes]:

@@ -19,6 +19,7 @@ class _Lmdb:
             sync=opening.sync,
             on_commit=opening.on_commit,
             failpoints=opening.failpoints,
+            summarize=opening.summarize,
         )
         if opening.map_size is not None:
             options = dataclasses.replace(options, map_size=opening.map_size)

@@ -41,6 +41,7 @@ from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger.model import CallRef, State
 from sidecar.storage import keys, plan_rows, records, retention_times, tombstones, usage
 from sidecar.storage.api import Store, Table, WriteView
+from sidecar.storage.plan_rows import Summarize
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def _write_plan_rows(view: WriteView, *, after: bytes | None) -> _Step:
             call = None if raw is None else records.decode_call(raw, history=False)
         except UnsupportedKeyScheme:
             continue  # a newer daemon's: read the long way, and refused there
-        row = None if call is None else plan_rows.encode(call)
+        row = None if call is None else plan_rows.encode(call, view.summarize)
         if row is not None:
             view.put(Table.PLAN_ROWS, key, row)
     return _Step(len(rows), rows[-1] if len(rows) == BATCH else None)
@@ -174,6 +175,11 @@ def _write_plan_rows(view: WriteView, *, after: bytes | None) -> _Step:
 
 def _finish(view: WriteView) -> None:
     view.delete(Table.META, PENDING_KEY)
+
+
+def _rows_left(view: WriteView) -> None:
+    # What a format 4 store still lacks.
+    view.put(Table.META, PENDING_KEY, b"4")
 
 
 def _walk(store: Store, step: Callable[..., _Step]) -> int:
@@ -187,8 +193,10 @@ def _walk(store: Store, step: Callable[..., _Step]) -> int:
         after = result.resume
 
 
-def resume(store: Store) -> bool:
-    """Runs the pending upgrade, if the store has one; returns whether it did."""
+def resume(store: Store, summarize: Summarize | None) -> bool:
+    """Runs the pending upgrade, if the store has one; returns whether it did.
+    Without `summarize` (an offline tool's open) the plan rows are left to
+    the next open that has it: the mark stays, as of format 4."""
     pending = store.read(lambda view: view.get(Table.META, PENDING_KEY))
     if pending is None:
         return False
@@ -202,8 +210,12 @@ def resume(store: Store) -> bool:
     committed = 0
     if pending in _BEFORE_RETENTION_INDEX:
         committed = _walk(store, _index_retention)
-    planned = _walk(store, _write_plan_rows)
-    store.submit(_finish).result()
+    planned = 0
+    if summarize is None:
+        store.submit(_rows_left).result()
+    else:
+        planned = _walk(store, _write_plan_rows)
+        store.submit(_finish).result()
     log.info(
         "store upgraded from format %s: %d rows moved to their format 3 keys, "
         "%d tombstones indexed by time, %d committed calls indexed for "

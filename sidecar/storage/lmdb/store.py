@@ -56,6 +56,7 @@ from sidecar.storage.api import (
 from sidecar.storage.keys import MAX_KEY_BYTES
 from sidecar.storage.lmdb import answers, migration
 from sidecar.storage.lmdb.views import BufferedView, TxnView
+from sidecar.storage.plan_rows import Summarize
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class LmdbOptions:
     on_commit: Callable[[int, float], None] | None = None
     # A test build's crash points in the write path (`sidecar.failpoints`).
     failpoints: Failpoints | None = None
+    # Makes the plan rows (`storage.plan_rows`); None: no rows are written.
+    summarize: Summarize | None = None
 
 
 @dataclass(slots=True)
@@ -151,7 +154,7 @@ class LmdbStore:
         self._writer.start()
         try:
             self._incarnation = self.submit(_open_incarnation).result()
-            migration.resume(self)
+            migration.resume(self, self.options.summarize)
             # A store written before the usage counters existed, or before
             # they counted tombstones apart, is counted now.
             counted = self.submit(usage.ensure_counted).result()
@@ -462,7 +465,7 @@ class LmdbStore:
         for index, (fn, waiter) in enumerate(batch):
             if index and failpoints is not None:
                 failpoints.reached(Point.LMDB_MID_BATCH, _fns(batch))
-            view = BufferedView(base, txn, self._dbs)
+            view = BufferedView(base, txn, self._dbs, self.options.summarize)
             try:
                 value = fn(view)
             except (lmdb.MapFullError, lmdb.TxnFullError):

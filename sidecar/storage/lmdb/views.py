@@ -14,6 +14,7 @@ import lmdb
 
 from sidecar.storage.api import Table
 from sidecar.storage.keys import check_key
+from sidecar.storage.plan_rows import Summarize
 
 
 class TxnView:
@@ -48,8 +49,13 @@ class BufferedView:
     function that raises leaves nothing behind."""
 
     def __init__(
-        self, base: TxnView, txn: lmdb.Transaction, dbs: dict[Table, Any]
+        self,
+        base: TxnView,
+        txn: lmdb.Transaction,
+        dbs: dict[Table, Any],
+        summarize: Summarize | None = None,
     ) -> None:
+        self.summarize = summarize
         self._base = base
         self._txn = txn
         self._dbs = dbs

@@ -18,7 +18,9 @@ class _Postgres:
         )
 
         options = PostgresOptions(
-            on_commit=opening.on_commit, failpoints=opening.failpoints
+            on_commit=opening.on_commit,
+            failpoints=opening.failpoints,
+            summarize=opening.summarize,
         )
         return PostgresStore(where, options)
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.failpoints import Failpoints
+from sidecar.storage.plan_rows import Summarize
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class PostgresOptions:
     on_commit: Callable[[int, float], None] | None = None
     # A test build's crash points in the write path (`sidecar.failpoints`).
     failpoints: Failpoints | None = None
+    # Makes the plan rows (`storage.plan_rows`); None: no rows are written.
+    summarize: Summarize | None = None
 
 
 @dataclass(slots=True)

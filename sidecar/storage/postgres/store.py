@@ -355,7 +355,7 @@ class PostgresStore:
             for index, (fn, future) in enumerate(batch):
                 if index:
                     self._at(Point.PG_MID_BATCH, batch)
-                view = self.write_view(conn, written)
+                view = self.write_view(conn, written, self.options.summarize)
                 try:
                     value = fn(view)
                 except Exception as exc:  # the request is refused, others go on

@@ -27,6 +27,7 @@ from sidecar.ledger.quota import Usage
 from sidecar.storage import usage
 from sidecar.storage.api import Table
 from sidecar.storage.keys import check_key
+from sidecar.storage.plan_rows import Summarize
 
 # Rows read per round trip of a scan.
 SCAN_BATCH = 500
@@ -276,8 +277,11 @@ class PgWriteView(PgReadView):
     hands them to the batch once the function returned (one that raises
     leaves nothing)."""
 
-    def __init__(self, conn: _Conn, batch: Batch) -> None:
+    def __init__(
+        self, conn: _Conn, batch: Batch, summarize: Summarize | None = None
+    ) -> None:
         super().__init__(conn)
+        self.summarize = summarize
         self._batch = batch
         self._own = _Layer()
 
