@@ -49,7 +49,10 @@ READERS = 4
 LOCKS = ("EXCLUSIVE", "ACCESS EXCLUSIVE")
 LOCK_SECONDS = 2.5
 OPTIONS = PostgresOptions(readers=2, statement_timeout=1.0, pool_timeout=0.3)
-TABLES = "effectd_kv, effectd_usage"
+TABLES = (
+    "effectd_calls, effectd_checkpoints, effectd_audit, effectd_meta, "
+    "effectd_daemons, effectd_passes, effectd_usage"
+)
 
 
 class AppliesTimedOutLater(PostgresStore):

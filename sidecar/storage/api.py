@@ -25,7 +25,17 @@ T = TypeVar("T")
 
 
 class Table(enum.Enum):
-    """The tables of the store; each maps bytes keys to bytes values."""
+    """The tables of the store; each maps bytes keys to bytes values.
+
+    CALLS, PLAN_ROWS and TOMBSTONES hold the documents of `storage.records`,
+    `storage.plan_rows` and `storage.tombstones`; CALL_STATES,
+    RETENTION_TIMES and TOMBSTONE_TIMES are their indexes, written in step
+    with them by those modules, in the same write function. A store may keep
+    those documents in columns of its own and read the indexes from them
+    (PostgreSQL, `storage.postgres.tables`): an index entry written without
+    its record, or a value there that is not such a document, is not kept.
+    Every other table keeps any bytes.
+    """
 
     META = "meta"
     CALLS = "calls"

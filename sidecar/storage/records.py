@@ -128,6 +128,15 @@ def decode_checkpoint(stored: bytes, raw: bytes) -> StoredCheckpoint:
     )
 
 
+def checkpoint_head(raw: bytes) -> tuple[int, int] | None:
+    """The revision and last change (wall ns) of a stored checkpoint; None
+    for a value too short to be one."""
+    if len(raw) < _CHECKPOINT_HEAD.size:
+        return None
+    revision, updated_ns = _CHECKPOINT_HEAD.unpack_from(raw)
+    return int(revision), int(updated_ns)
+
+
 def encode_checkpoint(stored: bytes, cp: StoredCheckpoint) -> bytes:
     head = _CHECKPOINT_HEAD.pack(cp.revision, cp.updated_ns)
     if keys.is_hashed(stored):
@@ -236,6 +245,7 @@ __all__ = [
     "append_audit",
     "audit_key",
     "call_key",
+    "checkpoint_head",
     "checkpoint_key",
     "checkpoint_ranges",
     "decode_call",

@@ -48,7 +48,8 @@ CONTROL_WAIT = 2.0
 
 _WAITING_READS = """
     SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-    WHERE l.relation = 'effectd_kv'::regclass AND NOT l.granted
+    WHERE l.relation IN ('effectd_calls'::regclass, 'effectd_checkpoints'::regclass)
+      AND NOT l.granted
       AND a.application_name = ANY(%s)
 """
 
@@ -75,9 +76,12 @@ class OnLoopDaemon(Daemon):
 
 @contextmanager
 def _table_locked(url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    """The store's table locked against every read until exit."""
+    """The store's tables of calls and checkpoints locked against every read
+    until exit."""
     with psycopg.connect(url) as conn:
-        conn.execute("LOCK TABLE effectd_kv IN ACCESS EXCLUSIVE MODE")
+        conn.execute(
+            "LOCK TABLE effectd_calls, effectd_checkpoints IN ACCESS EXCLUSIVE MODE"
+        )
         try:
             yield conn
         finally:

@@ -60,9 +60,7 @@ def _get(key: bytes) -> Callable[[ReadView], bytes | None]:
 
 def _rows(url: str) -> list[tuple[object, ...]]:
     with psycopg.connect(url) as conn:
-        return conn.execute(
-            "SELECT k, v FROM effectd_kv WHERE tbl = 'checkpoints'"
-        ).fetchall()
+        return conn.execute("SELECT k, v FROM effectd_checkpoints").fetchall()
 
 
 def test_a_connection_killed_mid_transaction_is_retried_once_committed(
@@ -146,7 +144,7 @@ def test_a_statement_timeout_answers_unavailable_and_applies_nothing(
     # a loaded machine; the locked write waits it out.
     store = opened(_options(statement_timeout=3.0))
     with psycopg.connect(pg_url) as blocker:
-        blocker.execute("LOCK TABLE effectd_kv IN ACCESS EXCLUSIVE MODE")
+        blocker.execute("LOCK TABLE effectd_checkpoints IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(StorageUnavailable) as raised:
             store.submit(_put(b"stuck")).result(30)
         blocker.rollback()

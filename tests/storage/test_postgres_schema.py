@@ -39,12 +39,12 @@ def _no_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_migrate_creates_the_schema_once(
     bare_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The first run creates version 2; a second finds it there and changes
+    """The first run creates version 3; a second finds it there and changes
     nothing."""
     assert main(["migrate", "--store", bare_url]) == 0
-    assert "upgraded from schema version 0 to 2" in capsys.readouterr().out
+    assert "upgraded from schema version 0 to 3" in capsys.readouterr().out
     assert main(["migrate", "--store", bare_url]) == 0
-    assert "is at schema version 2" in capsys.readouterr().out
+    assert "is at schema version 3" in capsys.readouterr().out
 
 
 def test_migrate_reads_the_url_from_the_environment(
@@ -71,7 +71,7 @@ def test_a_daemon_refuses_a_database_without_the_schema(
     assert main(argv) == 2
     assert "effectd migrate --store URL" in capsys.readouterr().err
     with psycopg.connect(bare_url) as conn:
-        row = conn.execute("SELECT to_regclass('effectd_kv')").fetchone()
+        row = conn.execute("SELECT to_regclass('effectd_calls')").fetchone()
     assert row == (None,)
 
 
@@ -84,7 +84,7 @@ def test_a_daemon_and_migrate_refuse_a_newer_schema(
         conn.execute("UPDATE effectd_schema SET version = 99")
     argv = ["serve", "--data-dir", str(short_tmp / "d"), "--store", pg_url]
     assert main(argv) == 2
-    assert "schema version 99, newer than the version 2" in capsys.readouterr().err
+    assert "schema version 99, newer than the version 3" in capsys.readouterr().err
     assert main(["migrate", "--store", pg_url]) == 2
     assert "upgrade effectd" in capsys.readouterr().err
     with psycopg.connect(pg_url) as conn:
@@ -94,7 +94,7 @@ def test_a_daemon_and_migrate_refuse_a_newer_schema(
 def test_an_older_schema_is_refused_until_migrated(pg_url: str) -> None:
     with psycopg.connect(pg_url) as conn:
         conn.execute("UPDATE effectd_schema SET version = 0")
-        with pytest.raises(pg_schema.SchemaError, match="older than version 2"):
+        with pytest.raises(pg_schema.SchemaError, match="older than version 3"):
             pg_schema.check(conn)
 
 
@@ -189,17 +189,27 @@ def test_migrate_refuses_what_is_not_a_reachable_postgresql_url(
     assert "hunter22" not in err
 
 
-def test_a_version_1_schema_migrates_to_2_and_a_version_1_daemon_refuses_it(
-    pg_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_a_version_1_schema_migrates_to_3_and_an_older_daemon_refuses_it(
+    bare_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Version 2 brought plan rows, which a daemon of version 1 would leave
-    stale: migrating moves the version, so such a daemon refuses the store."""
-    with psycopg.connect(pg_url) as conn:
-        conn.execute("UPDATE effectd_schema SET version = 1")
-    assert main(["migrate", "--store", pg_url]) == 0
-    assert "upgraded from schema version 1 to 2" in capsys.readouterr().out
-    with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT version FROM effectd_schema").fetchone() == (2,)
-        monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 1)
-        with pytest.raises(pg_schema.SchemaError, match="newer than the version 1"):
+    """A store of version 1 (whose plan rows a later daemon must not trust)
+    is upgraded through 2 to 3; a daemon of an earlier version then refuses
+    it as newer."""
+    with psycopg.connect(bare_url) as conn:
+        conn.execute(pg_schema._CREATE_VERSION)
+        for statement in pg_schema.MIGRATIONS[1]:
+            conn.execute(
+                statement, pg_schema._PARAMETERS if "%(" in statement else None
+            )
+        conn.execute(
+            "INSERT INTO effectd_kv (tbl, k, v) VALUES ('plan_rows', 'ns', 'stale')"
+        )
+        conn.execute("INSERT INTO effectd_schema (version) VALUES (1)")
+    assert main(["migrate", "--store", bare_url]) == 0
+    assert "upgraded from schema version 1 to 3" in capsys.readouterr().out
+    with psycopg.connect(bare_url) as conn:
+        assert conn.execute("SELECT version FROM effectd_schema").fetchone() == (3,)
+        assert conn.execute("SELECT count(*) FROM effectd_calls").fetchone() == (0,)
+        monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
+        with pytest.raises(pg_schema.SchemaError, match="newer than the version 2"):
             pg_schema.check(conn)

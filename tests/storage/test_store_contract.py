@@ -81,17 +81,18 @@ def test_a_committed_write_is_read_back(store: Store) -> None:
 
 def test_scans_are_in_byte_order_by_prefix_and_after(store: Store) -> None:
     """Keys sort bytewise (0xFF after everything, NUL first); a scan yields
-    the prefix's keys only, strictly after `after`."""
+    the prefix's keys only, strictly after `after`. (In a table of values;
+    the index tables follow their records, `api.Table`.)"""
     keys = [b"a", b"a\x00", b"a\x00z", b"a\x01", b"a\xff", b"a\xff\xff", b"b", b"\xff"]
 
     def fill(view: WriteView) -> None:
         for i, key in enumerate(reversed(keys)):
-            view.put(Table.TOMBSTONE_TIMES, key, bytes([i]))
+            view.put(Table.PASSES, key, bytes([i]))
 
     store.submit(fill).result(10)
 
     def scan(prefix: bytes, after: bytes | None = None) -> list[bytes]:
-        return [k for k, _ in store.read(_scan(Table.TOMBSTONE_TIMES, prefix, after))]
+        return [k for k, _ in store.read(_scan(Table.PASSES, prefix, after))]
 
     assert scan(b"") == sorted(keys)
     assert scan(b"a") == keys[:6]
@@ -210,29 +211,34 @@ def test_a_key_longer_than_the_bound_is_refused(store: Store) -> None:
 def test_usage_counters_follow_every_put_and_delete(store: Store) -> None:
     """Stored bytes (key + value), open calls by the by-state index, and
     tombstone bytes are exact after puts, overwrites and deletes."""
-    open_key = records.state_prefix(State.STARTED) + b"ns\x00r\x00c"
+    started = _new_call("c")
+    key = records.call_key(started.ref)
+    done = dataclasses.replace(
+        started, state=State.COMMITTED, revision=started.revision + 1
+    )
 
     def first(view: WriteView) -> None:
         view.put(Table.CHECKPOINTS, b"ns\x00k", b"12345")
-        view.put(Table.CALLS, b"ns\x00r\x00c", b"abc")
-        view.put(Table.CALL_STATES, open_key, b"")
+        records.save_call(view, None, started)
         view.put(Table.TOMBSTONES, b"ns\x00t", b"xy")
 
     store.submit(first).result(10)
+    record = len(key) + len(records.encode_call(started))
     assert store.read(lambda v: usage.load(v, "ns")) == Usage(
-        open_calls=1, stored_bytes=4 + 5 + 6 + 3, tombstone_bytes=4 + 2
+        open_calls=1, stored_bytes=4 + 5 + record, tombstone_bytes=4 + 2
     )
 
     def second(view: WriteView) -> None:
         view.put(Table.CHECKPOINTS, b"ns\x00k", b"1")
-        view.delete(Table.CALL_STATES, open_key)
+        records.save_call(view, started, done)
         view.delete(Table.TOMBSTONES, b"ns\x00t")
 
     store.submit(second).result(10)
+    record = len(key) + len(records.encode_call(done))
     assert store.read(lambda v: usage.load(v, "ns")) == Usage(
-        open_calls=0, stored_bytes=4 + 1 + 6 + 3
+        open_calls=0, stored_bytes=4 + 1 + record
     )
-    assert store.read(usage.stored) == {"ns": Usage(stored_bytes=14)}
+    assert store.read(usage.stored) == {"ns": Usage(stored_bytes=5 + record)}
     assert store.read(usage.recount) == store.read(usage.stored)
 
 

@@ -37,7 +37,7 @@ def install(conn: psycopg.Connection[tuple[object, ...]]) -> None:
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
         ).fetchall()
         tables = sorted(str(name) for (name,) in found)
-        assert "effectd_kv" in tables, f"not a migrated store: {tables}"
+        assert "effectd_calls" in tables, f"not a migrated store: {tables}"
         conn.execute(_INSTALL)
         for table in tables:
             conn.execute(

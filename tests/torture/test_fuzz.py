@@ -314,7 +314,7 @@ def test_the_postgres_count_sees_every_committed_row_and_no_rolled_back_one(
     """The count that says a refusal wrote nothing on PostgreSQL counts each
     row a committed transaction inserted, updated or deleted, in any of the
     store's tables, and nothing of a transaction rolled back."""
-    kv = "INSERT INTO effectd_kv (tbl, k, v) VALUES ('meta', 'fz', 'x')"
+    kv = "INSERT INTO effectd_meta (k, v) VALUES ('fz', 'x')"
     with (
         pg_writes.counted(pg_url) as count,
         psycopg.connect(pg_url, autocommit=True) as conn,
@@ -325,10 +325,10 @@ def test_the_postgres_count_sees_every_committed_row_and_no_rolled_back_one(
             conn.execute("INSERT INTO effectd_usage (namespace, shard) VALUES ('n', 0)")
         assert count() == 2
         with contextlib.suppress(psycopg.errors.UniqueViolation), conn.transaction():
-            conn.execute("UPDATE effectd_kv SET v = 'y' WHERE k = 'fz'")
+            conn.execute("UPDATE effectd_meta SET v = 'y' WHERE k = 'fz'")
             conn.execute(kv)  # fails: the update rolls back with it
         assert count() == 2
-        conn.execute("UPDATE effectd_kv SET v = v WHERE k = 'fz'")
+        conn.execute("UPDATE effectd_meta SET v = v WHERE k = 'fz'")
         conn.execute("DELETE FROM effectd_usage")
         assert count() == 4
 

@@ -38,6 +38,12 @@ class PostgresOptions:
     # lost before COMMIT), and the seconds they may take together.
     max_attempts: int = 50
     retry_seconds: float = 10.0
+    # Executions of one statement after which the driver prepares it on the
+    # server (psycopg's `prepare_threshold`); None: never, for a pooler that
+    # hands each transaction another server connection (PgBouncer in
+    # transaction mode), where a statement prepared on one is unknown on the
+    # next.
+    prepare_threshold: int | None = 5
     # Shown in pg_stat_activity (the read pool's with "/reads" after it).
     application_name: str = "effectd"
     # Called by a writer after each commit with 1 and the seconds COMMIT took.

@@ -1,27 +1,31 @@
 """The PostgreSQL store's schema: its version, the migrations that create and
 upgrade it (`effectd migrate --store URL`), and the check a daemon makes at
-open, which refuses a schema it does not know.
+open, which refuses a schema it does not know, saying what to run.
 
-Every `api.Table` lives in one key-value table, `effectd_kv`, keyed by
-(table name, key): a table added to the enum needs no migration. Beside it:
-`effectd_usage`, the usage counters as rows sharded per writing connection
-(`sidecar.storage.postgres.store`), summed on read; the sequence of daemon
-incarnations (one per daemon that opens the store); and the sequence of
-checkpoint revisions, which never gives a number twice, whatever is deleted.
+Version 3 has one table per concept (`sidecar.storage.postgres.tables`);
+versions 1 and 2 kept every `api.Table` in one key-value table,
+`effectd_kv`. Beside them: `effectd_usage`, the usage counters as rows
+sharded per writing connection (`sidecar.storage.postgres.views`), summed on
+read; the sequence of daemon incarnations (one per daemon that opens the
+store); and the sequence of checkpoint revisions, which never gives a number
+twice, whatever is deleted.
 
 Tables are created unqualified, in the first schema of the connection's
 `search_path` (`?options=-csearch_path%3Dname` in the URL chooses another
-than `public`). A migration runs in one transaction under an advisory lock,
-so two `migrate` runs (two pods starting) apply it once.
+than `public`). The steps up to version 2 run in one transaction under an
+advisory lock, so two `migrate` runs (two pods starting) apply them once.
+The step to version 3 copies the rows (`sidecar.storage.postgres.upgrade`):
+it runs in transactions of its own, resumable, as that module says.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from sidecar.storage import usage
 from sidecar.storage.api import FormatError
+from sidecar.storage.postgres import upgrade
 
 if TYPE_CHECKING:
     # Imported where a connection is made: a daemon of the LMDB store, and
@@ -32,7 +36,9 @@ if TYPE_CHECKING:
 # 2: plan rows (`storage.plan_rows`), which a daemon of version 1 would leave
 # stale (a row would answer for an older record): it must not open the
 # store. Records committed before have none and are recovered the long way.
-SCHEMA_VERSION = 2
+# 3: one table per concept (`storage.postgres.tables`), which a daemon of
+# version 2 does not read.
+SCHEMA_VERSION = 3
 # pg_advisory_xact_lock key of migrations: "effectd" in ASCII.
 _MIGRATION_LOCK = 0x65_66_66_65_63_74_64
 
@@ -70,6 +76,8 @@ MIGRATIONS: Mapping[int, tuple[str, ...]] = {
     ),
     # Only the version moves: no daemon of version 1 writes plan rows.
     2: ("DELETE FROM effectd_kv WHERE tbl = 'plan_rows'",),
+    # The tables; their rows are copied by `upgrade.copy`.
+    3: upgrade.CREATE,
 }
 _PARAMETERS = {"counted": usage.COUNTED_KEY}
 
@@ -78,13 +86,17 @@ class SchemaError(FormatError):
     """The database holds no effectd schema, or one of another version."""
 
 
-def _version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
-    """The schema version, or None when the database has none."""
+def _version(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, int] | None:
+    """The schema version and the version a migration to it started from and
+    has not finished (0: none), or None when the database has none."""
     row = conn.execute("SELECT to_regclass('effectd_schema') IS NOT NULL").fetchone()
     if row is None or not row[0]:
         return None
-    found = conn.execute("SELECT version FROM effectd_schema").fetchone()
-    return None if found is None else int(str(found[0]))
+    found = conn.execute(
+        "SELECT version, coalesce((to_jsonb(s) ->> 'migrating_from')::int, 0) "
+        "FROM effectd_schema s"
+    ).fetchone()
+    return None if found is None else (int(str(found[0])), int(str(found[1])))
 
 
 def _newer(found: int) -> SchemaError:
@@ -94,9 +106,18 @@ def _newer(found: int) -> SchemaError:
     )
 
 
-def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, int]:
-    """Creates or upgrades the schema in one transaction; returns the version
-    found (0: none) and the version now.
+def migrate(
+    conn: psycopg.Connection[tuple[object, ...]],
+    *,
+    chunk: int = upgrade.CHUNK,
+    on_chunk: Callable[[int], None] | None = None,
+) -> tuple[int, int]:
+    """Creates or upgrades the schema; returns the version found (0: none)
+    and the version now. The steps to version 2 run in one transaction; the
+    step to 3 marks the schema migrating (no daemon opens it), copies the
+    rows `chunk` at a time (`on_chunk` is called with the rows copied after
+    each chunk's commit), then drops the old table: run again after a crash,
+    it copies again and finishes.
 
     Raises:
         SchemaError: the schema is newer than this effectd knows (nothing is
@@ -105,19 +126,32 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, int]:
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
         conn.execute(_CREATE_VERSION)
-        found = _version(conn) or 0
+        conn.execute(
+            "ALTER TABLE effectd_schema ADD COLUMN IF NOT EXISTS migrating_from integer"
+        )
+        found, migrating = _version(conn) or (0, 0)
         if found > SCHEMA_VERSION:
             raise _newer(found)
         for version in range(found + 1, SCHEMA_VERSION + 1):
+            if version == 3:
+                upgrade.start(conn)
             for statement in MIGRATIONS[version]:
                 params = _PARAMETERS if "%(" in statement else None
                 conn.execute(statement, params)
-        conn.execute(
-            "INSERT INTO effectd_schema (version) VALUES (%(v)s) "
-            "ON CONFLICT (singleton) DO UPDATE SET version = %(v)s, "
-            "migrated_at = now()",
-            {"v": SCHEMA_VERSION},
-        )
+        if found < SCHEMA_VERSION:
+            migrating = found
+            conn.execute(
+                "INSERT INTO effectd_schema (version, migrating_from) "
+                "VALUES (%(v)s, %(m)s) ON CONFLICT (singleton) DO UPDATE SET "
+                "version = %(v)s, migrating_from = %(m)s, migrated_at = now()",
+                {"v": SCHEMA_VERSION, "m": migrating},
+            )
+    if migrating:
+        upgrade.copy(conn, chunk=chunk, on_chunk=on_chunk)
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            upgrade.finish(conn)
+            conn.execute("UPDATE effectd_schema SET migrating_from = NULL")
     return found, SCHEMA_VERSION
 
 
@@ -136,10 +170,17 @@ def check(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     Raises:
         SchemaError: the schema is not this effectd's.
     """
-    found = _version(conn)
-    if found is None:
+    version = _version(conn)
+    if version is None:
         raise SchemaError(
             "the database has no effectd schema: create it with "
+            "`effectd migrate --store URL`"
+        )
+    found, migrating = version
+    if migrating and found == SCHEMA_VERSION:
+        raise SchemaError(
+            f"the database's migration from effectd schema version {migrating} "
+            f"to {found} has not finished: finish it with "
             "`effectd migrate --store URL`"
         )
     if found > SCHEMA_VERSION:

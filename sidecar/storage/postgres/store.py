@@ -153,7 +153,11 @@ class PostgresStore:
             url,
             min_size=1,
             max_size=size,
-            kwargs={"autocommit": autocommit, "application_name": name},
+            kwargs={
+                "autocommit": autocommit,
+                "application_name": name,
+                "prepare_threshold": o.prepare_threshold,
+            },
             configure=configure,
             timeout=o.pool_timeout,
             reconnect_timeout=o.reconnect_seconds,
