@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check chromium node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
+.PHONY: help run test test-fast check chromium pgbouncer node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ check: $(DEV_INSTALLED)
 ## TEST_WORKERS workers, then the tests marked serial (many processes racing,
 ## deadlines under load) alone, one coverage report for both
 TEST_WORKERS ?= 2
-test: check chromium
+test: check chromium pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" \
 	  --cov --cov-report= --cov-fail-under=0 $(PYTEST_ARGS)
 	$(PY) -m pytest -m serial --cov --cov-append --cov-report=term $(PYTEST_ARGS)
@@ -55,8 +55,13 @@ test: check chromium
 chromium:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
 
+## pgbouncer: Debian's PgBouncer, which the tests of the PostgreSQL store through a
+## pooler (tests/support/pgbouncer.py) start in transaction mode
+pgbouncer:
+	test -x /usr/sbin/pgbouncer || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer)
+
 ## test-fast: the inner loop: every test not marked slow; no checks, no coverage
-test-fast: $(DEV_INSTALLED)
+test-fast: $(DEV_INSTALLED) pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
 ## node-test: the Node client's tests against a real daemon (needs node and npm), twice:
