@@ -172,9 +172,13 @@ bench-scale: $(INSTALLED)
 ## callers, first executions and duplicates validated per key, and effectd on 1 to 4
 ## daemons at 32 callers, ratios in one run; then what one call sends the database
 ## (commits, statements, WAL, CPU); databases of their own on EFFECTD_BENCH_POSTGRES,
-## dropped after (about ten minutes)
+## dropped after; the fast setting by default (2 rounds), SHARED_DEEP=1 the deep one
+## (5 rounds of three times the keys); the plot of calls/s against daemons goes
+## to SHARED_PLOT (matplotlib of the bench venv)
+SHARED_DEEP ?=
+SHARED_PLOT ?= docs/shared-scale.png
 bench-shared: $(INSTALLED)
-	$(PY) bench/versus_dbos.py $(ARGS)
+	$(PY) bench/versus_dbos.py $(if $(SHARED_DEEP),--deep) --plot $(SHARED_PLOT) $(ARGS)
 	$(PY) bench/pg_cost.py
 
 ## image-test: build the container image with podman and probe it (opt-in; root,
