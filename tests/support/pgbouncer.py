@@ -134,9 +134,12 @@ def _start(
             *(["-u", RUN_AS] if as_root else []),
             str(directory / "pgbouncer.ini"),
         ]
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        # Its output goes to a file: a pipe nobody reads fills up under a
+        # burst of errors (a database restart) and blocks PgBouncer whole.
+        with (directory / "stderr.txt").open("wb") as output:
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=output
+            )
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline and process.poll() is None:
             if _answers(listen):
@@ -146,10 +149,10 @@ def _start(
         log = directory / "pgbouncer.log"
         text = log.read_text(errors="replace") if log.exists() else ""
         if "Address already in use" not in text:
-            assert process.stderr is not None
+            stderr = (directory / "stderr.txt").read_text(errors="replace")
             pytest.fail(
                 f"pgbouncer did not start ({' '.join(command)}): "
-                f"{process.stderr.read().decode(errors='replace')}{text[-2000:]}"
+                f"{stderr[-2000:]}{text[-2000:]}"
             )
     pytest.fail("pgbouncer found no free port")
 
@@ -163,8 +166,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
-    if process.stderr is not None:
-        process.stderr.close()
 
 
 @contextmanager
