@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 
-.PHONY: help run test test-fast check unasync chromium node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
+.PHONY: help run test test-fast check unasync chromium pgbouncer node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,7 @@ unasync: $(DEV_INSTALLED)
 ## TEST_WORKERS workers, then the tests marked serial (many processes racing,
 ## deadlines under load) alone, one coverage report for both
 TEST_WORKERS ?= 2
-test: check chromium
+test: check chromium pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" \
 	  --cov --cov-report= --cov-fail-under=0 $(PYTEST_ARGS)
 	$(PY) -m pytest -m serial --cov --cov-append --cov-report=term $(PYTEST_ARGS)
@@ -62,8 +62,13 @@ test: check chromium
 chromium:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
 
+## pgbouncer: Debian's PgBouncer, which the tests of the PostgreSQL store through a
+## pooler (tests/support/pgbouncer.py) start in transaction mode
+pgbouncer:
+	test -x /usr/sbin/pgbouncer || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer)
+
 ## test-fast: the inner loop: every test not marked slow; no checks, no coverage
-test-fast: $(DEV_INSTALLED)
+test-fast: $(DEV_INSTALLED) pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
 ## node-test: the Node client's tests against a real daemon (needs node and npm), twice:
@@ -174,9 +179,13 @@ bench-scale: $(INSTALLED)
 ## callers, first executions and duplicates validated per key, and effectd on 1 to 4
 ## daemons at 32 callers, ratios in one run; then what one call sends the database
 ## (commits, statements, WAL, CPU); databases of their own on EFFECTD_BENCH_POSTGRES,
-## dropped after (about ten minutes)
+## dropped after; the fast setting by default (2 rounds), SHARED_DEEP=1 the deep one
+## (5 rounds of three times the keys); the plot of calls/s against daemons goes
+## to SHARED_PLOT (matplotlib of the bench venv)
+SHARED_DEEP ?=
+SHARED_PLOT ?= docs/shared-scale.png
 bench-shared: $(INSTALLED)
-	$(PY) bench/versus_dbos.py $(ARGS)
+	$(PY) bench/versus_dbos.py $(if $(SHARED_DEEP),--deep) --plot $(SHARED_PLOT) $(ARGS)
 	$(PY) bench/pg_cost.py
 
 ## image-test: build the container image with podman and probe it (opt-in; root,

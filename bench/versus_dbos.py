@@ -23,7 +23,13 @@ sides' database backends (/proc; DBOS runs inside its callers, whose CPU is
 not counted), and effectd's serialization re-runs per write commit (the
 server's log, when readable).
 
-    python bench/versus_dbos.py [--rounds 3] [--no-dbos]
+The fast default (`make bench-shared`) runs 2 rounds of few keys; `--deep`
+runs 5 rounds of three times as many. `--json` writes the medians,
+`--plot` draws calls/s and p99 against daemons at 32 callers (a PNG, with
+matplotlib of the bench venv: `bench/shared_plot.py`). Ratios are printed,
+never asserted.
+
+    python bench/versus_dbos.py [--deep] [--no-dbos] [--json F] [--plot F.png]
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from pg_cost import SERVER, Probe, _cpu_ms, _url, wal_kept
 from sidecar.storage.postgres import schema
 
 HERE = Path(__file__).resolve().parent
-PINS = ("dbos==3.4.0", "psycopg[binary]==3.3.9")
+# The bench venv: DBOS, its driver, and matplotlib for `--plot`.
+PINS = ("dbos==3.4.0", "psycopg[binary]==3.3.9", "matplotlib==3.11.2")
 _Conn = psycopg.Connection[tuple[object, ...]]
 
 
@@ -232,11 +239,14 @@ def _median(phases: list[Phase], what: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--keys-1", type=int, default=300, help="keys of 1 caller")
-    parser.add_argument("--keys-16", type=int, default=25, help="keys per caller")
-    parser.add_argument("--keys-32", type=int, default=15, help="keys per caller")
+    parser.add_argument("--deep", action="store_true", help="5 rounds, 3x the keys")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--keys-1", type=int, default=None, help="keys of 1 caller")
+    parser.add_argument("--keys-16", type=int, default=None, help="keys per caller")
+    parser.add_argument("--keys-32", type=int, default=None, help="keys per caller")
     parser.add_argument("--no-dbos", action="store_true")
+    parser.add_argument("--json", type=Path, help="the medians, as JSON")
+    parser.add_argument("--plot", type=Path, help="calls/s against daemons, PNG")
     parser.add_argument(
         "--state",
         type=Path,
@@ -247,6 +257,16 @@ def main() -> int:
         help="where the DBOS venv is kept (outside the repository)",
     )
     args = parser.parse_args()
+    scale = 3 if args.deep else 1
+    for name, fast in (
+        ("rounds", 2),
+        ("keys_1", 150),
+        ("keys_16", 15),
+        ("keys_32", 10),
+    ):
+        if getattr(args, name) is None:
+            deep = 5 if name == "rounds" else fast * scale
+            setattr(args, name, deep if args.deep else fast)
     names = {side: f"effectd_vs_{side}_{secrets.token_hex(3)}" for side in ("e", "d")}
     with psycopg.connect(SERVER, autocommit=True) as admin:
         for name in names.values():
@@ -277,7 +297,7 @@ def _bench(
             _daemon(f"{tmp}/pg{i}", "--store", e_url, "--daemon-id", f"pg{i}")
         )
     pids = [d.pid for d in bench.daemons]
-    if not args.no_dbos:
+    if not args.no_dbos or args.plot is not None:
         bench.dbos_python = ensure_venv(args.state / "venv")
     print(
         f"effectd against DBOS Transact ({PINS[0]}) on one PostgreSQL; "
@@ -311,6 +331,42 @@ def _bench(
             for d in bench.daemons:
                 d.wait(timeout=30)
     _print(results, reruns)
+    summary = _summary(results, reruns)
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    if args.plot is not None:
+        data = tmp / "shared.json"
+        data.write_text(json.dumps(summary))
+        subprocess.run(
+            [
+                str(bench.dbos_python),
+                str(HERE / "shared_plot.py"),
+                str(data),
+                str(args.plot),
+            ],
+            check=True,
+        )
+        print(f"plot: {args.plot}")
+
+
+def _summary(
+    results: dict[tuple[str, str, int], list[Phase]], reruns: dict[int, list[float]]
+) -> dict[str, object]:
+    """The medians of every point, and the re-runs, for `--json` and `--plot`."""
+    points = []
+    for (name, phase, callers), phases in results.items():
+        point: dict[str, object] = {"point": name, "phase": phase, "callers": callers}
+        for what in ("ops_s", "p50", "p99", *phases[0].costs):
+            point[what] = _median(phases, what)
+        point["ops_s_rounds"] = [p.ops_s for p in phases]
+        points.append(point)
+    return {
+        "points": points,
+        "reruns_per_write": {
+            str(d): statistics.median(v) for d, v in sorted(reruns.items())
+        },
+        "loadavg": os.getloadavg(),
+    }
 
 
 def _round(

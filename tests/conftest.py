@@ -1,7 +1,8 @@
 """Shared fixtures: a real daemon on a temporary Unix socket, real LMDB, or
 the shared PostgreSQL store: `store_kind` says which (LMDB unless
 EFFECTD_TEST_STORE=postgres; a module that overrides it with both runs its
-tests on each)."""
+tests on each; "pgbouncer" is the PostgreSQL store reached through a
+PgBouncer in transaction mode)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from effectd_client import Client
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
-from tests.support import postgres
+from tests.support import pgbouncer, postgres
 
 
 @pytest.fixture
@@ -53,6 +54,29 @@ def pg_url(pg_database: str) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def pg_bouncer() -> Iterator[pgbouncer.Bouncer]:
+    """A PgBouncer in transaction mode in front of the tests' server, for
+    this test process (`tests.support.pgbouncer`)."""
+    with pgbouncer.bouncer(*pgbouncer.server_of(postgres.SERVER_URL)) as running:
+        yield running
+
+
+@pytest.fixture(params=postgres.PATHS)
+def pg_path(request: pytest.FixtureRequest) -> str:
+    """How a test reaches its store: "direct", or "pgbouncer" (transaction
+    pooling); a test that takes it runs both ways."""
+    return str(request.param)
+
+
+@pytest.fixture
+def pg_url_via(pg_url: str, pg_path: str, request: pytest.FixtureRequest) -> str:
+    """`pg_url`, reached the way `pg_path` says."""
+    if pg_path == "pgbouncer":
+        return pgbouncer.through(pg_url, request.getfixturevalue("pg_bouncer"))
+    return pg_url
+
+
 @pytest.fixture
 def store_kind() -> str:
     """The store the `config` fixture's daemon serves: "lmdb" or "postgres"."""
@@ -64,6 +88,9 @@ def store_url(store_kind: str, request: pytest.FixtureRequest) -> str | None:
     """`--store` of the `config` fixture: None for LMDB."""
     if store_kind == "postgres":
         return str(request.getfixturevalue("pg_url"))
+    if store_kind == "pgbouncer":
+        url = str(request.getfixturevalue("pg_url"))
+        return pgbouncer.through(url, request.getfixturevalue("pg_bouncer"))
     return None
 
 

@@ -56,7 +56,7 @@ def _store_args(store_url: str | None) -> tuple[str, ...]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("store_kind", postgres.BOTH)
+@pytest.mark.parametrize("store_kind", postgres.WITH_BOUNCER)
 def test_commits_survive_kill_9_and_started_calls_become_unknown(
     short_tmp: Path, store_url: str | None
 ) -> None:
@@ -134,7 +134,7 @@ def _commit_in_session(target: str, call_ids: list[str]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("store_kind", postgres.BOTH)
+@pytest.mark.parametrize("store_kind", postgres.WITH_BOUNCER)
 def test_commits_answered_on_a_session_survive_kill_9(
     short_tmp: Path, store_url: str | None
 ) -> None:

@@ -4,6 +4,10 @@ client processes spread over them send the same prepare-and-start at once,
 round after round. Exactly one caller per round holds the attempt, every
 other one is told IN_PROGRESS, and each call ends with one attempt.
 
+Run twice: the daemons reaching PostgreSQL directly, and through PgBouncer
+in transaction mode (`pg_path`), which hands each transaction any server
+connection of its pool.
+
 The negative control is the same three daemons on a store whose writes run
 under READ COMMITTED (`tests.support.loose_store`): the same check catches
 more than one EXECUTE in some round. `EFFECTD_RACE_ROUNDS` sets the rounds
@@ -87,10 +91,10 @@ def _not_started_once(target: str, rounds: int) -> list[str]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", MODES)
 def test_three_daemons_grant_one_attempt_per_round(
-    short_tmp: Path, pg_url: str, mode: str
+    short_tmp: Path, pg_url_via: str, mode: str
 ) -> None:
     """Per round, exactly one of 32 callers on 3 daemons gets EXECUTE (ADR-010 D3)."""
-    outcomes, not_started_once = _race(short_tmp, pg_url, "sidecar", mode, ROUNDS)
+    outcomes, not_started_once = _race(short_tmp, pg_url_via, "sidecar", mode, ROUNDS)
     assert racers.violations(outcomes, ROUNDS, WORKERS) == []
     assert racers.counts(outcomes) == {
         "DECISION_EXECUTE": ROUNDS,

@@ -12,7 +12,9 @@ executions follow it) and answer a fresh call at the end. The negative
 control, a daemon that answers before COMMIT
 (`tests.support.pg_ack_before_commit`) on a database of its own, serves its
 own agents under the same faults in the same test: the same check must
-catch it.
+catch it. Beside them, the same daemons reaching the cluster through
+PgBouncer in transaction mode (`tests.support.pgbouncer`), on a database of
+their own: PgBouncer stays up while the cluster goes away and comes back.
 
 A private cluster (`tests.support.pg_cluster`), never the shared server
 other tests use; it fails, never skips, when it cannot be started.
@@ -38,6 +40,7 @@ import pytest
 
 from effectd_client import Client, Run, State
 from sidecar.storage.postgres import schema as pg_schema
+from tests.support import pgbouncer
 from tests.support.pg_cluster import PrivateCluster, private_cluster
 from tests.support.processes import ROOT, DaemonProcess
 
@@ -156,6 +159,8 @@ class Ledger:
     daemons: int
     tmp: Path
     url: str = ""
+    # Reached through this PgBouncer (None: directly).
+    bouncer: pgbouncer.Bouncer | None = None
     processes: list[DaemonProcess] = field(default_factory=list)
     clients: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     outcome: Outcome = field(default_factory=Outcome)
@@ -245,6 +250,8 @@ def _under_faults(
             ledger.tmp.mkdir()
             suffix = ledger.tmp.parent.name.replace("-", "_")
             ledger.url = _database(cluster, f"{ledger.name}_{suffix}")
+            if ledger.bouncer is not None:
+                ledger.url = pgbouncer.through(ledger.url, ledger.bouncer)
         _start_daemons(stack, ledgers)
         for ledger in ledgers:
             _start_clients(stack, ledger, stop)
@@ -269,21 +276,27 @@ def _under_faults(
 def test_restarts_lose_no_commit_and_execute_nothing_twice(
     cluster: PrivateCluster, short_tmp: Path
 ) -> None:
-    """With, beside it under the same faults, the negative control: a daemon
-    answering before COMMIT (`tests.support.pg_ack_before_commit`) on a
-    database of its own, which the same check must catch."""
-    sound = Ledger("sound", "sidecar", DAEMONS, short_tmp / "sound")
-    broken = Ledger(
-        "broken", "tests.support.pg_ack_before_commit", 1, short_tmp / "broken"
-    )
-    seed = random.randrange(1 << 32)  # noqa: S311 - a test seed
-    assert _under_faults(cluster, [sound, broken], seed) == list(FAULTS)
-    outcome = sound.outcome
-    assert outcome.lost == []
-    assert outcome.twice == []
-    assert outcome.unclassified == []
-    assert outcome.stalled == []
-    assert outcome.fresh == [""] * DAEMONS
-    assert outcome.acknowledged > 0
+    """Directly and through PgBouncer; with, beside them under the same
+    faults, the negative control: a daemon answering before COMMIT
+    (`tests.support.pg_ack_before_commit`) on a database of its own, which
+    the same check must catch."""
+    with pgbouncer.bouncer("127.0.0.1", cluster.port) as bouncer:
+        sound = Ledger("sound", "sidecar", DAEMONS, short_tmp / "sound")
+        pooled = Ledger(
+            "pooled", "sidecar", DAEMONS, short_tmp / "pooled", bouncer=bouncer
+        )
+        broken = Ledger(
+            "broken", "tests.support.pg_ack_before_commit", 1, short_tmp / "broken"
+        )
+        seed = random.randrange(1 << 32)  # noqa: S311 - a test seed
+        ledgers = [sound, pooled, broken]
+        assert _under_faults(cluster, ledgers, seed) == list(FAULTS)
+    for outcome in (sound.outcome, pooled.outcome):
+        assert outcome.lost == []
+        assert outcome.twice == []
+        assert outcome.unclassified == []
+        assert outcome.stalled == []
+        assert outcome.fresh == [""] * DAEMONS
+        assert outcome.acknowledged > 0
     # The negative control.
     assert broken.outcome.lost != [] or broken.outcome.twice != []

@@ -2,7 +2,10 @@
 connections are terminated again and again (`pg_terminate_backend`, what a
 database restart does to it): no acknowledged commit is lost, no call is
 answered EXECUTE twice, and every error a client sees is UNAVAILABLE /
-STORAGE_UNAVAILABLE saying whether the request may have been applied."""
+STORAGE_UNAVAILABLE saying whether the request may have been applied.
+Run twice: the daemon reaching PostgreSQL directly, and through PgBouncer
+in transaction mode (`pg_path`), whose server connections are the ones
+terminated."""
 
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ def _work(stub: ToolLedgerStub, worker: int, tally: Tally) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_terminated_connections_lose_no_commit_and_execute_nothing_twice(
-    config: ServeConfig, pg_url: str, pg_database: str, clock: ManualClock
+    config: ServeConfig, pg_url_via: str, pg_database: str, clock: ManualClock
 ) -> None:
     seed = random.randrange(1 << 32)  # noqa: S311 - a test seed
     print(f"seed {seed}")
@@ -100,7 +103,7 @@ def test_terminated_connections_lose_no_commit_and_execute_nothing_twice(
             kills += postgres.terminate("effectd", pg_database)
 
     with (
-        running_daemon(replace(config, store=pg_url), clock) as daemon,
+        running_daemon(replace(config, store=pg_url_via), clock) as daemon,
         grpc.insecure_channel(daemon.target) as channel,
     ):
         stub = ToolLedgerStub(channel)

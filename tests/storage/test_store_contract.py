@@ -27,17 +27,20 @@ from sidecar.storage.keys import KeyTooLong
 from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.services import support
-from tests.support import postgres
+from tests.support import pgbouncer, postgres
 
 OPTIONS = PostgresOptions(readers=2)
 
 
-@pytest.fixture(params=postgres.BOTH)
+@pytest.fixture(params=postgres.WITH_BOUNCER)
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Store]:
-    """Opens the test's store (again: the same data); the kind is the param."""
+    """Opens the test's store (again: the same data); the kind is the param
+    (PostgreSQL reached directly, or through PgBouncer in transaction mode)."""
     if request.param == "lmdb":
         return lambda: LmdbStore(tmp_path / "data")
     url = str(request.getfixturevalue("pg_url"))
+    if request.param == "pgbouncer":
+        url = pgbouncer.through(url, request.getfixturevalue("pg_bouncer"))
     return lambda: PostgresStore(url, OPTIONS)
 
 

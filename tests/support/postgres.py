@@ -26,6 +26,10 @@ SERVER_URL = os.environ.get("EFFECTD_TEST_POSTGRES", "postgresql://127.0.0.1:543
 # says "postgres" (the whole suite on the shared store).
 DEFAULT_STORE = os.environ.get("EFFECTD_TEST_STORE", "lmdb")
 BOTH = ("lmdb", "postgres")
+# The stores, and the PostgreSQL store through PgBouncer (`tests.support.pgbouncer`).
+WITH_BOUNCER = (*BOTH, "pgbouncer")
+# How a test of the PostgreSQL store reaches it (the `pg_path` fixture).
+PATHS = ("direct", "pgbouncer")
 
 
 def _with_database(url: str, database: str) -> str:

@@ -56,9 +56,13 @@ def rollback(conn: _Conn) -> None:
 
 
 def connection_lost(exc: psycopg.Error) -> bool:
-    """The connection is gone (closed by the server, the network, a restart)."""
-    return isinstance(exc, pg_errors.AdminShutdown | pg_errors.CrashShutdown) or (
-        isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+    """The connection is gone (closed by the server, the network, a restart,
+    or a pooler: PgBouncer ends a client's connection whose server connection
+    broke with an error of its own, SQLSTATE 08P01 "server conn crashed?")."""
+    if isinstance(exc, pg_errors.AdminShutdown | pg_errors.CrashShutdown):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and (
+        exc.sqlstate is None or exc.sqlstate.startswith("08")
     )
 
 

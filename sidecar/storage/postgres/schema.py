@@ -156,10 +156,20 @@ def migrate(
 
 
 def migrate_url(url: str) -> tuple[int, int]:
-    """`migrate` on a new connection to `url`."""
+    """`migrate` on a new connection to `url` (through a transaction pooler
+    too: `connecting`)."""
     import psycopg  # noqa: PLC0415
 
-    with psycopg.connect(url, autocommit=False, connect_timeout=10) as conn:
+    from sidecar.storage.postgres import connecting  # noqa: PLC0415
+
+    target = connecting.parse(url)
+    with psycopg.connect(
+        target.conninfo,
+        autocommit=False,
+        connect_timeout=10,
+        prepare_threshold=target.prepare_threshold,
+    ) as conn:
+        connecting.begin(conn, target.settings)
         return migrate(conn)
 
 

@@ -37,6 +37,7 @@ from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point
 from sidecar.storage import calls, usage
 from sidecar.storage.api import CallWrite, ReadView, WriteView
+from sidecar.storage.postgres import connecting
 from sidecar.storage.postgres import schema as pg_schema
 from sidecar.storage.postgres.faults import (
     CONFLICTS,
@@ -90,24 +91,25 @@ class PostgresStore:
 
     def __init__(self, url: str, options: PostgresOptions | None = None) -> None:
         self.options = o = options or PostgresOptions()
+        # The URL's `pooler` (`connecting`): behind a transaction pooler no
+        # setting or prepared statement outlives a transaction.
+        self._target = target = connecting.parse(url)
         self.stats = PgStats()
         self._stats_lock = threading.Lock()
         self._closing = threading.Lock()
         self._closed = False
-        self._writes = self._pool(
-            url, "writes", o.writers, configure=self._configure_writer
-        )
-        self._reads = self._pool(
-            url, "reads", o.readers, configure=self._configure_reader
-        )
+        self._writes = self._pool("writes", o.writers, self._configure_writer)
+        self._reads = self._pool("reads", o.readers, self._configure_reader)
         # Point reads: each statement on its own snapshot, with no transaction
         # around it (one statement where a snapshot costs BEGIN and ROLLBACK).
-        self._points = self._pool(
-            url,
-            "points",
-            o.readers,
-            configure=self._configure_points,
-            autocommit=True,
+        # Behind a transaction pooler a statement outside a transaction could
+        # not carry its settings: point reads are snapshot reads there.
+        self._points = (
+            self._reads
+            if target.per_transaction
+            else self._pool(
+                "points", o.readers, self._configure_points, autocommit=True
+            )
         )
         self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
         self._writers = [
@@ -119,8 +121,12 @@ class PostgresStore:
                 writer.start()
             self._writes.open(wait=True, timeout=o.pool_timeout)
             self._reads.open(wait=True, timeout=o.pool_timeout)
-            self._points.open(wait=True, timeout=o.pool_timeout)
+            if self._points is not self._reads:
+                self._points.open(wait=True, timeout=o.pool_timeout)
             with self._writes.connection() as conn:
+                if target.pooler == "none":
+                    connecting.check_direct(conn)
+                self._begin(conn, read_only=False)
                 pg_schema.check(conn)
                 row = conn.execute("SELECT nextval('effectd_incarnation')").fetchone()
                 conn.commit()
@@ -138,11 +144,10 @@ class PostgresStore:
 
     def _pool(
         self,
-        url: str,
         use: str,
         size: int,
-        *,
         configure: Callable[[_Conn], None],
+        *,
         autocommit: bool = False,
     ) -> ConnectionPool[_Conn]:
         """A pool named for its `use`, shown in pg_stat_activity as
@@ -150,13 +155,18 @@ class PostgresStore:
         o = self.options
         name = o.application_name + ("" if use == "writes" else "/" + use)
         return ConnectionPool(
-            url,
+            self._target.conninfo,
             min_size=1,
             max_size=size,
             kwargs={
                 "autocommit": autocommit,
                 "application_name": name,
-                "prepare_threshold": o.prepare_threshold,
+                # Off behind a transaction pooler, whatever the options say.
+                "prepare_threshold": (
+                    None
+                    if self._target.prepare_threshold is None
+                    else o.prepare_threshold
+                ),
             },
             configure=configure,
             timeout=o.pool_timeout,
@@ -165,18 +175,32 @@ class PostgresStore:
             open=False,
         )
 
-    def _configure(self, conn: _Conn, *, read_only: bool) -> None:
+    def _settings(self, *, read_only: bool) -> list[connecting.Setting]:
+        """The settings of the store's transactions."""
+        settings: list[connecting.Setting] = []
         if not read_only:
             # Every query here is a key lookup or a key range. Under
             # SERIALIZABLE a sequential scan (which the planner prefers on a
             # small table) locks the whole table against every concurrent
             # writer; an index scan locks only the pages it reads.
-            conn.execute("SELECT set_config('enable_seqscan', 'off', false)")
+            settings.append(("enable_seqscan", "off"))
         if self.options.statement_timeout is not None:
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, false)",
-                (f"{int(self.options.statement_timeout * 1000)}ms",),
-            )
+            timeout = f"{int(self.options.statement_timeout * 1000)}ms"
+            settings.append(("statement_timeout", timeout))
+        return settings
+
+    def _begin(self, conn: _Conn, *, read_only: bool) -> None:
+        """Behind a transaction pooler: starts the transaction with its
+        settings and the URL's (`connecting.begin`); otherwise nothing (the
+        connection was configured once)."""
+        if self._target.per_transaction:
+            settings = self._settings(read_only=read_only)
+            connecting.begin(conn, [*self._target.settings, *settings])
+
+    def _configure(self, conn: _Conn, *, read_only: bool) -> None:
+        if not self._target.per_transaction:
+            for name, value in self._settings(read_only=read_only):
+                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         conn.commit()
         conn.isolation_level = (
             psycopg.IsolationLevel.REPEATABLE_READ if read_only else self.isolation
@@ -190,11 +214,8 @@ class PostgresStore:
         self._configure(conn, read_only=True)
 
     def _configure_points(self, conn: _Conn) -> None:
-        if self.options.statement_timeout is not None:
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, false)",
-                (f"{int(self.options.statement_timeout * 1000)}ms",),
-            )
+        for name, value in self._settings(read_only=True):
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 
     @property
     def incarnation(self) -> int:
@@ -218,7 +239,7 @@ class PostgresStore:
         """`fn`, a read of a few keys (`api.ReadsPoints`), each statement on
         its own snapshot, outside any transaction: a one-key read is one
         statement."""
-        return self._read(self._points, fn, snapshot=False)
+        return self._read(self._points, fn, snapshot=self._target.per_transaction)
 
     def _read(
         self,
@@ -237,6 +258,11 @@ class PostgresStore:
             try:
                 with pool.connection() as conn:
                     try:
+                        if snapshot:
+                            try:
+                                self._begin(conn, read_only=True)
+                            except psycopg.Error as exc:
+                                raise DatabaseFailed(exc) from exc
                         return fn(PgReadView(conn))
                     finally:
                         if snapshot:
@@ -355,6 +381,7 @@ class PostgresStore:
         outcomes: list[_Outcome] = []
         written = Batch()
         try:
+            self._begin(conn, read_only=False)
             self._at(Point.PG_BEFORE_APPLY, batch)
             for index, (fn, future) in enumerate(batch):
                 if index:
@@ -387,7 +414,9 @@ class PostgresStore:
         except CONFLICTS as exc:
             raise Again(str(exc)) from None
         except psycopg.Error as exc:
-            if not connection_lost(exc):
+            # A connection that broke with its COMMIT (whatever the error
+            # said: a server's FATAL, a pooler's own) may have committed.
+            if not (connection_lost(exc) or conn.broken):
                 raise Failed(f"COMMIT failed: {exc}", applied=False) from None
             if self._committed(xid, exc, len(batch)):
                 return outcomes
@@ -449,7 +478,8 @@ class PostgresStore:
                 writer.join()
         self._writes.close()
         self._reads.close()
-        self._points.close()
+        if self._points is not self._reads:
+            self._points.close()
 
     def backup(self, path: Path) -> int:
         raise NotImplementedYet(
