@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from effectd_client import Client, State
+from effectd_client import AsyncClient, Client, State
 from tests.adapters import world
 from tests.adapters.child import spec_of
 from tests.adapters.drivers.base import Agent, Answer, Driver, Outcome, PauseKind
@@ -203,10 +203,13 @@ def daemon_restart(stage: Stage) -> None:
     with restarting(stage.workdir / "data") as restarts:
         hook: dict[str, Any] = {}
 
-        def before_turn(client: Any) -> None:
+        def before_turn(client: Any) -> Any:
+            """Sync drivers call it; async ones await what it returns."""
             if "steps" not in hook:
                 hook["steps"] = restarts.steps(client, at=2)
-            hook["steps"]()
+            if isinstance(client, AsyncClient):
+                return hook["steps"].step()
+            return hook["steps"]()
 
         agent = replace(stage.agent(script), target=restarts.target)
         agent = replace(agent, before_turn=before_turn)

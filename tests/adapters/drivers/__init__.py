@@ -11,6 +11,7 @@ from tests.adapters.drivers.base import Driver
 # its framework, and a child process needs only its own.
 MODULES = {
     "langgraph": "tests.adapters.drivers.langgraph",
+    "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
 }
 
 

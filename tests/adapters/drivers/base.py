@@ -72,8 +72,9 @@ class Agent:
     # `book` requires an approval (the adapter's policy).
     approval: bool = False
     # Called with the driver's effectd client before each model turn (the
-    # daemon-restart scenario's hook); None: nothing.
-    before_turn: Callable[[Any], None] | None = field(default=None, compare=False)
+    # daemon-restart scenario's hook), from the model's own code; an async
+    # driver awaits what it returns for an AsyncClient. None: nothing.
+    before_turn: Callable[[Any], Any] | None = field(default=None, compare=False)
 
 
 class Driver(Protocol):
