@@ -24,6 +24,7 @@ DOCUMENTS = (
     "docs/langgraph.md",
     "docs/openai-agents.md",
     "docs/ai-sdk.md",
+    "docs/openai-agents-js.md",
 )
 # The documents that start their daemon themselves, as a reader does on a
 # fresh clone: the README's first block is `make run`.
@@ -41,6 +42,7 @@ AT_LEAST = {
     "docs/langgraph.md": 3,
     "docs/openai-agents.md": 2,
     "docs/ai-sdk.md": 2,
+    "docs/openai-agents-js.md": 2,
 }
 
 
@@ -108,6 +110,7 @@ FRAMEWORK_PAGES = (
     "docs/langgraph.md",
     "docs/openai-agents.md",
     "docs/ai-sdk.md",
+    "docs/openai-agents-js.md",
 )
 
 

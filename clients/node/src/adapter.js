@@ -119,4 +119,36 @@ function tracking(fn, unknownOn) {
   return { run, state };
 }
 
-module.exports = { LedgerInterruption, ApprovalMismatch, interruption, shows, decide, classify, tracking, HUMAN };
+/**
+ * The ledgered calls of each run in flight in this process. When one call stops the run, the
+ * interruption waits for its siblings (the parallel calls of the same model response) to settle,
+ * so that it names every unsettled call of the run at once, not those that happened to finish
+ * first.
+ */
+class Inflight {
+  constructor() {
+    this._runs = new Map();
+  }
+
+  /** Runs `work` (a promise factory) as one of `runId`'s calls. */
+  async track(runId, work) {
+    const calls = this._runs.get(runId) ?? new Set();
+    this._runs.set(runId, calls);
+    const running = Promise.resolve().then(work);
+    const settled = running.then(() => {}, () => {});
+    calls.add(settled);
+    try {
+      return await running;
+    } finally {
+      calls.delete(settled);
+      if (!calls.size) this._runs.delete(runId);
+    }
+  }
+
+  /** Settles when every other call of `runId` in flight now has settled. */
+  async siblings(runId) {
+    await Promise.all([...(this._runs.get(runId) ?? [])]);
+  }
+}
+
+module.exports = { LedgerInterruption, ApprovalMismatch, Inflight, interruption, shows, decide, classify, tracking, HUMAN };

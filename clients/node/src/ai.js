@@ -30,7 +30,7 @@
 
 const { safeToolCall } = require('./safe');
 const { ToolPolicy } = require('./policy');
-const { LedgerInterruption, ApprovalMismatch, interruption, decide, classify, tracking } = require('./adapter');
+const { LedgerInterruption, ApprovalMismatch, Inflight, interruption, decide, classify, tracking } = require('./adapter');
 
 /** A tool's output as a tool-result part's `output`, as the SDK makes it. */
 function outputOf(value) {
@@ -69,6 +69,7 @@ class AiToolLedger {
     this.interruption = null;
     this._stopped = new Set();
     this._tools = new Map();
+    this._inflight = new Inflight();
     /** A StopCondition for generateText/streamText's `stopWhen`: true once the ledger stopped a call. */
     this.stopWhen = () => this._stopped.size > 0;
   }
@@ -137,15 +138,19 @@ class AiToolLedger {
     const requireApproval = await this._requiresApproval(entry, input, options);
     const call = this._call(entry, input, options.toolCallId, requireApproval);
     const tracked = tracking((ctx) => entry.tool.execute(input, { ...options, effectd: ctx }), entry.rule.unknownOn);
+    let outcome;
     try {
-      return await safeToolCall(this.effectd, call, tracked.run);
+      return await this._inflight.track(this.runId, () => safeToolCall(this.effectd, call, tracked.run));
     } catch (error) {
       if (classify(error, tracked.state) === 'answer') throw answerError(error);
-      this._stopped.add(options.toolCallId);
-      const stop = await interruption(this.effectd, this.runId, error);
-      this.interruption = stop;
-      throw stop;
+      outcome = error;
     }
+    this._stopped.add(options.toolCallId);
+    // The parallel calls of the same step settle first: the interruption names them all.
+    await this._inflight.siblings(this.runId);
+    const stop = await interruption(this.effectd, this.runId, outcome);
+    this.interruption = stop;
+    throw stop;
   }
 
   /**
