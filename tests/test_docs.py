@@ -23,6 +23,8 @@ DOCUMENTS = (
     "docs/pydantic-ai.md",
     "docs/langgraph.md",
     "docs/openai-agents.md",
+    "docs/ai-sdk.md",
+    "docs/openai-agents-js.md",
 )
 # The documents that start their daemon themselves, as a reader does on a
 # fresh clone: the README's first block is `make run`.
@@ -39,6 +41,8 @@ AT_LEAST = {
     "docs/pydantic-ai.md": 2,
     "docs/langgraph.md": 3,
     "docs/openai-agents.md": 2,
+    "docs/ai-sdk.md": 2,
+    "docs/openai-agents-js.md": 2,
 }
 
 
@@ -105,6 +109,8 @@ FRAMEWORK_PAGES = (
     "docs/pydantic-ai.md",
     "docs/langgraph.md",
     "docs/openai-agents.md",
+    "docs/ai-sdk.md",
+    "docs/openai-agents-js.md",
 )
 
 

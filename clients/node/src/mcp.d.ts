@@ -1,5 +1,6 @@
 import type { Client } from './client';
 import type { OutcomeUnknown } from './index';
+import { PolicyError } from './policy';
 
 export const MCP_TOOL_ERROR: 'MCP_TOOL_ERROR';
 export const KEY_META: 'dev.effectd/idempotency-key';
@@ -49,9 +50,12 @@ export class LedgeredMcpClient {
 
 export function decideEffect(policy: McpPolicy, server: string, tool: string, annotations?: object): McpDecision;
 export function checkPolicy(policy: McpPolicy): McpPolicy;
+/** The policy of the Python client's `McpPolicy` TOML layout (snake_case keys), checked. */
+export function mcpPolicyFromMapping(doc: Record<string, unknown>): McpPolicy;
+export function mcpPolicyFromToml(text: string): McpPolicy;
 export function ledgerToolName(server: string, tool: string): string;
 
-export class McpPolicyError extends Error {}
+export class McpPolicyError extends PolicyError {}
 export class SessionInvalidated extends Error {}
 export class McpConnectionLost extends OutcomeUnknown {
   /** The run and the call whose outcome is unknown: the call to reconcile. */

@@ -38,6 +38,7 @@
  */
 
 const { safeToolCall, OutcomeUnknown, ToolFailed } = require('./safe');
+const { PolicyError, checkKeys, checkTable, loadToml, parseFlag, parseRule } = require('./policy');
 
 const MCP_TOOL_ERROR = 'MCP_TOOL_ERROR';
 const KEY_META = 'dev.effectd/idempotency-key';
@@ -45,8 +46,8 @@ const MAX_TOOL_PAGES = 100;
 const EFFECT_NAMES = { read: 'READ', 'idempotent-write': 'IDEMPOTENT_WRITE', 'side-effect': 'SIDE_EFFECT' };
 const CAUTION = { READ: 0, IDEMPOTENT_WRITE: 1, SIDE_EFFECT: 2 };
 
-/** The MCP policy is invalid; the message names the setting. */
-class McpPolicyError extends Error {
+/** The MCP policy is invalid; the message names the setting (a `PolicyError` of `./policy`). */
+class McpPolicyError extends PolicyError {
   constructor(message) {
     super(message);
     this.name = 'McpPolicyError';
@@ -167,6 +168,51 @@ function checkPolicy(policy) {
     }
   }
   return policy;
+}
+
+const MCP_RULE_KEYS = ['effect', 'require_approval'];
+const FILE_WORDS = Object.fromEntries(Object.entries(EFFECT_NAMES).map(([word, name]) => [name, word]));
+
+/**
+ * The MCP policy a parsed document describes, in the TOML layout of the Python client's
+ * `McpPolicy` (`[servers.NAME]` with `trusted`, `require_approval`, `[servers.NAME.tools.TOOL]`
+ * with `effect`, `require_approval`; the words of `@effectd/client/policy`, without
+ * `retry_unknown`: an MCP call of unknown outcome is never sent again).
+ * @returns {object} the policy object `LedgeredMcpClient` takes.
+ * @throws {import('./policy').PolicyError} naming the setting that is wrong.
+ */
+function mcpPolicyFromMapping(doc) {
+  checkTable('policy', doc);
+  checkKeys('policy', doc, ['servers']);
+  const servers = doc.servers ?? {};
+  checkTable('servers', servers);
+  const out = {};
+  for (const [name, table] of Object.entries(servers)) {
+    const where = `servers.${name}`;
+    checkTable(where, table);
+    checkKeys(where, table, ['trusted', 'require_approval', 'tools']);
+    const tools = table.tools ?? {};
+    checkTable(`${where}.tools`, tools);
+    const rules = {};
+    for (const [tool, t] of Object.entries(tools)) {
+      const rule = parseRule(`${where}.tools.${tool}`, t, MCP_RULE_KEYS);
+      rules[tool] = {
+        ...(rule.effect ? { effect: FILE_WORDS[rule.effect] } : {}),
+        ...(rule.requireApproval !== undefined ? { requireApproval: rule.requireApproval } : {}),
+      };
+    }
+    out[name] = {
+      trusted: parseFlag(`${where}.trusted`, table.trusted ?? false),
+      requireApproval: parseFlag(`${where}.require_approval`, table.require_approval ?? false),
+      tools: rules,
+    };
+  }
+  return checkPolicy({ servers: out });
+}
+
+/** The MCP policy of a TOML text; throws `PolicyError`. */
+function mcpPolicyFromToml(text) {
+  return mcpPolicyFromMapping(loadToml(text));
 }
 
 /**
@@ -319,6 +365,8 @@ module.exports = {
   LedgeredMcpClient,
   decideEffect,
   checkPolicy,
+  mcpPolicyFromMapping,
+  mcpPolicyFromToml,
   ledgerToolName,
   McpPolicyError,
   SessionInvalidated,

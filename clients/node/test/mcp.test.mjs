@@ -287,6 +287,8 @@ describe('the package', () => {
         'checkPolicy',
         'decideEffect',
         'ledgerToolName',
+        'mcpPolicyFromMapping',
+        'mcpPolicyFromToml',
       ],
       loaded: false,
     });
