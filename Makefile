@@ -10,6 +10,7 @@ PYTEST_ARGS ?=
 
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
+NODE_INSTALLED := clients/node/node_modules/.installed
 
 .PHONY: help run test test-fast check unasync chromium pgbouncer node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
@@ -51,7 +52,7 @@ unasync: $(DEV_INSTALLED)
 ## TEST_WORKERS workers, then the tests marked serial (many processes racing,
 ## deadlines under load) alone, one coverage report for both
 TEST_WORKERS ?= 2
-test: check chromium pgbouncer
+test: check chromium pgbouncer $(NODE_INSTALLED)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" \
 	  --cov --cov-report= --cov-fail-under=0 $(PYTEST_ARGS)
 	$(PY) -m pytest -m serial --cov --cov-append --cov-report=term $(PYTEST_ARGS)
@@ -67,15 +68,20 @@ chromium:
 pgbouncer:
 	test -x /usr/sbin/pgbouncer || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer)
 
+# The Node client's packages: its tests and the documents' JavaScript blocks
+# (tests/test_docs.py) run on them.
+$(NODE_INSTALLED): clients/node/package.json clients/node/package-lock.json
+	cd clients/node && npm ci --no-audit --no-fund
+	touch $@
+
 ## test-fast: the inner loop: every test not marked slow; no checks, no coverage
 test-fast: $(DEV_INSTALLED) pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
 ## node-test: the Node client's tests against a real daemon (needs node and npm), twice:
 ## over the ledger session stream (the default), then unary (EFFECTD_SESSION=0)
-node-test: $(INSTALLED)
-	cd clients/node && npm ci --no-audit --no-fund \
-	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=1 npm test \
+node-test: $(INSTALLED) $(NODE_INSTALLED)
+	cd clients/node && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=1 npm test \
 	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=0 npm test
 
 ## torture-deep: the model-based torture test (tests/torture) in its deep setting:

@@ -216,6 +216,6 @@ def test_a_lost_commit_through_pgbouncer_is_resolved_not_answered_as_failed(
                 store.close()
     with psycopg.connect(pg_url) as conn:
         rows = conn.execute(
-            "SELECT k, v FROM effectd_kv WHERE tbl = 'checkpoints'"
+            "SELECT k, v FROM effectd_checkpoints"
         ).fetchall()
     assert rows == [(b"ns\x00k", b"once")]

@@ -18,9 +18,11 @@ from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import Outcome, Result, State, ToolCall
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.rules import Now
+from sidecar.rpc import summaries
 from sidecar.storage import records, tombstones
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.postgres import schema as pg_schema
+from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
 from tests.services import support
 from tests.support import postgres
@@ -113,7 +115,8 @@ def _as_schema_2(url: str, dump: Dump, usage: list[tuple[object, ...]]) -> None:
 @pytest.fixture
 def filled(pg_url: str, pg_database: str) -> Iterator[tuple[str, Dump]]:
     """A schema-2 store URL, filled, and what each of its tables holds."""
-    store = PostgresStore(pg_url)
+    # Opened as a daemon opens it, with the plan rows' wire form.
+    store = PostgresStore(pg_url, PostgresOptions(summarize=summaries.summarize))
     try:
         store.submit(_fill).result(30)
         dump = _dump(store)
