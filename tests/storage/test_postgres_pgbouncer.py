@@ -215,7 +215,5 @@ def test_a_lost_commit_through_pgbouncer_is_resolved_not_answered_as_failed(
             finally:
                 store.close()
     with psycopg.connect(pg_url) as conn:
-        rows = conn.execute(
-            "SELECT k, v FROM effectd_checkpoints"
-        ).fetchall()
+        rows = conn.execute("SELECT k, v FROM effectd_checkpoints").fetchall()
     assert rows == [(b"ns\x00k", b"once")]
