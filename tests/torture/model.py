@@ -197,13 +197,18 @@ Ref = tuple[str, str, str]
 
 def transaction(op: Any) -> Any:
     """All or nothing: a refusal leaves no change (PrepareTool, PrepareTools,
-    AcknowledgeRecovery). Other requests keep the settlement of a lapsed
-    lease they found even when they refuse ("any request that touches an
-    expired call settles it first", docs/ledger.md)."""
+    AcknowledgeRecovery, and Reconcile, which leaves even a lapsed lease as
+    the operator saw it, `ledger.operator_rules.reconcile`; but a prepare's
+    refused start keeps the settlement it made, `Settled`). Other requests
+    keep the settlement of a lapsed lease they found even when they refuse
+    ("any request that touches an expired call settles it first",
+    docs/ledger.md)."""
 
     def run(self: Model, *args: Any, **kwargs: Any) -> Any:
         saved = self._snapshot()
         answer = op(self, *args, **kwargs)
+        if isinstance(answer, Settled):
+            return answer.refusal
         if isinstance(answer, Err):
             self._restore(saved)
         return answer
@@ -211,6 +216,16 @@ def transaction(op: Any) -> Any:
     run.__name__ = op.__name__
     run.__doc__ = op.__doc__
     return run
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A refusal of a prepare that settled the call's expired lease first: the
+    settlement is kept, as every request keeps the one it found (the call is
+    UNKNOWN whatever the prepare asked; `ledger.attempts.retry_unknown`
+    answers the refusal with the settled record)."""
+
+    refusal: Err
 
 
 class Model:
@@ -403,7 +418,7 @@ class Model:
         return ("REJECTED" if c.rejected else "RETURN_RESULT"), False
 
     @transaction
-    def prepare(self, p: Prepare) -> Ok | Err:  # noqa: PLR0911, PLR0912 - contract §4-§5 row by row
+    def prepare(self, p: Prepare) -> Ok | Err | Settled:  # noqa: PLR0911, PLR0912 - contract §4-§5 row by row
         ref = (p.ns, p.run, p.call)
         if ref in self.tombstones:
             t = self.tombstones[ref]
@@ -436,7 +451,7 @@ class Model:
                 self._start(c, p.lease_ms, "start")
                 return self._answer("EXECUTE", c, held=True)
             return self._answer("EXECUTE", c)
-        self._settle(c)
+        settled = self._settle(c)
         if (c.tool, c.effect, c.channel, c.fingerprint) != (
             p.tool,
             p.effect,
@@ -462,10 +477,11 @@ class Model:
             if self.bugs.execute_without_attempt:
                 return self._answer("EXECUTE", c, held=True)
             if not p.retry:
-                return Err(FAILED_PRECONDITION, "INVALID_TRANSITION")
+                invalid = Err(FAILED_PRECONDITION, "INVALID_TRANSITION")
+                return Settled(invalid) if settled else invalid
             refused = self._retry_start(c, p.lease_ms)
             if refused:
-                return refused
+                return Settled(refused) if settled else refused
             return self._answer("EXECUTE", c, held=True)
         return self._answer(decision, c, retry_required=retry_required)
 
@@ -614,6 +630,7 @@ class Model:
             self._commit(c, rejection("looked"), "reject")
         return Ok(None)
 
+    @transaction
     def reconcile(  # noqa: PLR0911 - one return per rule of ReconcileRequest
         self,
         ref: Ref,

@@ -135,3 +135,43 @@ def test_the_machine_reaches_a_tombstone_and_its_end() -> None:
         assert REF not in machine.model.calls
     finally:
         machine.teardown()
+
+
+def test_a_refused_prepare_keeps_the_expired_lease_it_settled() -> None:
+    """A READ whose lease ran out, asked again with `start` but no `retry`:
+    the daemon settles the lease (UNKNOWN, "expire") and refuses the start
+    INVALID_TRANSITION, keeping the settlement, as every request keeps the one
+    it found; the model does the same (found by the random search: the model
+    rolled the settlement back with the refusal and kept the call STARTED)."""
+    machine = TortureMachine()
+    try:
+        machine.prepare(
+            ref=REF, tool="t1", effect=m.READ, given=A, channel="TOOL",
+            approval=False, start=True, lease=0, retry=False,
+        )  # fmt: skip
+        machine.advance(seconds=31.0)
+        machine.prepare(
+            ref=REF, tool="t1", effect=m.READ, given=A, channel="TOOL",
+            approval=False, start=True, lease=0, retry=False,
+        )  # fmt: skip
+        assert machine.model.calls[REF].state == m.UNKNOWN
+    finally:
+        machine.teardown()
+
+
+def test_a_refused_reconcile_leaves_the_expired_lease_as_the_operator_saw_it() -> None:
+    """ "Never executed" of a call whose lease ran out a second ago is refused
+    RECONCILE_QUARANTINE and changes nothing, not even the expiry
+    (`ledger.operator_rules.reconcile`); the model agrees (found by the random
+    search: the model kept the settlement)."""
+    machine = TortureMachine()
+    try:
+        machine.prepare(
+            ref=REF, tool="t1", effect=m.READ, given=A, channel="TOOL",
+            approval=False, start=True, lease=0, retry=False,
+        )  # fmt: skip
+        machine.advance(seconds=31.0)
+        machine.reconcile(ref=REF, rev=0, result=None, dead=None)
+        assert machine.model.calls[REF].state == m.STARTED
+    finally:
+        machine.teardown()
