@@ -1,8 +1,9 @@
 """How the PostgreSQL store reaches its database: the store URL read once,
 and the connection pooler (PgBouncer) that may stand between them.
 
-The URL is libpq's, with one parameter of effectd's own, `pooler`, removed
-before libpq sees it:
+The URL is libpq's, with parameters of effectd's own removed before libpq
+sees them: the pool sizes (`POOLS`: `writers`, `readers`, `max_batch`, each
+a whole number in its range, overriding `PostgresOptions`), and `pooler`:
 
 - `pooler=none` (the default): the daemon talks to PostgreSQL itself.
   Settings are made once per connection; psycopg prepares statements a
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 POOLER = "pooler"
 POOLERS = ("none", "session", "transaction")
+# The pool sizes a URL may set, and the range of each.
+POOLS = {"writers": (1, 16), "readers": (1, 64), "max_batch": (1, 1024)}
 # psycopg's default: a statement run this often on a connection is prepared.
 PREPARE_THRESHOLD = 5
 
@@ -60,6 +63,10 @@ class Target:
     # psycopg's `prepare_threshold`: None (never prepare) behind a
     # transaction pooler.
     prepare_threshold: int | None = PREPARE_THRESHOLD
+    # The URL's pool sizes (`POOLS`); None: not in the URL.
+    writers: int | None = None
+    readers: int | None = None
+    max_batch: int | None = None
 
     @property
     def per_transaction(self) -> bool:
@@ -93,12 +100,29 @@ def _options(options: str) -> tuple[Setting, ...]:
     return tuple(settings)
 
 
+def _pools(query: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """The pool sizes of the URL's query (the last of a repeated one)."""
+    pools: dict[str, int] = {}
+    for key, value in query:
+        if key not in POOLS:
+            continue
+        low, high = POOLS[key]
+        if not (value.isascii() and value.isdigit() and low <= int(value) <= high):
+            raise PoolerError(
+                f"the store URL's {key}={value!r} is not a whole number from "
+                f"{low} to {high}"
+            )
+        pools[key] = int(value)
+    return pools
+
+
 def parse(url: str) -> Target:
     """The `Target` of a store URL.
 
     Raises:
-        PoolerError: `pooler` is not one of `POOLERS`, or the URL's
-            `options` cannot be made per transaction.
+        PoolerError: `pooler` is not one of `POOLERS`, a pool size is out of
+            its range (`POOLS`), or the URL's `options` cannot be made per
+            transaction.
     """
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
@@ -108,7 +132,8 @@ def parse(url: str) -> Target:
         raise PoolerError(
             f"the store URL's {POOLER}={pooler!r} is not one of " + ", ".join(POOLERS)
         )
-    kept = [(key, value) for key, value in query if key != POOLER]
+    pools = _pools(query)
+    kept = [(key, value) for key, value in query if key != POOLER and key not in POOLS]
     settings: tuple[Setting, ...] = ()
     if pooler == "transaction":
         for key, value in kept:
@@ -123,6 +148,9 @@ def parse(url: str) -> Target:
         pooler=pooler,
         settings=settings,
         prepare_threshold=None if pooler == "transaction" else PREPARE_THRESHOLD,
+        writers=pools.get("writers"),
+        readers=pools.get("readers"),
+        max_batch=pools.get("max_batch"),
     )
 
 

@@ -19,6 +19,7 @@ COMMIT it settles are one path, read together.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import queue
@@ -90,10 +91,17 @@ class PostgresStore:
     write_view: type[PgWriteView] = PgWriteView
 
     def __init__(self, url: str, options: PostgresOptions | None = None) -> None:
-        self.options = o = options or PostgresOptions()
         # The URL's `pooler` (`connecting`): behind a transaction pooler no
-        # setting or prepared statement outlives a transaction.
+        # setting or prepared statement outlives a transaction. Its pool
+        # sizes override the options'.
         self._target = target = connecting.parse(url)
+        o = options or PostgresOptions()
+        self.options = o = dataclasses.replace(
+            o,
+            writers=target.writers or o.writers,
+            readers=target.readers or o.readers,
+            max_batch=target.max_batch or o.max_batch,
+        )
         self.stats = PgStats()
         self._stats_lock = threading.Lock()
         self._closing = threading.Lock()
