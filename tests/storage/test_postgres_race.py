@@ -2,8 +2,9 @@
 call: exactly one EXECUTE per round. Each round, both write functions read
 the absent record before either writes (a rendezvous inside the view), the
 worst interleaving there is. The negative control is the same store without
-its isolation (READ COMMITTED): both see the call absent, both start it, and
-the same check catches the second EXECUTE."""
+its locks (READ COMMITTED with nothing read `FOR UPDATE` and every write an
+upsert): both see the call absent, both start it, and the same check catches
+the second EXECUTE."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
-
-import psycopg
 
 from sidecar.clock import ManualClock
 from sidecar.ledger.model import Decision, Effect
@@ -34,9 +33,9 @@ ROUNDS = 20
 
 
 class LooseStore(PostgresStore):
-    """The negative control: no serializable isolation."""
+    """The negative control: READ COMMITTED without row locks."""
 
-    isolation = psycopg.IsolationLevel.READ_COMMITTED
+    locking = False
 
 
 class Rendezvous:
@@ -163,7 +162,8 @@ def test_two_daemons_racing_on_one_call_execute_it_once(pg_url: str) -> None:
     assert _race(pg_url, PostgresStore) == [1] * ROUNDS
 
 
-def test_without_isolation_the_race_executes_twice(pg_url: str) -> None:
-    """The negative control: READ COMMITTED lets both start the call."""
+def test_without_row_locks_the_race_executes_twice(pg_url: str) -> None:
+    """The negative control: READ COMMITTED without row locks lets both
+    start the call."""
     executes = _race(pg_url, LooseStore)
     assert max(executes) == 2, executes
