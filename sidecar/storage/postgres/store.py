@@ -379,7 +379,9 @@ class PostgresStore:
         deadline = time.monotonic() + o.retry_seconds
         for attempt in range(1, o.max_attempts + 1):
             try:
-                outcomes = self._attempt(batch, alone=alone)
+                outcomes = (
+                    self._attempt(batch, alone=True) if alone else self._attempt(batch)
+                )
             except Again as again:
                 if attempt == o.max_attempts or time.monotonic() > deadline:
                     _fail(
@@ -397,9 +399,10 @@ class PostgresStore:
                 _fail(batch, failed.message, applied=failed.applied)
                 return
             later: list[_Item] = []
-            for (fn, _), (future, value, error) in zip(batch, outcomes, strict=True):
+            functions = {future: fn for fn, future in batch}
+            for future, value, error in outcomes:
                 if isinstance(error, Alone) and not alone:
-                    later.append((fn, future))
+                    later.append((functions[future], future))
                 elif error is None:
                     future.set_result(value)
                 else:
@@ -410,7 +413,7 @@ class PostgresStore:
                 self._write([item], alone=True)
             return
 
-    def _attempt(self, batch: list[_Item], *, alone: bool) -> list[_Outcome]:
+    def _attempt(self, batch: list[_Item], *, alone: bool = False) -> list[_Outcome]:
         try:
             conn = getconn(self._writes, self.options.pool_timeout)
         except PoolTimeout:
