@@ -76,7 +76,9 @@ class Locks:
 
     def __init__(self, *, alone: bool) -> None:
         self.absent: set[tuple[Table, bytes]] = set()
-        self.namespaces: set[bytes] = set()
+        # Namespace -> its counters, read once its lock row was locked; the
+        # batch adds its changes to that row.
+        self.usage: dict[bytes, Usage] = {}
         # Exclusive (alone) or shared, once taken.
         self.alone = alone
         self.registrations = alone
@@ -291,25 +293,47 @@ class PgReadView:
 
     def _usage(self, namespace: bytes) -> bytes | None:
         locks = self._locks
-        if locks is not None and namespace not in locks.namespaces:
-            # Locked first, then summed (a statement after the lock sees
-            # every write that held it before): the quota checks of one
-            # namespace take turns, at every daemon.
-            self.run(
-                "INSERT INTO effectd_usage AS u (namespace, shard) "
-                "VALUES (%s, %s) ON CONFLICT (namespace, shard) "
-                "DO UPDATE SET open_calls = u.open_calls",
-                (namespace, USAGE_LOCK_SHARD),
+        if locks is None:
+            rows = self._rows(
+                "SELECT coalesce(sum(open_calls), 0), "
+                "coalesce(sum(stored_bytes), 0), coalesce(sum(tombstone_bytes), 0) "
+                "FROM effectd_usage WHERE namespace = %s",
+                (namespace,),
             )
-            locks.namespaces.add(namespace)
-        rows = self._rows(
-            "SELECT coalesce(sum(open_calls), 0), coalesce(sum(stored_bytes), 0), "
-            "coalesce(sum(tombstone_bytes), 0) FROM effectd_usage "
-            "WHERE namespace = %s",
-            (namespace,),
-        )
-        total = Usage(*(_int(n) for n in rows[0]))
+            total = Usage(*(_int(n) for n in rows[0]))
+        else:
+            found = locks.usage.get(namespace)
+            total = self._locked_usage(namespace) if found is None else found
         return None if total == Usage() else usage.encode(total)
+
+    def _locked_usage(self, namespace: bytes) -> Usage:
+        """The counters of `namespace`, its lock row locked first and kept
+        for the rest of the transaction (`Locks.usage`).
+
+        The lock row is read as its newest version (the one locked, after
+        waiting for any transaction holding it), the other shards as of the
+        statement's start. Every write that decided on the namespace's usage
+        held the lock row and added its changes to it (`Batch.flush`), so
+        each quota check counts every earlier one exactly; the other shards
+        hold changes no quota decided on (results committed, calls
+        finished), which may be counted before or after."""
+        assert self._locks is not None
+        rows = self._rows(
+            "INSERT INTO effectd_usage AS u (namespace, shard) VALUES (%s, %s) "
+            "ON CONFLICT (namespace, shard) DO UPDATE SET open_calls = u.open_calls "
+            "RETURNING u.open_calls, u.stored_bytes, u.tombstone_bytes, "
+            "(SELECT coalesce(sum(open_calls), 0) FROM effectd_usage "
+            "WHERE namespace = %s AND shard <> %s), "
+            "(SELECT coalesce(sum(stored_bytes), 0) FROM effectd_usage "
+            "WHERE namespace = %s AND shard <> %s), "
+            "(SELECT coalesce(sum(tombstone_bytes), 0) FROM effectd_usage "
+            "WHERE namespace = %s AND shard <> %s)",
+            (namespace, USAGE_LOCK_SHARD, *(namespace, USAGE_LOCK_SHARD) * 3),
+        )
+        o, s, t, other_o, other_s, other_t = (_int(n) for n in rows[0])
+        total = Usage(o + other_o, s + other_s, t + other_t)
+        self._locks.usage[namespace] = total
+        return total
 
     def _usages(
         self, prefix: bytes, after: bytes | None
@@ -503,18 +527,21 @@ class Batch(_Layer):
         # (a zero total needs no row: the delete above said it)
         if changes:
             names = sorted(changes)
+            # The namespaces whose usage the batch decided on: on the lock
+            # row it holds, so that the next quota check counts them.
+            locked = {} if self.locks is None else self.locks.usage
             view.run(
                 "INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
-                "stored_bytes, tombstone_bytes) SELECT n, %s, o, s, t FROM "
-                "unnest(%s::bytea[], %s::bigint[], %s::bigint[], %s::bigint[]) "
-                "AS c(n, o, s, t) "
+                "stored_bytes, tombstone_bytes) SELECT * FROM "
+                "unnest(%s::bytea[], %s::integer[], %s::bigint[], %s::bigint[], "
+                "%s::bigint[]) "
                 "ON CONFLICT (namespace, shard) DO UPDATE SET "
                 "open_calls = u.open_calls + EXCLUDED.open_calls, "
                 "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes, "
                 "tombstone_bytes = u.tombstone_bytes + EXCLUDED.tombstone_bytes",
                 (
-                    shard,
                     names,
+                    [USAGE_LOCK_SHARD if n in locked else shard for n in names],
                     [changes[n].open_calls for n in names],
                     [changes[n].stored_bytes for n in names],
                     [changes[n].tombstone_bytes for n in names],
