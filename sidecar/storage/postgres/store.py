@@ -459,8 +459,7 @@ class PostgresStore:
                     continue
                 view.done()
                 outcomes.append((future, value, None))
-            written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
-            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+            xid = written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
         except DatabaseFailed as failed:
             rollback(conn)
             raise before_commit(failed.error) from None
@@ -470,9 +469,17 @@ class PostgresStore:
         except BaseException:
             rollback(conn)
             raise
-        assert row is not None
-        xid = str(row[0])
         self._at(Point.PG_BEFORE_COMMIT, batch)
+        self._commit(conn, batch, xid)
+        return outcomes
+
+    def _commit(self, conn: _Conn, batch: list[_Item], xid: str | None) -> None:
+        """COMMITs the transaction `xid` (None: it wrote nothing).
+
+        Raises:
+            Again: it did not commit, and may run again.
+            Failed: it did not, or whether it did is not known.
+        """
         started = time.perf_counter()
         try:
             conn.commit()
@@ -483,12 +490,15 @@ class PostgresStore:
             # said: a server's FATAL, a pooler's own) may have committed.
             if not (connection_lost(exc) or conn.broken):
                 raise Failed(f"COMMIT failed: {exc}", applied=False) from None
+            if xid is None:
+                # Nothing was written: what was read and decided stands.
+                self._committed_now(len(batch), 0.0)
+                return
             if self._committed(xid, exc, len(batch)):
-                return outcomes
+                return
             raise Again(f"COMMIT lost, the transaction aborted: {exc}") from None
         self._at(Point.PG_AFTER_COMMIT, batch)
         self._committed_now(len(batch), time.perf_counter() - started)
-        return outcomes
 
     def _at(self, point: Point, batch: list[_Item]) -> None:
         """A test build's failpoint (`sidecar.failpoints`); nothing else."""

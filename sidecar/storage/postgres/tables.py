@@ -332,3 +332,17 @@ CHECKPOINT_ON_CONFLICT: LiteralString = (
     " ON CONFLICT (k) DO UPDATE SET revision = EXCLUDED.revision, "
     "updated_ns = EXCLUDED.updated_ns, v = EXCLUDED.v"
 )
+
+# Counter changes, one row per (namespace, shard); with `USAGE_ON_CONFLICT`
+# after it, added to the row there.
+USAGE_INSERT: LiteralString = (
+    "INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
+    "stored_bytes, tombstone_bytes) SELECT * FROM unnest(%s::bytea[], "
+    "%s::integer[], %s::bigint[], %s::bigint[], %s::bigint[])"
+)
+USAGE_ON_CONFLICT: LiteralString = (
+    " ON CONFLICT (namespace, shard) DO UPDATE SET "
+    "open_calls = u.open_calls + EXCLUDED.open_calls, "
+    "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes, "
+    "tombstone_bytes = u.tombstone_bytes + EXCLUDED.tombstone_bytes"
+)

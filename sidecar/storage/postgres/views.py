@@ -77,8 +77,9 @@ class Locks:
     def __init__(self, *, alone: bool) -> None:
         self.absent: set[tuple[Table, bytes]] = set()
         # Namespace -> its counters, read once its lock row was locked; the
-        # batch adds its changes to that row.
+        # batch adds its changes to that row (inserted: one read absent).
         self.usage: dict[bytes, Usage] = {}
+        self.lockless: set[bytes] = set()
         # Exclusive (alone) or shared, once taken.
         self.alone = alone
         self.registrations = alone
@@ -310,29 +311,36 @@ class PgReadView:
         """The counters of `namespace`, its lock row locked first and kept
         for the rest of the transaction (`Locks.usage`).
 
-        The lock row is read as its newest version (the one locked, after
-        waiting for any transaction holding it), the other shards as of the
+        The lock row is read `FOR UPDATE`: as its newest version, after
+        waiting for any transaction holding it; the other shards as of the
         statement's start. Every write that decided on the namespace's usage
-        held the lock row and added its changes to it (`Batch.flush`), so
-        each quota check counts every earlier one exactly; the other shards
-        hold changes no quota decided on (results committed, calls
-        finished), which may be counted before or after."""
-        assert self._locks is not None
+        held the lock row and added its changes to it (`Batch.flush`; a lock
+        row read absent is inserted then by a plain INSERT, so two first
+        checks of a namespace meet as two inserts of one key), so each quota
+        check counts every earlier one exactly; the other shards hold
+        changes no quota decided on (results committed, calls finished),
+        which may be counted before or after. Locking writes no row."""
+        locks = self._locks
+        assert locks is not None
         rows = self._rows(
-            "INSERT INTO effectd_usage AS u (namespace, shard) VALUES (%s, %s) "
-            "ON CONFLICT (namespace, shard) DO UPDATE SET open_calls = u.open_calls "
-            "RETURNING u.open_calls, u.stored_bytes, u.tombstone_bytes, "
-            "(SELECT coalesce(sum(open_calls), 0) FROM effectd_usage "
-            "WHERE namespace = %s AND shard <> %s), "
-            "(SELECT coalesce(sum(stored_bytes), 0) FROM effectd_usage "
-            "WHERE namespace = %s AND shard <> %s), "
-            "(SELECT coalesce(sum(tombstone_bytes), 0) FROM effectd_usage "
-            "WHERE namespace = %s AND shard <> %s)",
-            (namespace, USAGE_LOCK_SHARD, *(namespace, USAGE_LOCK_SHARD) * 3),
+            "WITH l AS (SELECT open_calls, stored_bytes, tombstone_bytes "
+            "FROM effectd_usage WHERE namespace = %s AND shard = %s FOR UPDATE), "
+            "o AS (SELECT coalesce(sum(open_calls), 0) AS open_calls, "
+            "coalesce(sum(stored_bytes), 0) AS stored_bytes, "
+            "coalesce(sum(tombstone_bytes), 0) AS tombstone_bytes "
+            "FROM effectd_usage WHERE namespace = %s AND shard <> %s) "
+            "SELECT (SELECT count(*) FROM l), "
+            "o.open_calls + coalesce((SELECT open_calls FROM l), 0), "
+            "o.stored_bytes + coalesce((SELECT stored_bytes FROM l), 0), "
+            "o.tombstone_bytes + coalesce((SELECT tombstone_bytes FROM l), 0) "
+            "FROM o",
+            (namespace, USAGE_LOCK_SHARD, namespace, USAGE_LOCK_SHARD),
         )
-        o, s, t, other_o, other_s, other_t = (_int(n) for n in rows[0])
-        total = Usage(o + other_o, s + other_s, t + other_t)
-        self._locks.usage[namespace] = total
+        found, *counters = (_int(n) for n in rows[0])
+        if not found:
+            locks.lockless.add(namespace)
+        total = Usage(*counters)
+        locks.usage[namespace] = total
         return total
 
     def _usages(
@@ -407,14 +415,27 @@ class Batch(_Layer):
         # The call rows the transaction read, as stored (`PgReadView.call_row`).
         self.read_rows: dict[bytes, tables.Row | None] = {}
         self.locks = Locks(alone=alone) if locking else None
+        # The transaction's id, once a write returned it.
+        self.xid: str | None = None
 
-    def flush(self, conn: _Conn, shard: int) -> int:
-        """Sends every write in a few statements; returns the rows written."""
+    def flush(self, conn: _Conn, shard: int) -> str | None:
+        """Sends every write in a few statements; returns the id of the
+        transaction (`pg_current_xact_id`, returned by its writes), or None
+        when it wrote nothing."""
         view = PgReadView(conn, self.read_rows, locks=self.locks)
         for table in tables.KV:
             self._flush_kv(view, table)
         self._flush_calls(view)
-        return len(self.rows) + self._flush_usage(view, shard)
+        self._flush_usage(view, shard)
+        return self.xid
+
+    def _write(
+        self, view: PgReadView, query: LiteralString, params: tuple[object, ...]
+    ) -> None:
+        """Runs a write; keeps the transaction's id its rows return."""
+        rows = view.rows(query + " RETURNING pg_current_xact_id()::text", params)
+        if rows and self.xid is None:
+            self.xid = str(rows[0][0])
 
     def _absent(self, table: Table, key: bytes) -> bool:
         """Whether `key` of a key-value table was read absent by a locking
@@ -427,7 +448,8 @@ class Batch(_Layer):
         ]
         deletes = [k for (t, k), v in self.rows.items() if t is table and v is None]
         if deletes:
-            view.run(
+            self._write(
+                view,
                 tables.on_table(table, "DELETE FROM {t} WHERE k = ANY(%s::bytea[])"),
                 (deletes,),
             )
@@ -437,8 +459,8 @@ class Batch(_Layer):
             if rows:
                 self._put_kv(view, table, rows, conflict)
 
-    @staticmethod
     def _put_kv(
+        self,
         view: PgReadView,
         table: Table,
         puts: list[tuple[bytes, bytes]],
@@ -448,7 +470,8 @@ class Batch(_Layer):
         values = [v for _, v in puts]
         if table is Table.CHECKPOINTS:
             heads = [records.checkpoint_head(v) for v in values]
-            view.run(
+            self._write(
+                view,
                 tables.CHECKPOINT_INSERT
                 + (tables.CHECKPOINT_ON_CONFLICT if conflict else ""),
                 (
@@ -460,7 +483,9 @@ class Batch(_Layer):
                 ),
             )
             return
-        view.run(tables.on_table(table, tables.KV_INSERT + conflict), (keys, values))
+        self._write(
+            view, tables.on_table(table, tables.KV_INSERT + conflict), (keys, values)
+        )
 
     def _flush_calls(self, view: PgReadView) -> None:
         """Each call row written, whole: its documents as stored, with what
@@ -480,11 +505,13 @@ class Batch(_Layer):
                 self.read_rows.setdefault(k, None)
         whole, new, gone = self._call_rows(changed, locking=view.locks)
         if gone:
-            view.run("DELETE FROM effectd_calls WHERE k = ANY(%s::bytea[])", (gone,))
+            self._write(
+                view, "DELETE FROM effectd_calls WHERE k = ANY(%s::bytea[])", (gone,)
+            )
         if new:
-            view.run(tables.INSERT_CALLS, tables.upsert_params(new))
+            self._write(view, tables.INSERT_CALLS, tables.upsert_params(new))
         if whole:
-            view.run(tables.UPSERT_CALLS, tables.upsert_params(whole))
+            self._write(view, tables.UPSERT_CALLS, tables.upsert_params(whole))
 
     def _call_rows(
         self, changed: dict[bytes, dict[Table, bytes | None]], *, locking: bool
@@ -513,7 +540,8 @@ class Batch(_Layer):
     def _flush_usage(self, view: PgReadView, shard: int) -> int:
         if self.totals:
             # A total replaces every shard's row of its namespace.
-            view.run(
+            self._write(
+                view,
                 "DELETE FROM effectd_usage WHERE namespace = ANY(%s::bytea[])",
                 (list(self.totals),),
             )
@@ -526,27 +554,29 @@ class Batch(_Layer):
         changes = {n: u for n, u in changes.items() if u != Usage()}
         # (a zero total needs no row: the delete above said it)
         if changes:
-            names = sorted(changes)
             # The namespaces whose usage the batch decided on: on the lock
-            # row it holds, so that the next quota check counts them.
-            locked = {} if self.locks is None else self.locks.usage
-            view.run(
-                "INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
-                "stored_bytes, tombstone_bytes) SELECT * FROM "
-                "unnest(%s::bytea[], %s::integer[], %s::bigint[], %s::bigint[], "
-                "%s::bigint[]) "
-                "ON CONFLICT (namespace, shard) DO UPDATE SET "
-                "open_calls = u.open_calls + EXCLUDED.open_calls, "
-                "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes, "
-                "tombstone_bytes = u.tombstone_bytes + EXCLUDED.tombstone_bytes",
-                (
-                    names,
-                    [USAGE_LOCK_SHARD if n in locked else shard for n in names],
-                    [changes[n].open_calls for n in names],
-                    [changes[n].stored_bytes for n in names],
-                    [changes[n].tombstone_bytes for n in names],
-                ),
-            )
+            # row it holds (or inserts), so that the next check counts them.
+            locks = self.locks
+            locked = {} if locks is None else locks.usage
+            new = set() if locks is None else locks.lockless
+            names = sorted(changes)
+            for chosen, conflict in (
+                ([n for n in names if n in new], ""),
+                ([n for n in names if n not in new], tables.USAGE_ON_CONFLICT),
+            ):
+                if not chosen:
+                    continue
+                self._write(
+                    view,
+                    tables.USAGE_INSERT + conflict,
+                    (
+                        chosen,
+                        [USAGE_LOCK_SHARD if n in locked else shard for n in chosen],
+                        [changes[n].open_calls for n in chosen],
+                        [changes[n].stored_bytes for n in chosen],
+                        [changes[n].tombstone_bytes for n in chosen],
+                    ),
+                )
         return len(changes)
 
 
