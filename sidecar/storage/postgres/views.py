@@ -9,8 +9,9 @@ transaction and written whole), except `Table.USAGE`, which reads the sums
 of the counter rows of `effectd_usage` and writes them as changes to the row
 of the writing connection's shard (`add_usage`), so that concurrent writers never update
 the same row. The writes of every function of a batch are kept in memory
-(`Batch`), seen by the functions after it, and sent in a few statements
-before COMMIT. A database error inside a view is raised as `DatabaseFailed`,
+(`Batch`), seen by the functions after it, and sent before COMMIT in one
+statement where they touch no row twice (each table's writes a
+data-modifying part of one WITH). A database error inside a view is raised as `DatabaseFailed`,
 which is not an `Exception`: no `except Exception` in a write function can
 take it for a refusal and commit what it wrote before.
 
@@ -61,6 +62,62 @@ USAGE_LOCK_SHARD = -1
 REGISTRATIONS_LOCK = 0x65_66_66_65_63_74_64_52
 
 _Conn = psycopg.Connection[tuple[object, ...]]
+
+
+# The names of the parts of a flush's one statement (`Batch._send`), and
+# the reads of their results.
+_PARTS: tuple[LiteralString, ...] = (
+    "w0",
+    "w1",
+    "w2",
+    "w3",
+    "w4",
+    "w5",
+    "w6",
+    "w7",
+    "w8",
+    "w9",
+    "w10",
+    "w11",
+    "w12",
+    "w13",
+    "w14",
+    "w15",
+    "w16",
+    "w17",
+    "w18",
+    "w19",
+    "w20",
+    "w21",
+    "w22",
+    "w23",
+)
+_READS: tuple[LiteralString, ...] = (
+    "SELECT x FROM w0",
+    "SELECT x FROM w1",
+    "SELECT x FROM w2",
+    "SELECT x FROM w3",
+    "SELECT x FROM w4",
+    "SELECT x FROM w5",
+    "SELECT x FROM w6",
+    "SELECT x FROM w7",
+    "SELECT x FROM w8",
+    "SELECT x FROM w9",
+    "SELECT x FROM w10",
+    "SELECT x FROM w11",
+    "SELECT x FROM w12",
+    "SELECT x FROM w13",
+    "SELECT x FROM w14",
+    "SELECT x FROM w15",
+    "SELECT x FROM w16",
+    "SELECT x FROM w17",
+    "SELECT x FROM w18",
+    "SELECT x FROM w19",
+    "SELECT x FROM w20",
+    "SELECT x FROM w21",
+    "SELECT x FROM w22",
+    "SELECT x FROM w23",
+)
 
 
 class Alone(BaseException):
@@ -417,25 +474,66 @@ class Batch(_Layer):
         self.locks = Locks(alone=alone) if locking else None
         # The transaction's id, once a write returned it.
         self.xid: str | None = None
+        # Writes not sent yet (`_write`).
+        self._pending: list[tuple[LiteralString, tuple[object, ...]]] = []
 
     def flush(self, conn: _Conn, shard: int) -> str | None:
-        """Sends every write in a few statements; returns the id of the
-        transaction (`pg_current_xact_id`, returned by its writes), or None
-        when it wrote nothing."""
+        """Sends every write, in one statement (the writes of each table its
+        own data-modifying part of a WITH) where it can; returns the id of
+        the transaction (`pg_current_xact_id`, returned by its writes), or
+        None when it wrote nothing."""
         view = PgReadView(conn, self.read_rows, locks=self.locks)
         for table in tables.KV:
             self._flush_kv(view, table)
         self._flush_calls(view)
         self._flush_usage(view, shard)
+        self._send(view)
         return self.xid
 
     def _write(
-        self, view: PgReadView, query: LiteralString, params: tuple[object, ...]
+        self,
+        view: PgReadView,
+        query: LiteralString,
+        params: tuple[object, ...],
+        *,
+        now: bool = False,
     ) -> None:
-        """Runs a write; keeps the transaction's id its rows return."""
-        rows = view.rows(query + " RETURNING pg_current_xact_id()::text", params)
+        """A write, sent with the others by `_send` (`now`: at once, before
+        them: it must precede a write of the same rows)."""
+        self._pending.append((query, params))
+        if now:
+            self._send(view)
+
+    def _send(self, view: PgReadView) -> None:
+        """Sends the pending writes, touching no row twice: each part sees
+        the rows as they were before the statement, and all of them run.
+        Keeps the transaction's id their rows return."""
+        pending, self._pending = (
+            self._pending[: len(_PARTS)],
+            self._pending[len(_PARTS) :],
+        )
+        if not pending:
+            return
+        returning: LiteralString = " RETURNING pg_current_xact_id()::text AS x"
+        if len(pending) == 1:
+            query, params = pending[0][0] + returning, pending[0][1]
+        else:
+            parts: list[LiteralString] = []
+            reads: list[LiteralString] = []
+            values: list[object] = []
+            for name, read, (part, part_params) in zip(
+                _PARTS, _READS, pending, strict=False
+            ):
+                parts.append(name + " AS (" + part + returning + ")")
+                reads.append(read)
+                values.extend(part_params)
+            query = "WITH " + ", ".join(parts) + " " + " UNION ALL ".join(reads)
+            query += " LIMIT 1"
+            params = tuple(values)
+        rows = view.rows(query, params)
         if rows and self.xid is None:
             self.xid = str(rows[0][0])
+        self._send(view)
 
     def _absent(self, table: Table, key: bytes) -> bool:
         """Whether `key` of a key-value table was read absent by a locking
@@ -539,11 +637,13 @@ class Batch(_Layer):
 
     def _flush_usage(self, view: PgReadView, shard: int) -> int:
         if self.totals:
-            # A total replaces every shard's row of its namespace.
+            # A total replaces every shard's row of its namespace: deleted
+            # before the totals are inserted.
             self._write(
                 view,
                 "DELETE FROM effectd_usage WHERE namespace = ANY(%s::bytea[])",
                 (list(self.totals),),
+                now=True,
             )
         changes = dict(self.totals)
         for namespace, change in self.changes.items():
