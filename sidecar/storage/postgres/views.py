@@ -11,9 +11,9 @@ of the writing connection's shard (`add_usage`), so that concurrent writers neve
 the same row. The writes of every function of a batch are kept in memory
 (`Batch`), seen by the functions after it, and sent before COMMIT in one
 statement where they touch no row twice (each table's writes a
-data-modifying part of one WITH). A database error inside a view is raised as `DatabaseFailed`,
-which is not an `Exception`: no `except Exception` in a write function can
-take it for a refusal and commit what it wrote before.
+data-modifying part of one WITH). A database error inside a view is raised
+as `DatabaseFailed`, which is not an `Exception`: no `except Exception` in a
+write function can take it for a refusal and commit what it wrote before.
 
 A write view of a locking batch (`Batch(locking=True)`, the store's) makes
 every compare-and-swap hold at READ COMMITTED: each row it reads (a call
