@@ -34,8 +34,8 @@ aborts (`sidecar.storage.postgres.views` does the locking):
   it, no unfinished restore marking), the removal of registrations gone,
   and the restore marking's check that no daemon is live. A write function
   that scans them runs alone in a transaction holding the registrations'
-  advisory lock exclusively from its first statement (`views.Alone`: run
-  first in the batch, it is put off and run again after it); any other read
+  advisory lock exclusively from its first statement (`views.Alone`: met in
+  a batch, it is put off and run again once the batch committed); any other read
   of a registration (a rule judging another daemon's lease, a renewal)
   holds it shared. The usage recount of an old database (`usage.
   ensure_counted`) locks the counters' table (EXCLUSIVE mode) before it
