@@ -34,6 +34,34 @@ from sidecar.ledger.model import (
 
 RECORD_VERSION = 1
 
+# Members by stored value: a dict lookup where calling the enum runs two
+# Python frames per field (a record holds a dozen such fields). A value not
+# found falls back to the enum itself, which refuses it as before.
+_STATES = {m.value: m for m in State}
+_EVENTS = {m.value: m for m in Event}
+_EFFECTS = {m.value: m for m in Effect}
+
+
+def _state(value: str) -> State:
+    try:
+        return _STATES[value]
+    except (KeyError, TypeError):
+        return State(value)
+
+
+def _event(value: str) -> Event:
+    try:
+        return _EVENTS[value]
+    except (KeyError, TypeError):
+        return Event(value)
+
+
+def _effect(value: str) -> Effect:
+    try:
+        return _EFFECTS[value]
+    except (KeyError, TypeError):
+        return Effect(value)
+
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
@@ -165,12 +193,12 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
     check_key_scheme(doc["scheme"])
     r = doc["result"]
     lease = doc["lease"]
-    state = State(doc["state"])
+    state = _state(doc["state"])
     transitions = doc["history"] if history or state is State.UNKNOWN else ()
     return ToolCall(
         ref=CallRef(*doc["ref"]),
         tool_name=doc["tool"],
-        effect=Effect(doc["effect"]),
+        effect=_effect(doc["effect"]),
         state=state,
         revision=doc["rev"],
         key_scheme=doc["scheme"],
@@ -194,9 +222,9 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
         ),
         history=tuple(
             Transition(
-                None if f is None else State(f),
-                State(t),
-                Event(e),
+                None if f is None else _state(f),
+                _state(t),
+                _event(e),
                 at,
                 actor,
                 reason,
@@ -215,7 +243,7 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
         lease_ms=doc.get("lease_ms", 0),
         unknown_since_ns=doc.get("unknown_since", 0),
         channel=Channel(doc.get("channel", Channel.TOOL.value)),
-        forced_effect=None if doc.get("forced") is None else Effect(doc["forced"]),
+        forced_effect=None if doc.get("forced") is None else _effect(doc["forced"]),
         # Records written before inputs were kept have no such key.
         kept_input=_payload(doc.get("kept_input")) if history else None,
     )
