@@ -104,17 +104,25 @@ def rss_mb(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def daemon(tree: Path, workdir: Path) -> Iterator[tuple[str, int]]:
-    """`tree`'s daemon on its defaults; (target, pid). Stopped by its PID."""
+def daemon(
+    tree: Path,
+    workdir: Path,
+    *,
+    wrapper: list[str] | None = None,
+    start_timeout: float = START_TIMEOUT_S,
+) -> Iterator[tuple[str, int]]:
+    """`tree`'s daemon on its defaults; (target, pid). Stopped by its PID.
+    `wrapper` runs it under another program (valgrind), whose PID it is."""
     data, logfile = workdir / "data", workdir / "effectd.log"
     workdir.mkdir()
-    argv = [sys.executable, "-m", "sidecar", "serve", "--data-dir", str(data)]
+    argv = [*(wrapper or []), sys.executable, "-m", "sidecar", "serve"]
+    argv += ["--data-dir", str(data)]
     with logfile.open("wb") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, cwd=tree, env=tree_env(tree)
         )
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout
         while " ready on " not in logfile.read_text():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon of {tree} did not start: {logfile}")
@@ -123,7 +131,7 @@ def daemon(tree: Path, workdir: Path) -> Iterator[tuple[str, int]]:
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(start_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

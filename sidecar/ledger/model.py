@@ -23,7 +23,17 @@ FINGERPRINT_V2 = 2
 DEFAULT_NAMESPACE = "default"
 
 
-class Effect(enum.Enum):
+class IdentityEnum(enum.Enum):
+    """An enum hashed by identity. Members are singletons that compare by
+    identity; `enum.Enum` hashes them by their name in Python code, a frame
+    per dict lookup, and the hot path looks them up tens of times per
+    request (protobuf mappings, tables, pools). Same equality, same dict
+    semantics, one C call."""
+
+    __hash__ = object.__hash__
+
+
+class Effect(IdentityEnum):
     """What a tool does to the world (ADR-010 D2); undeclared is SIDE_EFFECT."""
 
     READ = "read"
@@ -31,7 +41,7 @@ class Effect(enum.Enum):
     SIDE_EFFECT = "side-effect"
 
 
-class Channel(enum.Enum):
+class Channel(IdentityEnum):
     """How the agent reaches the tool; the retry rules of contract §7.2 depend on
     it (ADR-010 D5: an MCP call is never replayed after a transport failure;
     D6: child and background runs). The values are those of the matching
@@ -43,7 +53,7 @@ class Channel(enum.Enum):
     DURABLE_BACKGROUND = "durable_background"
 
 
-class State(enum.Enum):
+class State(IdentityEnum):
     PREPARED = "prepared"
     AWAITING_APPROVAL = "awaiting_approval"
     STARTED = "started"
@@ -51,7 +61,7 @@ class State(enum.Enum):
     COMMITTED = "committed"
 
 
-class Event(enum.Enum):
+class Event(IdentityEnum):
     """What can happen to a record; the history names them."""
 
     PREPARE = "prepare"
@@ -77,7 +87,7 @@ class Event(enum.Enum):
     RESTORE = "restore"
 
 
-class Decision(enum.Enum):
+class Decision(IdentityEnum):
     """What the caller must do next (contract §5.1)."""
 
     EXECUTE = "execute"
@@ -88,12 +98,12 @@ class Decision(enum.Enum):
     RECONCILE = "reconcile"
 
 
-class Outcome(enum.Enum):
+class Outcome(IdentityEnum):
     OK = "ok"
     ERROR = "error"
 
 
-class PayloadKind(enum.Enum):
+class PayloadKind(IdentityEnum):
     JSON = "json"
     RAW = "raw"
 
@@ -177,7 +187,7 @@ class Transition:
     attempt: int
 
 
-class Resolution(enum.Enum):
+class Resolution(IdentityEnum):
     """What an operator found in the target system (contract §4.6 reconcile)."""
 
     COMMITTED = "committed"

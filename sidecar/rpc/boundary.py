@@ -217,8 +217,12 @@ class Boundary:
                     state.deadline = loop.time() + deadline
                 # 4. handler, 5. domain error to status
                 refused = await _answered(method, state, request, run)
-                name_the_call(state, request, refused)
-                if not isinstance(refused, Refused):
+                answered = not isinstance(refused, Refused)
+                # Fourteen field lookups a message, for the access log alone:
+                # only when it writes the line (at DEBUG for an answer).
+                if self._recorder.names_wanted(ok=answered):
+                    name_the_call(state, request, refused)
+                if answered:
                     return refused
             state.reason = refused.reason
             code = refused.status.code

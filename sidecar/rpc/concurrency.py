@@ -23,13 +23,13 @@ the sum (`backstop`), only for what the gate does not see (reflection).
 
 from __future__ import annotations
 
-import enum
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.errors import ConcurrencyLimited
+from sidecar.ledger.model import IdentityEnum
 from sidecar.ledger.quota import Caller
 
 # Health checks, reflection and calls the gate has not counted yet.
@@ -39,7 +39,7 @@ HEADROOM = 64
 WATCHES_PER_PEER = 8
 
 
-class Pool(enum.Enum):
+class Pool(IdentityEnum):
     ORDINARY = "ordinary"
     RECORDING = "recording"
     HEALTH_WATCH = "health watch"

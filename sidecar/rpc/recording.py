@@ -48,6 +48,12 @@ class Recorder:
         if self._tracer is not None:
             state.trace = self._tracer.rpc_started(state)
 
+    def names_wanted(self, *, ok: bool) -> bool:
+        """Whether the access log would write the line of a call that ended
+        OK (`ok`) or not: the run, call and tool it names are found only
+        then (`name_the_call`), nothing else reads them."""
+        return access_log.isEnabledFor(logging.DEBUG if ok else logging.INFO)
+
     def record(
         self,
         state: CallState,

@@ -9,7 +9,6 @@ functions in the same group commit are unaffected.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,14 +16,14 @@ from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
 from sidecar.ledger.audit import Fact
-from sidecar.ledger.model import ToolCall
+from sidecar.ledger.model import IdentityEnum, ToolCall
 from sidecar.ledger.quota import Quotas, StoreFill
 from sidecar.storage.plan_rows import Summarize
 
 T = TypeVar("T")
 
 
-class Table(enum.Enum):
+class Table(IdentityEnum):
     """The tables of the store; each maps bytes keys to bytes values.
 
     CALLS, PLAN_ROWS and TOMBSTONES hold the documents of `storage.records`,

@@ -34,19 +34,75 @@ from sidecar.ledger.model import (
 
 RECORD_VERSION = 1
 
+# Members by stored value: a dict lookup where calling the enum runs two
+# Python frames per field (a record holds a dozen such fields). A value not
+# found falls back to the enum itself, which refuses it as before.
+_STATES = {m.value: m for m in State}
+_EVENTS = {m.value: m for m in Event}
+_EFFECTS = {m.value: m for m in Effect}
+_OUTCOMES = {m.value: m for m in Outcome}
+_CHANNELS = {m.value: m for m in Channel}
+_KINDS = {m.value: m for m in PayloadKind}
+
+
+def _state(value: str) -> State:
+    try:
+        return _STATES[value]
+    except (KeyError, TypeError):
+        return State(value)
+
+
+def _event(value: str) -> Event:
+    try:
+        return _EVENTS[value]
+    except (KeyError, TypeError):
+        return Event(value)
+
+
+def _effect(value: str) -> Effect:
+    try:
+        return _EFFECTS[value]
+    except (KeyError, TypeError):
+        return Effect(value)
+
+
+def _outcome(value: str) -> Outcome:
+    try:
+        return _OUTCOMES[value]
+    except (KeyError, TypeError):
+        return Outcome(value)
+
+
+def _channel(value: str) -> Channel:
+    try:
+        return _CHANNELS[value]
+    except (KeyError, TypeError):
+        return Channel(value)
+
+
+def _kind(value: str) -> PayloadKind:
+    try:
+        return _KINDS[value]
+    except (KeyError, TypeError):
+        return PayloadKind(value)
+
+
+# Encoding reads each member's value as `_value_`, the attribute `Enum.value`
+# returns through two Python frames (a record's history has three per entry).
+
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
 def _payload_doc(p: Payload | None) -> dict[str, str] | None:
-    return None if p is None else {"kind": p.kind.value, "data": _b64(p.data)}
+    return None if p is None else {"kind": p.kind._value_, "data": _b64(p.data)}
 
 
 def _payload(doc: dict[str, str] | None) -> Payload | None:
     if doc is None:
         return None
-    return Payload(PayloadKind(doc["kind"]), base64.b64decode(doc["data"]))
+    return Payload(_kind(doc["kind"]), base64.b64decode(doc["data"]))
 
 
 def encode_call(c: ToolCall) -> bytes:
@@ -54,8 +110,8 @@ def encode_call(c: ToolCall) -> bytes:
         "v": RECORD_VERSION,
         "ref": [c.ref.namespace, c.ref.run_id, c.ref.call_id],
         "tool": c.tool_name,
-        "effect": c.effect.value,
-        "state": c.state.value,
+        "effect": c.effect._value_,
+        "state": c.state._value_,
         "rev": c.revision,
         "scheme": c.key_scheme,
         "fp": c.input_fingerprint,
@@ -71,7 +127,7 @@ def encode_call(c: ToolCall) -> bytes:
         "result": None
         if c.result is None
         else {
-            "outcome": c.result.outcome.value,
+            "outcome": c.result.outcome._value_,
             "payload": _payload_doc(c.result.payload),
             "code": c.result.error_code,
             "message": c.result.error_message,
@@ -79,9 +135,9 @@ def encode_call(c: ToolCall) -> bytes:
         },
         "history": [
             [
-                None if t.from_state is None else t.from_state.value,
-                t.to_state.value,
-                t.event.value,
+                None if t.from_state is None else t.from_state._value_,
+                t.to_state._value_,
+                t.event._value_,
                 t.at_ns,
                 t.actor,
                 t.reason,
@@ -94,8 +150,8 @@ def encode_call(c: ToolCall) -> bytes:
         "reconciliations": [_reconciliation_doc(r) for r in c.reconciliations],
         "lease_ms": c.lease_ms,
         "unknown_since": c.unknown_since_ns,
-        "channel": c.channel.value,
-        "forced": None if c.forced_effect is None else c.forced_effect.value,
+        "channel": c.channel._value_,
+        "forced": None if c.forced_effect is None else c.forced_effect._value_,
     }
     if c.kept_input is not None:
         # Absent otherwise: a record without one is stored as before.
@@ -165,12 +221,12 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
     check_key_scheme(doc["scheme"])
     r = doc["result"]
     lease = doc["lease"]
-    state = State(doc["state"])
+    state = _state(doc["state"])
     transitions = doc["history"] if history or state is State.UNKNOWN else ()
     return ToolCall(
         ref=CallRef(*doc["ref"]),
         tool_name=doc["tool"],
-        effect=Effect(doc["effect"]),
+        effect=_effect(doc["effect"]),
         state=state,
         revision=doc["rev"],
         key_scheme=doc["scheme"],
@@ -186,7 +242,7 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
         result=None
         if r is None
         else Result(
-            Outcome(r["outcome"]),
+            _outcome(r["outcome"]),
             _payload(r["payload"]),
             r["code"],
             r["message"],
@@ -194,9 +250,9 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
         ),
         history=tuple(
             Transition(
-                None if f is None else State(f),
-                State(t),
-                Event(e),
+                None if f is None else _state(f),
+                _state(t),
+                _event(e),
                 at,
                 actor,
                 reason,
@@ -214,8 +270,8 @@ def decode_call(raw: bytes, *, history: bool = True) -> ToolCall:
         # Optional: records stored before these were kept have none.
         lease_ms=doc.get("lease_ms", 0),
         unknown_since_ns=doc.get("unknown_since", 0),
-        channel=Channel(doc.get("channel", Channel.TOOL.value)),
-        forced_effect=None if doc.get("forced") is None else Effect(doc["forced"]),
+        channel=_channel(doc.get("channel", Channel.TOOL.value)),
+        forced_effect=None if doc.get("forced") is None else _effect(doc["forced"]),
         # Records written before inputs were kept have no such key.
         kept_input=_payload(doc.get("kept_input")) if history else None,
     )

@@ -129,7 +129,10 @@ class Counting:
     def __init__(self, view: WriteView) -> None:
         self._view = view
         self.summarize = view.summarize
-        self._pending: dict[bytes, Usage] = {}
+        # Per namespace, the changes not yet written: open calls, stored
+        # bytes, tombstone bytes, summed in place (a `Usage` is built only
+        # when read or written, not on every put).
+        self._pending: dict[bytes, list[int]] = {}
         # An attribute lookup, not isinstance(view, AddsUsage): a runtime
         # protocol check walks the protocol's members on every call, tens of
         # microseconds on each write function of the hot path.
@@ -139,24 +142,21 @@ class Counting:
 
     def pending(self, namespace: bytes) -> Usage:
         """The changes of `namespace` not yet written to `Table.USAGE`."""
-        return self._pending.get(namespace, Usage())
+        sums = self._pending.get(namespace)
+        return Usage() if sums is None else Usage(*sums)
 
-    def _count(
-        self,
-        namespace: bytes,
-        open_calls: int = 0,
-        stored_bytes: int = 0,
-        tombstone_bytes: int = 0,
-    ) -> None:
-        self._pending[namespace] = self.pending(namespace).plus(
-            open_calls, stored_bytes, tombstone_bytes
-        )
+    def _sums(self, namespace: bytes) -> list[int]:
+        sums = self._pending.get(namespace)
+        if sums is None:
+            sums = self._pending[namespace] = [0, 0, 0]
+        return sums
 
     def flush(self) -> None:
         """Writes the summed changes to `Table.USAGE`."""
-        for namespace, change in self._pending.items():
-            if change == Usage():
+        for namespace, sums in self._pending.items():
+            if not any(sums):
                 continue
+            change = Usage(*sums)
             if self._add_usage is not None:
                 self._add_usage(namespace, change)
             else:
@@ -181,10 +181,11 @@ class Counting:
         return self._view.scan(table, prefix, after=after)
 
     def _resized(self, table: Table, key: bytes, grown: int) -> None:
+        sums = self._sums(_namespace_of(key))
         if table is Table.TOMBSTONES:
-            self._count(_namespace_of(key), tombstone_bytes=grown)
+            sums[2] += grown
         else:
-            self._count(_namespace_of(key), stored_bytes=grown)
+            sums[1] += grown
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
         if _sized(table) or table is Table.TOMBSTONES:
@@ -196,7 +197,7 @@ class Counting:
             new = _is_open(key) and self._view.get(table, key) is None
             self._view.put(table, key, value)
             if new:
-                self._count(_namespace_of(key[1:]), open_calls=1)
+                self._sums(_namespace_of(key[1:]))[0] += 1
         else:
             self._view.put(table, key, value)
 
@@ -210,7 +211,7 @@ class Counting:
             gone = _is_open(key) and self._view.get(table, key) is not None
             self._view.delete(table, key)
             if gone:
-                self._count(_namespace_of(key[1:]), open_calls=-1)
+                self._sums(_namespace_of(key[1:]))[0] -= 1
         else:
             self._view.delete(table, key)
 

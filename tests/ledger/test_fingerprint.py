@@ -8,8 +8,12 @@ single canonical form is refused rather than hashed loosely.
 from __future__ import annotations
 
 import hashlib
+import json
+import random
+from typing import Any
 
 import pytest
+import rfc8785
 
 from sidecar.ledger import fingerprint as fingerprints
 from sidecar.ledger.fingerprint import (
@@ -270,3 +274,89 @@ def test_result_digest_refuses_non_canonical_json() -> None:
     """A JSON result without one canonical form cannot be digested."""
     with pytest.raises(NotCanonicalizable):
         result_digest(Outcome.OK, Payload(PayloadKind.JSON, b"NaN"), "", "")
+
+
+def _reference(text: bytes) -> bytes:
+    """RFC 8785 by the `rfc8785` package alone, as `canonical_json` did
+    before it served plain values with the standard library's encoder."""
+    value = json.loads(
+        text.decode("utf-8"),
+        object_pairs_hook=fingerprints._no_duplicates,
+        parse_constant=fingerprints._no_constant,
+    )
+    return rfc8785.dumps(value)
+
+
+# Characters around each boundary the plain path relies on: control
+# characters and escapes, ASCII, the BMP below and above the surrogates, and
+# beyond it (whose UTF-16 code units sort before U+E000).
+_CHARS = '\x00\x1f\x7f"\\/\b\f\n\r\tazAZ09 é\u2028\ud7ff\ue000\uffff\U0001f600'
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> Any:  # noqa: PLR0911
+    kind = rng.randrange(9 if depth < 4 else 6)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice([0, -1, 1, 2**53 - 1, -(2**53 - 1), 2**53, -(2**53), 10**15])
+    if kind == 2:
+        return rng.randrange(-(10**6), 10**6)
+    if kind == 3:
+        return rng.choice([0.5, 1.0, -0.0, 1e21, 1e-7, 123.456, 2.0**60])
+    if kind in (4, 5):
+        return "".join(rng.choice(_CHARS) for _ in range(rng.randrange(5)))
+    if kind == 6:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {
+        "".join(rng.choice(_CHARS) for _ in range(rng.randrange(3))): _random_value(
+            rng, depth + 1
+        )
+        for _ in range(rng.randrange(4))
+    }
+
+
+def test_canonical_json_agrees_with_rfc8785_on_random_values() -> None:
+    """Whichever path serializes it, `canonical_json` gives what `rfc8785`
+    gives, or refuses what it refuses, for random JSON around the plain
+    path's boundaries (integers near 2**53, fractions, characters beyond
+    the surrogates, escapes)."""
+    seed = random.randrange(2**32)  # noqa: S311 - a test seed
+    print(f"seed {seed}")
+    rng = random.Random(seed)  # noqa: S311 - the values
+    for _ in range(2000):
+        text = json.dumps(_random_value(rng), ensure_ascii=rng.random() < 0.5)
+        data = text.encode("utf-8", "surrogatepass")
+        try:
+            want = _reference(data)
+        except (ValueError, rfc8785.CanonicalizationError):
+            with pytest.raises(NotCanonicalizable):
+                canonical_json(data)
+            continue
+        assert canonical_json(data) == want, (seed, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Sorted by UTF-16 code units, the emoji (D83D DE00) precedes U+E000,
+        # which sorts first by code point.
+        '{"\\ue000": 1, "\\ud83d\\ude00": 2}',
+        '{"b": "\\ue000", "a": 1}',
+        "[9007199254740991, -9007199254740991]",
+        '{"a": 1.0, "b": 10}',
+        '"\\u0000\\u001f\\b\\f\\n\\r\\t\\"\\\\/\\u007f"',
+    ],
+)
+def test_canonical_json_on_the_plain_path_boundaries(text: str) -> None:
+    """Each boundary of the plain path, against `rfc8785` alone."""
+    assert canonical_json(text.encode()) == _reference(text.encode())
+
+
+@pytest.mark.parametrize(
+    "text", ["9007199254740992", "[-9007199254740992]", '"\\ud800"', "1e400"]
+)
+def test_what_rfc8785_refuses_is_refused_on_either_path(text: str) -> None:
+    """An integer beyond 2**53 - 1, a lone surrogate, an infinite number:
+    no RFC 8785 form, refused."""
+    with pytest.raises(NotCanonicalizable):
+        canonical_json(text.encode())
