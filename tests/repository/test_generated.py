@@ -11,7 +11,7 @@ import pytest
 
 from scripts import gen_protos, unasync
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_code_is_fresh() -> None:

@@ -12,7 +12,7 @@ import pytest
 from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOCKET = "unix:.effectd/effectd.sock"
 
 
