@@ -69,7 +69,7 @@ pgbouncer:
 	test -x /usr/sbin/pgbouncer || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer)
 
 # The Node client's packages: its tests and the documents' JavaScript blocks
-# (tests/test_docs.py) run on them.
+# (tests/repository/test_docs.py) run on them.
 $(NODE_INSTALLED): clients/node/package.json clients/node/package-lock.json
 	cd clients/node && npm ci --no-audit --no-fund
 	touch $@
@@ -136,8 +136,8 @@ many-daemons-deep: $(DEV_INSTALLED)
 	EFFECTD_RACE_ROUNDS=$(RACE_ROUNDS) EFFECTD_RACE_MODES=prepare,start \
 	  EFFECTD_OPERATOR_ROUNDS=$(OPERATOR_ROUNDS) \
 	  EFFECTD_QUOTA_ROUNDS=$(QUOTA_ROUNDS) \
-	  $(PY) -m pytest tests/test_many_daemons_race.py tests/test_many_daemons_operators.py \
-	  tests/test_many_daemons_quota.py -q -p no:cacheprovider $(PYTEST_ARGS)
+	  $(PY) -m pytest tests/system/test_many_daemons_race.py tests/system/test_many_daemons_operators.py \
+	  tests/system/test_many_daemons_quota.py -q -p no:cacheprovider $(PYTEST_ARGS)
 
 ## bench-node: the Node client's round trips, session stream against unary (ratios in one run)
 bench-node: $(INSTALLED)
