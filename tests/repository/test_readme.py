@@ -12,6 +12,8 @@ import pytest
 from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 SOCKET = "unix:.effectd/effectd.sock"
 

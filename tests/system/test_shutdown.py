@@ -39,6 +39,8 @@ from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 from tests.support.ack_before_commit import AckBeforeCommitStore
 from tests.support.processes import DaemonProcess, daemon_process
 
+pytestmark = pytest.mark.slow
+
 WORKERS = 32
 GRACE_SECONDS = 5.0
 # Bounds each client's loop; SIGTERM comes long before.
