@@ -46,6 +46,23 @@ SLOW = (
     "tests/observability/test_otel.py::test_without_the_setting_the_sdk_is_not",
     # A daemon restarted between a tool and its commit.
     "tests/clients/test_safe_recording.py::test_a_daemon_restart_between",
+    # Real timeouts waited out: a client library's transport failing, an
+    # SDK's retries and deadlines, a watcher thread ending, a daemon away, a
+    # deadline passing on the wall clock.
+    "tests/clients/test_safe_outcomes.py::test_a_transport_failure_of_a_client_library",
+    "tests/clients/test_transport_decisions.py::test_sdk_default_retries_never",
+    "tests/clients/test_transport_decisions.py::test_the_sdks_timeout_is_the_calls",
+    "tests/clients/test_transport_decisions.py::test_negative_control_a_raised_decision",
+    "tests/clients/test_transport_decisions.py::test_a_committed_stream_ends_at_the_sdks",
+    "tests/clients/test_safe_watcher.py::test_the_watcher_thread_ends_when_no_call",
+    "tests/clients/test_reconnect.py::test_a_daemon_that_stays_away_fails_the_call",
+    "tests/clients/test_langgraph.py::test_a_call_another_attempt_holds_waits",
+    "tests/clients/test_langgraph.py::test_a_call_held_longer_than_the_wait_is",
+    "tests/services/test_off_loop.py::test_a_verification_whose_deadline_passed",
+    "tests/storage/test_postgres_faults.py::test_a_statement_timeout_answers",
+    "tests/provider/test_provider_rpc.py::test_the_deadline_covers_every_attempt",
+    "tests/provider/test_acceptance.py::test_case_13_a_silent_upstream_ends",
+    "tests/provider/test_acceptance.py::test_a_committed_stream_that_stalls_ends",
 )
 
 
