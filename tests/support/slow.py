@@ -3,7 +3,8 @@ module: each named here costs seconds (a daemon or a framework started as its
 own process, a TLS handshake against a timeout, a random search, a race run
 round after round) and what it checks is checked again by `make test`, which
 runs everything. A node id is listed whole, or as a prefix: a module, or a
-test with every parameter (`name[`). What stays in the fast loop to catch a
+test with every parameter (`name[`); `STORE_ON_BOTH` below names the gRPC
+boundary's tests on PostgreSQL. What stays in the fast loop to catch a
 broken promise is listed in tests/README.md."""
 
 from __future__ import annotations
@@ -66,12 +67,27 @@ SLOW = (
 )
 
 
-def is_slow(nodeid: str) -> bool:
-    return nodeid.startswith(SLOW)
+# The gRPC boundary's tests of a module that runs them on each store
+# (`tests.support.postgres.both_stores`) run on LMDB in the fast loop, and on
+# PostgreSQL too in `make test`: the PostgreSQL store keeps its own contract
+# (tests/storage/test_store_contract.py) and its race with its control
+# (tests/storage/test_postgres_race.py) in the fast loop.
+STORE_ON_BOTH = "tests/rpc/"
+
+
+def is_slow(item: pytest.Item) -> bool:
+    if item.nodeid.startswith(SLOW):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return (
+        item.nodeid.startswith(STORE_ON_BOTH)
+        and callspec is not None
+        and callspec.params.get("store_kind") == "postgres"
+    )
 
 
 def mark(items: list[pytest.Item]) -> None:
-    """Marks `slow` the collected tests that `SLOW` names."""
+    """Marks `slow` the collected tests that `SLOW` and `STORE_ON_BOTH` name."""
     for item in items:
-        if is_slow(item.nodeid):
+        if is_slow(item):
             item.add_marker(pytest.mark.slow)
