@@ -44,7 +44,8 @@ check: $(DEV_INSTALLED)
 	$(PY) scripts/unasync.py --check
 
 ## unasync: write the synchronous client's modules from the asyncio ones
-## (scripts/unasync.py: _aio.py -> _client.py, _safe_aio.py -> _safe.py)
+## (scripts/unasync.py: _aio.py -> _client.py, _safe_aio.py -> _safe.py,
+## _operator_aio.py -> _operator.py)
 unasync: $(DEV_INSTALLED)
 	$(PY) scripts/unasync.py
 
@@ -69,12 +70,16 @@ pgbouncer:
 	test -x /usr/sbin/pgbouncer || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer)
 
 # The Node client's packages: its tests and the documents' JavaScript blocks
-# (tests/test_docs.py) run on them.
+# (tests/repository/test_docs.py) run on them.
 $(NODE_INSTALLED): clients/node/package.json clients/node/package-lock.json
 	cd clients/node && npm ci --no-audit --no-fund
 	touch $@
 
-## test-fast: the inner loop: every test not marked slow; no checks, no coverage
+## test-fast: the inner loop: every test not marked slow; no checks, no coverage;
+## about 90 s on a quiet 2-core machine. What is slow (marked in its module, or named
+## in tests/support/slow.py) runs in `make test`; each property (durability, at most
+## one attempt, isolation, no replay) keeps a test and its negative control here:
+## tests/README.md lists them
 test-fast: $(DEV_INSTALLED) pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
@@ -136,8 +141,8 @@ many-daemons-deep: $(DEV_INSTALLED)
 	EFFECTD_RACE_ROUNDS=$(RACE_ROUNDS) EFFECTD_RACE_MODES=prepare,start \
 	  EFFECTD_OPERATOR_ROUNDS=$(OPERATOR_ROUNDS) \
 	  EFFECTD_QUOTA_ROUNDS=$(QUOTA_ROUNDS) \
-	  $(PY) -m pytest tests/test_many_daemons_race.py tests/test_many_daemons_operators.py \
-	  tests/test_many_daemons_quota.py -q -p no:cacheprovider $(PYTEST_ARGS)
+	  $(PY) -m pytest tests/system/test_many_daemons_race.py tests/system/test_many_daemons_operators.py \
+	  tests/system/test_many_daemons_quota.py -q -p no:cacheprovider $(PYTEST_ARGS)
 
 ## bench-node: the Node client's round trips, session stream against unary (ratios in one run)
 bench-node: $(INSTALLED)

@@ -6,7 +6,8 @@ httpcore writes its sync package, so the two cannot drift:
 
 - in code (never inside a string or a comment) the names of `NAMES` become
   their synchronous twins, `async def`/`async with`/`async for` lose their
-  `async`, `await` goes, and `Awaitable[T]` becomes `T`;
+  `async`, `await` goes, `Awaitable[T]` becomes `T` and `grpc.aio.Channel`
+  `grpc.Channel`;
 - a comment `# noqa: ASYNC...` goes with the `async` it was about;
 - lines between `# unasync: async-only` and `# unasync: end` are the asyncio
   module's own and are left out; lines between `# unasync: sync-only` and
@@ -37,6 +38,7 @@ CLIENT = ROOT / "clients" / "python" / "src" / "effectd_client"
 PAIRS: Sequence[tuple[str, str]] = (
     ("_aio.py", "_client.py"),
     ("_safe_aio.py", "_safe.py"),
+    ("_operator_aio.py", "_operator.py"),
 )
 
 NAMES = {
@@ -55,12 +57,16 @@ NAMES = {
     "_operator_aio": "_operator",
     "AsyncAdmin": "Admin",
     "AsyncOperator": "Operator",
+    "AsyncSend": "Send",
+    "ToolLedgerAsyncStub": "ToolLedgerStub",
+    "RecoveryAsyncStub": "RecoveryStub",
 }
 CODE_RULES: Sequence[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = (
     (re.compile(r"\basync\s+(?=(def|with|for)\b)"), ""),
     (re.compile(r"\bawait\s+"), ""),
     (re.compile(r"\bAwaitable\[(\w+)\]"), r"\1"),
     (re.compile(r"\basyncio\.sleep\b"), "time.sleep"),
+    (re.compile(r"\bgrpc\.aio\.Channel\b"), "grpc.Channel"),
     (
         re.compile(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b"),
         lambda m: NAMES[m.group(1)],

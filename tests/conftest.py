@@ -19,7 +19,7 @@ from effectd_client import Client
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
-from tests.support import pgbouncer, postgres
+from tests.support import pgbouncer, postgres, slow
 
 
 @pytest.fixture
@@ -143,3 +143,9 @@ def checkpoints_stub(channel: grpc.Channel) -> checkpoints_pb2_grpc.CheckpointsS
 
 def pytest_report_header() -> str:
     return f"effectd tests, pid {os.getpid()}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `slow` what `tests.support.slow` names, before `-m` selects."""
+    slow.mark(items)

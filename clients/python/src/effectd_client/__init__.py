@@ -84,7 +84,6 @@ from effectd_client._exceptions import (
 )
 from effectd_client._exceptions import UpstreamUnavailable as UpstreamUnavailable
 from effectd_client._operator import Admin as Admin
-from effectd_client._operator import Caller as Caller
 from effectd_client._operator import Operator as Operator
 from effectd_client._operator_aio import AsyncAdmin as AsyncAdmin
 from effectd_client._operator_aio import AsyncOperator as AsyncOperator
@@ -105,6 +104,7 @@ from effectd_client._transport import EffectdTransport as EffectdTransport
 from effectd_client._transport import (
     Httpx2EffectdTransport as Httpx2EffectdTransport,
 )
+from effectd_client._types import Caller as Caller
 from effectd_client._types import Channel as Channel
 from effectd_client._types import Checkpoint as Checkpoint
 from effectd_client._types import Decision as Decision

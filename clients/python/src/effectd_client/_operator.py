@@ -1,8 +1,11 @@
-"""The operator's surface of `Client`: `client.admin`, one method per RPC of
-the Admin service, and `client.operator`, what a person's tools (`effectd
-ctl`, the web console) read and decide through ToolLedger and Recovery; as
-etcd's clientv3 has Maintenance beside KV, and Temporal's service client an
-OperatorService beside the workflow one.
+# Generated from _operator_aio.py by scripts/unasync.py: edit that file, not this.
+"""The operator's surface of the client: `admin`, one method per RPC of the
+Admin service, and `operator`, what a person's tools (`effectd ctl`, the web
+console) read and decide through ToolLedger and Recovery; as etcd's clientv3
+has Maintenance beside KV, and Temporal's service client an OperatorService
+beside the workflow one. Written once, for `AsyncClient`; the synchronous
+surface of `Client` (`effectd_client._operator`) is generated from this module
+by scripts/unasync.py.
 
 An answer is the daemon's whole message (`effectd.v1.*_pb2`, typed by its
 stub), not the agent's dataclasses: a person's tool shows every field of a
@@ -10,14 +13,12 @@ record (history, approval, reconciliations, kept input), and `effectd ctl
 --json` prints each as the .proto names it. Requests are built by
 `effectd_client._requests`, sent by the client's own call (its deadline,
 token and wait for a daemon away), and a refusal raises the `EffectdError`
-subclass of its reason, as every other call does. `effectd_client._operator_aio`
-is the same surface awaited.
+subclass of its reason, as every other call does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -27,7 +28,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
 from effectd_client import _requests as req
-from effectd_client._types import State
+from effectd_client._types import Caller, State
 
 T = TypeVar("T")
 
@@ -37,16 +38,6 @@ class Send(Protocol):
     wait, a refusal raised as an `EffectdError`."""
 
     def __call__(self, method: Callable[..., T], request: object) -> T: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who the daemon takes the caller for: the token's name and its roles
-    (`agent`, `approver`, `operator`), sorted; "" and () without
-    authentication."""
-
-    name: str
-    roles: tuple[str, ...]
 
 
 class Admin:
@@ -160,7 +151,7 @@ class Operator:
     ) -> pb.ToolCall:
         """The whole record of one call."""
         request = req.get_tool_call(self._ns(namespace), run_id, call_id)
-        return self._send(self._ledger.GetToolCall, request).call
+        return (self._send(self._ledger.GetToolCall, request)).call
 
     def list_page(
         self,
@@ -240,7 +231,7 @@ class Operator:
             expected_revision=expected_revision,
             input_fingerprint=input_fingerprint,
         )
-        return self._send(self._ledger.DecideApproval, request).call
+        return (self._send(self._ledger.DecideApproval, request)).call
 
     def reconcile(
         self,
@@ -270,7 +261,7 @@ class Operator:
             not_executed=not_executed,
             confirmed_dead_attempt=confirmed_dead_attempt,
         )
-        return self._send(self._ledger.Reconcile, request).call
+        return (self._send(self._ledger.Reconcile, request)).call
 
     def recover_pages(
         self, run_id: str, *, namespace: str | None = None, page_size: int = 0

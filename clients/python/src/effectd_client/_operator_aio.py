@@ -1,6 +1,18 @@
-"""The operator's surface of `AsyncClient`: `effectd_client._operator`
-awaited, method for method (`client.admin`, `client.operator`); the requests
-are the same builders', the answers the same messages.
+"""The operator's surface of the client: `admin`, one method per RPC of the
+Admin service, and `operator`, what a person's tools (`effectd ctl`, the web
+console) read and decide through ToolLedger and Recovery; as etcd's clientv3
+has Maintenance beside KV, and Temporal's service client an OperatorService
+beside the workflow one. Written once, for `AsyncClient`; the synchronous
+surface of `Client` (`effectd_client._operator`) is generated from this module
+by scripts/unasync.py.
+
+An answer is the daemon's whole message (`effectd.v1.*_pb2`, typed by its
+stub), not the agent's dataclasses: a person's tool shows every field of a
+record (history, approval, reconciliations, kept input), and `effectd ctl
+--json` prints each as the .proto names it. Requests are built by
+`effectd_client._requests`, sent by the client's own call (its deadline,
+token and wait for a daemon away), and a refusal raises the `EffectdError`
+subclass of its reason, as every other call does.
 """
 
 from __future__ import annotations
@@ -15,14 +27,14 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import recovery_pb2 as rpb
 
 from effectd_client import _requests as req
-from effectd_client._operator import Caller
-from effectd_client._types import State
+from effectd_client._types import Caller, State
 
 T = TypeVar("T")
 
 
 class AsyncSend(Protocol):
-    """An async client's call (`effectd_client._operator.Send`, awaited)."""
+    """A client's call: one request with its deadline, token and reconnect
+    wait, a refusal raised as an `EffectdError`."""
 
     async def __call__(
         self, method: Callable[..., Awaitable[T]], request: object

@@ -241,3 +241,13 @@ class Checkpoint:
     @classmethod
     def from_pb(cls, msg: checkpoints_pb2.Checkpoint) -> Checkpoint:
         return cls(msg.key, msg.value, msg.revision)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who the daemon takes the caller for: the token's name and its roles
+    (`agent`, `approver`, `operator`), sorted; "" and () without
+    authentication."""
+
+    name: str
+    roles: tuple[str, ...]

@@ -19,7 +19,7 @@ and only here, so that the client's private modules stay free to change:
   its `McpServerPolicy` rows and the `McpDecision` it answers, for every
   adapter that puts MCP tools through the ledger.
 
-`tests/test_layers.py` fails when a module of `effectd_client.contrib`
+`tests/repository/test_layers.py` fails when a module of `effectd_client.contrib`
 imports a private module of the client (`effectd_client._*`) or another
 adapter's package; a name an adapter needs is added here, with a line above.
 """

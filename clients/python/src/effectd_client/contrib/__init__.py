@@ -14,7 +14,7 @@ Writing a new adapter (say `effectd_client.contrib.crewai`):
    rules of `effectd_client.policy`, and the adapter's extension surface
    `effectd_client.extend` (outcomes, the safe call's judgement of an answer,
    the MCP policy). Never `effectd_client._*`, never another adapter's
-   package: `tests/test_layers.py` fails on either. A name it needs that is
+   package: `tests/repository/test_layers.py` fails on either. A name it needs that is
    not public is added to `effectd_client.extend`.
 3. Its framework in `clients/python/pyproject.toml` as an extra, pinned; its
    page in `docs/<framework>.md` importing from `effectd_client.contrib.<framework>`;

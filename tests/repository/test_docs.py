@@ -15,6 +15,8 @@ import pytest
 from tests.support import docs
 from tests.support.processes import ROOT
 
+pytestmark = pytest.mark.slow
+
 DOCUMENTS = (
     "README.md",
     "docs/operations.md",

@@ -28,7 +28,7 @@ from effectd.v1 import (
 )
 from google.protobuf.descriptor import EnumDescriptor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "contract.md"
 
 SCANNED = frozenset({".py", ".pyi", ".js", ".mjs", ".cjs", ".ts", ".md", ".proto"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TREES = (ROOT / "sidecar", ROOT / "clients" / "python" / "src" / "effectd_client")
 LIMIT = 400
 REASON = "on purpose"

@@ -26,6 +26,8 @@ from sidecar.testing import running_daemon
 from tests.rpc.support import decode, prepare_request
 from tests.support import postgres
 
+pytestmark = pytest.mark.slow
+
 WORKERS = 6
 CALLS = 20
 KILLS = 40

@@ -12,7 +12,9 @@ import pytest
 from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 SOCKET = "unix:.effectd/effectd.sock"
 
 

@@ -163,6 +163,7 @@ class _HeldDaemon(Daemon):
         return self.held
 
 
+@pytest.mark.slow
 def test_graceful_stop_finishes_in_flight_calls(short_tmp: Path) -> None:
     """On stop, health turns NOT_SERVING and a call in flight still completes."""
     cfg = ServeConfig(data_dir=short_tmp / "data", init=True, grace_seconds=10)

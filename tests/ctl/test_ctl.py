@@ -639,6 +639,7 @@ def test_usage_errors_exit_2(argv: list[str]) -> None:
     assert info.value.code == 2
 
 
+@pytest.mark.slow
 def test_as_a_process(daemon: RunningDaemon, client: Client) -> None:
     """`python -m sidecar ctl` run as its own process lists and refuses with
     the documented exit codes."""

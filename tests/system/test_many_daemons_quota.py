@@ -32,6 +32,8 @@ from effectd.v1.admin_pb2_grpc import AdminStub
 from effectd_client import Client, EffectdError, QuotaExceeded, State
 from tests.support.processes import daemon_processes
 
+pytestmark = pytest.mark.slow
+
 DAEMONS = 3
 CALLERS_PER_DAEMON = 6
 WAVES = 3

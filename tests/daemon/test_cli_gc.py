@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 # Runs the daemon as the program (`cli.main()`, no arguments given), and
 # once its socket is up reports how many objects the collector keeps frozen.
 _PROBE = """

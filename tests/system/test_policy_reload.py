@@ -19,6 +19,8 @@ from effectd.v1 import ledger_pb2 as pb
 from tests.rpc.support import assert_serving, prepare_request, ref
 from tests.support.processes import DaemonProcess, daemon_process
 
+pytestmark = pytest.mark.slow
+
 TOOL = "search"
 FORCED = f'[tools.{TOOL}]\neffect = "side-effect"\n'
 

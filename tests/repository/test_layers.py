@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIDECAR = ROOT / "sidecar"
 CLIENT = ROOT / "clients" / "python" / "src" / "effectd_client"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"

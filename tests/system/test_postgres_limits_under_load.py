@@ -41,6 +41,8 @@ from sidecar.storage.postgres.store import (
 from sidecar.testing import running_daemon
 from tests.rpc.support import decode, prepare_request
 
+pytestmark = pytest.mark.slow
+
 WORKERS = 6
 READERS = 4
 # EXCLUSIVE blocks writes only: starts reach the writer, whose statements

@@ -163,6 +163,7 @@ def test_negative_control_a_session_answered_before_commit_is_caught(
         assert durability_violations(c, acknowledged) != []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_second_daemon_on_the_same_data_directory_fails_loudly(short_tmp: Path) -> None:
     """A second daemon exits with an error instead of taking over the socket."""

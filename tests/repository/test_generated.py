@@ -11,9 +11,10 @@ import pytest
 
 from scripts import gen_protos, unasync
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_generated_code_is_fresh() -> None:
     """`make protos` would change nothing."""
     run = subprocess.run(
@@ -26,6 +27,7 @@ def test_generated_code_is_fresh() -> None:
     assert run.returncode == 0, run.stderr
 
 
+@pytest.mark.slow
 def test_negative_control_stale_code_is_detected(tmp_path: Path) -> None:
     """An edited or missing generated file is reported as stale."""
     committed = ROOT / "clients" / "python" / "src" / "effectd"
@@ -41,6 +43,7 @@ def test_negative_control_stale_code_is_detected(tmp_path: Path) -> None:
 # -- the synchronous client, generated from the asyncio one (scripts/unasync.py)
 
 
+@pytest.mark.slow
 def test_the_synchronous_client_is_fresh() -> None:
     """`scripts/unasync.py` would change no synchronous module."""
     run = subprocess.run(
@@ -53,6 +56,7 @@ def test_the_synchronous_client_is_fresh() -> None:
     assert run.returncode == 0, run.stderr
 
 
+@pytest.mark.slow
 def test_negative_control_a_hand_edit_or_a_drifted_source_is_stale(
     tmp_path: Path,
 ) -> None:

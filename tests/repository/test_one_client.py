@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 USERS = (ROOT / "sidecar" / "ctl", ROOT / "sidecar" / "web")
 
 

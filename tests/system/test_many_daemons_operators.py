@@ -30,6 +30,8 @@ from effectd.v1.admin_pb2_grpc import AdminStub
 from effectd_client import Client, EffectdError, State, ToolCall
 from tests.support.processes import daemon_processes
 
+pytestmark = pytest.mark.slow
+
 # The actor, what the actor's decision leaves the call in, its audit action.
 Side = tuple[str, State, "apb.AuditAction.ValueType"]
 ROUNDS = int(os.environ.get("EFFECTD_OPERATOR_ROUNDS", "25"))

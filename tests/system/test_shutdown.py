@@ -11,7 +11,7 @@ anything in between.
 
 The negative control is a daemon that answers before its commit and exits
 at once on SIGTERM: the same check must find acknowledged calls missing.
-Run as `python -m tests.test_shutdown serve --data-dir D`, this module is
+Run as `python -m tests.system.test_shutdown serve --data-dir D`, this module is
 that daemon.
 """
 
@@ -38,6 +38,8 @@ from sidecar.storage.api import Store
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
 from tests.support.ack_before_commit import AckBeforeCommitStore
 from tests.support.processes import DaemonProcess, daemon_process
+
+pytestmark = pytest.mark.slow
 
 WORKERS = 32
 GRACE_SECONDS = 5.0
@@ -294,7 +296,9 @@ def test_negative_control_abandoned_writes_are_caught(short_tmp: Path) -> None:
     """A daemon that acknowledges before committing and exits at once on
     SIGTERM loses acknowledged calls: the same check must say so."""
     data = short_tmp / "data"
-    done = _sigterm_under_load(data, "tests.test_shutdown", acks_before_sigterm=1)
+    done = _sigterm_under_load(
+        data, "tests.system.test_shutdown", acks_before_sigterm=1
+    )
     assert len(done.progress.acknowledged) >= 1
     with daemon_process(data) as again:
         assert durability_violations(again.target, done.progress.acknowledged) != []

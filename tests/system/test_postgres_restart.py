@@ -44,6 +44,8 @@ from tests.support import pgbouncer
 from tests.support.pg_cluster import PrivateCluster, private_cluster
 from tests.support.processes import ROOT, DaemonProcess
 
+pytestmark = pytest.mark.slow
+
 DAEMONS = 2
 CLIENTS_PER_DAEMON = 2
 # New executions awaited after each fault: the daemons serve again.

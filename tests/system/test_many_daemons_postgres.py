@@ -20,6 +20,8 @@ import pytest
 from effectd_client import Client, Decision, State
 from tests.support.processes import daemon_process
 
+pytestmark = pytest.mark.slow
+
 # Short enough that a killed daemon's calls settle within the test; renewed
 # every 2 s, long enough that a loaded machine does not let a live
 # daemon's registration lapse.

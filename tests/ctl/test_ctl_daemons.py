@@ -20,6 +20,8 @@ from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import running_daemon
 
+pytestmark = pytest.mark.slow
+
 Listing = dict[str, Any]
 
 

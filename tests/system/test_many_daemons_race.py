@@ -31,7 +31,7 @@ from tests.support import racers
 from tests.support.processes import daemon_processes
 
 # 32 processes and three daemons fill both cores: alone, after the other tests.
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 WORKERS = 32
 DAEMONS = 3
