@@ -183,10 +183,12 @@ class McpDriver:
 
     def run(self, agent: Agent) -> Outcome:
         """A call waiting for a killed attempt's lease is resumed again once
-        the lease is out."""
+        the lease is out, the host's choice: the calls of a step killed
+        together turn unknown one by one (each lease was last renewed at its
+        own heartbeat), and one pause names them all."""
         for _ in range(WAITS):
             out = asyncio.run(self._run(agent))
-            if not out.paused or any(p.kind is not PauseKind.OTHER for p in out.paused):
+            if not any(p.kind is PauseKind.OTHER for p in out.paused):
                 return out
             time.sleep(WAIT_SECONDS)
         return out
