@@ -139,12 +139,19 @@ def settle(stage: Stage, agent: Agent, out: Outcome) -> tuple[Outcome, dict[str,
                     operator="olga",
                     reason="checked the counter",
                     evidence="effects file",
-                    result=found.get(p.call_id),
+                    result=recorded(stage.driver, found.get(p.call_id)),
                     not_executed=not ran,
                     confirmed_dead_attempt=0 if ran else call.attempt,
                 )
             out = stage.driver.run(agent)
     raise AssertionError(f"still paused after {ROUNDS} rounds: {out.paused}")
+
+
+def recorded(driver: Driver, found: str | None) -> Any:
+    """The result the operator records for a call found to have run, in the
+    shape its adapter returns (a driver's `recorded_result`; else the text)."""
+    shape = getattr(driver, "recorded_result", None)
+    return found if found is None or shape is None else shape(found)
 
 
 def results_after(script: Script, found: dict[str, str]) -> list[str]:
@@ -154,7 +161,12 @@ def results_after(script: Script, found: dict[str, str]) -> list[str]:
 def killed_then_resumed(point: KillPoint) -> Callable[[Stage], None]:
     def scenario(stage: Stage) -> None:
         for shape in KILL_SHAPES:
-            sub = replace(stage, run_id=f"{stage.run_id}-{len(shape)}{sum(shape)}")
+            # Each shape its own run and work directory (its own counter:
+            # the shapes book the same items).
+            name = f"{len(shape)}{sum(shape)}"
+            workdir = stage.workdir / f"shape-{name}"
+            workdir.mkdir()
+            sub = replace(stage, run_id=f"{stage.run_id}-{name}", workdir=workdir)
             one_kill(sub, world.script_of(*shape), point)
 
     return scenario

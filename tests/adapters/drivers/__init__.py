@@ -12,6 +12,8 @@ from tests.adapters.drivers.base import Driver
 MODULES = {
     "langgraph": "tests.adapters.drivers.langgraph",
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
+    "openai_agents": "tests.adapters.drivers.openai_agents",
+    "mcp": "tests.adapters.drivers.mcp",
 }
 
 

@@ -9,6 +9,8 @@ Imported only with the `openai-agents` extra.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 
 from agents import AgentsException
@@ -17,6 +19,7 @@ from effectd_client import (
     AsyncClient,
     EffectdError,
     RecoveryAction,
+    RecoveryPlan,
     State,
     ToolCall,
 )
@@ -64,14 +67,45 @@ async def interruption(
 ) -> LedgerInterruption:
     """The interruption of the run by `cause`, naming every call of the run
     that waits for a human (Recover: the daemon's judgement, after expired
-    leases became UNKNOWN; a call still running is not one)."""
+    leases became UNKNOWN; a call still running is not one).
+
+    The parallel calls of a step killed together do not turn UNKNOWN
+    together: each lease was last renewed at its own heartbeat. So while a
+    call waits for a human and another is still STARTED, the others' leases
+    are waited out (each at most its own lease, once) and the run recovered
+    again: a sibling that died with the first is named now, not at the next
+    resume; one whose attempt is alive renewed its lease and is not named.
+    """
     try:
         plan = await client.recover(run_id)
+        wait = _lease_left(plan)
+        if wait > 0 and _waiting(plan):
+            await asyncio.sleep(wait)
+            plan = await client.recover(run_id)
     except EffectdError:
         return LedgerInterruption(cause)  # the cause says enough
-    waiting = [
+    return LedgerInterruption(cause, _waiting(plan))
+
+
+# Past a lease's end, before the run is recovered again.
+_MARGIN_S = 0.05
+
+
+def _waiting(plan: RecoveryPlan) -> list[ToolCall]:
+    return [
         item.call
         for item in plan.items
         if item.action in HUMAN and item.call.state is not State.STARTED
     ]
-    return LedgerInterruption(cause, waiting)
+
+
+def _lease_left(plan: RecoveryPlan) -> float:
+    """Seconds until the last lease of the run's STARTED calls ends, each
+    bounded by its own lease (the daemon's clock may not be ours)."""
+    now = time.time_ns()
+    left = [
+        min(item.call.lease_expires_ns - now, item.call.lease_ms * 1_000_000)
+        for item in plan.items
+        if item.call.state is State.STARTED and item.call.lease_expires_ns
+    ]
+    return max(left, default=0) / 1e9 + _MARGIN_S if left else 0.0
