@@ -33,15 +33,19 @@ session's id, or `run_id=`) and the model's `call_id`:
                                         `approver` name, the framework's
                                         approval is recorded in the ledger
                                         under it, for the arguments shown)
-  approved with edited arguments     -> refused by the ledger (an approval
-                                        holds for the arguments it was given
-                                        for): paused again on those
+  approved with edited arguments     -> never run: the framework binds an
+                                        answer to the request it answers and
+                                        runs the arguments shown; a call that
+                                        reaches the ledger with other
+                                        arguments than it holds is refused
+                                        (`mismatch`), paused on every answer
   rejected by an approver            -> an error result to the model; never
                                         run
 
 A pause is the framework's own: a `function_approval_request` in the run's
 `user_input_requests`, with the ledger's facts in its
-`additional_properties["effectd"]` (`facts_of`); every call of the model's
+`additional_properties["effectd"]` (`facts_of`; `action` is `approve`,
+`reconcile`, `wait` or `mismatch`); every call of the model's
 turn that cannot go on pauses in the same response, so one answer names
 all the unsettled siblings. Answer each with
 `request.to_function_approval_response(approved=True)` on the same
@@ -91,7 +95,6 @@ from effectd_client.contrib.agent_framework._pause import (
     arguments_of,
     decide_request,
     facts_of,
-    kept_arguments,
     pause,
     restored,
     stored,
@@ -196,11 +199,10 @@ class EffectdMiddleware(FunctionMiddleware):
             except ApprovalPending as pending:
                 waiting = pending.call
             except InputMismatch:
-                # Not the arguments the ledger holds the call for (an
-                # approval of edited arguments): asked again, on its own.
+                # Not the arguments the ledger holds the call for: refused,
+                # whoever approved what; paused again on every answer.
                 call = await self.client.get_tool_call(run.run_id, call_id)
-                shown = kept_arguments(call)
-                context.result = pause(context, call, "approve", shown)
+                context.result = pause(context, call, "mismatch")
                 return
             if not (answered and self.approver):
                 break

@@ -30,7 +30,8 @@ METADATA_KEY = "effectd"
 
 def effectd_facts(call: ToolCall, action: str) -> dict[str, Any]:
     """The ledger's facts a pause carries: the call, its state, what a human
-    must do (`approve`, `reconcile`, `wait`) and the `effectd ctl` command
+    must do (`approve`, `reconcile`, `wait`, `mismatch`: refused, the
+    arguments are not those the ledger holds the call for) and the `effectd ctl` command
     that shows it."""
     return {
         "run_id": call.run_id,
@@ -139,12 +140,3 @@ def restored(value: Any) -> Any:
     ):
         return [Content.from_dict(c) for c in value]
     return json.dumps(value)
-
-
-def kept_arguments(call: ToolCall) -> dict[str, Any] | None:
-    """The arguments the ledger kept for `call` (those it awaits approval
-    for), None when it kept none."""
-    if call.kept_input_json is None:
-        return None
-    kept = json.loads(call.kept_input_json)
-    return kept if isinstance(kept, dict) else None
