@@ -456,6 +456,24 @@ def test_a_tool_the_framework_requires_approval_of_needs_effectds_too(
     asyncio.run(body())
 
 
+def test_negative_control_the_frameworks_approval_alone_runs_the_tool(
+    target: str,
+) -> None:
+    """Without the middleware, the framework's own answer is the whole
+    approval: the tool runs on it (what the test above refuses)."""
+
+    async def body() -> None:
+        world = World()
+        agent = agent_of(world, [[("c1", "wire", {"amount": 5})]])
+        session = agent.create_session()
+        _, [pause] = await run(agent, session)
+        seen, _ = await run(agent, session, resumed([pause]))
+        assert seen == {"c1": "wired 5"}
+        assert world.sent == ["wire 5"]
+
+    asyncio.run(body())
+
+
 def test_an_idempotent_write_reads_its_key_from_the_ledger(target: str) -> None:
     async def body() -> None:
         world = World()
