@@ -24,9 +24,10 @@ $(INSTALLED): $(PY) pyproject.toml clients/python/pyproject.toml
 # The client's extras are tested too: `mcp` (effectd_client.contrib.mcp) with its
 # pinned SDK and its real servers, `pydantic-ai` (effectd_client.contrib.pydantic_ai),
 # `langgraph` (effectd_client.contrib.langgraph) with real graphs and checkpointers,
-# `openai-agents` (effectd_client.contrib.openai_agents).
+# `openai-agents` (effectd_client.contrib.openai_agents), `agent-framework`
+# (effectd_client.contrib.agent_framework).
 $(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.toml
-	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp,pydantic-ai,langgraph,openai-agents]'
+	$(PIP) install -r requirements-dev.txt -e 'clients/python[mcp,pydantic-ai,langgraph,openai-agents,agent-framework]'
 	touch $@
 
 ## run: start the daemon on its embedded default (LMDB in ./.effectd, Unix socket there;

@@ -13,7 +13,7 @@ import effectd_client.extend
 from tests.support.imports import imported_by
 
 ADAPTERS = ("langgraph", "mcp", "openai_agents", "pydantic_ai")
-FRAMEWORKS = ["agents", "langgraph", "mcp", "pydantic_ai"]
+FRAMEWORKS = ["agent_framework", "agents", "langgraph", "mcp", "pydantic_ai"]
 
 
 def differences(old: types.ModuleType, new: types.ModuleType) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import effectd_client.contrib.agent_framework
 import effectd_client.contrib.langgraph
 import effectd_client.contrib.mcp
 import effectd_client.contrib.openai_agents
@@ -96,6 +97,7 @@ def test_a_wrong_policy_is_refused_naming_the_setting(text: str, names: str) -> 
 def test_the_adapters_share_one_vocabulary() -> None:
     """The policy names an adapter exports are the shared module's own."""
     adapters = (
+        effectd_client.contrib.agent_framework,
         effectd_client.contrib.langgraph,
         effectd_client.contrib.openai_agents,
         effectd_client.contrib.pydantic_ai,
@@ -122,6 +124,6 @@ def test_the_public_names_are_pinned() -> None:
 def test_the_policy_imports_no_framework() -> None:
     """An operator's tool can read and check a policy without the extras
     (the probe sees a framework an adapter imports: its negative control)."""
-    frameworks = ["agents", "langgraph", "mcp", "pydantic_ai"]
+    frameworks = ["agent_framework", "agents", "langgraph", "mcp", "pydantic_ai"]
     assert imported_by("import effectd_client.policy", frameworks) == []
     assert imported_by("import effectd_client.contrib.mcp", frameworks) == ["mcp"]

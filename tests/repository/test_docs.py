@@ -27,6 +27,7 @@ DOCUMENTS = (
     "docs/openai-agents.md",
     "docs/ai-sdk.md",
     "docs/openai-agents-js.md",
+    "docs/agent-framework.md",
 )
 # The documents that start their daemon themselves, as a reader does on a
 # fresh clone: the README's first block is `make run`.
@@ -45,6 +46,7 @@ AT_LEAST = {
     "docs/openai-agents.md": 2,
     "docs/ai-sdk.md": 2,
     "docs/openai-agents-js.md": 2,
+    "docs/agent-framework.md": 3,
 }
 
 

@@ -10,6 +10,7 @@ from tests.adapters.drivers.base import Driver
 # name -> module; each module has `DRIVER`. Imported lazily: a driver imports
 # its framework, and a child process needs only its own.
 MODULES = {
+    "agent_framework": "tests.adapters.drivers.agent_framework",
     "langgraph": "tests.adapters.drivers.langgraph",
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
     "openai_agents": "tests.adapters.drivers.openai_agents",

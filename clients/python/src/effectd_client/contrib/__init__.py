@@ -1,9 +1,12 @@
 """The framework adapters, one package each, each loaded only by its extra.
 
-    effectd_client.contrib.langgraph      pip install './clients/python[langgraph]'
-    effectd_client.contrib.mcp            pip install './clients/python[mcp]'
-    effectd_client.contrib.openai_agents  pip install './clients/python[openai-agents]'
-    effectd_client.contrib.pydantic_ai    pip install './clients/python[pydantic-ai]'
+    effectd_client.contrib.agent_framework  pip install '...[agent-framework]'
+    effectd_client.contrib.langgraph        pip install '...[langgraph]'
+    effectd_client.contrib.mcp              pip install '...[mcp]'
+    effectd_client.contrib.openai_agents    pip install '...[openai-agents]'
+    effectd_client.contrib.pydantic_ai      pip install '...[pydantic-ai]'
+
+(`...` is `./clients/python` in a checkout, or the wheel of `make dist`.)
 
 Writing a new adapter (say `effectd_client.contrib.crewai`):
 
