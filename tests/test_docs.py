@@ -25,6 +25,7 @@ DOCUMENTS = (
     "docs/openai-agents.md",
     "docs/ai-sdk.md",
     "docs/openai-agents-js.md",
+    "docs/langgraph-js.md",
 )
 # The documents that start their daemon themselves, as a reader does on a
 # fresh clone: the README's first block is `make run`.
@@ -43,6 +44,7 @@ AT_LEAST = {
     "docs/openai-agents.md": 2,
     "docs/ai-sdk.md": 2,
     "docs/openai-agents-js.md": 2,
+    "docs/langgraph-js.md": 2,
 }
 
 
@@ -111,6 +113,7 @@ FRAMEWORK_PAGES = (
     "docs/openai-agents.md",
     "docs/ai-sdk.md",
     "docs/openai-agents-js.md",
+    "docs/langgraph-js.md",
 )
 
 
