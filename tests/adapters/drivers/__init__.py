@@ -12,6 +12,7 @@ from tests.adapters.drivers.base import Driver
 MODULES = {
     "langgraph": "tests.adapters.drivers.langgraph",
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
+    "node_langgraph": "tests.adapters.drivers.node_langgraph",
 }
 
 
