@@ -13,6 +13,7 @@ MODULES = {
     "langgraph": "tests.adapters.drivers.langgraph",
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
     "node_langgraph": "tests.adapters.drivers.node_langgraph",
+    "node_ai": "tests.adapters.drivers.node_ai",
 }
 
 
