@@ -14,6 +14,7 @@ MODULES = {
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
     "node_langgraph": "tests.adapters.drivers.node_langgraph",
     "node_ai": "tests.adapters.drivers.node_ai",
+    "node_openai_agents": "tests.adapters.drivers.node_openai_agents",
 }
 
 
