@@ -154,7 +154,11 @@ def results_after(script: Script, found: dict[str, str]) -> list[str]:
 def killed_then_resumed(point: KillPoint) -> Callable[[Stage], None]:
     def scenario(stage: Stage) -> None:
         for shape in KILL_SHAPES:
-            sub = replace(stage, run_id=f"{stage.run_id}-{len(shape)}{sum(shape)}")
+            name = f"{len(shape)}{sum(shape)}"
+            # Each shape books i1, i2...: a counter (a work directory) of its own.
+            workdir = stage.workdir / name
+            workdir.mkdir()
+            sub = replace(stage, run_id=f"{stage.run_id}-{name}", workdir=workdir)
             one_kill(sub, world.script_of(*shape), point)
 
     return scenario
