@@ -28,6 +28,7 @@ DOCUMENTS = (
     "docs/ai-sdk.md",
     "docs/openai-agents-js.md",
     "docs/agent-framework.md",
+    "docs/langgraph-js.md",
 )
 # The documents that start their daemon themselves, as a reader does on a
 # fresh clone: the README's first block is `make run`.
@@ -47,6 +48,7 @@ AT_LEAST = {
     "docs/ai-sdk.md": 2,
     "docs/openai-agents-js.md": 2,
     "docs/agent-framework.md": 3,
+    "docs/langgraph-js.md": 2,
 }
 
 
@@ -115,6 +117,7 @@ FRAMEWORK_PAGES = (
     "docs/openai-agents.md",
     "docs/ai-sdk.md",
     "docs/openai-agents-js.md",
+    "docs/langgraph-js.md",
 )
 
 

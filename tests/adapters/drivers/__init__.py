@@ -15,6 +15,9 @@ MODULES = {
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
     "openai_agents": "tests.adapters.drivers.openai_agents",
     "mcp": "tests.adapters.drivers.mcp",
+    "node_langgraph": "tests.adapters.drivers.node_langgraph",
+    "node_ai": "tests.adapters.drivers.node_ai",
+    "node_openai_agents": "tests.adapters.drivers.node_openai_agents",
 }
 
 
