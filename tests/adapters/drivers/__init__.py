@@ -12,6 +12,7 @@ from tests.adapters.drivers.base import Driver
 MODULES = {
     "langgraph": "tests.adapters.drivers.langgraph",
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
+    "google_adk": "tests.adapters.drivers.google_adk",
 }
 
 
