@@ -157,5 +157,5 @@ async def main(target: str, workdir: Path, session_id: str, answer: str) -> None
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:] + [""]
+    args = [*sys.argv[1:], ""]
     asyncio.run(main(args[0], Path(args[1]), args[2], args[3]))

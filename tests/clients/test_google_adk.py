@@ -30,8 +30,15 @@ def run_agent(
     """The agent of `tests/clients/adk_agent.py` once, in ADK's venv."""
     assert PYTHON.exists(), ".venv-adk is missing: run `make frameworks`"
     done = subprocess.run(
-        [str(PYTHON), "-m", "tests.clients.adk_agent", daemon.target, str(workdir)]
-        + [session, answer],
+        [
+            str(PYTHON),
+            "-m",
+            "tests.clients.adk_agent",
+            daemon.target,
+            str(workdir),
+            session,
+            answer,
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,

@@ -13,6 +13,7 @@ MODULES = {
     "langgraph": "tests.adapters.drivers.langgraph",
     "pydantic_ai": "tests.adapters.drivers.pydantic_ai",
     "google_adk": "tests.adapters.drivers.google_adk",
+    "crewai": "tests.adapters.drivers.crewai",
 }
 
 

@@ -1,5 +1,6 @@
 """The framework adapters, one package each, each loaded only by its extra.
 
+    effectd_client.contrib.crewai         pip install './clients/python[crewai]'
     effectd_client.contrib.google_adk     pip install './clients/python[google-adk]'
     effectd_client.contrib.langgraph      pip install './clients/python[langgraph]'
     effectd_client.contrib.mcp            pip install './clients/python[mcp]'
