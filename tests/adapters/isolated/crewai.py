@@ -48,6 +48,12 @@ KINDS = {"approve": PauseKind.APPROVAL, "reconcile": PauseKind.RECONCILE}
 OBSERVED = "\nObservation:"
 
 
+def observed(said: str) -> str:
+    """The tool's result in an answer CrewAI completed with it (without the
+    reminder of the tools it appends to some)."""
+    return said.split(OBSERVED, 1)[1].split("\n\n\n", 1)[0].strip()
+
+
 class ScriptedLLM(BaseLLM):  # type: ignore[misc]  # CrewAI's types live in .venv-crewai
     """The n-th answer for the n-th model turn of the task."""
 
@@ -69,7 +75,7 @@ class ScriptedLLM(BaseLLM):  # type: ignore[misc]  # CrewAI's types live in .ven
             given = json.dumps({"item": calls[turn].item})
             text = f"Thought: book it\nAction: book\nAction Input: {given}"
         else:
-            seen = [s.split(OBSERVED, 1)[1].strip() for s in said if OBSERVED in s]
+            seen = [observed(s) for s in said if OBSERVED in s]
             final = world.final_text(seen)
             text = f"Thought: I now know the final answer\nFinal Answer: {final}"
         world.model_turn(agent.workdir, turn, answered=True)
