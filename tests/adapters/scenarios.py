@@ -158,7 +158,12 @@ def results_after(script: Script, found: dict[str, str]) -> list[str]:
 def killed_then_resumed(point: KillPoint) -> Callable[[Stage], None]:
     def scenario(stage: Stage) -> None:
         for shape in KILL_SHAPES:
-            sub = replace(stage, run_id=f"{stage.run_id}-{len(shape)}{sum(shape)}")
+            # Each shape its own run and its own counter: the shapes book
+            # the same items (i1, ...), each once.
+            name = f"{len(shape)}{sum(shape)}"
+            workdir = stage.workdir / f"shape-{name}"
+            workdir.mkdir()
+            sub = replace(stage, run_id=f"{stage.run_id}-{name}", workdir=workdir)
             one_kill(sub, world.script_of(*shape), point)
 
     return scenario
