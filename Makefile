@@ -11,8 +11,17 @@ PYTEST_ARGS ?=
 INSTALLED := $(VENV)/.installed
 DEV_INSTALLED := $(VENV)/.dev-installed
 NODE_INSTALLED := clients/node/node_modules/.installed
+# The frameworks whose pins cannot live beside the daemon's and the dev
+# tools' (ADK requires opentelemetry-api<=1.44 and mcp<2; CrewAI 1.6.1 pins
+# openai below the dev tools' and brings its own vector store): each in a
+# virtual environment of its own, with the client installed editable and its extra; the tests run their
+# agents there as child processes (tests/adapters/isolated).
+ADK_VENV ?= .venv-adk
+ADK_INSTALLED := $(ADK_VENV)/.installed
+CREWAI_VENV ?= .venv-crewai
+CREWAI_INSTALLED := $(CREWAI_VENV)/.installed
 
-.PHONY: help run test test-fast check unasync chromium pgbouncer node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
+.PHONY: help run test test-fast check unasync frameworks chromium pgbouncer node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,11 +63,26 @@ unasync: $(DEV_INSTALLED)
 ## TEST_WORKERS workers, then the tests marked serial (many processes racing,
 ## deadlines under load) alone, one coverage report for both
 TEST_WORKERS ?= 2
-test: check chromium pgbouncer $(NODE_INSTALLED)
+test: check chromium pgbouncer $(NODE_INSTALLED) $(ADK_INSTALLED) $(CREWAI_INSTALLED)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" \
 	  --cov --cov-report= --cov-fail-under=0 $(PYTEST_ARGS)
 	$(PY) -m pytest -m serial --cov --cov-append --cov-report=term $(PYTEST_ARGS)
 	$(MAKE) node-test
+
+## frameworks: the virtual environments of the frameworks that cannot share
+## .venv (.venv-adk: Google ADK; .venv-crewai: CrewAI), the client installed
+## editable with its extra
+frameworks: $(ADK_INSTALLED) $(CREWAI_INSTALLED)
+
+$(ADK_INSTALLED): clients/python/pyproject.toml
+	$(PYTHON) -m venv $(ADK_VENV)
+	$(ADK_VENV)/bin/python -m pip --quiet --disable-pip-version-check install -e 'clients/python[google-adk]'
+	touch $@
+
+$(CREWAI_INSTALLED): clients/python/pyproject.toml
+	$(PYTHON) -m venv $(CREWAI_VENV)
+	$(CREWAI_VENV)/bin/python -m pip --quiet --disable-pip-version-check install -e 'clients/python[crewai]'
+	touch $@
 
 ## chromium: Debian's chromium, the browser the console's tests (tests/web)
 ## drive with Playwright; Playwright's own browser download is never used
@@ -211,4 +235,4 @@ help:
 
 ## clean: remove the virtualenv and the tools' caches
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .coverage
+	rm -rf $(VENV) $(ADK_VENV) $(CREWAI_VENV) .mypy_cache .ruff_cache .pytest_cache .coverage

@@ -91,8 +91,12 @@ def run_killed(stage: Stage, agent: Agent, point: KillPoint, siblings: int = 0) 
     if siblings:
         (stage.workdir / "siblings").write_text(str(siblings))
     try:
+        # A driver whose framework has a venv of its own runs it there.
+        command = getattr(stage.driver, "child_command", None)
         child = subprocess.run(
-            [
+            command(agent)
+            if command is not None
+            else [
                 sys.executable,
                 "-m",
                 "tests.adapters.child",

@@ -18,6 +18,8 @@ MODULES = {
     "node_langgraph": "tests.adapters.drivers.node_langgraph",
     "node_ai": "tests.adapters.drivers.node_ai",
     "node_openai_agents": "tests.adapters.drivers.node_openai_agents",
+    "google_adk": "tests.adapters.drivers.google_adk",
+    "crewai": "tests.adapters.drivers.crewai",
 }
 
 

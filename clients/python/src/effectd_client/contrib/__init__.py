@@ -1,6 +1,8 @@
 """The framework adapters, one package each, each loaded only by its extra.
 
     effectd_client.contrib.agent_framework  pip install '...[agent-framework]'
+    effectd_client.contrib.crewai           pip install '...[crewai]'
+    effectd_client.contrib.google_adk       pip install '...[google-adk]'
     effectd_client.contrib.langgraph        pip install '...[langgraph]'
     effectd_client.contrib.mcp              pip install '...[mcp]'
     effectd_client.contrib.openai_agents    pip install '...[openai-agents]'
