@@ -44,8 +44,6 @@ SLOW = (
     "tests/clients/test_google_adk.py",
     "tests/clients/test_crewai.py",
     "tests/clients/test_agent_framework.py",
-    # The Node adapters' conformance agents are processes too (tests/adapters
-    # is slow as a whole).
     # What a fresh interpreter imports: a process of its own each.
     "tests/clients/test_contrib.py::test_the_extension_surface_and_the_folder_load",
     "tests/clients/test_policy.py::test_the_policy_imports_no_framework",
