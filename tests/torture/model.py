@@ -422,7 +422,9 @@ class Model:
         ref = (p.ns, p.run, p.call)
         if ref in self.tombstones:
             t = self.tombstones[ref]
-            if t.identity != (p.tool, p.effect, p.channel, p.input.same_as):
+            # A tombstone keeps tool, effect and fingerprint, not the channel
+            # (docs/contract.md §4.7): another channel alone is the same call.
+            if t.identity[:2] + t.identity[3:] != (p.tool, p.effect, p.input.same_as):
                 return Err(FAILED_PRECONDITION, "INPUT_MISMATCH")
             return Err(FAILED_PRECONDITION, "RESULT_COMPACTED")
         c = self.calls.get(ref)

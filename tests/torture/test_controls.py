@@ -175,3 +175,30 @@ def test_a_refused_reconcile_leaves_the_expired_lease_as_the_operator_saw_it() -
         assert machine.model.calls[REF].state == m.STARTED
     finally:
         machine.teardown()
+
+
+def test_a_compacted_call_prepared_on_another_channel_is_result_compacted() -> None:
+    """A compacted MCP call prepared again with the same tool, effect and
+    input as a tool call: its tombstone keeps no channel (docs/contract.md
+    §4.7), so the daemon answers RESULT_COMPACTED, and so does the model
+    (found by the random search: the model compared the channel and said
+    INPUT_MISMATCH)."""
+    machine = TortureMachine()
+    try:
+        machine.prepare(
+            ref=REF, tool="t1", effect=m.IDEMPOTENT_WRITE, given=A, channel="MCP",
+            approval=False, start=True, lease=0, retry=False,
+        )  # fmt: skip
+        machine.commit_held(
+            ref=REF, result=m.Result("OK", m.Input("json", '{"r":1}', "R1")),
+            acknowledge=False,
+        )  # fmt: skip
+        machine.advance(seconds=31 * 24 * 3600.0)
+        machine.compact()
+        assert REF in machine.model.tombstones
+        machine.prepare(
+            ref=REF, tool="t1", effect=m.IDEMPOTENT_WRITE, given=A, channel="TOOL",
+            approval=False, start=False, lease=0, retry=False,
+        )  # fmt: skip
+    finally:
+        machine.teardown()
