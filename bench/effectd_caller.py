@@ -61,8 +61,10 @@ async def _main(
     async with grpc.aio.insecure_channel(target) as channel:
         await channel.channel_ready()
         stub = ledger_pb2_grpc.ToolLedgerStub(channel)
+        # Keys of its own (from FIRST): callers of several processes warming
+        # up on the same keys would race on them, as no measured call does.
         for i in range(5):
-            await _call(stub, f"{prefix}w-{i}", {}, [])
+            await _call(stub, f"{prefix}w{first}-{i}", {}, [])
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         latencies: list[int] = []

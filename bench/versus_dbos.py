@@ -20,8 +20,9 @@ gives the median of the rounds and the ratios of the medians. Per call:
 write commits and WAL bytes of each side's database (`pg_stat_database`,
 `pg_walinspect`), the CPU milliseconds of effectd's daemons and of both
 sides' database backends (/proc; DBOS runs inside its callers, whose CPU is
-not counted), and effectd's serialization re-runs per write commit (the
-server's log, when readable).
+not counted), and effectd's re-runs per write commit (serialization
+failures, deadlocks and unique violations in the server's log, when
+readable).
 
 The fast default (`make bench-shared`) runs 2 rounds of few keys; `--deep`
 runs 5 rounds of three times as many. `--json` writes the medians,
@@ -204,7 +205,17 @@ def _reruns(log: Path | None, offset: int, database: str) -> int | None:
     with log.open("rb") as f:
         f.seek(offset)
         text = f.read().decode(errors="replace")
-    return text.count(f"@{database} ERROR:  could not serialize")
+    # A transaction the store runs again: a serialization failure (under
+    # SERIALIZABLE), a deadlock, or a unique violation (a key read absent,
+    # inserted meanwhile by another daemon: READ COMMITTED with row locks).
+    return sum(
+        text.count(f"@{database} ERROR:  {what}")
+        for what in (
+            "could not serialize",
+            "deadlock detected",
+            "duplicate key value violates unique constraint",
+        )
+    )
 
 
 def _measured(probe: Probe, pids: list[int], run: Callable[[], Phase]) -> Phase:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from effectd.v1 import admin_pb2, admin_pb2_grpc
 
@@ -26,9 +30,10 @@ from sidecar.ledger.restore import CHECKPOINT_REVISION_GAP
 from sidecar.services.membership import MembershipService
 from sidecar.storage import daemons
 from sidecar.storage import marking as restore
-from sidecar.storage.api import ReadView
+from sidecar.storage.api import ReadView, WriteView
 from sidecar.storage.postgres import restore as pg_restore
 from sidecar.storage.postgres.store import PostgresStore
+from sidecar.storage.postgres.views import REGISTRATIONS_LOCK
 from sidecar.testing import running_daemon
 
 RUN = "run-1"
@@ -178,58 +183,100 @@ def test_a_marking_stopped_half_way_keeps_daemons_from_starting(
         assert answer.decision is Decision.RECONCILE
 
 
+def _waiting_on_registrations(url: str) -> bool:
+    """Whether a transaction waits for the registrations' lock."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND NOT granted AND objid = (%s::bigint & 4294967295)::oid",
+            (REGISTRATIONS_LOCK,),
+        ).fetchone()
+    return row is not None and int(str(row[0])) > 0
+
+
+def _check_raced(
+    store: PostgresStore,
+    raced: list[ownership.Registration | BaseException],
+    *,
+    refused: bool,
+) -> None:
+    """The start refused (nothing of it registered), or registered."""
+    assert len(raced) == 1
+    regs = store.read(lambda v: list(daemons.every(v)))
+    if refused:
+        assert isinstance(raced[0], restore.UnfinishedRestore), raced
+        assert not any(r.daemon_id == "racer" for r in regs)
+    else:
+        assert isinstance(raced[0], ownership.Registration), raced
+        assert any(r.daemon_id == "racer" for r in regs)
+
+
 @pytest.mark.parametrize("check", ["in-the-marking", "before-it-control"])
 def test_a_daemon_starting_during_the_live_check_is_not_missed(
     pg_url: str, clock: ManualClock, check: str
 ) -> None:
     """A daemon registers while the marking's first transaction is open,
-    after its live check read no registration: as SERIALIZABLE transactions
-    the two conflict, the marking runs again, finds the daemon live and is
-    refused, changing nothing. The control checks before the marking (as a
-    separate read did): the same interleaving lets the marking go on under a
-    daemon that serves."""
+    after its live check read no registration: the check scans the
+    registrations, so the marking holds their lock, and the start waits for
+    it, then finds the marking begun and refuses to start; the marking goes
+    on with no daemon serving. The control checks before the marking (as a
+    separate read did): the same interleaving lets the daemon register, and
+    the marking goes on under a daemon that serves."""
     marking = PostgresStore(pg_url)
-    raced: list[ownership.Registration] = []
+    raced: list[ownership.Registration | BaseException] = []
 
-    def race() -> None:
-        if raced:
-            return
+    def register() -> None:
         racer = PostgresStore(pg_url)
         try:
             members = MembershipService(racer, clock, daemon_id="racer")
             raced.append(asyncio.run(members.register()).registration)
+        except restore.UnfinishedRestore as refused:
+            raced.append(refused)
         finally:
             racer.close()
+
+    racer = threading.Thread(target=register)
+
+    def race() -> None:
+        if racer.is_alive() or raced:
+            return
+        racer.start()
+        if check == "before-it-control":
+            racer.join(30)
+            return
+        # Bounded: the start is seen waiting for the marking's lock.
+        for _ in range(300):
+            if _waiting_on_registrations(pg_url):
+                return
+            time.sleep(0.02)
+        raise AssertionError("the start never waited for the marking")
 
     def live(view: ReadView) -> None:
         regs = list(daemons.every(view))
         if any(r.live(clock.wall_ns()) for r in regs):
             raise restore.RestoreRefused("a daemon is registered live")
 
-    tries: list[int] = []
-
     def refuse(view: ReadView) -> None:
-        tries.append(1)
         if check == "in-the-marking":
             live(view)
         race()
 
+    marked = restore._mark_batch
+
+    def mark_batch(view: WriteView, **kwargs: Any) -> int:
+        racer.join(30)  # the start has answered before the marking goes on
+        return marked(view, **kwargs)
+
     try:
-        if check == "in-the-marking":
-            with pytest.raises(restore.RestoreRefused, match="live"):
-                restore.mark(
-                    marking, "d", actor="ops", reason="r", clock=clock, refuse=refuse
-                )
-            assert marking.read(restore.load_marker) is None
-            # The first try met the conflict, the second the daemon.
-            assert len(tries) == 2
-        else:
+        if check == "before-it-control":
             marking.read(live)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(restore, "_mark_batch", mark_batch)
             restore.mark(
                 marking, "d", actor="ops", reason="r", clock=clock, refuse=refuse
             )
-            assert marking.read(restore.load_marker) is not None
-        assert raced
-        assert marking.read(lambda v: daemons.load(v, raced[0].incarnation))
+        assert marking.read(restore.load_marker) is not None
+        _check_raced(marking, raced, refused=check == "in-the-marking")
     finally:
+        racer.join(30)
         marking.close()

@@ -1,8 +1,9 @@
-"""BROKEN on purpose: a daemon of the shared store whose write transactions
-run under READ COMMITTED instead of SERIALIZABLE, so two daemons both read
-a call (or a namespace's usage) before either commits, and both decide on
-what they read: both start the call, both admit a call past the quota, both
-operators' reconciliations are applied.
+"""BROKEN on purpose: a daemon of the shared store whose READ COMMITTED
+write transactions lock nothing they read (no `FOR UPDATE`, no namespace
+lock row, every write an upsert over whatever is stored), so two daemons
+both read a call (or a namespace's usage) before either commits, and both
+decide on what they read: both start the call, both admit a call past the
+quota, both operators' reconciliations are applied.
 
 Each read of a call record or of usage counters in a write pauses a little
 (the window the race needs, as `tests.support.race.RacyLedger` has), so the
@@ -14,8 +15,6 @@ select it, nothing in effectd does.
 from __future__ import annotations
 
 import time
-
-import psycopg
 
 from sidecar import cli, server
 from sidecar.rpc import summaries
@@ -36,7 +35,7 @@ class PausingWriteView(PgWriteView):
 
 
 class LoosePostgresStore(PostgresStore):
-    isolation = psycopg.IsolationLevel.READ_COMMITTED
+    locking = False
     write_view = PausingWriteView
 
 

@@ -85,7 +85,9 @@ class CommitCutter:
                     if self.on_cut is not None:
                         self.on_cut()
                     break
-                if up and b"COMMIT" in data and self._take_arm():
+                # The COMMIT statement, ended by its NUL: not the BEGIN
+                # ISOLATION LEVEL READ COMMITTED of every transaction.
+                if up and b"COMMIT\x00" in data and self._take_arm():
                     cut.set()
                 dst.sendall(data)
         except OSError:

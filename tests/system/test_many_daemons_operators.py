@@ -7,8 +7,8 @@ pair wins, and the call is as the winner said; the other is refused
 REVISION_CONFLICT. The audit log holds exactly one entry per decided call,
 the winner's, and its chain verifies.
 
-The negative control is the same daemons on a store whose writes run under
-READ COMMITTED (`tests.support.loose_store`): the same check catches both
+The negative control is the same daemons on a store whose READ COMMITTED
+writes lock nothing (`tests.support.loose_store`): the same check catches both
 operators winning in some round. `EFFECTD_OPERATOR_ROUNDS` sets the rounds.
 The test fails, never skips, when PostgreSQL is not reachable.
 """

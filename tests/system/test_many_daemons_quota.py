@@ -5,8 +5,8 @@ after wave. Exactly as many calls are admitted as the quota allows, never
 more, every other prepare is refused QUOTA_EXCEEDED, and the namespace
 holds exactly the admitted calls. Each round is a namespace of its own.
 
-The negative control is the same daemons on a store whose writes run under
-READ COMMITTED (`tests.support.loose_store`): each daemon counts only what
+The negative control is the same daemons on a store whose READ COMMITTED
+writes lock nothing (`tests.support.loose_store`): each daemon counts only what
 is committed, and the same check catches more calls admitted than the
 quota. The test fails, never skips, when PostgreSQL is not reachable.
 

@@ -8,8 +8,8 @@ Run twice: the daemons reaching PostgreSQL directly, and through PgBouncer
 in transaction mode (`pg_path`), which hands each transaction any server
 connection of its pool.
 
-The negative control is the same three daemons on a store whose writes run
-under READ COMMITTED (`tests.support.loose_store`): the same check catches
+The negative control is the same three daemons on a store whose READ COMMITTED
+writes lock nothing (`tests.support.loose_store`): the same check catches
 more than one EXECUTE in some round. `EFFECTD_RACE_ROUNDS` sets the rounds
 (100 by default, as the issue asks), `EFFECTD_RACE_MODES` the requests that
 race ("prepare", the default; "prepare,start" adds StartTool of a call
@@ -109,7 +109,7 @@ def test_three_daemons_grant_one_attempt_per_round(
 def test_negative_control_a_store_without_isolation_is_caught(
     short_tmp: Path, pg_url: str, mode: str
 ) -> None:
-    """The same check fails for daemons whose writes are READ COMMITTED."""
+    """The same check fails for daemons whose writes lock nothing."""
     loose = "tests.support.loose_store"
     outcomes, _ = _race(short_tmp, pg_url, loose, mode, CONTROL_ROUNDS)
     found = racers.violations(outcomes, CONTROL_ROUNDS, WORKERS)

@@ -61,9 +61,9 @@ class AppliesTimedOutLater(PostgresStore):
     """BROKEN on purpose: a timed-out batch is answered as not applied, then
     run again until it commits."""
 
-    def _attempt(self, batch: list[_Item]) -> list[_Outcome]:
+    def _attempt(self, batch: list[_Item], *, alone: bool = False) -> list[_Outcome]:
         try:
-            return super()._attempt(batch)
+            return super()._attempt(batch, alone=alone)
         except Failed as failed:
             if "timed out" not in failed.message:
                 raise
@@ -72,7 +72,7 @@ class AppliesTimedOutLater(PostgresStore):
             future.set_exception(unavailable(message, applied=False))
         for _ in range(100):
             try:
-                super()._attempt(batch)  # the outcomes go nowhere
+                super()._attempt(batch, alone=alone)  # the outcomes go nowhere
                 break
             except (Again, Failed):
                 time.sleep(0.1)

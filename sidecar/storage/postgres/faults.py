@@ -23,7 +23,13 @@ _Conn = psycopg.Connection[tuple[object, ...]]
 
 MAY_HAVE_BEEN_APPLIED = "mayHaveBeenApplied"
 # Aborted by the database for another transaction: run the function again.
-CONFLICTS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+# A unique violation is another transaction's insert of a key this one read
+# absent (`views`: a new key is a plain INSERT), committed first.
+CONFLICTS = (
+    pg_errors.SerializationFailure,
+    pg_errors.DeadlockDetected,
+    pg_errors.UniqueViolation,
+)
 # While waiting for a pooled connection, asked for again this often.
 ASK_SECONDS = 1.0
 

@@ -61,8 +61,11 @@ class PgStats:
     transactions: int = 0
     writes: int = 0
     largest_batch: int = 0
-    # Functions run again after a serialization failure or a lost connection.
+    # Batches run again after a conflict (a unique violation of a key read
+    # absent, a deadlock) or a connection lost before COMMIT.
     retries: int = 0
+    # Functions put off to run alone (`views.Alone`).
+    alone: int = 0
     # COMMITs lost with their connection, and what `pg_xact_status` said.
     commits_resolved: int = 0
     commits_unknown: int = 0

@@ -10,12 +10,13 @@ the marker and its audit entry. No daemon may serve the database meanwhile:
 the marking is refused while any registration it holds is live (a daemon
 serving it, or one restored from the backup whose registration has not
 lapsed yet), and a daemon refuses to start from the marking's first
-transaction to its last (the check and the start's registration conflict
-as SERIALIZABLE transactions, so a start racing the marking cannot slip
-between them). The database itself keeps the marking consistent: each batch
-is one SERIALIZABLE transaction, and a marking that stopped half way (daemons
-still refuse to start) is finished by running it again (calls already
-UNKNOWN stay as they are).
+transaction to its last (the check and the start's registration both scan
+the registrations, so each runs alone holding their lock: a start racing
+the marking cannot slip between them; `sidecar.storage.postgres.store`).
+The database itself keeps the marking consistent: each batch is one
+transaction, the calls it marks locked as it reads them, and a marking that
+stopped half way (daemons still refuse to start) is finished by running it
+again (calls already UNKNOWN stay as they are).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def mark_database(
 
     def refuse(view: ReadView) -> None:
         # In the marking's first transaction, which records it as begun: a
-        # daemon registering meanwhile conflicts with it (SERIALIZABLE), and
-        # one registering after it refuses to start until the marking ends.
+        # daemon registering meanwhile waits for it (both hold the
+        # registrations' lock), and then refuses to start until it ends.
         now = clock.wall_ns()
         live = _live(list(daemons.every(view)), now)
         if live:

@@ -1,16 +1,56 @@
 """The PostgreSQL store: the `api.Store` of many daemons sharing one ledger.
 
 A writer thread commits what is queued (a batch, as LMDB's writer does) in
-one SERIALIZABLE transaction: PostgreSQL aborts any transaction that could
-not have run one after the other, so every compare-and-swap the rules make
-holds exactly as under LMDB's single writer, across daemons. An aborted
-batch, or one whose connection was lost before COMMIT, runs again on a new
-snapshot: write functions read everything they decide on from their view,
-so running one again is running it for the first time. A future resolves
-only after COMMIT returned, or after `pg_xact_status` said a COMMIT whose
-answer was lost committed (`sidecar.storage.postgres.faults` says what each
-failure answers). Reads run on REPEATABLE READ read-only snapshots of their
-own pool. The incarnation comes from a sequence: one per daemon, never reused.
+one READ COMMITTED transaction, and every compare-and-swap the rules make
+holds across daemons as under LMDB's single writer, by locks rather than by
+aborts (`sidecar.storage.postgres.views` does the locking):
+
+- A row a write function decides on is read `FOR UPDATE`: a call row (its
+  record, plan row and tombstone), a checkpoint, a registration, a pass
+  lock, a META key (the audit chain's head, the restore marker), and every
+  row a scan in a write returns (the lease sweep's STARTED calls, an
+  operator's reconciliation walk, expiring tombstones, the restore
+  marking's calls). A concurrent writer of that row waits until COMMIT and
+  then reads what was committed; its compare (by revision) then fails.
+- A key read absent (a new call, whose tombstone is the same row; a
+  checkpoint compared as absent; a pass lock never taken; the audit head of
+  an empty chain) is written by a plain INSERT, so another transaction's
+  insert of the same key fails this one with a unique violation: a genuine
+  race on one key, run again (`faults.CONFLICTS`), where the key is then
+  found and the compare fails as it should. No other insert can conflict:
+  the keys of different calls never meet.
+- A quota check reads a namespace's sharded counters (`effectd_usage`)
+  after locking the namespace's lock row, so the checks of one namespace
+  take turns at every daemon and each sees the counters every earlier one
+  committed: exact, with no global serialization point. Only when a limit
+  applies (`Quotas.limits_storage`); the cost is that first executions of
+  one namespace with a quota then commit one transaction at a time, across
+  daemons (a batch of many calls each), where without a quota they commit
+  in parallel. Counter changes are added to the writing connection's shard
+  row, never to a row another daemon writes.
+- A predicate over many rows that must hold until COMMIT, where neither
+  row locks nor unique keys cover a row not yet there, is the
+  registrations': a daemon's start (no live daemon of the same id beside
+  it, no unfinished restore marking), the removal of registrations gone,
+  and the restore marking's check that no daemon is live. A write function
+  that scans them runs alone in a transaction holding the registrations'
+  advisory lock exclusively from its first statement (`views.Alone`: met in
+  a batch, it is put off and run again once the batch committed); any other read
+  of a registration (a rule judging another daemon's lease, a renewal)
+  holds it shared. The usage recount of an old database (`usage.
+  ensure_counted`) locks the counters' table (EXCLUSIVE mode) before it
+  counts. SERIALIZABLE is used nowhere: PostgreSQL's serializable checks do
+  not see the writes of transactions at a lower level, so a mix would need
+  these locks on both sides anyway.
+
+An aborted batch (a unique violation, a deadlock, a connection lost before
+COMMIT) runs again on new reads: write functions read everything they
+decide on from their view, so running one again is running it for the first
+time. A future resolves only after COMMIT returned, or after
+`pg_xact_status` said a COMMIT whose answer was lost committed
+(`sidecar.storage.postgres.faults` says what each failure answers). Reads
+run on REPEATABLE READ read-only snapshots of their own pool. The
+incarnation comes from a sequence: one per daemon, never reused.
 
 Over 400 lines on purpose: the writer's batch, its retries and the lost
 COMMIT it settles are one path, read together.
@@ -54,7 +94,9 @@ from sidecar.storage.postgres.faults import (
 )
 from sidecar.storage.postgres.options import PgStats, PostgresOptions
 from sidecar.storage.postgres.views import (
+    REGISTRATIONS_LOCK,
     USAGE_SHARDS,
+    Alone,
     Batch,
     DatabaseFailed,
     PgReadView,
@@ -85,9 +127,11 @@ class PostgresStore:
     """`api.Store` on the PostgreSQL database at `url` (schema created by
     `effectd migrate`; any other version is refused)."""
 
-    # A test's store without the isolation (the negative control) lowers it,
-    # and may widen the window between a read and a write with its own view.
-    isolation = psycopg.IsolationLevel.SERIALIZABLE
+    # A test's store without the row locks (the negative control) turns
+    # `locking` off (nothing read is locked, every write an upsert), and may
+    # widen the window between a read and a write with its own view.
+    isolation = psycopg.IsolationLevel.READ_COMMITTED
+    locking = True
     write_view: type[PgWriteView] = PgWriteView
 
     def __init__(self, url: str, options: PostgresOptions | None = None) -> None:
@@ -187,10 +231,8 @@ class PostgresStore:
         """The settings of the store's transactions."""
         settings: list[connecting.Setting] = []
         if not read_only:
-            # Every query here is a key lookup or a key range. Under
-            # SERIALIZABLE a sequential scan (which the planner prefers on a
-            # small table) locks the whole table against every concurrent
-            # writer; an index scan locks only the pages it reads.
+            # Every query here is a key lookup or a key range: an index scan,
+            # never a sequential scan of a table the planner thinks small.
             settings.append(("enable_seqscan", "off"))
         if self.options.statement_timeout is not None:
             timeout = f"{int(self.options.statement_timeout * 1000)}ms"
@@ -338,12 +380,16 @@ class PostgresStore:
             if live:
                 self._write(live)
 
-    def _write(self, batch: list[_Item]) -> None:
+    def _write(self, batch: list[_Item], *, alone: bool = False) -> None:
+        """Commits `batch`, trying again what may be; then runs each function
+        put off (`views.Alone`) in a transaction of its own."""
         o = self.options
         deadline = time.monotonic() + o.retry_seconds
         for attempt in range(1, o.max_attempts + 1):
             try:
-                outcomes = self._attempt(batch)
+                outcomes = (
+                    self._attempt(batch, alone=True) if alone else self._attempt(batch)
+                )
             except Again as again:
                 if attempt == o.max_attempts or time.monotonic() > deadline:
                     _fail(
@@ -360,14 +406,22 @@ class PostgresStore:
             except Failed as failed:
                 _fail(batch, failed.message, applied=failed.applied)
                 return
+            later: list[_Item] = []
+            functions = {future: fn for fn, future in batch}
             for future, value, error in outcomes:
-                if error is None:
+                if isinstance(error, Alone) and not alone:
+                    later.append((functions[future], future))
+                elif error is None:
                     future.set_result(value)
                 else:
                     future.set_exception(error)
+            for item in later:
+                with self._stats_lock:
+                    self.stats.alone += 1
+                self._write([item], alone=True)
             return
 
-    def _attempt(self, batch: list[_Item]) -> list[_Outcome]:
+    def _attempt(self, batch: list[_Item], *, alone: bool = False) -> list[_Outcome]:
         try:
             conn = getconn(self._writes, self.options.pool_timeout)
         except PoolTimeout:
@@ -377,19 +431,27 @@ class PostgresStore:
                 applied=False,
             ) from None
         try:
+            if alone:
+                return self._transaction(conn, batch, alone=True)
             return self._transaction(conn, batch)
         finally:
             self._writes.putconn(conn)
 
-    def _transaction(self, conn: _Conn, batch: list[_Item]) -> list[_Outcome]:
+    def _transaction(
+        self, conn: _Conn, batch: list[_Item], *, alone: bool = False
+    ) -> list[_Outcome]:
         """Runs each function of `batch` in turn in one transaction, each on
         its own view: one that raises leaves no writes (its view is never
         flushed) and does not affect the others, which see the writes of
-        those before them. Commits; returns the outcomes."""
+        those before them. Commits; returns the outcomes, in order (`Alone`:
+        the function is put off). `alone`: the transaction holds the
+        registrations' lock exclusively from its first statement."""
         outcomes: list[_Outcome] = []
-        written = Batch()
+        written = Batch(locking=self.locking, alone=alone)
         try:
             self._begin(conn, read_only=False)
+            if alone and self.locking:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (REGISTRATIONS_LOCK,))
             self._at(Point.PG_BEFORE_APPLY, batch)
             for index, (fn, future) in enumerate(batch):
                 if index:
@@ -400,10 +462,12 @@ class PostgresStore:
                 except Exception as exc:  # the request is refused, others go on
                     outcomes.append((future, None, exc))
                     continue
+                except Alone as put_off:  # run again after, alone
+                    outcomes.append((future, None, put_off))
+                    continue
                 view.done()
                 outcomes.append((future, value, None))
-            written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
-            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+            xid = written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
         except DatabaseFailed as failed:
             rollback(conn)
             raise before_commit(failed.error) from None
@@ -413,9 +477,17 @@ class PostgresStore:
         except BaseException:
             rollback(conn)
             raise
-        assert row is not None
-        xid = str(row[0])
         self._at(Point.PG_BEFORE_COMMIT, batch)
+        self._commit(conn, batch, xid)
+        return outcomes
+
+    def _commit(self, conn: _Conn, batch: list[_Item], xid: str | None) -> None:
+        """COMMITs the transaction `xid` (None: it wrote nothing).
+
+        Raises:
+            Again: it did not commit, and may run again.
+            Failed: it did not, or whether it did is not known.
+        """
         started = time.perf_counter()
         try:
             conn.commit()
@@ -426,12 +498,15 @@ class PostgresStore:
             # said: a server's FATAL, a pooler's own) may have committed.
             if not (connection_lost(exc) or conn.broken):
                 raise Failed(f"COMMIT failed: {exc}", applied=False) from None
+            if xid is None:
+                # Nothing was written: what was read and decided stands.
+                self._committed_now(len(batch), 0.0)
+                return
             if self._committed(xid, exc, len(batch)):
-                return outcomes
+                return
             raise Again(f"COMMIT lost, the transaction aborted: {exc}") from None
         self._at(Point.PG_AFTER_COMMIT, batch)
         self._committed_now(len(batch), time.perf_counter() - started)
-        return outcomes
 
     def _at(self, point: Point, batch: list[_Item]) -> None:
         """A test build's failpoint (`sidecar.failpoints`); nothing else."""

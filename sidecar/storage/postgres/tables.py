@@ -150,15 +150,20 @@ def retention_key(acknowledged: bool, retained_ns: int, k: bytes) -> bytes:
 # -- the columns of a row ------------------------------------------------------
 
 Columns = tuple[object, ...]
-UPSERT_CALLS: LiteralString = (
+# New rows: a row inserted meanwhile by another transaction fails it (a
+# unique violation), never overwritten.
+INSERT_CALLS: LiteralString = (
     "INSERT INTO effectd_calls AS t (k, namespace, run_id, call_id, state, "
     "revision, attempt, lease_expires_ns, created_ns, updated_ns, acknowledged, "
     "retained_ns, doc, plan, tomb, compacted_ns) "
     "SELECT * FROM unnest(%s::bytea[], %s::text[], %s::text[], %s::text[], "
     "%s::smallint[], %s::bigint[], %s::integer[], %s::bigint[], %s::bigint[], "
     "%s::bigint[], %s::boolean[], %s::bigint[], %s::bytea[], %s::bytea[], "
-    "%s::bytea[], %s::bigint[]) "
-    "ON CONFLICT (k) DO UPDATE SET namespace = EXCLUDED.namespace, "
+    "%s::bytea[], %s::bigint[])"
+)
+# Rows read (and locked) as stored, written whole.
+UPSERT_CALLS: LiteralString = (
+    INSERT_CALLS + " ON CONFLICT (k) DO UPDATE SET namespace = EXCLUDED.namespace, "
     "run_id = EXCLUDED.run_id, call_id = EXCLUDED.call_id, state = EXCLUDED.state, "
     "revision = EXCLUDED.revision, attempt = EXCLUDED.attempt, "
     "lease_expires_ns = EXCLUDED.lease_expires_ns, created_ns = EXCLUDED.created_ns, "
@@ -311,7 +316,33 @@ def time_bound(after: bytes | None, skip: int) -> tuple[int, bytes]:
     return int.from_bytes(after[skip : skip + _TIME], "big"), after[skip + _TIME :]
 
 
-KV_UPSERT: LiteralString = (
-    "INSERT INTO {t} (k, v) SELECT * FROM unnest(%s::bytea[], %s::bytea[]) "
-    "ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+# A key-value table's new keys; with `KV_ON_CONFLICT` after it, keys that
+# were read (locked) or not read at all.
+KV_INSERT: LiteralString = (
+    "INSERT INTO {t} (k, v) SELECT * FROM unnest(%s::bytea[], %s::bytea[])"
+)
+KV_ON_CONFLICT: LiteralString = " ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+KV_UPSERT: LiteralString = KV_INSERT + KV_ON_CONFLICT
+CHECKPOINT_INSERT: LiteralString = (
+    "INSERT INTO effectd_checkpoints (k, namespace, revision, updated_ns, v) "
+    "SELECT * FROM unnest(%s::bytea[], %s::text[], %s::bigint[], "
+    "%s::bigint[], %s::bytea[])"
+)
+CHECKPOINT_ON_CONFLICT: LiteralString = (
+    " ON CONFLICT (k) DO UPDATE SET revision = EXCLUDED.revision, "
+    "updated_ns = EXCLUDED.updated_ns, v = EXCLUDED.v"
+)
+
+# Counter changes, one row per (namespace, shard); with `USAGE_ON_CONFLICT`
+# after it, added to the row there.
+USAGE_INSERT: LiteralString = (
+    "INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
+    "stored_bytes, tombstone_bytes) SELECT * FROM unnest(%s::bytea[], "
+    "%s::integer[], %s::bigint[], %s::bigint[], %s::bigint[])"
+)
+USAGE_ON_CONFLICT: LiteralString = (
+    " ON CONFLICT (namespace, shard) DO UPDATE SET "
+    "open_calls = u.open_calls + EXCLUDED.open_calls, "
+    "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes, "
+    "tombstone_bytes = u.tombstone_bytes + EXCLUDED.tombstone_bytes"
 )

@@ -9,10 +9,25 @@ transaction and written whole), except `Table.USAGE`, which reads the sums
 of the counter rows of `effectd_usage` and writes them as changes to the row
 of the writing connection's shard (`add_usage`), so that concurrent writers never update
 the same row. The writes of every function of a batch are kept in memory
-(`Batch`), seen by the functions after it, and sent in a few statements
-before COMMIT. A database error inside a view is raised as `DatabaseFailed`,
-which is not an `Exception`: no `except Exception` in a write function can
-take it for a refusal and commit what it wrote before.
+(`Batch`), seen by the functions after it, and sent before COMMIT in one
+statement where they touch no row twice (each table's writes a
+data-modifying part of one WITH). A database error inside a view is raised
+as `DatabaseFailed`, which is not an `Exception`: no `except Exception` in a
+write function can take it for a refusal and commit what it wrote before.
+
+A write view of a locking batch (`Batch(locking=True)`, the store's) makes
+every compare-and-swap hold at READ COMMITTED: each row it reads (a call
+row, a key of a key-value table, the rows a scan returns) is read
+`FOR UPDATE`, locked until COMMIT, so no other transaction changes what the
+function decided on; a key read absent is inserted by a plain INSERT, so a
+concurrent insert of the same key fails the batch with a unique violation
+(run again: `faults.CONFLICTS`); a namespace's usage is read after locking
+its lock row (`USAGE_LOCK_SHARD`), so quota checks of one namespace take
+turns. A scan of the registrations raises `Alone`: the store runs that
+function again in a transaction of its own that holds the registrations'
+lock (`REGISTRATIONS_LOCK`) from its first statement; every other read of a
+registration holds that lock shared. `sidecar.storage.postgres.store` says
+why each is there.
 
 Over 400 lines on purpose: the reads, the writes kept in memory and their
 flush are one translation of the seam, read together.
@@ -38,8 +53,93 @@ from sidecar.storage.postgres import tables
 # Counter rows per namespace: each connection adds to the row of its
 # backend's process id modulo this.
 USAGE_SHARDS = 64
+# The row of a namespace that a write deciding on its usage (a quota check)
+# locks first, all zeros: no connection adds to it.
+USAGE_LOCK_SHARD = -1
+# pg_advisory_xact_lock key of the registrations (`Table.DAEMONS`): held
+# exclusively by a write function that scans them (`Alone`), shared by any
+# other transaction that reads one. "effectdR" in ASCII.
+REGISTRATIONS_LOCK = 0x65_66_66_65_63_74_64_52
 
 _Conn = psycopg.Connection[tuple[object, ...]]
+
+
+# The names of the parts of a flush's one statement (`Batch._send`), and
+# the reads of their results.
+_PARTS: tuple[LiteralString, ...] = (
+    "w0",
+    "w1",
+    "w2",
+    "w3",
+    "w4",
+    "w5",
+    "w6",
+    "w7",
+    "w8",
+    "w9",
+    "w10",
+    "w11",
+    "w12",
+    "w13",
+    "w14",
+    "w15",
+    "w16",
+    "w17",
+    "w18",
+    "w19",
+    "w20",
+    "w21",
+    "w22",
+    "w23",
+)
+_READS: tuple[LiteralString, ...] = (
+    "SELECT x FROM w0",
+    "SELECT x FROM w1",
+    "SELECT x FROM w2",
+    "SELECT x FROM w3",
+    "SELECT x FROM w4",
+    "SELECT x FROM w5",
+    "SELECT x FROM w6",
+    "SELECT x FROM w7",
+    "SELECT x FROM w8",
+    "SELECT x FROM w9",
+    "SELECT x FROM w10",
+    "SELECT x FROM w11",
+    "SELECT x FROM w12",
+    "SELECT x FROM w13",
+    "SELECT x FROM w14",
+    "SELECT x FROM w15",
+    "SELECT x FROM w16",
+    "SELECT x FROM w17",
+    "SELECT x FROM w18",
+    "SELECT x FROM w19",
+    "SELECT x FROM w20",
+    "SELECT x FROM w21",
+    "SELECT x FROM w22",
+    "SELECT x FROM w23",
+)
+
+
+class Alone(BaseException):
+    """A write function scanned the registrations in a transaction that does
+    not hold their lock exclusively: the store runs it again, alone, in one
+    that does. Not an `Exception`, like `DatabaseFailed`."""
+
+
+class Locks:
+    """What the write transaction of a locking batch holds, beyond its rows:
+    the keys of key-value tables it read absent (inserted by a plain INSERT),
+    the namespaces whose lock row it locked, and the registrations' lock."""
+
+    def __init__(self, *, alone: bool) -> None:
+        self.absent: set[tuple[Table, bytes]] = set()
+        # Namespace -> its counters, read once its lock row was locked; the
+        # batch adds its changes to that row (inserted: one read absent).
+        self.usage: dict[bytes, Usage] = {}
+        self.lockless: set[bytes] = set()
+        # Exclusive (alone) or shared, once taken.
+        self.alone = alone
+        self.registrations = alone
 
 
 class DatabaseFailed(BaseException):
@@ -64,18 +164,20 @@ def _int(value: object) -> int:
 class PgReadView:
     """A `ReadView` of the transaction open on `conn`. The call rows it
     read are kept in `rows` (each read once: a record and its tombstone are
-    one row); with `lock`, each is read `FOR UPDATE`."""
+    one row); with `locks` (a write transaction's), what it reads is locked
+    as the module says."""
 
     def __init__(
         self,
         conn: _Conn,
         rows: dict[bytes, tables.Row | None] | None = None,
         *,
-        lock: bool = False,
+        locks: Locks | None = None,
     ) -> None:
         self._conn = conn
         self._read_rows: dict[bytes, tables.Row | None] = {} if rows is None else rows
-        self._lock = lock
+        self._locks = locks
+        self._lock = locks is not None
 
     def _rows(
         self, query: LiteralString, params: tuple[object, ...]
@@ -117,11 +219,43 @@ class PgReadView:
         if table is Table.USAGE:
             return self._usage(key)
         if table in tables.KV:
+            return self._kv(table, key)
+        return tables.value_in(table, key, self.call_row(tables.family_key(table, key)))
+
+    def _kv(self, table: Table, key: bytes) -> bytes | None:
+        locks = self._locks
+        if locks is None:
             rows = self._rows(
                 tables.on_table(table, "SELECT v FROM {t} WHERE k = %s"), (key,)
             )
             return _bytes(rows[0][0]) if rows else None
-        return tables.value_in(table, key, self.call_row(tables.family_key(table, key)))
+        if table is Table.DAEMONS and not locks.registrations:
+            self._rows("SELECT pg_advisory_xact_lock_shared(%s)", (REGISTRATIONS_LOCK,))
+            locks.registrations = True
+        rows = self._rows(
+            tables.on_table(table, "SELECT v FROM {t} WHERE k = %s FOR UPDATE"),
+            (key,),
+        )
+        if not rows:
+            locks.absent.add((table, key))
+            return None
+        return _bytes(rows[0][0])
+
+    def _scan_locks(self, table: Table) -> LiteralString:
+        """What a scan of `table` in a write transaction takes first; the
+        clause that locks the rows it returns."""
+        locks = self._locks
+        if locks is None:
+            return ""
+        if table is Table.DAEMONS:
+            if not locks.alone:
+                raise Alone
+            return ""
+        if table is Table.USAGE:
+            # A recount (`usage.ensure_counted`): every counter writer waits.
+            self.run("LOCK TABLE effectd_usage IN EXCLUSIVE MODE", ())
+            return ""
+        return " FOR UPDATE"
 
     def _ranged(
         self,
@@ -129,12 +263,13 @@ class PgReadView:
         head: tuple[object, ...],
         prefix: bytes,
         after: bytes | None,
+        lock: LiteralString = "",
     ) -> Iterator[tuple[bytes, bytes]]:
         """The (key, value) rows of `select` in the key range of a prefix
-        scan, in key order, a batch per round trip."""
+        scan, in key order, a batch per round trip; `lock` ends the query."""
         low, inclusive, upper = tables.key_range(prefix, after)
         while True:
-            query = tables.range_query(select, inclusive, upper is not None)
+            query = tables.range_query(select, inclusive, upper is not None) + lock
             bounds = (low,) if upper is None else (low, upper)
             rows = self._rows(query, (*head, *bounds, tables.SCAN_BATCH))
             for k, v in rows:
@@ -149,10 +284,11 @@ class PgReadView:
         head: tuple[object, ...],
         start: tuple[int, bytes],
         key: Callable[[int, bytes], bytes],
+        lock: LiteralString = "",
     ) -> Iterator[bytes]:
         """The derived keys of a time-ordered scan after `start`."""
         while True:
-            rows = self._rows(query, (*head, *start, tables.SCAN_BATCH))
+            rows = self._rows(query + lock, (*head, *start, tables.SCAN_BATCH))
             for t, k in rows:
                 yield key(_int(t), _bytes(k))
             if len(rows) < tables.SCAN_BATCH:
@@ -162,30 +298,37 @@ class PgReadView:
     def scan(
         self, table: Table, prefix: bytes, *, after: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
+        lock = self._scan_locks(table)
         if table is Table.USAGE:
             yield from self._usages(prefix, after)
         elif table in tables.KV:
-            yield from self._ranged(tables.kv_select(table), (), prefix, after)
+            yield from self._ranged(tables.kv_select(table), (), prefix, after, lock)
         elif table in tables.FAMILY:
-            yield from self._ranged(tables.family_select(table), (), prefix, after)
+            select = tables.family_select(table)
+            yield from self._ranged(select, (), prefix, after, lock)
         elif table is Table.CALL_STATES:
             for code, sub, sub_after in tables.state_ranges(prefix, after):
-                for k, _ in self._ranged(tables.STATE_SELECT, (code,), sub, sub_after):
+                for k, _ in self._ranged(
+                    tables.STATE_SELECT, (code,), sub, sub_after, lock
+                ):
                     yield bytes([code]) + k, b""
         else:
             yield from (
                 (key, b"")
-                for key in self._derived_times(table, after)
+                for key in self._derived_times(table, after, lock)
                 if key.startswith(prefix) and (after is None or key > after)
             )
 
-    def _derived_times(self, table: Table, after: bytes | None) -> Iterator[bytes]:
+    def _derived_times(
+        self, table: Table, after: bytes | None, lock: LiteralString
+    ) -> Iterator[bytes]:
         if table is Table.TOMBSTONE_TIMES:
             yield from self._timed(
                 tables.TOMBSTONE_SCAN,
                 (),
                 tables.time_bound(after, 0),
                 lambda t, k: t.to_bytes(8, "big") + k,
+                lock,
             )
             return
         assert table is Table.RETENTION_TIMES, table
@@ -203,17 +346,59 @@ class PgReadView:
                 (flag,),
                 start,
                 functools.partial(tables.retention_key, flag),
+                lock,
             )
 
     def _usage(self, namespace: bytes) -> bytes | None:
-        rows = self._rows(
-            "SELECT coalesce(sum(open_calls), 0), coalesce(sum(stored_bytes), 0), "
-            "coalesce(sum(tombstone_bytes), 0) FROM effectd_usage "
-            "WHERE namespace = %s",
-            (namespace,),
-        )
-        total = Usage(*(_int(n) for n in rows[0]))
+        locks = self._locks
+        if locks is None:
+            rows = self._rows(
+                "SELECT coalesce(sum(open_calls), 0), "
+                "coalesce(sum(stored_bytes), 0), coalesce(sum(tombstone_bytes), 0) "
+                "FROM effectd_usage WHERE namespace = %s",
+                (namespace,),
+            )
+            total = Usage(*(_int(n) for n in rows[0]))
+        else:
+            found = locks.usage.get(namespace)
+            total = self._locked_usage(namespace) if found is None else found
         return None if total == Usage() else usage.encode(total)
+
+    def _locked_usage(self, namespace: bytes) -> Usage:
+        """The counters of `namespace`, its lock row locked first and kept
+        for the rest of the transaction (`Locks.usage`).
+
+        The lock row is read `FOR UPDATE`: as its newest version, after
+        waiting for any transaction holding it; the other shards as of the
+        statement's start. Every write that decided on the namespace's usage
+        held the lock row and added its changes to it (`Batch.flush`; a lock
+        row read absent is inserted then by a plain INSERT, so two first
+        checks of a namespace meet as two inserts of one key), so each quota
+        check counts every earlier one exactly; the other shards hold
+        changes no quota decided on (results committed, calls finished),
+        which may be counted before or after. Locking writes no row."""
+        locks = self._locks
+        assert locks is not None
+        rows = self._rows(
+            "WITH l AS (SELECT open_calls, stored_bytes, tombstone_bytes "
+            "FROM effectd_usage WHERE namespace = %s AND shard = %s FOR UPDATE), "
+            "o AS (SELECT coalesce(sum(open_calls), 0) AS open_calls, "
+            "coalesce(sum(stored_bytes), 0) AS stored_bytes, "
+            "coalesce(sum(tombstone_bytes), 0) AS tombstone_bytes "
+            "FROM effectd_usage WHERE namespace = %s AND shard <> %s) "
+            "SELECT (SELECT count(*) FROM l), "
+            "o.open_calls + coalesce((SELECT open_calls FROM l), 0), "
+            "o.stored_bytes + coalesce((SELECT stored_bytes FROM l), 0), "
+            "o.tombstone_bytes + coalesce((SELECT tombstone_bytes FROM l), 0) "
+            "FROM o",
+            (namespace, USAGE_LOCK_SHARD, namespace, USAGE_LOCK_SHARD),
+        )
+        found, *counters = (_int(n) for n in rows[0])
+        if not found:
+            locks.lockless.add(namespace)
+        total = Usage(*counters)
+        locks.usage[namespace] = total
+        return total
 
     def _usages(
         self, prefix: bytes, after: bytes | None
@@ -278,20 +463,82 @@ class _Layer:
 class Batch(_Layer):
     """The writes of the functions of one transaction that returned, sent
     together by `flush` before COMMIT: a function's reads see those of the
-    functions before it without a round trip each."""
+    functions before it without a round trip each. With `locking`, what its
+    views read is locked (the module says how); `alone`: the transaction
+    holds the registrations' lock exclusively (`Alone`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, locking: bool = True, alone: bool = False) -> None:
         super().__init__()
         # The call rows the transaction read, as stored (`PgReadView.call_row`).
         self.read_rows: dict[bytes, tables.Row | None] = {}
+        self.locks = Locks(alone=alone) if locking else None
+        # The transaction's id, once a write returned it.
+        self.xid: str | None = None
+        # Writes not sent yet (`_write`).
+        self._pending: list[tuple[LiteralString, tuple[object, ...]]] = []
 
-    def flush(self, conn: _Conn, shard: int, *, lock: bool = False) -> int:
-        """Sends every write in a few statements; returns the rows written."""
-        view = PgReadView(conn, self.read_rows, lock=lock)
+    def flush(self, conn: _Conn, shard: int) -> str | None:
+        """Sends every write, in one statement (the writes of each table its
+        own data-modifying part of a WITH) where it can; returns the id of
+        the transaction (`pg_current_xact_id`, returned by its writes), or
+        None when it wrote nothing."""
+        view = PgReadView(conn, self.read_rows, locks=self.locks)
         for table in tables.KV:
             self._flush_kv(view, table)
         self._flush_calls(view)
-        return len(self.rows) + self._flush_usage(view, shard)
+        self._flush_usage(view, shard)
+        self._send(view)
+        return self.xid
+
+    def _write(
+        self,
+        view: PgReadView,
+        query: LiteralString,
+        params: tuple[object, ...],
+        *,
+        now: bool = False,
+    ) -> None:
+        """A write, sent with the others by `_send` (`now`: at once, before
+        them: it must precede a write of the same rows)."""
+        self._pending.append((query, params))
+        if now:
+            self._send(view)
+
+    def _send(self, view: PgReadView) -> None:
+        """Sends the pending writes, touching no row twice: each part sees
+        the rows as they were before the statement, and all of them run.
+        Keeps the transaction's id their rows return."""
+        pending, self._pending = (
+            self._pending[: len(_PARTS)],
+            self._pending[len(_PARTS) :],
+        )
+        if not pending:
+            return
+        returning: LiteralString = " RETURNING pg_current_xact_id()::text AS x"
+        if len(pending) == 1:
+            query, params = pending[0][0] + returning, pending[0][1]
+        else:
+            parts: list[LiteralString] = []
+            reads: list[LiteralString] = []
+            values: list[object] = []
+            for name, read, (part, part_params) in zip(
+                _PARTS, _READS, pending, strict=False
+            ):
+                parts.append(name + " AS (" + part + returning + ")")
+                reads.append(read)
+                values.extend(part_params)
+            query = "WITH " + ", ".join(parts) + " " + " UNION ALL ".join(reads)
+            query += " LIMIT 1"
+            params = tuple(values)
+        rows = view.rows(query, params)
+        if rows and self.xid is None:
+            self.xid = str(rows[0][0])
+        self._send(view)
+
+    def _absent(self, table: Table, key: bytes) -> bool:
+        """Whether `key` of a key-value table was read absent by a locking
+        view: inserted by a plain INSERT, never over a concurrent one."""
+        return self.locks is not None and (table, key) in self.locks.absent
 
     def _flush_kv(self, view: PgReadView, table: Table) -> None:
         puts = [
@@ -299,22 +546,32 @@ class Batch(_Layer):
         ]
         deletes = [k for (t, k), v in self.rows.items() if t is table and v is None]
         if deletes:
-            view.run(
+            self._write(
+                view,
                 tables.on_table(table, "DELETE FROM {t} WHERE k = ANY(%s::bytea[])"),
                 (deletes,),
             )
-        if not puts:
-            return
+        new = [(k, v) for k, v in puts if self._absent(table, k)]
+        over = [(k, v) for k, v in puts if not self._absent(table, k)]
+        for rows, conflict in ((new, ""), (over, tables.KV_ON_CONFLICT)):
+            if rows:
+                self._put_kv(view, table, rows, conflict)
+
+    def _put_kv(
+        self,
+        view: PgReadView,
+        table: Table,
+        puts: list[tuple[bytes, bytes]],
+        conflict: LiteralString,
+    ) -> None:
         keys = [k for k, _ in puts]
         values = [v for _, v in puts]
         if table is Table.CHECKPOINTS:
             heads = [records.checkpoint_head(v) for v in values]
-            view.run(
-                "INSERT INTO effectd_checkpoints (k, namespace, revision, "
-                "updated_ns, v) SELECT * FROM unnest(%s::bytea[], %s::text[], "
-                "%s::bigint[], %s::bigint[], %s::bytea[]) ON CONFLICT (k) DO "
-                "UPDATE SET revision = EXCLUDED.revision, "
-                "updated_ns = EXCLUDED.updated_ns, v = EXCLUDED.v",
+            self._write(
+                view,
+                tables.CHECKPOINT_INSERT
+                + (tables.CHECKPOINT_ON_CONFLICT if conflict else ""),
                 (
                     keys,
                     [records.namespace_of(k) for k in keys],
@@ -324,9 +581,8 @@ class Batch(_Layer):
                 ),
             )
             return
-        view.run(
-            tables.on_table(table, tables.KV_UPSERT),
-            (keys, values),
+        self._write(
+            view, tables.on_table(table, tables.KV_INSERT + conflict), (keys, values)
         )
 
     def _flush_calls(self, view: PgReadView) -> None:
@@ -345,7 +601,23 @@ class Batch(_Layer):
                 self.read_rows[_bytes(k)] = tables.row_of(tuple(found))
             for k in missing:
                 self.read_rows.setdefault(k, None)
+        whole, new, gone = self._call_rows(changed, locking=view.locks)
+        if gone:
+            self._write(
+                view, "DELETE FROM effectd_calls WHERE k = ANY(%s::bytea[])", (gone,)
+            )
+        if new:
+            self._write(view, tables.INSERT_CALLS, tables.upsert_params(new))
+        if whole:
+            self._write(view, tables.UPSERT_CALLS, tables.upsert_params(whole))
+
+    def _call_rows(
+        self, changed: dict[bytes, dict[Table, bytes | None]], *, locking: bool
+    ) -> tuple[list[tables.Columns], list[tables.Columns], list[bytes]]:
+        """The rows of `changed` calls to write over stored (or unread)
+        ones, to insert (read absent by a locking view), and to delete."""
         whole: list[tables.Columns] = []
+        new: list[tables.Columns] = []
         gone: list[bytes] = []
         for k, writes in changed.items():
             stored = self.read_rows[k]
@@ -354,20 +626,24 @@ class Batch(_Layer):
             plan = writes.get(Table.PLAN_ROWS, plan)
             tomb = writes.get(Table.TOMBSTONES, tomb)
             if doc is None and tomb is None and plan is None:
-                gone.append(k)
+                if stored is not None:
+                    gone.append(k)
+            elif stored is None and locking:
+                # Read absent: inserted, never over a concurrent insert.
+                new.append(tables.columns(k, doc, plan, tomb))
             else:
                 whole.append(tables.columns(k, doc, plan, tomb))
-        if gone:
-            view.run("DELETE FROM effectd_calls WHERE k = ANY(%s::bytea[])", (gone,))
-        if whole:
-            view.run(tables.UPSERT_CALLS, tables.upsert_params(whole))
+        return whole, new, gone
 
     def _flush_usage(self, view: PgReadView, shard: int) -> int:
         if self.totals:
-            # A total replaces every shard's row of its namespace.
-            view.run(
+            # A total replaces every shard's row of its namespace: deleted
+            # before the totals are inserted.
+            self._write(
+                view,
                 "DELETE FROM effectd_usage WHERE namespace = ANY(%s::bytea[])",
                 (list(self.totals),),
+                now=True,
             )
         changes = dict(self.totals)
         for namespace, change in self.changes.items():
@@ -378,24 +654,29 @@ class Batch(_Layer):
         changes = {n: u for n, u in changes.items() if u != Usage()}
         # (a zero total needs no row: the delete above said it)
         if changes:
+            # The namespaces whose usage the batch decided on: on the lock
+            # row it holds (or inserts), so that the next check counts them.
+            locks = self.locks
+            locked = {} if locks is None else locks.usage
+            new = set() if locks is None else locks.lockless
             names = sorted(changes)
-            view.run(
-                "INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
-                "stored_bytes, tombstone_bytes) SELECT n, %s, o, s, t FROM "
-                "unnest(%s::bytea[], %s::bigint[], %s::bigint[], %s::bigint[]) "
-                "AS c(n, o, s, t) "
-                "ON CONFLICT (namespace, shard) DO UPDATE SET "
-                "open_calls = u.open_calls + EXCLUDED.open_calls, "
-                "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes, "
-                "tombstone_bytes = u.tombstone_bytes + EXCLUDED.tombstone_bytes",
-                (
-                    shard,
-                    names,
-                    [changes[n].open_calls for n in names],
-                    [changes[n].stored_bytes for n in names],
-                    [changes[n].tombstone_bytes for n in names],
-                ),
-            )
+            for chosen, conflict in (
+                ([n for n in names if n in new], ""),
+                ([n for n in names if n not in new], tables.USAGE_ON_CONFLICT),
+            ):
+                if not chosen:
+                    continue
+                self._write(
+                    view,
+                    tables.USAGE_INSERT + conflict,
+                    (
+                        chosen,
+                        [USAGE_LOCK_SHARD if n in locked else shard for n in chosen],
+                        [changes[n].open_calls for n in chosen],
+                        [changes[n].stored_bytes for n in chosen],
+                        [changes[n].tombstone_bytes for n in chosen],
+                    ),
+                )
         return len(changes)
 
 
@@ -406,14 +687,9 @@ class PgWriteView(PgReadView):
     leaves nothing)."""
 
     def __init__(
-        self,
-        conn: _Conn,
-        batch: Batch,
-        summarize: Summarize | None = None,
-        *,
-        lock: bool = False,
+        self, conn: _Conn, batch: Batch, summarize: Summarize | None = None
     ) -> None:
-        super().__init__(conn, batch.read_rows, lock=lock)
+        super().__init__(conn, batch.read_rows, locks=batch.locks)
         self.summarize = summarize
         self._batch = batch
         self._own = _Layer()
