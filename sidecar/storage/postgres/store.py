@@ -8,8 +8,9 @@ batch, or one whose connection was lost before COMMIT, runs again on a new
 snapshot: write functions read everything they decide on from their view,
 so running one again is running it for the first time. A future resolves
 only after COMMIT returned, or after `pg_xact_status` said a COMMIT whose
-answer was lost committed (`sidecar.storage.postgres.faults` says what each
-failure answers). Reads run on REPEATABLE READ read-only snapshots of their
+answer was lost committed, asked of the server it ran on, not restarted
+since (`sidecar.storage.postgres.faults` says what each failure answers,
+and why a restart matters). Reads run on REPEATABLE READ read-only snapshots of their
 own pool. The incarnation comes from a sequence: one per daemon, never reused.
 
 Over 400 lines on purpose: the writer's batch, its retries and the lost
@@ -43,13 +44,16 @@ from sidecar.storage.postgres import schema as pg_schema
 from sidecar.storage.postgres.faults import (
     CONFLICTS,
     MAY_HAVE_BEEN_APPLIED,
+    XACT_QUERY,
     Again,
     Failed,
+    Xact,
     before_commit,
     connection_lost,
     getconn,
     rollback,
     unavailable,
+    xact_of,
     xact_status,
 )
 from sidecar.storage.postgres.options import PgStats, PostgresOptions
@@ -403,7 +407,7 @@ class PostgresStore:
                 view.done()
                 outcomes.append((future, value, None))
             written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
-            row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+            xact = xact_of(conn.execute(XACT_QUERY).fetchone())
         except DatabaseFailed as failed:
             rollback(conn)
             raise before_commit(failed.error) from None
@@ -413,8 +417,6 @@ class PostgresStore:
         except BaseException:
             rollback(conn)
             raise
-        assert row is not None
-        xid = str(row[0])
         self._at(Point.PG_BEFORE_COMMIT, batch)
         started = time.perf_counter()
         try:
@@ -426,7 +428,7 @@ class PostgresStore:
             # said: a server's FATAL, a pooler's own) may have committed.
             if not (connection_lost(exc) or conn.broken):
                 raise Failed(f"COMMIT failed: {exc}", applied=False) from None
-            if self._committed(xid, exc, len(batch)):
+            if self._committed(xact, exc, len(batch)):
                 return outcomes
             raise Again(f"COMMIT lost, the transaction aborted: {exc}") from None
         self._at(Point.PG_AFTER_COMMIT, batch)
@@ -450,13 +452,13 @@ class PostgresStore:
             except Exception:  # an observer must never fail a commit
                 log.exception("the commit observer failed")
 
-    def _committed(self, xid: str, lost: psycopg.Error, size: int) -> bool:
-        """Whether the transaction `xid`, whose COMMIT was lost, committed.
+    def _committed(self, xact: Xact, lost: psycopg.Error, size: int) -> bool:
+        """Whether the transaction `xact`, whose COMMIT was lost, committed.
 
         Raises:
             Failed: not known (mayHaveBeenApplied=true).
         """
-        status = xact_status(self._reads, xid)
+        status = xact_status(self._reads, xact)
         with self._stats_lock:
             if status is None:
                 self.stats.commits_unknown += 1
