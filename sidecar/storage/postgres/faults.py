@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -32,6 +35,10 @@ CONFLICTS = (
 )
 # While waiting for a pooled connection, asked for again this often.
 ASK_SECONDS = 1.0
+# What became of a transaction, and when the server answering started.
+_STATUS_QUERY: LiteralString = (
+    "SELECT pg_xact_status(%s::xid8), pg_postmaster_start_time()"
+)
 
 
 def unavailable(message: str, *, applied: bool) -> StorageUnavailable:
@@ -103,30 +110,76 @@ def getconn(pool: ConnectionPool[_Conn], timeout: float) -> _Conn:
                 raise
 
 
-def xact_status(pool: ConnectionPool[_Conn], xid: str) -> str | None:
-    """'committed' or 'aborted': what became of the transaction `xid`, asked
-    on a connection of `pool`; None when it cannot be learnt (a backend
-    still committing is waited for, a bounded while). A pooled connection
-    found broken (a restart breaks them with the COMMIT's) has the pool
-    checked and the question asked once more."""
+@dataclass(frozen=True, slots=True)
+class Xact:
+    """A write transaction as the store asks about it once its COMMIT is
+    lost: its id, and when the server it ran on started
+    (`pg_postmaster_start_time`), both read inside it (`XACT_QUERY`)."""
+
+    xid: str
+    server_started: datetime
+
+
+XACT_QUERY: LiteralString = (
+    "SELECT pg_current_xact_id()::text, pg_postmaster_start_time()"
+)
+
+
+def xact_of(row: tuple[object, ...] | None) -> Xact:
+    """The `Xact` of a row of `XACT_QUERY`."""
+    assert row is not None
+    xid, started = row
+    assert isinstance(started, datetime), type(started)
+    return Xact(str(xid), started)
+
+
+def xact_status(pool: ConnectionPool[_Conn], xact: Xact) -> str | None:
+    """'committed' or 'aborted': what became of the transaction `xact`,
+    asked on a connection of `pool`; None when it cannot be learnt (a
+    backend still committing is waited for, a bounded while). A pooled
+    connection found broken (a restart breaks them with the COMMIT's) has
+    the pool checked and the question asked once more.
+
+    A server that crashed gives again, after its recovery, every transaction
+    id whose records never reached its WAL: the id of a transaction that did
+    not commit may name a newer one that did. So 'committed' is believed
+    only from the server the transaction ran on, not restarted since; from
+    a restarted one it is not known (None). An id the server has not given
+    yet ("in the future") is one whose commit no recovery replayed:
+    'aborted'."""
     checked = False
     for _ in range(20):
         try:
             with pool.connection() as conn:
-                row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+                row = conn.execute(_STATUS_QUERY, (xact.xid,)).fetchone()
                 rollback(conn)
         except PoolTimeout:
             return None
+        except pg_errors.InvalidParameterValue:
+            return "aborted"
         except psycopg.Error as exc:
             if checked or not connection_lost(exc):
                 return None
             pool.check()
             checked = True
             continue
-        status = None if row is None else row[0]
-        if status in ("committed", "aborted"):
-            return str(status)
+        status = _status(row, xact)
         if status != "in progress":
-            return None
+            return status
         time.sleep(0.05)
+    return None
+
+
+def _status(row: tuple[object, ...] | None, xact: Xact) -> str | None:
+    """What a row of `_STATUS_QUERY` says of `xact` ('in progress': ask
+    again)."""
+    status, started = (None, None) if row is None else row
+    if status == "committed" and started != xact.server_started:
+        log.warning(
+            "the database restarted since a transaction whose COMMIT was "
+            "lost began: its id may now name another transaction"
+        )
+        return None
+    if status in ("committed", "aborted", "in progress"):
+        return str(status)
     return None

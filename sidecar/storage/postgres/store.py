@@ -47,8 +47,9 @@ An aborted batch (a unique violation, a deadlock, a connection lost before
 COMMIT) runs again on new reads: write functions read everything they
 decide on from their view, so running one again is running it for the first
 time. A future resolves only after COMMIT returned, or after
-`pg_xact_status` said a COMMIT whose answer was lost committed
-(`sidecar.storage.postgres.faults` says what each failure answers). Reads
+`pg_xact_status` said a COMMIT whose answer was lost committed, asked of
+the server it ran on, not restarted since (`sidecar.storage.postgres.faults`
+says what each failure answers, and why a restart matters). Reads
 run on REPEATABLE READ read-only snapshots of their own pool. The
 incarnation comes from a sequence: one per daemon, never reused.
 
@@ -85,6 +86,7 @@ from sidecar.storage.postgres.faults import (
     MAY_HAVE_BEEN_APPLIED,
     Again,
     Failed,
+    Xact,
     before_commit,
     connection_lost,
     getconn,
@@ -467,7 +469,7 @@ class PostgresStore:
                     continue
                 view.done()
                 outcomes.append((future, value, None))
-            xid = written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
+            xact = written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
         except DatabaseFailed as failed:
             rollback(conn)
             raise before_commit(failed.error) from None
@@ -478,11 +480,11 @@ class PostgresStore:
             rollback(conn)
             raise
         self._at(Point.PG_BEFORE_COMMIT, batch)
-        self._commit(conn, batch, xid)
+        self._commit(conn, batch, xact)
         return outcomes
 
-    def _commit(self, conn: _Conn, batch: list[_Item], xid: str | None) -> None:
-        """COMMITs the transaction `xid` (None: it wrote nothing).
+    def _commit(self, conn: _Conn, batch: list[_Item], xact: Xact | None) -> None:
+        """COMMITs the transaction `xact` (None: it wrote nothing).
 
         Raises:
             Again: it did not commit, and may run again.
@@ -498,11 +500,11 @@ class PostgresStore:
             # said: a server's FATAL, a pooler's own) may have committed.
             if not (connection_lost(exc) or conn.broken):
                 raise Failed(f"COMMIT failed: {exc}", applied=False) from None
-            if xid is None:
+            if xact is None:
                 # Nothing was written: what was read and decided stands.
                 self._committed_now(len(batch), 0.0)
                 return
-            if self._committed(xid, exc, len(batch)):
+            if self._committed(xact, exc, len(batch)):
                 return
             raise Again(f"COMMIT lost, the transaction aborted: {exc}") from None
         self._at(Point.PG_AFTER_COMMIT, batch)
@@ -525,13 +527,13 @@ class PostgresStore:
             except Exception:  # an observer must never fail a commit
                 log.exception("the commit observer failed")
 
-    def _committed(self, xid: str, lost: psycopg.Error, size: int) -> bool:
-        """Whether the transaction `xid`, whose COMMIT was lost, committed.
+    def _committed(self, xact: Xact, lost: psycopg.Error, size: int) -> bool:
+        """Whether the transaction `xact`, whose COMMIT was lost, committed.
 
         Raises:
             Failed: not known (mayHaveBeenApplied=true).
         """
-        status = xact_status(self._reads, xid)
+        status = xact_status(self._reads, xact)
         with self._stats_lock:
             if status is None:
                 self.stats.commits_unknown += 1

@@ -49,6 +49,7 @@ from sidecar.storage.api import Table
 from sidecar.storage.keys import check_key
 from sidecar.storage.plan_rows import Summarize
 from sidecar.storage.postgres import tables
+from sidecar.storage.postgres.faults import Xact, xact_of
 
 # Counter rows per namespace: each connection adds to the row of its
 # backend's process id modulo this.
@@ -93,30 +94,30 @@ _PARTS: tuple[LiteralString, ...] = (
     "w23",
 )
 _READS: tuple[LiteralString, ...] = (
-    "SELECT x FROM w0",
-    "SELECT x FROM w1",
-    "SELECT x FROM w2",
-    "SELECT x FROM w3",
-    "SELECT x FROM w4",
-    "SELECT x FROM w5",
-    "SELECT x FROM w6",
-    "SELECT x FROM w7",
-    "SELECT x FROM w8",
-    "SELECT x FROM w9",
-    "SELECT x FROM w10",
-    "SELECT x FROM w11",
-    "SELECT x FROM w12",
-    "SELECT x FROM w13",
-    "SELECT x FROM w14",
-    "SELECT x FROM w15",
-    "SELECT x FROM w16",
-    "SELECT x FROM w17",
-    "SELECT x FROM w18",
-    "SELECT x FROM w19",
-    "SELECT x FROM w20",
-    "SELECT x FROM w21",
-    "SELECT x FROM w22",
-    "SELECT x FROM w23",
+    "SELECT x, s FROM w0",
+    "SELECT x, s FROM w1",
+    "SELECT x, s FROM w2",
+    "SELECT x, s FROM w3",
+    "SELECT x, s FROM w4",
+    "SELECT x, s FROM w5",
+    "SELECT x, s FROM w6",
+    "SELECT x, s FROM w7",
+    "SELECT x, s FROM w8",
+    "SELECT x, s FROM w9",
+    "SELECT x, s FROM w10",
+    "SELECT x, s FROM w11",
+    "SELECT x, s FROM w12",
+    "SELECT x, s FROM w13",
+    "SELECT x, s FROM w14",
+    "SELECT x, s FROM w15",
+    "SELECT x, s FROM w16",
+    "SELECT x, s FROM w17",
+    "SELECT x, s FROM w18",
+    "SELECT x, s FROM w19",
+    "SELECT x, s FROM w20",
+    "SELECT x, s FROM w21",
+    "SELECT x, s FROM w22",
+    "SELECT x, s FROM w23",
 )
 
 
@@ -472,23 +473,23 @@ class Batch(_Layer):
         # The call rows the transaction read, as stored (`PgReadView.call_row`).
         self.read_rows: dict[bytes, tables.Row | None] = {}
         self.locks = Locks(alone=alone) if locking else None
-        # The transaction's id, once a write returned it.
-        self.xid: str | None = None
+        # The transaction, once a write returned its id.
+        self.xact: Xact | None = None
         # Writes not sent yet (`_write`).
         self._pending: list[tuple[LiteralString, tuple[object, ...]]] = []
 
-    def flush(self, conn: _Conn, shard: int) -> str | None:
+    def flush(self, conn: _Conn, shard: int) -> Xact | None:
         """Sends every write, in one statement (the writes of each table its
         own data-modifying part of a WITH) where it can; returns the id of
-        the transaction (`pg_current_xact_id`, returned by its writes), or
-        None when it wrote nothing."""
+        the transaction (`pg_current_xact_id` and its server's start time,
+        returned by its writes), or None when it wrote nothing."""
         view = PgReadView(conn, self.read_rows, locks=self.locks)
         for table in tables.KV:
             self._flush_kv(view, table)
         self._flush_calls(view)
         self._flush_usage(view, shard)
         self._send(view)
-        return self.xid
+        return self.xact
 
     def _write(
         self,
@@ -514,7 +515,7 @@ class Batch(_Layer):
         )
         if not pending:
             return
-        returning: LiteralString = " RETURNING pg_current_xact_id()::text AS x"
+        returning: LiteralString = " RETURNING pg_current_xact_id()::text AS x, pg_postmaster_start_time() AS s"
         if len(pending) == 1:
             query, params = pending[0][0] + returning, pending[0][1]
         else:
@@ -531,8 +532,8 @@ class Batch(_Layer):
             query += " LIMIT 1"
             params = tuple(values)
         rows = view.rows(query, params)
-        if rows and self.xid is None:
-            self.xid = str(rows[0][0])
+        if rows and self.xact is None:
+            self.xact = xact_of(rows[0])
         self._send(view)
 
     def _absent(self, table: Table, key: bytes) -> bool:
