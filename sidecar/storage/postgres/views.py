@@ -93,6 +93,11 @@ _PARTS: tuple[LiteralString, ...] = (
     "w22",
     "w23",
 )
+# What each write returns: the transaction's id and its server's start time
+# (`faults.Xact`).
+_RETURNING: LiteralString = (
+    " RETURNING pg_current_xact_id()::text AS x, pg_postmaster_start_time() AS s"
+)
 _READS: tuple[LiteralString, ...] = (
     "SELECT x, s FROM w0",
     "SELECT x, s FROM w1",
@@ -515,9 +520,8 @@ class Batch(_Layer):
         )
         if not pending:
             return
-        returning: LiteralString = " RETURNING pg_current_xact_id()::text AS x, pg_postmaster_start_time() AS s"
         if len(pending) == 1:
-            query, params = pending[0][0] + returning, pending[0][1]
+            query, params = pending[0][0] + _RETURNING, pending[0][1]
         else:
             parts: list[LiteralString] = []
             reads: list[LiteralString] = []
@@ -525,7 +529,7 @@ class Batch(_Layer):
             for name, read, (part, part_params) in zip(
                 _PARTS, _READS, pending, strict=False
             ):
-                parts.append(name + " AS (" + part + returning + ")")
+                parts.append(name + " AS (" + part + _RETURNING + ")")
                 reads.append(read)
                 values.extend(part_params)
             query = "WITH " + ", ".join(parts) + " " + " UNION ALL ".join(reads)
