@@ -8,8 +8,10 @@ are kept, and their keys, is `sidecar.storage.records`.
 from __future__ import annotations
 
 import base64
+import enum
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sidecar.ledger.model import (
     FINGERPRINT_V1,
@@ -34,58 +36,31 @@ from sidecar.ledger.model import (
 
 RECORD_VERSION = 1
 
-# Members by stored value: a dict lookup where calling the enum runs two
-# Python frames per field (a record holds a dozen such fields). A value not
-# found falls back to the enum itself, which refuses it as before.
-_STATES = {m.value: m for m in State}
-_EVENTS = {m.value: m for m in Event}
-_EFFECTS = {m.value: m for m in Effect}
-_OUTCOMES = {m.value: m for m in Outcome}
-_CHANNELS = {m.value: m for m in Channel}
-_KINDS = {m.value: m for m in PayloadKind}
+E = TypeVar("E", bound=enum.Enum)
 
 
-def _state(value: str) -> State:
-    try:
-        return _STATES[value]
-    except (KeyError, TypeError):
-        return State(value)
+def _decoder(kind: type[E]) -> Callable[[str], E]:
+    """The member of `kind` a stored value names: a dict lookup, where
+    calling the enum runs two Python frames per field (a record holds a
+    dozen such fields). A value not found falls back to the enum itself,
+    which refuses it as before."""
+    members = {m.value: m for m in kind}
+
+    def decode(value: str) -> E:
+        try:
+            return members[value]
+        except (KeyError, TypeError):
+            return kind(value)
+
+    return decode
 
 
-def _event(value: str) -> Event:
-    try:
-        return _EVENTS[value]
-    except (KeyError, TypeError):
-        return Event(value)
-
-
-def _effect(value: str) -> Effect:
-    try:
-        return _EFFECTS[value]
-    except (KeyError, TypeError):
-        return Effect(value)
-
-
-def _outcome(value: str) -> Outcome:
-    try:
-        return _OUTCOMES[value]
-    except (KeyError, TypeError):
-        return Outcome(value)
-
-
-def _channel(value: str) -> Channel:
-    try:
-        return _CHANNELS[value]
-    except (KeyError, TypeError):
-        return Channel(value)
-
-
-def _kind(value: str) -> PayloadKind:
-    try:
-        return _KINDS[value]
-    except (KeyError, TypeError):
-        return PayloadKind(value)
-
+_state = _decoder(State)
+_event = _decoder(Event)
+_effect = _decoder(Effect)
+_outcome = _decoder(Outcome)
+_channel = _decoder(Channel)
+_kind = _decoder(PayloadKind)
 
 # Encoding reads each member's value as `_value_`, the attribute `Enum.value`
 # returns through two Python frames (a record's history has three per entry).

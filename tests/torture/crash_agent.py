@@ -54,6 +54,12 @@ ERROR_CODE = "ToolBroke"
 LEASE_MS = 1500
 # The most a tool waits before, and after, its effect.
 TOOL_SECONDS = 0.01
+# How long the negative control's tool waits after its effect (uniform):
+# long beside a call's round trips, so most kills of its agent or daemon
+# land between the effect and its commit, leaving an executed side effect
+# of unknown outcome for the broken agent to run again. With the fast
+# setting's wait, a control of 60 cycles once met no such kill.
+CONTROL_AFTER_SECONDS = (0.05, 0.25)
 # While the daemon restarts: how long a step keeps trying.
 PATIENCE_SECONDS = 120.0
 
@@ -123,6 +129,9 @@ class Agent:
         self.spec = spec
         # When the tool acts: a kill lands before or after its effect.
         self.rng = random.Random(f"{spec.run_id}/{os.getpid()}")  # noqa: S311
+        self._after_effect = (
+            CONTROL_AFTER_SECONDS if spec.reexecute_unknown else (0.0, TOOL_SECONDS)
+        )
         self.client = self._connect()
 
     def _connect(self) -> Client:
@@ -243,7 +252,7 @@ class Agent:
                     # that kills land on both sides of it.
                     time.sleep(self.rng.uniform(0, TOOL_SECONDS))
                     self.effect(step, call.attempt, call.idempotency_key)
-                    time.sleep(self.rng.uniform(0, TOOL_SECONDS))
+                    time.sleep(self.rng.uniform(*self._after_effect))
                     if step.fails:
                         raise ToolBrokeError(f"{step.call_id} broke")
                     call.set_result(
