@@ -18,6 +18,7 @@ MODULES = {
     "node_langgraph": "tests.adapters.drivers.node_langgraph",
     "node_ai": "tests.adapters.drivers.node_ai",
     "node_openai_agents": "tests.adapters.drivers.node_openai_agents",
+    "node_mcp": "tests.adapters.drivers.node_mcp",
     "google_adk": "tests.adapters.drivers.google_adk",
     "crewai": "tests.adapters.drivers.crewai",
 }

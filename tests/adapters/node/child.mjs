@@ -11,7 +11,12 @@
 import { requireNode } from './common.mjs';
 
 // Each framework's agent: a module whose default export runs it (spec, client) -> outcome.
-const FRAMEWORKS = { langgraph: './langgraph.mjs', ai: './ai.mjs', 'openai-agents': './openai-agents.mjs' };
+const FRAMEWORKS = {
+  langgraph: './langgraph.mjs',
+  ai: './ai.mjs',
+  'openai-agents': './openai-agents.mjs',
+  mcp: './mcp.mjs',
+};
 
 async function main() {
   const [framework, specText] = process.argv.slice(2);
