@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,9 @@ from langgraph.types import Command
 
 from effectd_client import Client
 from effectd_client.contrib.langgraph import LedgeredToolCalls, ToolPolicy
+
+# Held while `book` appends its line and counts the lines.
+_COUNTING = threading.Lock()
 
 THREAD_INPUT = "book a room in Paris"
 # The model's answers, turn by turn: book, then search, then a final text.
@@ -90,9 +94,12 @@ def tools(workdir: Path) -> list[Any]:
     @tool
     def book(city: str) -> str:
         """Books a room (the side effect, counted)."""
-        with (workdir / "effects").open("a") as effects:
+        # Parallel calls run in threads: each appends and counts in turn, so
+        # each gets its own number.
+        with _COUNTING, (workdir / "effects").open("a") as effects:
             effects.write(f"book {city}\n")
-        n = len((workdir / "effects").read_text().splitlines())
+            effects.flush()
+            n = len((workdir / "effects").read_text().splitlines())
         if (workdir / "hold").exists():
             (workdir / "reached").touch()
             time.sleep(60)  # killed here: after the effect, before the commit
