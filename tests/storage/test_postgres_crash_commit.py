@@ -13,7 +13,7 @@ under load, a tool call's start answered so ran its side effect twice).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -21,7 +21,6 @@ import pytest
 
 from sidecar.errors import StorageUnavailable
 from sidecar.failpoints import Failpoints, Point
-from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.postgres.store import (
     MAY_HAVE_BEEN_APPLIED,
     PostgresOptions,
@@ -59,18 +58,6 @@ def store_url(cluster: PrivateCluster) -> Iterator[str]:
                 cluster.start()
 
 
-def _put(key: bytes) -> Callable[[WriteView], bytes]:
-    def fn(view: WriteView) -> bytes:
-        view.put(Table.CHECKPOINTS, b"ns\x00" + key, b"v")
-        return key
-
-    return fn
-
-
-def _get(key: bytes) -> Callable[[ReadView], bytes | None]:
-    return lambda view: view.get(Table.CHECKPOINTS, b"ns\x00" + key)
-
-
 @dataclass
 class Lost:
     """What became of a write whose COMMIT a crash took."""
@@ -105,7 +92,7 @@ def _write_through_a_crash(cluster: PrivateCluster, url: str, taken: int) -> Los
     store = PostgresStore(url, PostgresOptions(writers=1, readers=1, failpoints=armed))
     try:
         scope[0] = "/Lost"
-        lost = store.submit(_put(b"lost"))
+        lost = store.submit(postgres.put_checkpoint(b"lost"))
         scope[0] = ""
         refusal: dict[str, str] | None = None
         try:
@@ -115,10 +102,10 @@ def _write_through_a_crash(cluster: PrivateCluster, url: str, taken: int) -> Los
         # Refused: only as a write that may have been applied.
         assert refusal in (None, {MAY_HAVE_BEEN_APPLIED: "true"})
         assert crashed.is_set()
-        assert store.submit(_put(b"after")).result(60) == b"after"
+        assert store.submit(postgres.put_checkpoint(b"after")).result(60) == b"after"
         return Lost(
             acknowledged,
-            store.read(_get(b"lost")),
+            store.read(postgres.get_checkpoint(b"lost")),
             store.stats.commits_resolved,
             store.stats.commits_unknown,
         )

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from sidecar.errors import StorageUnavailable
-from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.support import postgres
 from tests.support.pg_cluster import PrivateCluster, private_cluster
@@ -90,18 +89,6 @@ def pool_log() -> Iterator[_PoolLog]:
     logger.setLevel(level)
 
 
-def _put(key: bytes) -> Callable[[WriteView], bytes]:
-    def fn(view: WriteView) -> bytes:
-        view.put(Table.CHECKPOINTS, b"ns\x00" + key, b"v")
-        return key
-
-    return fn
-
-
-def _get(key: bytes) -> Callable[[ReadView], bytes | None]:
-    return lambda view: view.get(Table.CHECKPOINTS, b"ns\x00" + key)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_first_write_after_a_long_outage_commits(
@@ -111,15 +98,15 @@ def test_first_write_after_a_long_outage_commits(
     several times, then back: the next write commits, on its first try."""
     store = PostgresStore(store_url)
     try:
-        assert store.submit(_put(b"before")).result() == b"before"
+        assert store.submit(postgres.put_checkpoint(b"before")).result() == b"before"
         cluster.stop("immediate")
         with pytest.raises(StorageUnavailable):
-            store.submit(_put(b"away")).result()
+            store.submit(postgres.put_checkpoint(b"away")).result()
         assert pool_log.wait(FAILED, FAILED_ATTEMPTS)
         cluster.start()
-        assert store.submit(_put(b"after")).result() == b"after"
-        assert store.read(_get(b"after")) == b"v"
-        assert store.read(_get(b"before")) == b"v"
+        assert store.submit(postgres.put_checkpoint(b"after")).result() == b"after"
+        assert store.read(postgres.get_checkpoint(b"after")) == b"v"
+        assert store.read(postgres.get_checkpoint(b"before")) == b"v"
     finally:
         store.close()
 
@@ -134,13 +121,13 @@ def test_a_write_waiting_on_a_pool_that_stopped_trying_commits(
     commits, without waiting out its 30 s."""
     store = PostgresStore(store_url, PostgresOptions(pool_timeout=30.0))
     try:
-        assert store.submit(_put(b"before")).result() == b"before"
+        assert store.submit(postgres.put_checkpoint(b"before")).result() == b"before"
         cluster.stop("immediate")
-        waiting = store.submit(_put(b"waiting"))
+        waiting = store.submit(postgres.put_checkpoint(b"waiting"))
         assert pool_log.wait(GAVE_UP, 1)
         assert not waiting.done()
         cluster.start()
         assert waiting.result() == b"waiting"
-        assert store.read(_get(b"waiting")) == b"v"
+        assert store.read(postgres.get_checkpoint(b"waiting")) == b"v"
     finally:
         store.close()

@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 import secrets
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
 import pytest
 
+from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.postgres import schema as pg_schema
 
 SERVER_URL = os.environ.get("EFFECTD_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
@@ -106,3 +107,19 @@ def both_stores(request: pytest.FixtureRequest) -> str:
     """`store_kind` for a module whose tests run on each store: imported
     into it, it overrides the conftest's."""
     return str(request.param)
+
+
+def put_checkpoint(key: bytes) -> Callable[[WriteView], bytes]:
+    """A store's write function: the checkpoint `key` of namespace "ns" set
+    to b"v"; returns `key`."""
+
+    def fn(view: WriteView) -> bytes:
+        view.put(Table.CHECKPOINTS, b"ns\x00" + key, b"v")
+        return key
+
+    return fn
+
+
+def get_checkpoint(key: bytes) -> Callable[[ReadView], bytes | None]:
+    """A store's read function: the checkpoint `key` of namespace "ns"."""
+    return lambda view: view.get(Table.CHECKPOINTS, b"ns\x00" + key)

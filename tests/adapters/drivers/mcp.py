@@ -118,20 +118,28 @@ def _paused(call_id: str, item: str, error: BaseException) -> Paused:
     return Paused(call_id, kind, {"item": item}, error)
 
 
+# What MCP cannot do, for the Python and the Node wrapper alike.
+NOT_APPLICABLE = {
+    world.Scenario.APPROVAL_FRAMEWORK: (
+        "MCP has no approval of its own (a host's consent is outside "
+        "the protocol): effectd's is the only one"
+    ),
+}
+
+
+def call_tool_result(text: str) -> Any:
+    """What an operator records for an MCP call found to have run: the
+    CallToolResult the wrappers return (the daemon refuses another shape)."""
+    return {"content": [{"type": "text", "text": text}], "isError": False}
+
+
 class McpDriver:
     def __init__(self) -> None:
         self.name = "mcp"
-        self.not_applicable = {
-            world.Scenario.APPROVAL_FRAMEWORK: (
-                "MCP has no approval of its own (a host's consent is outside "
-                "the protocol): effectd's is the only one"
-            ),
-        }
+        self.not_applicable = dict(NOT_APPLICABLE)
 
     def recorded_result(self, text: str) -> Any:
-        """What an operator records for an MCP call found to have run: the
-        CallToolResult the wrapper returns (the daemon refuses another shape)."""
-        return {"content": [{"type": "text", "text": text}], "isError": False}
+        return call_tool_result(text)
 
     async def _run(self, agent: Agent, edited: str | None = None) -> Outcome:
         t = Transcript(agent)

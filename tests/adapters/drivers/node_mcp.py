@@ -19,24 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.adapters import world
+from tests.adapters.drivers.mcp import NOT_APPLICABLE, call_tool_result
 from tests.adapters.drivers.node import NodeDriver
 
 
 class NodeMcpDriver(NodeDriver):
     def __init__(self) -> None:
         super().__init__("node_mcp", "mcp", ("transcript.json",))
-        self.not_applicable = {
-            world.Scenario.APPROVAL_FRAMEWORK: (
-                "MCP has no approval of its own (a host's consent is outside "
-                "the protocol): effectd's is the only one"
-            ),
-        }
+        self.not_applicable = dict(NOT_APPLICABLE)
 
     def recorded_result(self, text: str) -> Any:
-        """What an operator records for an MCP call found to have run: the
-        CallToolResult the wrapper returns (the daemon refuses another shape)."""
-        return {"content": [{"type": "text", "text": text}], "isError": False}
+        return call_tool_result(text)
 
 
 DRIVER = NodeMcpDriver()
