@@ -114,19 +114,15 @@ def getconn(pool: ConnectionPool[_Conn], timeout: float) -> _Conn:
 class Xact:
     """A write transaction as the store asks about it once its COMMIT is
     lost: its id, and when the server it ran on started
-    (`pg_postmaster_start_time`), both read inside it (`XACT_QUERY`)."""
+    (`pg_postmaster_start_time`), both returned by its writes
+    (`views._RETURNING`)."""
 
     xid: str
     server_started: datetime
 
 
-XACT_QUERY: LiteralString = (
-    "SELECT pg_current_xact_id()::text, pg_postmaster_start_time()"
-)
-
-
 def xact_of(row: tuple[object, ...] | None) -> Xact:
-    """The `Xact` of a row of `XACT_QUERY`."""
+    """The `Xact` of a row of id and start time."""
     assert row is not None
     xid, started = row
     assert isinstance(started, datetime), type(started)
