@@ -110,13 +110,15 @@ def daemon(
     *,
     wrapper: list[str] | None = None,
     start_timeout: float = START_TIMEOUT_S,
+    flags: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, int]]:
-    """`tree`'s daemon on its defaults; (target, pid). Stopped by its PID.
-    `wrapper` runs it under another program (valgrind), whose PID it is."""
+    """`tree`'s daemon on its defaults, and `flags`; (target, pid). Stopped
+    by its PID. `wrapper` runs it under another program (valgrind), whose
+    PID it is."""
     data, logfile = workdir / "data", workdir / "effectd.log"
     workdir.mkdir()
     argv = [*(wrapper or []), sys.executable, "-m", "sidecar", "serve"]
-    argv += ["--data-dir", str(data)]
+    argv += ["--data-dir", str(data), *flags]
     with logfile.open("wb") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, cwd=tree, env=tree_env(tree)

@@ -23,6 +23,10 @@ one after the other:
                 /proc/<pid>/stat over each phase (--cpu-ops calls), which
                 does see them, and which a shared machine disturbs more.
 
+With `--postgres SERVER` each daemon runs on a new database of that
+PostgreSQL server instead (its schema made by that tree's `effectd
+migrate`; dropped after): the store's own work per call, in the daemon.
+
 Phases: `first` --ops new keys (claimed, the body runs, the result is
 committed and acknowledged: two session messages), then `dup` the same keys
 again (the stored result from a read: one message). One caller, so a group
@@ -35,11 +39,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import secrets
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +67,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-instructions", action="store_true", help="CPU only")
     p.add_argument("--keep", type=Path, help="keep the callgrind dumps here")
     p.add_argument("--json", type=Path, help="write the numbers here")
+    p.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="each daemon on a new database of this PostgreSQL server",
+    )
     return p.parse_args(argv)
 
 
@@ -94,6 +106,33 @@ def caller_main(target: str, ops: int, warm: int, tag: str) -> int:
 
 
 # -- the parent -------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def store_flags(tree: Path, server: str | None) -> Iterator[tuple[str, ...]]:
+    """The daemon's store flags: none (LMDB in its data directory), or a new
+    database of `server`, migrated by `tree`, dropped after."""
+    if server is None:
+        yield ()
+        return
+    import psycopg  # noqa: PLC0415
+
+    name = f"effectd_instr_{secrets.token_hex(4)}"
+    url = urllib.parse.urlsplit(server)._replace(path="/" + name).geturl()
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "sidecar", "migrate", "--store", url],
+                check=True,
+                cwd=tree,
+                env=hotpath.tree_env(tree),
+                stdout=subprocess.DEVNULL,
+                timeout=120,
+            )
+            yield ("--store", url)
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def control(pid: int, *args: str) -> None:
@@ -154,9 +193,16 @@ def instructions(tree: Path, work: Path, args: argparse.Namespace) -> dict[str, 
     dumps.mkdir()
     wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
     wrapper += [f"--callgrind-out-file={dumps}/callgrind.out"]
-    with hotpath.daemon(
-        tree, work / "daemon", wrapper=wrapper, start_timeout=VALGRIND_START_S
-    ) as (target, pid):
+    with (
+        store_flags(tree, args.postgres) as flags,
+        hotpath.daemon(
+            tree,
+            work / "daemon",
+            wrapper=wrapper,
+            start_timeout=VALGRIND_START_S,
+            flags=flags,
+        ) as (target, pid),
+    ):
         seen: list[Path] = []
 
         def on(event: str, phase: str) -> int | None:
@@ -184,7 +230,10 @@ def instructions(tree: Path, work: Path, args: argparse.Namespace) -> dict[str, 
 
 
 def cpu(tree: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    with hotpath.daemon(tree, work / "daemon-cpu") as (target, pid):
+    with (
+        store_flags(tree, args.postgres) as flags,
+        hotpath.daemon(tree, work / "daemon-cpu", flags=flags) as (target, pid),
+    ):
         time.sleep(1.0)
         start: dict[str, tuple[float, float]] = {}
 
