@@ -1,6 +1,7 @@
 """What every service does the same way: take the moment a rule runs, wait
 for a write function's durable commit, and decide a call's change on a
-snapshot, then save it by compare-and-swap."""
+snapshot, then save it by compare-and-swap (or, for a change nearly every
+request makes, on a store whose reads wait, in the write itself)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TypeVar
 from sidecar.clock import Clock
 from sidecar.errors import EffectdError, StorageUnavailable
 from sidecar.ledger.rules import Answer, Now
+from sidecar.storage import calls
 from sidecar.storage.api import CallWrite, Conflict, ReadView, Store, WriteView
 from sidecar.storage.daemons import StoredPeers
 from sidecar.storage.scans import Scans
@@ -68,13 +70,25 @@ class Decided:
 
 
 async def decided(
-    store: Store, scans: Scans, decide: Callable[[ReadView], Decided]
+    store: Store,
+    scans: Scans,
+    decide: Callable[[ReadView], Decided],
+    *,
+    writes: bool = False,
 ) -> Answer:
     """`decide` on a snapshot (`Scans.point_read`), then its record saved by
     compare-and-swap (`Store.save_call`), durably, before the reply, which is
     raised when a refusal. A compare lost to a write that came first
     (`Conflict`) decides again, on a new snapshot: what the request sees is
-    then that write's record, as if it had queued behind it."""
+    then that write's record, as if it had queued behind it.
+
+    `writes`: the rule changes the record on nearly every request (a start,
+    a commit, a heartbeat). On a store whose reads wait (`Store.reads_wait`:
+    each read a round trip), it is decided in the write transaction itself
+    (`in_write`), which spares the read before it; a repeat that changes
+    nothing then costs a transaction that writes nothing."""
+    if writes and store.reads_wait:
+        return await in_write(store, decide)
     for _ in range(MAX_RACES):
         decision = await scans.point_read(decide)
         if decision.write is not None:
@@ -85,7 +99,33 @@ async def decided(
         if isinstance(decision.reply, EffectdError):
             raise decision.reply
         return decision.reply
-    raise StorageUnavailable(
+    raise _raced()
+
+
+async def in_write(store: Store, decide: Callable[[ReadView], Decided]) -> Answer:
+    """`decide` on the write transaction's view, its record saved by the
+    same compare-and-swap in the same transaction: the store holds the row
+    as read until the commit (PostgreSQL: read `FOR UPDATE`), so the compare
+    holds unless what the decision assumed changed (`CallWrite.holds`: a
+    policy reload), which decides again. The reply, raised when a refusal,
+    once the commit is durable."""
+
+    def apply(view: WriteView) -> Answer | EffectdError:
+        decision = decide(view)
+        if decision.write is not None:
+            calls.compare_and_save(view, decision.write)
+        return decision.reply
+
+    for _ in range(MAX_RACES):
+        try:
+            return await answered(store, apply)
+        except Conflict:
+            continue
+    raise _raced()
+
+
+def _raced() -> StorageUnavailable:
+    return StorageUnavailable(
         f"the call changed under {MAX_RACES} decisions in a row; try again",
         {"mayHaveBeenApplied": "false"},
     )

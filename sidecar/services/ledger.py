@@ -76,8 +76,10 @@ class LedgerService:
         """The policy in force now."""
         return self._policy.current()
 
-    async def _decided(self, decide: Callable[[ReadView], Decided]) -> Answer:
-        return await decided(self._store, self._scans, decide)
+    async def _decided(
+        self, decide: Callable[[ReadView], Decided], *, writes: bool = False
+    ) -> Answer:
+        return await decided(self._store, self._scans, decide, writes=writes)
 
     def _mutation(
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
@@ -174,7 +176,8 @@ class LedgerService:
                     policy=policy,
                     actor=actor,
                 ),
-            )
+            ),
+            writes=True,
         )
 
     async def commit(
@@ -200,7 +203,8 @@ class LedgerService:
                     acknowledge=acknowledge,
                     policy=policy,
                 ),
-            )
+            ),
+            writes=True,
         )
 
     async def report_unknown(
@@ -217,7 +221,8 @@ class LedgerService:
                     policy=policy,
                     actor=actor,
                 ),
-            )
+            ),
+            writes=True,
         )
 
     async def heartbeat(
@@ -233,7 +238,8 @@ class LedgerService:
                     lease_ms=lease_ms or policy.default_lease_ms,
                     actor=actor,
                 ),
-            )
+            ),
+            writes=True,
         )
 
     async def get(self, ref: CallRef) -> ToolCall:

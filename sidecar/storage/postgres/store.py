@@ -125,6 +125,25 @@ def _fail(batch: list[_Item], message: str, *, applied: bool) -> None:
         future.set_exception(unavailable(message, applied=applied))
 
 
+async def _awaited(future: Future[T]) -> T:
+    """The value of a queued write. Cancelled (a request's deadline) before
+    its transaction began, the write never runs; after, the cancellation
+    waits for the transaction's end, so that a request is never answered
+    while its write may still commit: whatever its answer, it comes after
+    the write is durable or undone."""
+    waiting = asyncio.wrap_future(future)
+    try:
+        return await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        if not future.cancel():
+            # Running (or done): its commit is waited for, its outcome
+            # dropped with the request it answered.
+            await asyncio.wait([waiting])
+            if not waiting.cancelled():
+                waiting.exception()  # retrieved: no caller is left to see it
+        raise
+
+
 class PostgresStore:
     """`api.Store` on the PostgreSQL database at `url` (schema created by
     `effectd migrate`; any other version is refused)."""
@@ -352,8 +371,8 @@ class PostgresStore:
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         """`submit`, awaited: always through the writer threads, since a
         transaction on PostgreSQL is network round trips the event loop
-        must not wait for."""
-        return await asyncio.wrap_future(self.submit(fn))
+        must not wait for (`_awaited`)."""
+        return await _awaited(self.submit(fn))
 
     async def save_call(self, write: CallWrite) -> None:
         """The compare-and-swap of one record (`storage.calls`), as a write
