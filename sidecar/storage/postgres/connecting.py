@@ -30,7 +30,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, LiteralString
 
 from sidecar.storage.api import FormatError
 
@@ -154,17 +154,26 @@ def parse(url: str) -> Target:
     )
 
 
+def setting_statement(
+    settings: Sequence[Setting],
+) -> tuple[LiteralString, tuple[object, ...]] | None:
+    """The statement that makes `settings` for the transaction it runs in
+    alone (`set_config(..., true)`); None: no settings."""
+    if not settings:
+        return None
+    calls: LiteralString = ", ".join("set_config(%s, %s, true)" for _ in settings)
+    params = tuple(part for setting in settings for part in setting)
+    return "SELECT " + calls, params
+
+
 def begin(
     conn: psycopg.Connection[tuple[object, ...]], settings: Sequence[Setting]
 ) -> None:
-    """Starts a transaction on `conn` with `settings` made for it alone
-    (`set_config(..., true)`), pipelined with its BEGIN: one round trip."""
-    if not settings:
-        return
-    calls = ", ".join("set_config(%s, %s, true)" for _ in settings)
-    params = [part for setting in settings for part in setting]
-    with conn.pipeline():
-        conn.execute(f"SELECT {calls}", params)
+    """Starts a transaction on `conn` (not in autocommit mode) with
+    `settings` made for it alone."""
+    made = setting_statement(settings)
+    if made is not None:
+        conn.execute(*made)
 
 
 def check_direct(conn: psycopg.Connection[tuple[object, ...]]) -> None:

@@ -18,7 +18,10 @@ aborts (`sidecar.storage.postgres.views` does the locking):
   insert of the same key fails this one with a unique violation: a genuine
   race on one key, run again (`faults.CONFLICTS`), where the key is then
   found and the compare fails as it should. No other insert can conflict:
-  the keys of different calls never meet.
+  the keys of different calls never meet. A new call decided on a read
+  outside the transaction that found neither it nor its tombstone is
+  inserted without reading its row again (`_NewCall`): the INSERT is the
+  compare.
 - A quota check reads a namespace's sharded counters (`effectd_usage`)
   after locking the namespace's lock row, so the checks of one namespace
   take turns at every daemon and each sees the counters every earlier one
@@ -77,7 +80,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point
-from sidecar.storage import calls, usage
+from sidecar.storage import calls, records, usage
 from sidecar.storage.api import CallWrite, ReadView, WriteView
 from sidecar.storage.postgres import connecting
 from sidecar.storage.postgres import schema as pg_schema
@@ -96,6 +99,7 @@ from sidecar.storage.postgres.faults import (
 )
 from sidecar.storage.postgres.options import PgStats, PostgresOptions
 from sidecar.storage.postgres.views import (
+    BEGIN,
     REGISTRATIONS_LOCK,
     USAGE_SHARDS,
     Alone,
@@ -103,6 +107,7 @@ from sidecar.storage.postgres.views import (
     DatabaseFailed,
     PgReadView,
     PgWriteView,
+    Statement,
 )
 
 # Jitter from the OS, never from the global `random` an application (or a
@@ -144,6 +149,29 @@ async def _awaited(future: Future[T]) -> T:
         raise
 
 
+class _NewCall:
+    """The save of a new call, decided on a read outside the transaction
+    that found neither its record nor its tombstone (`CallWrite.old` None).
+    Its first run takes the call's row as absent without reading it again
+    (`PgWriteView.assume_absent`): the row is then written by a plain
+    INSERT, so a row stored since that read (a concurrent request's, or
+    another daemon's) fails the batch with a unique violation, and the
+    batch runs again. Every later run reads the row (`FOR UPDATE`), where
+    the compare then fails as it should (`api.Conflict`)."""
+
+    def __init__(self, key: bytes, save: Callable[[WriteView], None]) -> None:
+        self._key = key
+        self._save = save
+        self._ran = False
+
+    def __call__(self, view: WriteView) -> None:
+        if not self._ran:
+            self._ran = True
+            assert isinstance(view, PgWriteView), type(view)
+            view.assume_absent(self._key)
+        self._save(view)
+
+
 class PostgresStore:
     """`api.Store` on the PostgreSQL database at `url` (schema created by
     `effectd migrate`; any other version is refused)."""
@@ -171,7 +199,11 @@ class PostgresStore:
         self._stats_lock = threading.Lock()
         self._closing = threading.Lock()
         self._closed = False
-        self._writes = self._pool("writes", o.writers, self._configure_writer)
+        # Writers in autocommit mode: each transaction's BEGIN is sent with
+        # its first statement (`views.BEGIN`), not as a round trip of its own.
+        self._writes = self._pool(
+            "writes", o.writers, self._configure_writer, autocommit=True
+        )
         self._reads = self._pool("reads", o.readers, self._configure_reader)
         # Point reads: each statement on its own snapshot, with no transaction
         # around it (one statement where a snapshot costs BEGIN and ROLLBACK).
@@ -199,7 +231,8 @@ class PostgresStore:
             with self._writes.connection() as conn:
                 if target.pooler == "none":
                     connecting.check_direct(conn)
-                self._begin(conn, read_only=False)
+                for statement, values in self._opening():
+                    conn.execute(statement, values)
                 pg_schema.check(conn)
                 row = conn.execute("SELECT nextval('effectd_incarnation')").fetchone()
                 conn.commit()
@@ -260,13 +293,23 @@ class PostgresStore:
             settings.append(("statement_timeout", timeout))
         return settings
 
-    def _begin(self, conn: _Conn, *, read_only: bool) -> None:
-        """Behind a transaction pooler: starts the transaction with its
+    def _begin_read(self, conn: _Conn) -> None:
+        """Behind a transaction pooler: starts a read's transaction with its
         settings and the URL's (`connecting.begin`); otherwise nothing (the
         connection was configured once)."""
         if self._target.per_transaction:
-            settings = self._settings(read_only=read_only)
+            settings = self._settings(read_only=True)
             connecting.begin(conn, [*self._target.settings, *settings])
+
+    def _opening(self) -> list[Statement]:
+        """What opens a write transaction, sent with its first statement:
+        BEGIN, and behind a transaction pooler the settings
+        (`connecting.setting_statement`)."""
+        if not self._target.per_transaction:
+            return [BEGIN]
+        settings = [*self._target.settings, *self._settings(read_only=False)]
+        made = connecting.setting_statement(settings)
+        return [BEGIN] if made is None else [BEGIN, made]
 
     def _configure(self, conn: _Conn, *, read_only: bool) -> None:
         if not self._target.per_transaction:
@@ -331,7 +374,7 @@ class PostgresStore:
                     try:
                         if snapshot:
                             try:
-                                self._begin(conn, read_only=True)
+                                self._begin_read(conn)
                             except psycopg.Error as exc:
                                 raise DatabaseFailed(exc) from exc
                         return fn(PgReadView(conn))
@@ -356,16 +399,19 @@ class PostgresStore:
     # -- writes -----------------------------------------------------------
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        return self._queued(usage.counted(fn))
+
+    def _queued(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        """Queues `fn` (usage counted already) for the writers."""
         future: Future[T] = Future()
         with self._closing:
             if self._closed:
                 future.set_exception(ShuttingDown("the store is closed"))
             else:
-                counted = usage.counted(fn)
                 failpoints = self.options.failpoints
-                if failpoints is not None:
-                    counted = failpoints.tag(counted)
-                self._queue.put((counted, future))
+                self._queue.put(
+                    (fn if failpoints is None else failpoints.tag(fn), future)
+                )
         return future
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
@@ -376,8 +422,11 @@ class PostgresStore:
 
     async def save_call(self, write: CallWrite) -> None:
         """The compare-and-swap of one record (`storage.calls`), as a write
-        of its own."""
-        await self.write(functools.partial(calls.compare_and_save, write=write))
+        of its own; a new call's without reading its row first (`_NewCall`)."""
+        save = usage.counted(functools.partial(calls.compare_and_save, write=write))
+        if write.old is None and self.locking:
+            save = _NewCall(records.call_key(write.new.ref), save)
+        await _awaited(self._queued(save))
 
     def _run(self) -> None:
         """A writer thread: what is queued, up to `max_batch`, goes into one
@@ -468,11 +517,12 @@ class PostgresStore:
         the function is put off). `alone`: the transaction holds the
         registrations' lock exclusively from its first statement."""
         outcomes: list[_Outcome] = []
-        written = Batch(locking=self.locking, alone=alone)
+        written = Batch(locking=self.locking, alone=alone, opening=self._opening())
         try:
-            self._begin(conn, read_only=False)
             if alone and self.locking:
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (REGISTRATIONS_LOCK,))
+                PgReadView(conn, opening=written.opening).run(
+                    "SELECT pg_advisory_xact_lock(%s)", (REGISTRATIONS_LOCK,)
+                )
             self._at(Point.PG_BEFORE_APPLY, batch)
             for index, (fn, future) in enumerate(batch):
                 if index:

@@ -63,6 +63,11 @@ USAGE_LOCK_SHARD = -1
 REGISTRATIONS_LOCK = 0x65_66_66_65_63_74_64_52
 
 _Conn = psycopg.Connection[tuple[object, ...]]
+# A statement and its parameters.
+Statement = tuple[LiteralString, tuple[object, ...]]
+# What opens a write transaction on a connection in autocommit mode (the
+# store's writers); more statements may follow it (a pooler's settings).
+BEGIN: Statement = ("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE", ())
 
 
 # The names of the parts of a flush's one statement (`Batch._send`), and
@@ -179,17 +184,41 @@ class PgReadView:
         rows: dict[bytes, tables.Row | None] | None = None,
         *,
         locks: Locks | None = None,
+        opening: list[Statement] | None = None,
     ) -> None:
         self._conn = conn
         self._read_rows: dict[bytes, tables.Row | None] = {} if rows is None else rows
         self._locks = locks
         self._lock = locks is not None
+        # What opens the transaction, not sent yet (shared by the views of
+        # one transaction; emptied once sent).
+        self._opening = opening
+
+    def _cursor(
+        self, query: LiteralString, params: tuple[object, ...]
+    ) -> psycopg.Cursor[tuple[object, ...]]:
+        """`query` run. The transaction's first statement is sent with what
+        opens it (`BEGIN`, and a pooler's settings), in one round trip: one
+        pipeline, whose results are all read at its end."""
+        conn, opening = self._conn, self._opening
+        try:
+            if not opening:
+                return conn.execute(query, params)
+            with conn.pipeline():
+                for statement, values in opening:
+                    conn.execute(statement, values)
+                cursor = conn.execute(query, params)
+            opening.clear()
+            return cursor
+        except psycopg.Error as exc:
+            raise DatabaseFailed(exc) from exc
 
     def _rows(
         self, query: LiteralString, params: tuple[object, ...]
     ) -> list[tuple[object, ...]]:
+        cursor = self._cursor(query, params)
         try:
-            return self._conn.execute(query, params).fetchall()
+            return cursor.fetchall()
         except psycopg.Error as exc:
             raise DatabaseFailed(exc) from exc
 
@@ -206,10 +235,7 @@ class PgReadView:
 
     def run(self, query: LiteralString, params: tuple[object, ...]) -> None:
         """Runs a statement that returns nothing."""
-        try:
-            self._conn.execute(query, params)
-        except psycopg.Error as exc:
-            raise DatabaseFailed(exc) from exc
+        self._cursor(query, params)
 
     def call_row(self, k: bytes) -> tables.Row | None:
         """The stored row of the call under `k` (None: none)."""
@@ -473,8 +499,17 @@ class Batch(_Layer):
     views read is locked (the module says how); `alone`: the transaction
     holds the registrations' lock exclusively (`Alone`)."""
 
-    def __init__(self, *, locking: bool = True, alone: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        locking: bool = True,
+        alone: bool = False,
+        opening: list[Statement] | None = None,
+    ) -> None:
         super().__init__()
+        # What opens the transaction, sent with its first statement: on a
+        # connection in autocommit mode (the store's writers), BEGIN first.
+        self.opening = [BEGIN] if opening is None else opening
         # The call rows the transaction read, as stored (`PgReadView.call_row`).
         self.read_rows: dict[bytes, tables.Row | None] = {}
         self.locks = Locks(alone=alone) if locking else None
@@ -488,7 +523,7 @@ class Batch(_Layer):
         own data-modifying part of a WITH) where it can; returns the id of
         the transaction (`pg_current_xact_id` and its server's start time,
         returned by its writes), or None when it wrote nothing."""
-        view = PgReadView(conn, self.read_rows, locks=self.locks)
+        view = PgReadView(conn, self.read_rows, locks=self.locks, opening=self.opening)
         for table in tables.KV:
             self._flush_kv(view, table)
         self._flush_calls(view)
@@ -694,7 +729,9 @@ class PgWriteView(PgReadView):
     def __init__(
         self, conn: _Conn, batch: Batch, summarize: Summarize | None = None
     ) -> None:
-        super().__init__(conn, batch.read_rows, locks=batch.locks)
+        super().__init__(
+            conn, batch.read_rows, locks=batch.locks, opening=batch.opening
+        )
         self.summarize = summarize
         self._batch = batch
         self._own = _Layer()
@@ -765,6 +802,15 @@ class PgWriteView(PgReadView):
             self._own.set_total(key, Usage())
         else:
             self._own.rows[(table, key)] = None
+
+    def assume_absent(self, k: bytes) -> None:
+        """Takes the call row under `k` as absent, unread, when this view's
+        batch has not read it: its writer decided so on a read outside the
+        transaction. Only on a locking view, where a row read absent is
+        written by a plain INSERT, which fails on a row stored meanwhile
+        (`store._NewCall`); elsewhere, nothing."""
+        if self._lock:
+            self._read_rows.setdefault(k, None)
 
     def add_usage(self, namespace: bytes, change: Usage) -> None:
         self._own.add(namespace, change)

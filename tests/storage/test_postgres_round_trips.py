@@ -1,0 +1,195 @@
+"""What a first execution costs on the wire to PostgreSQL, counted from the
+protocol itself (libpq's trace of every connection of the store): a round
+trip is a run of messages the daemon sends, ended by the server's answer.
+
+A first execution (PrepareTool with start, then CommitTool, a quota on) is
+7 round trips, 2 of them COMMITs:
+
+- PrepareTool: the point read that finds no call (1); its write
+  transaction's BEGIN sent with its first statement, the quota check (1);
+  the writes in one statement (1), the new call's row not read again, since
+  the read before found it absent (`store._NewCall`); COMMIT (1).
+- CommitTool, decided in its write transaction on the row it locks, with no
+  read before it (`services._common.in_write`): BEGIN with that read (1),
+  the writes (1), COMMIT (1).
+
+Each cut is caught when it is undone (the negative controls): CommitTool
+decided on a read first, or the new call's row read again, each add a
+round trip; each BEGIN sent on its own adds two. Only the services and the
+store run: no background pass of a daemon sends a statement between the
+counts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import LiteralString
+
+import psycopg
+import pytest
+
+from sidecar.clock import ManualClock
+from sidecar.ledger.model import Outcome, Result
+from sidecar.ledger.policy import FixedPolicy
+from sidecar.ledger.quota import Quotas
+from sidecar.ledger.rules import Answer
+from sidecar.ledger.validation import Limits
+from sidecar.services._common import Decided, decided
+from sidecar.services.ledger import LedgerService
+from sidecar.storage.api import ReadView
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
+from sidecar.storage.postgres.views import PgReadView, PgWriteView
+from tests.services.support import spec
+
+_Conn = psycopg.Connection[tuple[object, ...]]
+# Runs enough for psycopg to have prepared every statement of the path
+# (after five runs): preparing one takes a round trip of its own.
+WARM = 8
+
+
+class TracedStore(PostgresStore):
+    """The PostgreSQL store, every connection it opens traced by libpq."""
+
+    def __init__(self, url: str, traces: Path) -> None:
+        self._traces = traces
+        # Each connection, the descriptor its trace is written to, its file.
+        self.traced: list[tuple[_Conn, int, Path]] = []
+        super().__init__(url, PostgresOptions(writers=1, readers=1))
+
+    def _trace(self, conn: _Conn) -> None:
+        path = self._traces / f"{len(self.traced)}.trace"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        conn.pgconn.trace(fd)
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        self.traced.append((conn, fd, path))
+
+    def _configure_writer(self, conn: _Conn) -> None:
+        super()._configure_writer(conn)
+        self._trace(conn)
+
+    def _configure_points(self, conn: _Conn) -> None:
+        super()._configure_points(conn)
+        self._trace(conn)
+
+    def _configure_reader(self, conn: _Conn) -> None:
+        super()._configure_reader(conn)
+        self._trace(conn)
+
+    def round_trips(self) -> tuple[int, int]:
+        """The round trips and COMMITs of every connection since the last
+        count: each trace flushed (libpq writes it through a buffer), read,
+        emptied and started again."""
+        trips = commits = 0
+        for conn, fd, path in self.traced:
+            conn.pgconn.untrace()
+            text = path.read_text()
+            os.ftruncate(fd, 0)
+            sent = False
+            for line in text.splitlines():
+                direction, _, message = line.partition("\t")
+                if direction == "F":
+                    sent = True
+                    commits += message.endswith('"COMMIT"')
+                elif direction == "B" and sent:
+                    trips += 1
+                    sent = False
+            conn.pgconn.trace(fd)
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        return trips, commits
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def _first_execution(ledger: LedgerService, call_id: str) -> None:
+    async def run() -> None:
+        started = await ledger.prepare(spec(call_id))
+        attempt = started.call.attempt
+        result = Result(Outcome.OK, None, "", "", "digest")
+        await ledger.commit(
+            started.call.ref,
+            attempt=attempt,
+            result=result,
+            expected_revision=None,
+            acknowledge=True,
+        )
+
+    asyncio.run(run())
+
+
+@pytest.fixture
+def ledger_on(pg_url: str, traces: Path) -> Iterator[tuple[TracedStore, LedgerService]]:
+    store = TracedStore(pg_url, traces)
+    quotas = Quotas(open_calls=1_000, stored_bytes=1 << 30)
+    ledger = LedgerService(store, ManualClock(), Limits(), FixedPolicy(), quotas=quotas)
+    try:
+        yield store, ledger
+    finally:
+        store.close()
+
+
+def _phases(store: TracedStore, ledger: LedgerService) -> tuple[int, int]:
+    for i in range(WARM):
+        _first_execution(ledger, f"warm-{i}")
+    store.round_trips()
+    _first_execution(ledger, "measured")
+    return store.round_trips()
+
+
+def test_a_first_execution_is_seven_round_trips_and_two_commits(
+    ledger_on: tuple[TracedStore, LedgerService],
+) -> None:
+    store, ledger = ledger_on
+    assert _phases(store, ledger) == (7, 2)
+
+
+def test_a_commit_decided_on_a_read_first_is_caught(
+    ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: every mutation decided on a point read, then saved
+    by compare-and-swap (as on LMDB): CommitTool's read is one more."""
+    store, ledger = ledger_on
+
+    async def on_a_read(
+        self: LedgerService, decide: Callable[[ReadView], Decided], **_: object
+    ) -> Answer:
+        return await decided(store, self._scans, decide)
+
+    monkeypatch.setattr(LedgerService, "_decided", on_a_read)
+    assert _phases(store, ledger) == (8, 2)
+
+
+def test_a_new_call_read_again_in_its_write_is_caught(
+    ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: the new call's row read again (`FOR UPDATE`) in the
+    write transaction that inserts it."""
+    store, ledger = ledger_on
+    monkeypatch.setattr(PgWriteView, "assume_absent", lambda self, k: None)
+    assert _phases(store, ledger) == (8, 2)
+
+
+def test_a_begin_sent_on_its_own_is_caught(
+    ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: what opens a write transaction sent before its
+    first statement, as a round trip of its own."""
+    store, ledger = ledger_on
+
+    def on_its_own(
+        self: PgReadView, query: LiteralString, params: tuple[object, ...]
+    ) -> psycopg.Cursor[tuple[object, ...]]:
+        opening = self._opening
+        for statement, values in opening or ():
+            self._conn.execute(statement, values)
+        if opening:
+            opening.clear()
+        return self._conn.execute(query, params)
+
+    monkeypatch.setattr(PgReadView, "_cursor", on_its_own)
+    assert _phases(store, ledger) == (9, 2)
