@@ -38,7 +38,7 @@ from sidecar.ledger.rules import Answer
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import Decided, decided
 from sidecar.services.ledger import LedgerService
-from sidecar.storage.api import ReadView
+from sidecar.storage.api import ReadView, Table
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
 from sidecar.storage.postgres.views import PgReadView, PgWriteView
@@ -193,3 +193,16 @@ def test_a_begin_sent_on_its_own_is_caught(
 
     monkeypatch.setattr(PgReadView, "_cursor", on_its_own)
     assert _phases(store, ledger) == (9, 2)
+
+
+def test_a_snapshot_read_is_two_round_trips(
+    ledger_on: tuple[TracedStore, LedgerService],
+) -> None:
+    """A read on a snapshot of its own: BEGIN with its first statement (1),
+    ROLLBACK (1)."""
+    store, _ = ledger_on
+    for _ in range(WARM):
+        store.read(lambda view: view.get(Table.META, b"absent"))
+    store.round_trips()
+    assert store.read(lambda view: view.get(Table.META, b"absent")) is None
+    assert store.round_trips() == (2, 0)

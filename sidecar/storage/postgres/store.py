@@ -100,6 +100,7 @@ from sidecar.storage.postgres.faults import (
 from sidecar.storage.postgres.options import PgStats, PostgresOptions
 from sidecar.storage.postgres.views import (
     BEGIN,
+    READ_BEGIN,
     REGISTRATIONS_LOCK,
     USAGE_SHARDS,
     Alone,
@@ -179,7 +180,6 @@ class PostgresStore:
     # A test's store without the row locks (the negative control) turns
     # `locking` off (nothing read is locked, every write an upsert), and may
     # widen the window between a read and a write with its own view.
-    isolation = psycopg.IsolationLevel.READ_COMMITTED
     locking = True
     write_view: type[PgWriteView] = PgWriteView
 
@@ -199,11 +199,10 @@ class PostgresStore:
         self._stats_lock = threading.Lock()
         self._closing = threading.Lock()
         self._closed = False
-        # Writers in autocommit mode: each transaction's BEGIN is sent with
-        # its first statement (`views.BEGIN`), not as a round trip of its own.
-        self._writes = self._pool(
-            "writes", o.writers, self._configure_writer, autocommit=True
-        )
+        # The store opens each transaction itself, on connections in
+        # autocommit mode (`_pool`): its BEGIN goes with its first statement
+        # (`views.BEGIN`, `views.READ_BEGIN`), not as a round trip of its own.
+        self._writes = self._pool("writes", o.writers, self._configure_writer)
         self._reads = self._pool("reads", o.readers, self._configure_reader)
         # Point reads: each statement on its own snapshot, with no transaction
         # around it (one statement where a snapshot costs BEGIN and ROLLBACK).
@@ -212,9 +211,7 @@ class PostgresStore:
         self._points = (
             self._reads
             if target.per_transaction
-            else self._pool(
-                "points", o.readers, self._configure_points, autocommit=True
-            )
+            else self._pool("points", o.readers, self._configure_points)
         )
         self._queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
         self._writers = [
@@ -253,8 +250,6 @@ class PostgresStore:
         use: str,
         size: int,
         configure: Callable[[_Conn], None],
-        *,
-        autocommit: bool = False,
     ) -> ConnectionPool[_Conn]:
         """A pool named for its `use`, shown in pg_stat_activity as
         `effectd` (writes) or `effectd/<use>`; opened by `__init__`."""
@@ -265,7 +260,8 @@ class PostgresStore:
             min_size=1,
             max_size=size,
             kwargs={
-                "autocommit": autocommit,
+                # Every connection: the store opens its transactions itself.
+                "autocommit": True,
                 "application_name": name,
                 # Off behind a transaction pooler, whatever the options say.
                 "prepare_threshold": (
@@ -293,33 +289,24 @@ class PostgresStore:
             settings.append(("statement_timeout", timeout))
         return settings
 
-    def _begin_read(self, conn: _Conn) -> None:
-        """Behind a transaction pooler: starts a read's transaction with its
-        settings and the URL's (`connecting.begin`); otherwise nothing (the
-        connection was configured once)."""
-        if self._target.per_transaction:
-            settings = self._settings(read_only=True)
-            connecting.begin(conn, [*self._target.settings, *settings])
-
-    def _opening(self) -> list[Statement]:
-        """What opens a write transaction, sent with its first statement:
-        BEGIN, and behind a transaction pooler the settings
-        (`connecting.setting_statement`)."""
+    def _opening(self, *, read_only: bool = False) -> list[Statement]:
+        """What opens a transaction, sent with its first statement: BEGIN
+        (a write's, or a read's snapshot), and behind a transaction pooler
+        the settings (`connecting.setting_statement`)."""
+        begin = READ_BEGIN if read_only else BEGIN
         if not self._target.per_transaction:
-            return [BEGIN]
-        settings = [*self._target.settings, *self._settings(read_only=False)]
+            return [begin]
+        settings = [*self._target.settings, *self._settings(read_only=read_only)]
         made = connecting.setting_statement(settings)
-        return [BEGIN] if made is None else [BEGIN, made]
+        return [begin] if made is None else [begin, made]
 
     def _configure(self, conn: _Conn, *, read_only: bool) -> None:
+        """A new connection of a pool, in autocommit mode (the store opens
+        its transactions itself: `_opening`): the session's settings, but
+        behind a transaction pooler, where each transaction makes them."""
         if not self._target.per_transaction:
             for name, value in self._settings(read_only=read_only):
                 conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-        conn.commit()
-        conn.isolation_level = (
-            psycopg.IsolationLevel.REPEATABLE_READ if read_only else self.isolation
-        )
-        conn.read_only = read_only
 
     def _configure_writer(self, conn: _Conn) -> None:
         self._configure(conn, read_only=False)
@@ -328,8 +315,7 @@ class PostgresStore:
         self._configure(conn, read_only=True)
 
     def _configure_points(self, conn: _Conn) -> None:
-        for name, value in self._settings(read_only=True):
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        self._configure(conn, read_only=True)
 
     @property
     def incarnation(self) -> int:
@@ -371,13 +357,9 @@ class PostgresStore:
         for attempt in (1, 2):
             try:
                 with pool.connection() as conn:
+                    opening = self._opening(read_only=True) if snapshot else None
                     try:
-                        if snapshot:
-                            try:
-                                self._begin_read(conn)
-                            except psycopg.Error as exc:
-                                raise DatabaseFailed(exc) from exc
-                        return fn(PgReadView(conn))
+                        return fn(PgReadView(conn, opening=opening))
                     finally:
                         if snapshot:
                             rollback(conn)

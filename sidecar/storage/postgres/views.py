@@ -68,6 +68,8 @@ Statement = tuple[LiteralString, tuple[object, ...]]
 # What opens a write transaction on a connection in autocommit mode (the
 # store's writers); more statements may follow it (a pooler's settings).
 BEGIN: Statement = ("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE", ())
+# What opens a read on a snapshot of its own (the store's snapshot reads).
+READ_BEGIN: Statement = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", ())
 
 
 # The names of the parts of a flush's one statement (`Batch._send`), and
