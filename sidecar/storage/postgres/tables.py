@@ -150,20 +150,28 @@ def retention_key(acknowledged: bool, retained_ns: int, k: bytes) -> bytes:
 # -- the columns of a row ------------------------------------------------------
 
 Columns = tuple[object, ...]
-# New rows: a row inserted meanwhile by another transaction fails it (a
-# unique violation), never overwritten.
-INSERT_CALLS: LiteralString = (
+# The rows an INSERT writes come as arrays, one per column, unnested; one
+# row as VALUES of plain parameters (`one_or_many`): a call at a time is the
+# common case, and psycopg dumps a plain value in C where it dumps each array
+# in Python, about 18 times the work for an array of one.
+_CALLS_INTO: LiteralString = (
     "INSERT INTO effectd_calls AS t (k, namespace, run_id, call_id, state, "
     "revision, attempt, lease_expires_ns, created_ns, updated_ns, acknowledged, "
     "retained_ns, doc, plan, tomb, compacted_ns) "
+)
+_CALLS_ARRAYS: LiteralString = (
     "SELECT * FROM unnest(%s::bytea[], %s::text[], %s::text[], %s::text[], "
     "%s::smallint[], %s::bigint[], %s::integer[], %s::bigint[], %s::bigint[], "
     "%s::bigint[], %s::boolean[], %s::bigint[], %s::bytea[], %s::bytea[], "
     "%s::bytea[], %s::bigint[])"
 )
-# Rows read (and locked) as stored, written whole.
-UPSERT_CALLS: LiteralString = (
-    INSERT_CALLS + " ON CONFLICT (k) DO UPDATE SET namespace = EXCLUDED.namespace, "
+_CALLS_VALUES: LiteralString = (
+    "VALUES (%s::bytea, %s::text, %s::text, %s::text, %s::smallint, %s::bigint, "
+    "%s::integer, %s::bigint, %s::bigint, %s::bigint, %s::boolean, %s::bigint, "
+    "%s::bytea, %s::bytea, %s::bytea, %s::bigint)"
+)
+_CALLS_ON_CONFLICT: LiteralString = (
+    " ON CONFLICT (k) DO UPDATE SET namespace = EXCLUDED.namespace, "
     "run_id = EXCLUDED.run_id, call_id = EXCLUDED.call_id, state = EXCLUDED.state, "
     "revision = EXCLUDED.revision, attempt = EXCLUDED.attempt, "
     "lease_expires_ns = EXCLUDED.lease_expires_ns, created_ns = EXCLUDED.created_ns, "
@@ -171,6 +179,13 @@ UPSERT_CALLS: LiteralString = (
     "retained_ns = EXCLUDED.retained_ns, doc = EXCLUDED.doc, plan = EXCLUDED.plan, "
     "tomb = EXCLUDED.tomb, compacted_ns = EXCLUDED.compacted_ns"
 )
+# New rows: a row inserted meanwhile by another transaction fails it (a
+# unique violation), never overwritten.
+INSERT_CALLS: LiteralString = _CALLS_INTO + _CALLS_ARRAYS
+INSERT_CALL: LiteralString = _CALLS_INTO + _CALLS_VALUES
+# Rows read (and locked) as stored, written whole.
+UPSERT_CALLS: LiteralString = INSERT_CALLS + _CALLS_ON_CONFLICT
+UPSERT_CALL: LiteralString = INSERT_CALL + _CALLS_ON_CONFLICT
 _UPSERT_WIDTH = 16
 
 
@@ -221,13 +236,29 @@ def _document(raw: bytes | None) -> dict[str, Any] | None:
     return found if found.get("state") in _STATES_BY_VALUE else None
 
 
-def upsert_params(rows: Iterable[Columns]) -> tuple[list[object], ...]:
-    """The arrays of `UPSERT_CALLS`, one per column."""
-    arrays: tuple[list[object], ...] = tuple([] for _ in range(_UPSERT_WIDTH))
+def _arrays(rows: Iterable[Columns], width: int) -> tuple[list[object], ...]:
+    """The rows' values as arrays, one per column."""
+    arrays: tuple[list[object], ...] = tuple([] for _ in range(width))
     for row in rows:
         for array, value in zip(arrays, row, strict=True):
             array.append(value)
     return arrays
+
+
+def upsert_params(rows: Iterable[Columns]) -> tuple[list[object], ...]:
+    """The arrays of `UPSERT_CALLS`, one per column."""
+    return _arrays(rows, _UPSERT_WIDTH)
+
+
+def one_or_many(
+    rows: list[Columns], one: LiteralString, many: LiteralString
+) -> tuple[LiteralString, tuple[object, ...]]:
+    """The statement that writes `rows` and its parameters: `one` with the
+    row's own values for a single row, else `many` with an array per
+    column."""
+    if len(rows) == 1:
+        return one, rows[0]
+    return many, _arrays(rows, len(rows[0]))
 
 
 # -- scans ----------------------------------------------------------------------
@@ -321,13 +352,21 @@ def time_bound(after: bytes | None, skip: int) -> tuple[int, bytes]:
 KV_INSERT: LiteralString = (
     "INSERT INTO {t} (k, v) SELECT * FROM unnest(%s::bytea[], %s::bytea[])"
 )
+KV_INSERT_ONE: LiteralString = "INSERT INTO {t} (k, v) VALUES (%s::bytea, %s::bytea)"
 KV_ON_CONFLICT: LiteralString = " ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
 KV_UPSERT: LiteralString = KV_INSERT + KV_ON_CONFLICT
-CHECKPOINT_INSERT: LiteralString = (
+_CHECKPOINT_INTO: LiteralString = (
     "INSERT INTO effectd_checkpoints (k, namespace, revision, updated_ns, v) "
+)
+_CHECKPOINT_ARRAYS: LiteralString = (
     "SELECT * FROM unnest(%s::bytea[], %s::text[], %s::bigint[], "
     "%s::bigint[], %s::bytea[])"
 )
+_CHECKPOINT_VALUES: LiteralString = (
+    "VALUES (%s::bytea, %s::text, %s::bigint, %s::bigint, %s::bytea)"
+)
+CHECKPOINT_INSERT: LiteralString = _CHECKPOINT_INTO + _CHECKPOINT_ARRAYS
+CHECKPOINT_INSERT_ONE: LiteralString = _CHECKPOINT_INTO + _CHECKPOINT_VALUES
 CHECKPOINT_ON_CONFLICT: LiteralString = (
     " ON CONFLICT (k) DO UPDATE SET revision = EXCLUDED.revision, "
     "updated_ns = EXCLUDED.updated_ns, v = EXCLUDED.v"
@@ -335,11 +374,19 @@ CHECKPOINT_ON_CONFLICT: LiteralString = (
 
 # Counter changes, one row per (namespace, shard); with `USAGE_ON_CONFLICT`
 # after it, added to the row there.
-USAGE_INSERT: LiteralString = (
+_USAGE_INTO: LiteralString = (
     "INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
-    "stored_bytes, tombstone_bytes) SELECT * FROM unnest(%s::bytea[], "
-    "%s::integer[], %s::bigint[], %s::bigint[], %s::bigint[])"
+    "stored_bytes, tombstone_bytes) "
 )
+_USAGE_ARRAYS: LiteralString = (
+    "SELECT * FROM unnest(%s::bytea[], %s::integer[], %s::bigint[], "
+    "%s::bigint[], %s::bigint[])"
+)
+_USAGE_VALUES: LiteralString = (
+    "VALUES (%s::bytea, %s::integer, %s::bigint, %s::bigint, %s::bigint)"
+)
+USAGE_INSERT: LiteralString = _USAGE_INTO + _USAGE_ARRAYS
+USAGE_INSERT_ONE: LiteralString = _USAGE_INTO + _USAGE_VALUES
 USAGE_ON_CONFLICT: LiteralString = (
     " ON CONFLICT (namespace, shard) DO UPDATE SET "
     "open_calls = u.open_calls + EXCLUDED.open_calls, "

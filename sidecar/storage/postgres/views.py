@@ -606,25 +606,29 @@ class Batch(_Layer):
         puts: list[tuple[bytes, bytes]],
         conflict: LiteralString,
     ) -> None:
-        keys = [k for k, _ in puts]
-        values = [v for _, v in puts]
         if table is Table.CHECKPOINTS:
-            heads = [records.checkpoint_head(v) for v in values]
+            rows: list[tables.Columns] = []
+            for k, v in puts:
+                head = records.checkpoint_head(v)
+                revision, updated = (None, None) if head is None else head
+                rows.append((k, records.namespace_of(k), revision, updated, v))
+            on_conflict = tables.CHECKPOINT_ON_CONFLICT if conflict else ""
             self._write(
                 view,
-                tables.CHECKPOINT_INSERT
-                + (tables.CHECKPOINT_ON_CONFLICT if conflict else ""),
-                (
-                    keys,
-                    [records.namespace_of(k) for k in keys],
-                    [None if h is None else h[0] for h in heads],
-                    [None if h is None else h[1] for h in heads],
-                    values,
+                *tables.one_or_many(
+                    rows,
+                    tables.CHECKPOINT_INSERT_ONE + on_conflict,
+                    tables.CHECKPOINT_INSERT + on_conflict,
                 ),
             )
             return
         self._write(
-            view, tables.on_table(table, tables.KV_INSERT + conflict), (keys, values)
+            view,
+            *tables.one_or_many(
+                list(puts),
+                tables.on_table(table, tables.KV_INSERT_ONE + conflict),
+                tables.on_table(table, tables.KV_INSERT + conflict),
+            ),
         )
 
     def _flush_calls(self, view: PgReadView) -> None:
@@ -649,9 +653,14 @@ class Batch(_Layer):
                 view, "DELETE FROM effectd_calls WHERE k = ANY(%s::bytea[])", (gone,)
             )
         if new:
-            self._write(view, tables.INSERT_CALLS, tables.upsert_params(new))
+            self._write(
+                view, *tables.one_or_many(new, tables.INSERT_CALL, tables.INSERT_CALLS)
+            )
         if whole:
-            self._write(view, tables.UPSERT_CALLS, tables.upsert_params(whole))
+            self._write(
+                view,
+                *tables.one_or_many(whole, tables.UPSERT_CALL, tables.UPSERT_CALLS),
+            )
 
     def _call_rows(
         self, changed: dict[bytes, dict[Table, bytes | None]], *, locking: bool
@@ -708,15 +717,22 @@ class Batch(_Layer):
             ):
                 if not chosen:
                     continue
+                rows: list[tables.Columns] = [
+                    (
+                        n,
+                        USAGE_LOCK_SHARD if n in locked else shard,
+                        changes[n].open_calls,
+                        changes[n].stored_bytes,
+                        changes[n].tombstone_bytes,
+                    )
+                    for n in chosen
+                ]
                 self._write(
                     view,
-                    tables.USAGE_INSERT + conflict,
-                    (
-                        chosen,
-                        [USAGE_LOCK_SHARD if n in locked else shard for n in chosen],
-                        [changes[n].open_calls for n in chosen],
-                        [changes[n].stored_bytes for n in chosen],
-                        [changes[n].tombstone_bytes for n in chosen],
+                    *tables.one_or_many(
+                        rows,
+                        tables.USAGE_INSERT_ONE + conflict,
+                        tables.USAGE_INSERT + conflict,
                     ),
                 )
         return len(changes)
