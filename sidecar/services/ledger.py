@@ -76,10 +76,16 @@ class LedgerService:
         """The policy in force now."""
         return self._policy.current()
 
-    async def _decided(
-        self, decide: Callable[[ReadView], Decided], *, writes: bool = False
+    async def _decided(self, decide: Callable[[ReadView], Decided]) -> Answer:
+        return await decided(self._store, self._scans, decide)
+
+    async def _changed(
+        self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
     ) -> Answer:
-        return await decided(self._store, self._scans, decide, writes=writes)
+        """`rule`'s step on the call's record, a change nearly every time
+        (`decided`'s `writes`)."""
+        mutation = self._mutation(ref, rule)
+        return await decided(self._store, self._scans, mutation, writes=True)
 
     def _mutation(
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
@@ -164,20 +170,17 @@ class LedgerService:
         expected_revision: int | None,
         actor: str = rules.AGENT,
     ) -> Answer:
-        return await self._decided(
-            self._mutation(
-                ref,
-                lambda call, now, policy: rules.start(
-                    call,
-                    now,
-                    lease_ms=lease_ms or policy.default_lease_ms,
-                    retry=retry,
-                    expected_revision=expected_revision,
-                    policy=policy,
-                    actor=actor,
-                ),
+        return await self._changed(
+            ref,
+            lambda call, now, policy: rules.start(
+                call,
+                now,
+                lease_ms=lease_ms or policy.default_lease_ms,
+                retry=retry,
+                expected_revision=expected_revision,
+                policy=policy,
+                actor=actor,
             ),
-            writes=True,
         )
 
     async def commit(
@@ -190,56 +193,47 @@ class LedgerService:
         actor: str = rules.AGENT,
         acknowledge: bool = False,
     ) -> Answer:
-        return await self._decided(
-            self._mutation(
-                ref,
-                lambda call, now, policy: rules.commit(
-                    call,
-                    now,
-                    attempt=attempt,
-                    result=result,
-                    expected_revision=expected_revision,
-                    actor=actor,
-                    acknowledge=acknowledge,
-                    policy=policy,
-                ),
+        return await self._changed(
+            ref,
+            lambda call, now, policy: rules.commit(
+                call,
+                now,
+                attempt=attempt,
+                result=result,
+                expected_revision=expected_revision,
+                actor=actor,
+                acknowledge=acknowledge,
+                policy=policy,
             ),
-            writes=True,
         )
 
     async def report_unknown(
         self, ref: CallRef, *, attempt: int, reason: str, actor: str = rules.AGENT
     ) -> Answer:
-        return await self._decided(
-            self._mutation(
-                ref,
-                lambda call, now, policy: rules.report_unknown(
-                    call,
-                    now,
-                    attempt=attempt,
-                    reason=reason,
-                    policy=policy,
-                    actor=actor,
-                ),
+        return await self._changed(
+            ref,
+            lambda call, now, policy: rules.report_unknown(
+                call,
+                now,
+                attempt=attempt,
+                reason=reason,
+                policy=policy,
+                actor=actor,
             ),
-            writes=True,
         )
 
     async def heartbeat(
         self, ref: CallRef, *, attempt: int, lease_ms: int, actor: str = rules.AGENT
     ) -> Answer:
-        return await self._decided(
-            self._mutation(
-                ref,
-                lambda call, now, policy: rules.heartbeat(
-                    call,
-                    now,
-                    attempt=attempt,
-                    lease_ms=lease_ms or policy.default_lease_ms,
-                    actor=actor,
-                ),
+        return await self._changed(
+            ref,
+            lambda call, now, policy: rules.heartbeat(
+                call,
+                now,
+                attempt=attempt,
+                lease_ms=lease_ms or policy.default_lease_ms,
+                actor=actor,
             ),
-            writes=True,
         )
 
     async def get(self, ref: CallRef) -> ToolCall:

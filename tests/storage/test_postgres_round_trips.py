@@ -31,14 +31,14 @@ import psycopg
 import pytest
 
 from sidecar.clock import ManualClock
-from sidecar.ledger.model import Outcome, Result
-from sidecar.ledger.policy import FixedPolicy
+from sidecar.ledger.model import CallRef, Outcome, Result, ToolCall
+from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.ledger.quota import Quotas
-from sidecar.ledger.rules import Answer
+from sidecar.ledger.rules import Answer, Now, Step
 from sidecar.ledger.validation import Limits
-from sidecar.services._common import Decided, decided
+from sidecar.services._common import decided
 from sidecar.services.ledger import LedgerService
-from sidecar.storage.api import ReadView, Table
+from sidecar.storage.api import Table
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
 from sidecar.storage.postgres.views import PgReadView, PgWriteView
@@ -156,11 +156,13 @@ def test_a_commit_decided_on_a_read_first_is_caught(
     store, ledger = ledger_on
 
     async def on_a_read(
-        self: LedgerService, decide: Callable[[ReadView], Decided], **_: object
+        self: LedgerService,
+        ref: CallRef,
+        rule: Callable[[ToolCall, Now, Policy], Step],
     ) -> Answer:
-        return await decided(store, self._scans, decide)
+        return await decided(store, self._scans, self._mutation(ref, rule))
 
-    monkeypatch.setattr(LedgerService, "_decided", on_a_read)
+    monkeypatch.setattr(LedgerService, "_changed", on_a_read)
     assert _phases(store, ledger) == (8, 2)
 
 
