@@ -149,6 +149,9 @@ class _Stream:
         # written (or it is one not answered: a cancel).
         self._room = asyncio.Semaphore(max_in_flight)
         self._unanswered = 0
+        # Answers handed to gRPC and not yet written: answered, for a stream
+        # its client ends (`Messages.cut`), though the writer still waits.
+        self._writing = 0
         self._all_answered = asyncio.Event()
         self._all_answered.set()
         # Answers waiting for the one writer, in the order they were done.
@@ -179,7 +182,7 @@ class _Stream:
         finally:
             # The client went (gRPC cancelled this task), or the stream
             # ends: nothing of it outlives it.
-            self._messages.cut = self._unanswered
+            self._messages.cut = self._unanswered - self._writing
             pending = [reader, writer, stopping, *self._in_flight.values()]
             for task in pending:
                 task.cancel()
@@ -276,11 +279,13 @@ class _Stream:
                 self._posted.clear()
                 await self._posted.wait()
                 continue
+            self._writing = 1
             try:
                 await context.write(outbox.popleft())
             except grpc.aio.BaseError:
                 pass
             finally:
+                self._writing = 0
                 self._room.release()
                 self._unanswered -= 1
                 if not self._unanswered:
