@@ -27,7 +27,7 @@ from sidecar.storage.postgres.store import (
     PostgresStore,
 )
 from tests.support import postgres
-from tests.support.pg_cluster import PrivateCluster, private_cluster
+from tests.support.pg_cluster import PrivateCluster, private_cluster, schema_on
 
 pytestmark = pytest.mark.slow
 
@@ -50,12 +50,8 @@ def cluster() -> Iterator[PrivateCluster]:
 
 @pytest.fixture
 def store_url(cluster: PrivateCluster) -> Iterator[str]:
-    with postgres.schema(cluster.url) as url:
-        try:
-            yield url
-        finally:
-            if not cluster.running():
-                cluster.start()
+    with schema_on(cluster) as url:
+        yield url
 
 
 @dataclass

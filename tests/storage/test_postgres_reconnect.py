@@ -26,7 +26,7 @@ import pytest
 from sidecar.errors import StorageUnavailable
 from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from tests.support import postgres
-from tests.support.pg_cluster import PrivateCluster, private_cluster
+from tests.support.pg_cluster import PrivateCluster, private_cluster, schema_on
 
 # Failed connection attempts of the write pool awaited while the database is
 # away: the old backoff's fourth comes 7 s after the first and its fifth 15 s
@@ -67,14 +67,8 @@ def cluster() -> Iterator[PrivateCluster]:
 
 @pytest.fixture
 def store_url(cluster: PrivateCluster) -> Iterator[str]:
-    """A schema of its own; the cluster running again at the end, whatever
-    the test left."""
-    with postgres.schema(cluster.url) as url:
-        try:
-            yield url
-        finally:
-            if not cluster.running():
-                cluster.start()
+    with schema_on(cluster) as url:
+        yield url
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from typing import Literal
 import psycopg
 import pytest
 
+from tests.support import postgres
+
 BIN = Path(os.environ.get("EFFECTD_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 SERVER_USER = "postgres"
 # Seconds one initdb, start or stop may take on a loaded machine.
@@ -216,3 +218,15 @@ def private_cluster() -> Iterator[PrivateCluster]:
             with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
                 cluster.stop("immediate")
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def schema_on(cluster: PrivateCluster) -> Iterator[str]:
+    """The URL of a store of its own (a schema) on `cluster`; the cluster
+    running again at the end, whatever the test left."""
+    with postgres.schema(cluster.url) as url:
+        try:
+            yield url
+        finally:
+            if not cluster.running():
+                cluster.start()
