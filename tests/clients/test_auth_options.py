@@ -271,6 +271,12 @@ def _unavailable(call: Callable[[], None]) -> EffectdError:
     return raised.value
 
 
+# A refused handshake fails as a daemon that is away does (UNAVAILABLE, the
+# request not sent), which a client waits out for its `reconnect_wait`: the
+# refusals are asked of clients that do not wait, and fail at once.
+NO_WAIT = {"reconnect_wait": 0}
+
+
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_tls_with_the_right_root_connects_and_the_wrong_one_does_not(
     entry: str, pki: Pki
@@ -288,9 +294,11 @@ def test_tls_with_the_right_root_connects_and_the_wrong_one_does_not(
                     run(server.target, **options)
         else:
             _unavailable(
-                lambda: run(server.target, root_certificates=pki.untrusted_ca_pem)
+                lambda: run(
+                    server.target, root_certificates=pki.untrusted_ca_pem, **NO_WAIT
+                )
             )
-            _unavailable(lambda: run(server.target))
+            _unavailable(lambda: run(server.target, **NO_WAIT))
     assert len(server.seen) == 1
 
 
@@ -298,7 +306,7 @@ def test_tls_true_verifies_against_the_system_roots(pki: Pki) -> None:
     """`tls=True` without roots trusts the system's, which do not include a
     private CA: the handshake fails rather than falling back to plaintext."""
     with recording_server(_server_tls(pki, require_client_auth=False)) as server:
-        _unavailable(lambda: _client_put(server.target, tls=True))
+        _unavailable(lambda: _client_put(server.target, tls=True, **NO_WAIT))
     assert server.seen == []
 
 
@@ -312,13 +320,16 @@ def test_mutual_tls_presents_the_client_certificate(pki: Pki) -> None:
             certificate_chain=pki.client.cert_pem,
             private_key=pki.client.key_pem,
         )
-        _unavailable(lambda: _client_put(server.target, root_certificates=pki.ca_pem))
+        _unavailable(
+            lambda: _client_put(server.target, root_certificates=pki.ca_pem, **NO_WAIT)
+        )
         _unavailable(
             lambda: _client_put(
                 server.target,
                 root_certificates=pki.ca_pem,
                 certificate_chain=pki.untrusted_client.cert_pem,
                 private_key=pki.untrusted_client.key_pem,
+                **NO_WAIT,
             )
         )
     assert len(server.seen) == 1
@@ -432,9 +443,11 @@ def test_the_daemon_over_mutual_tls_with_a_token(short_tmp: Path, pki: Pki) -> N
             agent.put_checkpoint("k", b"v")
             assert agent.get_checkpoint("k") is not None
         _unavailable(
-            lambda: _client_put(target, token=AGENT, root_certificates=pki.ca_pem)
+            lambda: _client_put(
+                target, token=AGENT, root_certificates=pki.ca_pem, **NO_WAIT
+            )
         )
-        _unavailable(lambda: _client_put(target, token=AGENT))
+        _unavailable(lambda: _client_put(target, token=AGENT, **NO_WAIT))
 
 
 # -- one message limit, both directions -------------------------------------

@@ -36,9 +36,15 @@ def test_the_watcher_thread_ends_when_no_call_needs_it(
     """After its last call, the watcher thread ends on its own."""
     monkeypatch.setattr(safe_threads, "WATCHER_LINGER_S", 0.01)
     watchers: list[threading.Thread] = []
+    # Another test's watcher may still linger, on the default's time.
+    earlier = set(threading.enumerate())
 
     def find() -> None:
-        watchers.extend(t for t in threading.enumerate() if t.name == "effectd-watcher")
+        watchers.extend(
+            t
+            for t in threading.enumerate()
+            if t.name == "effectd-watcher" and t not in earlier
+        )
 
     Run(client, "run-end").tool("t")(find).at("c")()
     assert watchers

@@ -168,7 +168,12 @@ def test_graceful_stop_finishes_in_flight_calls(short_tmp: Path) -> None:
     """On stop, health turns NOT_SERVING and a call in flight still completes."""
     cfg = ServeConfig(data_dir=short_tmp / "data", init=True, grace_seconds=10)
     daemon = _HeldDaemon(cfg)
-    with running_daemon(cfg, daemon=daemon) as d, Client(d.target) as c:
+    # The late call is refused at once: its client does not wait for the
+    # daemon to come back (`reconnect_wait`), which it never will.
+    with (
+        running_daemon(cfg, daemon=daemon) as d,
+        Client(d.target, reconnect_wait=0) as c,
+    ):
         answer: Future[Decision] = Future()
 
         def call() -> None:

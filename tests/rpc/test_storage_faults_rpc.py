@@ -20,10 +20,33 @@ from effectd.v1.ledger_pb2_grpc import ToolLedgerStub
 from effectd_client import Client, EffectdError
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
+from sidecar.rpc.summaries import summarize
+from sidecar.seams import Seams
+from sidecar.server import Daemon
+from sidecar.storage.api import Store
+from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import expect_refusal, prepare_request
 from tests.support import postgres
 from tests.support.tcp_proxy import CommitCutter, commit_cutter
+
+# Seconds a request waits for a pool connection: the database made
+# unreachable here refuses every new one, which a daemon's default (5 s)
+# waits out in each test before it answers, and once more as it stops.
+POOL_WAIT = 0.5
+
+
+class ShortPoolWait(Daemon):
+    """The daemon with its store's pool wait POOL_WAIT."""
+
+    def open_store(self) -> Store:
+        assert self.config.store is not None
+        options = PostgresOptions(
+            pool_timeout=POOL_WAIT,
+            on_commit=self.metrics.commit_observed,
+            summarize=summarize,
+        )
+        return PostgresStore(self.config.store, options)
 
 
 @pytest.fixture
@@ -32,8 +55,9 @@ def through_proxy(
 ) -> Iterator[tuple[RunningDaemon, CommitCutter]]:
     with commit_cutter(pg_url) as (proxy, url):
         shared = dataclasses.replace(config, store=url)
-        with running_daemon(shared, clock) as daemon:
-            yield daemon, proxy
+        daemon = ShortPoolWait(shared, Seams(clock=clock))
+        with running_daemon(shared, daemon=daemon) as running:
+            yield running, proxy
 
 
 def test_a_lost_commit_answers_unavailable_may_have_been_applied(

@@ -18,7 +18,7 @@ SLOW = (
     "tests/rpc/test_gate_streams.py",
     # The race check of Reconcile, round after round, with its racy control.
     "tests/rpc/test_reconcile_rpc.py::test_the_race_check_catches_a_racy_service[",
-    # A commit lost to a storage fault, waited out to its deadline.
+    # A commit lost to a storage fault, through a proxy that cuts it.
     "tests/rpc/test_storage_faults_rpc.py::test_a_lost_commit_answers_unavailable",
     "tests/rpc/test_storage_faults_rpc.py::test_the_client_sees_an_unknown_commit",
     # Several daemons on one PostgreSQL store.

@@ -32,11 +32,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 
 from sidecar import cli
-from sidecar.rpc import summaries
-from sidecar.server import Daemon, Endpoints
-from sidecar.storage.api import Store
-from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore, _Item
-from tests.support.ack_before_commit import AckBeforeCommitStore
+from tests.support.ack_before_commit import AckBeforeCommitDaemon
 from tests.support.processes import DaemonProcess, daemon_process
 
 pytestmark = pytest.mark.slow
@@ -50,39 +46,11 @@ CLEAN_ERRORS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED
 RUN = "shutdown"
 
 
-class AckBeforeCommitOnceServing(AckBeforeCommitStore):
-    """Answers before committing, but only once the daemon serves: its own
-    start-up writes commit normally, so it starts as fast as a good one."""
-
-    serving = False
-
-    def _commit(self, batch: list[_Item]) -> None:
-        if self.serving:
-            super()._commit(batch)
-        else:
-            LmdbStore._commit(self, batch)
-
-
-class AbandonsWritesOnSigterm(Daemon):
-    """BROKEN on purpose: acknowledges before committing, and exits at once
-    on SIGTERM, leaving its writer in the middle of a transaction."""
-
-    _broken: AckBeforeCommitOnceServing | None = None
-
-    def open_store(self) -> Store:
-        options = LmdbOptions(
-            map_size=self.config.map_size,
-            sync=self.config.sync,
-            summarize=summaries.summarize,
-        )
-        self._broken = AckBeforeCommitOnceServing(self.config.data_dir, options)
-        return self._broken
-
-    async def start(self) -> Endpoints:
-        endpoints = await super().start()
-        assert self._broken is not None
-        self._broken.serving = True
-        return endpoints
+class AbandonsWritesOnSigterm(AckBeforeCommitDaemon):
+    """BROKEN on purpose: acknowledges before committing once it serves (its
+    own start-up writes commit normally, so it starts as fast as a good one),
+    and exits at once on SIGTERM, leaving its writer in the middle of a
+    transaction."""
 
     async def stop(self, grace: float | None = None) -> None:
         os._exit(0)
