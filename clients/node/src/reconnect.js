@@ -47,6 +47,21 @@ function notSent(error) {
 }
 
 /** Milliseconds to wait after try `tries`: `initialMs` doubling up to `maxMs`, half of it jittered. */
+// grpc-js's account of a deadline reached while the call still waited for a connection (no stream
+// on one yet); a call that had a stream names its remote_addr.
+const WAITING_FOR_A_CONNECTION = /Waiting for LB pick|waiting for name resolution|waiting for metadata filters/;
+
+/**
+ * A try cut by its own deadline before it had a stream on a connection: never written to one, so
+ * not sent either. Only a try of `Outage.again`, whose deadline is the call's: a call's first
+ * DEADLINE_EXCEEDED stays what it is.
+ */
+function cutBeforeSent(error) {
+  if (!(error instanceof EffectdError) || error.code !== 'DEADLINE_EXCEEDED') return false;
+  const details = String(error.details);
+  return WAITING_FOR_A_CONNECTION.test(details) && !details.includes('remote_addr=');
+}
+
 function backoffMs(tries, initialMs, maxMs, jitter) {
   const full = Math.min(maxMs, initialMs * 2 ** (tries - 1));
   return full / 2 + (jitter * full) / 2;
@@ -91,7 +106,7 @@ class Outage {
           return answer;
         } catch (next) {
           failure = fromServiceError(next);
-          if (!notSent(failure)) throw failure;
+          if (!notSent(failure) && !cutBeforeSent(failure)) throw failure;
         }
       }
     } finally {
@@ -126,4 +141,4 @@ class Outage {
   }
 }
 
-module.exports = { Outage, notSent, backoffMs, DEFAULT_RECONNECT_WAIT_MS, WARNING_CODE };
+module.exports = { Outage, notSent, cutBeforeSent, backoffMs, DEFAULT_RECONNECT_WAIT_MS, WARNING_CODE };

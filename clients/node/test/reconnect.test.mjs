@@ -33,6 +33,31 @@ test('only a request known not sent is sent again', () => {
   );
 });
 
+test('a try cut by its deadline while it waited for a connection was not sent; one that had a stream may have been', async () => {
+  // The unary flake this fixes: the last try, started a few ms before the call's deadline, ended
+  // DEADLINE_EXCEEDED while grpc-js still waited for a connection, and was thrown as it was.
+  const away = unavailable({ message: NO_CONNECTION });
+  const unpicked = new EffectdError({
+    code: 'DEADLINE_EXCEEDED',
+    message: 'Deadline exceeded after 0.012s,Waiting for LB pick',
+  });
+  const error = await new Outage('unix:/x.sock', 60_000)
+    .again(away, () => Promise.reject(unpicked), Date.now() + 150)
+    .catch((e) => e);
+  assert.equal(error.code, 'UNAVAILABLE');
+  assert.match(error.message, /did not come back within/);
+  assert.deepEqual(error.metadata, { mayHaveBeenApplied: 'false' });
+  // The control: a try that had a stream on a connection may have been sent.
+  const sent = new EffectdError({
+    code: 'DEADLINE_EXCEEDED',
+    message: 'Deadline exceeded after 0.012s,LB pick: 0.001s,remote_addr=unix:/x.sock',
+  });
+  await assert.rejects(
+    new Outage('unix:/x.sock', 60_000).again(away, () => Promise.reject(sent), Date.now() + 150),
+    (e) => e === sent,
+  );
+});
+
 async function warningsDuring(fn) {
   const seen = [];
   const listen = (warning) => {
