@@ -65,8 +65,6 @@ unasync: $(DEV_INSTALLED)
 ## two cores: most of the suite waits on daemons and processes of its own
 ## (16 min of CPU in 12.6 min on two workers), so a third overlaps the waits
 TEST_WORKERS ?= 3
-# The inner loop's tests compute more than they wait: one worker a core.
-FAST_WORKERS ?= 2
 test: check chromium pgbouncer $(NODE_INSTALLED) $(ADK_INSTALLED) $(CREWAI_INSTALLED)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial" \
 	  --cov --cov-report= --cov-fail-under=0 $(PYTEST_ARGS)
@@ -110,7 +108,7 @@ $(NODE_INSTALLED): clients/node/package.json clients/node/package-lock.json
 ## one attempt, isolation, no replay) keeps a test and its negative control here:
 ## tests/README.md lists them
 test-fast: $(DEV_INSTALLED) pgbouncer
-	$(PY) -m pytest -n $(FAST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
 ## node-test: the Node client's tests against a real daemon (needs node and npm), twice:
 ## over the ledger session stream (the default), then unary (EFFECTD_SESSION=0)
