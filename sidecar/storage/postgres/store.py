@@ -202,6 +202,10 @@ class PostgresStore:
         # The store opens each transaction itself, on connections in
         # autocommit mode (`_pool`): its BEGIN goes with its first statement
         # (`views.BEGIN`, `views.READ_BEGIN`), not as a round trip of its own.
+        self._openings = {
+            read_only: self._made_opening(read_only=read_only)
+            for read_only in (False, True)
+        }
         self._writes = self._pool("writes", o.writers, self._configure_writer)
         self._reads = self._pool("reads", o.readers, self._configure_reader)
         # Point reads: each statement on its own snapshot, with no transaction
@@ -290,15 +294,19 @@ class PostgresStore:
         return settings
 
     def _opening(self, *, read_only: bool = False) -> list[Statement]:
-        """What opens a transaction, sent with its first statement: BEGIN
-        (a write's, or a read's snapshot), and behind a transaction pooler
-        the settings (`connecting.setting_statement`)."""
+        """What opens a transaction, sent with its first statement (a new
+        list: the views empty it once sent)."""
+        return list(self._openings[read_only])
+
+    def _made_opening(self, *, read_only: bool) -> tuple[Statement, ...]:
+        """BEGIN (a write's, or a read's snapshot), and behind a transaction
+        pooler the settings (`connecting.setting_statement`): made once."""
         begin = READ_BEGIN if read_only else BEGIN
         if not self._target.per_transaction:
-            return [begin]
+            return (begin,)
         settings = [*self._target.settings, *self._settings(read_only=read_only)]
         made = connecting.setting_statement(settings)
-        return [begin] if made is None else [begin, made]
+        return (begin,) if made is None else (begin, made)
 
     def _configure(self, conn: _Conn, *, read_only: bool) -> None:
         """A new connection of a pool, in autocommit mode (the store opens
