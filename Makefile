@@ -21,6 +21,14 @@ ADK_INSTALLED := $(ADK_VENV)/.installed
 CREWAI_VENV ?= .venv-crewai
 CREWAI_INSTALLED := $(CREWAI_VENV)/.installed
 
+# The synchronous Python client is build output, not kept in git: written from
+# its asyncio source by clients/python/unasync.py (with ruff, a dev tool here),
+# by the client's own build too (clients/python/setup.py), so `make run` needs
+# no rule of this.
+CLIENT_SRC := clients/python/src/effectd_client
+SYNC_CLIENT := $(CLIENT_SRC)/_client.py $(CLIENT_SRC)/_safe.py $(CLIENT_SRC)/_operator.py
+ASYNC_CLIENT := $(CLIENT_SRC)/_aio.py $(CLIENT_SRC)/_safe_aio.py $(CLIENT_SRC)/_operator_aio.py
+
 .PHONY: help run test test-fast check unasync frameworks chromium pgbouncer node-test protos dist bench bench-node bench-peers bench-scale bench-shared image-test clean torture-deep many-daemons-deep
 
 $(PY):
@@ -44,20 +52,23 @@ $(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt clients/python/pyproject.tom
 run: $(INSTALLED)
 	$(VENV)/bin/effectd serve --data-dir $(DATA_DIR) --init $(ARGS)
 
-## check: lint, format, strict typing, generated-code freshness (the protos' code,
-## the synchronous client written from the asyncio one)
-check: $(DEV_INSTALLED)
+## check: lint, format, strict typing, the protos' generated code fresh (the
+## synchronous client is written first, from the asyncio one)
+check: $(DEV_INSTALLED) $(SYNC_CLIENT)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) scripts/gen_protos.py --check
-	$(PY) scripts/unasync.py --check
 
 ## unasync: write the synchronous client's modules from the asyncio ones
-## (scripts/unasync.py: _aio.py -> _client.py, _safe_aio.py -> _safe.py,
-## _operator_aio.py -> _operator.py)
-unasync: $(DEV_INSTALLED)
-	$(PY) scripts/unasync.py
+## (clients/python/unasync.py: _aio.py -> _client.py, _safe_aio.py -> _safe.py,
+## _operator_aio.py -> _operator.py); check, test and test-fast do it when a
+## source changed
+unasync: $(SYNC_CLIENT)
+
+$(SYNC_CLIENT) &: $(ASYNC_CLIENT) clients/python/unasync.py | $(DEV_INSTALLED)
+	$(PY) clients/python/unasync.py
+	touch $(SYNC_CLIENT)
 
 ## test: install what the tests need, run the checks and the whole suite: on
 ## TEST_WORKERS workers, then the tests marked serial (many processes racing,
@@ -107,7 +118,7 @@ $(NODE_INSTALLED): clients/node/package.json clients/node/package-lock.json
 ## in tests/support/slow.py) runs in `make test`; each property (durability, at most
 ## one attempt, isolation, no replay) keeps a test and its negative control here:
 ## tests/README.md lists them
-test-fast: $(DEV_INSTALLED) pgbouncer
+test-fast: $(DEV_INSTALLED) $(SYNC_CLIENT) pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
 ## node-test: the Node client's tests against a real daemon (needs node and npm), twice:

@@ -1,17 +1,27 @@
-"""The committed generated code matches the .proto files."""
+"""The committed generated code matches the .proto files; the synchronous
+client, build output, is what its asyncio source makes, and a build of the
+client writes it."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from scripts import gen_protos, unasync
+from scripts import gen_protos
 
 ROOT = Path(__file__).resolve().parents[2]
+_GENERATOR = ROOT / "clients" / "python" / "unasync.py"
+_spec = importlib.util.spec_from_file_location("unasync", _GENERATOR)
+assert _spec is not None
+assert _spec.loader is not None
+unasync = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(unasync)
 
 
 @pytest.mark.slow
@@ -40,14 +50,15 @@ def test_negative_control_stale_code_is_detected(tmp_path: Path) -> None:
     assert "missing: v1/errors_pb2.pyi" in found
 
 
-# -- the synchronous client, generated from the asyncio one (scripts/unasync.py)
+# -- the synchronous client, written from the asyncio one (clients/python/unasync.py)
 
 
 @pytest.mark.slow
 def test_the_synchronous_client_is_fresh() -> None:
-    """`scripts/unasync.py` would change no synchronous module."""
+    """`clients/python/unasync.py` would change no synchronous module (`make`
+    writes them before it tests)."""
     run = subprocess.run(
-        [sys.executable, "scripts/unasync.py", "--check"],
+        [sys.executable, str(_GENERATOR), "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -75,6 +86,70 @@ def test_negative_control_a_hand_edit_or_a_drifted_source_is_stale(
     source = client / "_aio.py"
     source.write_text(source.read_text().replace("tries += 1", "tries += 2"))
     assert unasync.stale(client) == ["_client.py"]
+    (client / "_safe.py").unlink()
+    assert unasync.stale(client) == ["_client.py", "_safe.py"]
+    assert unasync.write(client) == ["_client.py", "_safe.py"]
+    assert unasync.stale(client) == []
+    assert unasync.write(client) == []
+
+
+def test_the_synchronous_client_is_not_kept_in_git() -> None:
+    """The synchronous modules are build output: ignored, never tracked, so
+    no copy of the asyncio code lives in the repository. The control: their
+    asyncio sources are tracked, and a file git does not ignore is seen as
+    such."""
+    client = "clients/python/src/effectd_client/"
+    synchronous = [client + target for _, target in unasync.PAIRS]
+    sources = [client + source for source, _ in unasync.PAIRS]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout
+
+    assert git("ls-files", "--", *synchronous) == ""
+    assert git("check-ignore", *synchronous).split() == synchronous
+    assert sorted(git("ls-files", "--", *sources).split()) == sorted(sources)
+    assert git("check-ignore", *sources) == ""
+
+
+@pytest.mark.slow
+def test_a_build_of_the_client_alone_writes_the_synchronous_client(
+    tmp_path: Path,
+) -> None:
+    """A wheel built from the client's sources with no synchronous module in
+    them (a clean checkout, an sdist) holds each one, as its asyncio source
+    makes it: an installed client needs no step of its own."""
+    tree = tmp_path / "python"
+    shutil.copytree(
+        ROOT / "clients" / "python",
+        tree,
+        ignore=shutil.ignore_patterns(
+            "__pycache__",
+            "*.egg-info",
+            "build",
+            *(target for _, target in unasync.PAIRS),
+        ),
+    )
+    client = tree / "src" / "effectd_client"
+    assert not any((client / target).exists() for _, target in unasync.PAIRS)
+    run = subprocess.run(
+        [
+            sys.executable,
+            *("-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"),
+            *("--wheel-dir", str(tmp_path / "dist"), str(tree)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    (wheel,) = (tmp_path / "dist").glob("effectd_client-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        for source, target in unasync.PAIRS:
+            text = (client / source).read_text()
+            held = archive.read("effectd_client/" + target).decode()
+            assert held == unasync.generated(source, target, text)
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 typed values in and out.
 
 Written once, as the asyncio client (`effectd_client._aio`, grpc.aio); the
-synchronous client (`effectd_client._client`) is generated from it by
-`scripts/unasync.py`, and `make check` fails when it is stale. What only the
+synchronous client (`effectd_client._client`) is written from it by
+`clients/python/unasync.py` at build time (build output, not kept in git;
+`make` writes it again when this changes). What only the
 synchronous client does is in `effectd_client._client_sync`. Requests are
 built and answers converted by `effectd_client._requests`. Longer than the
 client's other modules on purpose: it is the public surface of one method per

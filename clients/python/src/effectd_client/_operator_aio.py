@@ -3,8 +3,8 @@ Admin service, and `operator`, what a person's tools (`effectd ctl`, the web
 console) read and decide through ToolLedger and Recovery; as etcd's clientv3
 has Maintenance beside KV, and Temporal's service client an OperatorService
 beside the workflow one. Written once, for `AsyncClient`; the synchronous
-surface of `Client` (`effectd_client._operator`) is generated from this module
-by scripts/unasync.py.
+surface of `Client` (`effectd_client._operator`) is written from this module
+by clients/python/unasync.py at build time.
 
 An answer is the daemon's whole message (`effectd.v1.*_pb2`, typed by its
 stub), not the agent's dataclasses: a person's tool shows every field of a

@@ -35,7 +35,8 @@ acknowledged (AcknowledgeRecovery; a fresh one by its commit, in the same
 transaction), which starts its retention window.
 
 Written once, as `AsyncRun` (`effectd_client._safe_aio`); `Run`
-(`effectd_client._safe`) is generated from it by `scripts/unasync.py`. Where
+(`effectd_client._safe`) is written from it by `clients/python/unasync.py`
+at build time. Where
 a thread does what the event loop does, the two differ: asyncio renews the
 lease in a task and cancels the tool at the deadline (`asyncio.timeout`: the
 tool sees `CancelledError` at its next await, and the call raises

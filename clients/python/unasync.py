@@ -1,4 +1,4 @@
-"""Generates the synchronous client from the asyncio one, or checks that it is fresh.
+"""Writes the synchronous client from the asyncio one, or checks that it is fresh.
 
 The asyncio modules of `effectd_client` are the single source of each pair
 in `PAIRS`; the synchronous module is written from it by explicit rules, as
@@ -16,8 +16,15 @@ httpcore writes its sync package, so the two cannot drift:
   a call of a hand-written module such as `effectd_client._client_sync`).
 
 The result has unused imports removed, imports sorted and is formatted by
-ruff, with a first line saying where it comes from. `--check` fails, naming
-the file, when a committed synchronous module is not what its source makes.
+ruff, with settings of its own (the same on every machine, whatever the
+configuration around it), and a first line saying where it comes from.
+
+The synchronous modules are not kept in git (`.gitignore`): they are build
+output. The client's build writes them (`setup.py`, so a wheel or sdist holds
+them and an installed client needs no step of its own), and so does `make`
+in a checkout, before it runs or checks anything, whenever an asyncio source
+or this file changed. `--check` fails, naming the file, when a synchronous
+module in the tree is not what its source makes.
 """
 
 from __future__ import annotations
@@ -31,8 +38,7 @@ import tokenize
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CLIENT = ROOT / "clients" / "python" / "src" / "effectd_client"
+CLIENT = Path(__file__).resolve().parent / "src" / "effectd_client"
 
 # asyncio source -> the synchronous module written from it.
 PAIRS: Sequence[tuple[str, str]] = (
@@ -74,7 +80,19 @@ CODE_RULES: Sequence[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]
 )
 NOQA_ASYNC = re.compile(r"\s*#\s*noqa:\s*ASYNC\d+.*$")
 MARKER = re.compile(r"^\s*# unasync: (async-only|sync-only|end)\s*$")
-HEADER = "# Generated from {source} by scripts/unasync.py: edit that file, not this.\n"
+HEADER = (
+    "# Generated from {source} by clients/python/unasync.py at build time:"
+    " edit that file, not this.\n"
+)
+# ruff's settings for the generated text, given on the command line with no
+# configuration file read (`--isolated`), so that a build of the client alone
+# writes what a checkout's `make` writes.
+RUFF_SETTINGS = (
+    "line-length = 88",
+    "target-version = 'py311'",
+    "lint.isort.known-first-party = ['effectd_client']",
+    "lint.isort.known-third-party = ['effectd']",
+)
 
 
 def _protected(source: str) -> dict[int, list[tuple[int, int]]]:
@@ -139,11 +157,20 @@ def unasync(source: str) -> str:
 
 def _ruff(text: str, name: str, *args: str) -> str:
     answer = subprocess.run(
-        [sys.executable, "-m", "ruff", *args, "--stdin-filename", name, "-"],
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            *args,
+            "--isolated",
+            *(arg for setting in RUFF_SETTINGS for arg in ("--config", setting)),
+            "--stdin-filename",
+            name,
+            "-",
+        ],
         input=text,
         capture_output=True,
         text=True,
-        cwd=ROOT,
         check=False,
     )
     if answer.returncode not in (0, 1) or not answer.stdout:
@@ -152,7 +179,7 @@ def _ruff(text: str, name: str, *args: str) -> str:
 
 
 def generated(source_name: str, target_name: str, source: str) -> str:
-    """The committed text of `target_name` that `source` makes."""
+    """The text of `target_name` that `source` makes."""
     text = HEADER.format(source=source_name) + unasync(source)
     name = str(CLIENT / target_name)
     text = _ruff(text, name, "check", "--fix", "--select", "F401,I", "--quiet")
@@ -160,13 +187,28 @@ def generated(source_name: str, target_name: str, source: str) -> str:
 
 
 def stale(client: Path = CLIENT) -> list[str]:
-    """The synchronous modules that differ from what their sources make."""
+    """The synchronous modules that are missing or differ from what their
+    sources make."""
     return [
         target
         for source, target in PAIRS
-        if (client / target).read_text()
+        if not (client / target).is_file()
+        or (client / target).read_text()
         != generated(source, target, (client / source).read_text())
     ]
+
+
+def write(client: Path = CLIENT) -> list[str]:
+    """Writes the synchronous modules of `client` that are missing or stale;
+    returns their names. A fresh module is left as it is (its time too)."""
+    written = []
+    for source, target in PAIRS:
+        text = generated(source, target, (client / source).read_text())
+        path = client / target
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            written.append(target)
+    return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,11 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         old = stale()
         for target in old:
-            print(f"{CLIENT / target}: stale, run scripts/unasync.py", file=sys.stderr)
+            print(f"{CLIENT / target}: stale, run make unasync", file=sys.stderr)
         return 1 if old else 0
-    for source, target in PAIRS:
-        text = generated(source, target, (CLIENT / source).read_text())
-        (CLIENT / target).write_text(text)
+    write()
     return 0
 
 
