@@ -16,6 +16,7 @@ from sidecar import settings
 from sidecar.cli import main
 from sidecar.config import ConfigError, ServeConfig, masked_url, url_password
 from sidecar.observability.metrics import Metrics
+from sidecar.storage import usage
 from sidecar.storage.postgres import schema as pg_schema
 from sidecar.stores import open_store
 from tests.settings.support import layered
@@ -213,3 +214,46 @@ def test_a_version_1_schema_migrates_to_3_and_an_older_daemon_refuses_it(
         monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", 2)
         with pytest.raises(pg_schema.SchemaError, match="newer than the version 2"):
             pg_schema.check(conn)
+
+
+_TABLES = (
+    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+    "ORDER BY tablename"
+)
+_VERSION_3_TABLES = [
+    "effectd_audit",
+    "effectd_calls",
+    "effectd_checkpoints",
+    "effectd_daemons",
+    "effectd_meta",
+    "effectd_passes",
+    "effectd_schema",
+    "effectd_usage",
+]
+
+
+def test_a_new_database_holds_version_3s_tables_alone(bare_url: str) -> None:
+    """Created from nothing, the schema passes through version 2's key-value
+    table: none is left behind, and the new store's usage counters are
+    marked counted (a first daemon has no records to count)."""
+    assert pg_schema.migrate_url(bare_url) == (0, 3)
+    with psycopg.connect(bare_url) as conn:
+        assert [t for (t,) in conn.execute(_TABLES)] == _VERSION_3_TABLES
+        assert conn.execute(
+            "SELECT v FROM effectd_meta WHERE k = %s", (usage.COUNTED_KEY,)
+        ).fetchone() == (b"1",)
+
+
+def test_migrate_removes_the_empty_table_an_earlier_version_left(
+    bare_url: str,
+) -> None:
+    """A database created by an effectd that left version 2's table behind
+    (renamed, emptied of all but a marker) loses it at the next migrate."""
+    pg_schema.migrate_url(bare_url)
+    with psycopg.connect(bare_url) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS effectd_kv_2 (tbl text, k bytea, v bytea)"
+        )
+    assert pg_schema.migrate_url(bare_url) == (3, 3)
+    with psycopg.connect(bare_url) as conn:
+        assert [t for (t,) in conn.execute(_TABLES)] == _VERSION_3_TABLES

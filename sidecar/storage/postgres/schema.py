@@ -21,7 +21,7 @@ it runs in transactions of its own, resumable, as that module says.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, LiteralString
 
 from sidecar.storage import usage
 from sidecar.storage.api import FormatError
@@ -80,6 +80,11 @@ MIGRATIONS: Mapping[int, tuple[str, ...]] = {
     3: upgrade.CREATE,
 }
 _PARAMETERS = {"counted": usage.COUNTED_KEY}
+# A new store's counters need no count from its records (version 3's
+# table of the mark version 1 wrote).
+_COUNTED: LiteralString = (
+    "INSERT INTO effectd_meta (k, v) VALUES (%(counted)s, '\\x31')"
+)
 
 
 class SchemaError(FormatError):
@@ -138,6 +143,15 @@ def migrate(
             for statement in MIGRATIONS[version]:
                 params = _PARAMETERS if "%(" in statement else None
                 conn.execute(statement, params)
+        if found == 0:
+            # A new database: version 2's table, renamed by the step to 3,
+            # has nothing to copy but the counters' mark.
+            upgrade.finish(conn)
+            conn.execute(_COUNTED, _PARAMETERS)
+        elif found == SCHEMA_VERSION and not migrating:
+            # Left by an effectd that did not drop it when it created the
+            # schema: empty of all but that mark.
+            upgrade.finish(conn)
         if found < SCHEMA_VERSION:
             migrating = found
             conn.execute(
