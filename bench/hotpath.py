@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -85,8 +86,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@functools.cache
+def write_client(tree: Path) -> None:
+    """Writes `tree`'s synchronous Python client modules: build output of
+    the client's generator (`clients/python/unasync.py`), which a new
+    checkout or worktree does not hold until make or a build ran. A tree
+    from before the generator moved there has them committed."""
+    generator = tree / "clients" / "python" / "unasync.py"
+    if generator.is_file():
+        subprocess.run([sys.executable, str(generator)], check=True, cwd=tree)
+
+
 def tree_env(tree: Path) -> dict[str, str]:
-    """The environment that imports `tree`'s daemon and client first."""
+    """The environment that imports `tree`'s daemon and client first (that
+    client's synchronous modules written)."""
+    write_client(tree)
     env = dict(os.environ)
     paths = [str(tree), str(tree / "clients" / "python" / "src")]
     env["PYTHONPATH"] = os.pathsep.join(paths)

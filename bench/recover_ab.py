@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+import hotpath
 import lmdb
 import scale
 
@@ -70,6 +71,7 @@ print(json.dumps(out))
 
 
 def tree_env(tree: Path) -> dict[str, str]:
+    hotpath.write_client(tree)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(tree), str(tree / "clients" / "python" / "src")]
