@@ -5,13 +5,16 @@ overriding the store's options; a size out of its range refused by name."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 
 from sidecar.cli import main
+from sidecar.errors import StorageUnavailable
 from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.postgres import connecting
 from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
+from sidecar.storage.postgres.views import PgReadView, StoreConnection
 
 
 def _with(url: str, query: str) -> str:
@@ -72,3 +75,39 @@ def test_the_daemon_refuses_a_url_with_a_bad_pool_size(
 ) -> None:
     assert main(["migrate", "--store", _with(pg_url, "writers=100")]) == 2
     assert "writers='100'" in capsys.readouterr().err
+
+
+def _pg(view: ReadView) -> PgReadView:
+    assert isinstance(view, PgReadView)
+    return view
+
+
+def test_a_connections_statements_share_one_cursor(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Point reads, each a statement outside a transaction, make no cursor
+    after their connection's first, and one that failed leaves the cursor
+    good for the next (`views.StoreConnection`)."""
+    made: list[object] = []
+    cursor = StoreConnection.cursor
+
+    def counted(conn: StoreConnection, *args: Any, **kwargs: Any) -> Any:
+        made.append(conn)
+        return cursor(conn, *args, **kwargs)
+
+    monkeypatch.setattr(StoreConnection, "cursor", counted)
+    store = PostgresStore(pg_url, PostgresOptions(writers=1, readers=1))
+    try:
+        store.submit(functools.partial(_put, b"pool-k")).result()
+        made.clear()
+
+        def point(view: ReadView) -> bytes | None:
+            return view.get(Table.META, b"pool-k")
+
+        assert [store.read_point(point) for _ in range(5)] == [b"v"] * 5
+        with pytest.raises(StorageUnavailable, match="division by zero"):
+            store.read_point(lambda view: _pg(view).rows("SELECT 1 / 0", ()))
+        assert store.read_point(point) == b"v"
+        assert len(made) <= 1
+    finally:
+        store.close()

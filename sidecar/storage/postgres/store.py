@@ -109,6 +109,7 @@ from sidecar.storage.postgres.views import (
     PgReadView,
     PgWriteView,
     Statement,
+    StoreConnection,
 )
 
 # Jitter from the OS, never from the global `random` an application (or a
@@ -261,6 +262,7 @@ class PostgresStore:
         name = o.application_name + ("" if use == "writes" else "/" + use)
         return ConnectionPool(
             self._target.conninfo,
+            connection_class=StoreConnection,
             min_size=1,
             max_size=size,
             kwargs={

@@ -63,6 +63,26 @@ USAGE_LOCK_SHARD = -1
 REGISTRATIONS_LOCK = 0x65_66_66_65_63_74_64_52
 
 _Conn = psycopg.Connection[tuple[object, ...]]
+
+
+class StoreConnection(psycopg.Connection[tuple[object, ...]]):
+    """A connection of the store's pools, whose statements share one cursor:
+    psycopg's `execute` makes a cursor each time (an adapters map, a
+    preparing state), about a third of a point read's CPU in psycopg. A view
+    reads each statement's rows before it sends the next."""
+
+    _statements: psycopg.Cursor[tuple[object, ...]] | None = None
+
+    def statement(
+        self, query: LiteralString, params: tuple[object, ...]
+    ) -> psycopg.Cursor[tuple[object, ...]]:
+        """`query` run on the connection's cursor."""
+        cursor = self._statements
+        if cursor is None:
+            cursor = self._statements = self.cursor()
+        return cursor.execute(query, params)
+
+
 # A statement and its parameters.
 Statement = tuple[LiteralString, tuple[object, ...]]
 # What opens a write transaction on a connection in autocommit mode (the
@@ -205,6 +225,8 @@ class PgReadView:
         conn, opening = self._conn, self._opening
         try:
             if not opening:
+                if isinstance(conn, StoreConnection):
+                    return conn.statement(query, params)
                 return conn.execute(query, params)
             with conn.pipeline():
                 for statement, values in opening:
