@@ -18,7 +18,8 @@ their threads, so the store can then be closed under no reader.
 A point read (a record, a checkpoint: a few keys) goes through `point_read`:
 inline on a store whose reads never wait (LMDB), where a hop to a thread would
 cost more than the read; on a store whose reads may wait (PostgreSQL: a pooled
-connection, a round trip to the server) on a worker thread, without a slot
+connection, a round trip to the server) on a point thread (`_PointThreads`,
+handed over a queue, cheaper than the loop's executor), without a slot
 (the store's read pool bounds them), so that one slow read holds up its own
 request only, never the loop. Its thread is stopped and waited for as a
 scan's is.
@@ -27,7 +28,12 @@ scan's is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
+import os
+import queue
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
@@ -40,6 +46,84 @@ T = TypeVar("T")
 # thread, the event loop and gRPC's own threads; two keep a listing from
 # waiting behind a long verification without starving the writer.
 DEFAULT_LIMIT = 2
+
+
+# A read handed to a point thread: the loop that awaits it, its future there,
+# and the read.
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+
+
+def _deliver(
+    future: asyncio.Future[Any], value: Any, error: BaseException | None
+) -> None:
+    """On the loop: `future`'s outcome, unless its waiter is gone."""
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(value)
+    elif isinstance(error, StopIteration):
+        # A future cannot hold StopIteration (it would end a coroutine).
+        future.set_exception(RuntimeError(f"a read raised {error!r}"))
+    else:
+        future.set_exception(error)
+
+
+class _PointThreads:
+    """The threads of the point reads: each read is handed over a queue and
+    answers on its caller's loop (`call_soon_threadsafe`), with none of
+    `run_in_executor`'s two futures (a concurrent one, and the asyncio one
+    chained to it), which cost about as much CPU as the read's own round
+    trip. As many threads as the loop's default executor would run, all
+    started at the first read; a forked child starts its own."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._started = False
+
+    def submit(self, read: Callable[[], T]) -> asyncio.Future[T]:
+        """`read` on one of the threads; its outcome, on the running loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if not self._started:
+            self._start()
+        self._jobs.put((loop, future, read))
+        return future
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            for n in range(self._size):
+                threading.Thread(
+                    target=self._serve,
+                    args=(self._jobs,),
+                    name=f"effectd-point-{n}",
+                    daemon=True,
+                ).start()
+            self._started = True
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+        while True:
+            loop, future, read = jobs.get()
+            value, error = None, None
+            try:
+                value = read()
+            except BaseException as exc:  # the caller's to see
+                error = exc
+            # A closed loop raises: nobody waits for the answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_deliver, future, value, error)
+            del loop, future, read, value, error
+
+
+_POINT_THREADS = _PointThreads(min(32, (os.cpu_count() or 1) + 4))
 
 
 class _Stop:
@@ -150,7 +234,12 @@ class Scans:
         read: Callable[[Callable[[ReadView], T]], T] = store.read
         if point and self._reads_points:
             read = cast(ReadsPoints, store).read_point
-        work = asyncio.get_running_loop().run_in_executor(None, context.run, read, run)
+        work: asyncio.Future[T]
+        if point:
+            work = _POINT_THREADS.submit(functools.partial(context.run, read, run))
+        else:
+            loop = asyncio.get_running_loop()
+            work = loop.run_in_executor(None, context.run, read, run)
         self._running[work] = stop
         work.add_done_callback(self._ended)
         return work, stop

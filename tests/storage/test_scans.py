@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -281,6 +282,53 @@ def test_a_point_read_of_a_store_whose_reads_may_wait_runs_on_a_thread(
         await _until_idle(scans)
 
     asyncio.run(scenario())
+
+
+def test_a_point_reads_error_reaches_its_caller(waiting: LmdbStore) -> None:
+    """What a read on a point thread raises is its caller's, the thread goes
+    on serving; StopIteration, which a future cannot hold, arrives as a
+    RuntimeError rather than leaving its caller waiting."""
+
+    def fails(error: Exception) -> Callable[[ReadView], None]:
+        def read(_: ReadView) -> None:
+            raise error
+
+        return read
+
+    async def scenario() -> None:
+        scans = Scans(waiting)
+        with pytest.raises(KeyError, match="gone"):
+            await scans.point_read(fails(KeyError("gone")))
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await asyncio.wait_for(scans.point_read(fails(StopIteration())), WAIT)
+        assert await scans.point_read(lambda v: v.get(Table.CHECKPOINTS, b"row-001"))
+        await _until_idle(scans)
+
+    asyncio.run(scenario())
+
+
+def test_a_forked_child_serves_point_reads_on_threads_of_its_own(
+    waiting: LmdbStore, tmp_path: Path
+) -> None:
+    """A child forked after the parent's point threads started has none of
+    them: its first point read starts its own, rather than waiting forever."""
+
+    async def one(s: LmdbStore) -> bytes | None:
+        return await Scans(s).point_read(lambda v: v.get(Table.META, b"k"))
+
+    asyncio.run(one(waiting))
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's outcome is its exit code
+        code = 1
+        try:
+            fresh = WaitingLmdbStore(tmp_path / "child", LmdbOptions(sync=False))
+            fresh.submit(lambda view: view.put(Table.META, b"k", b"c")).result()
+            value = asyncio.run(asyncio.wait_for(one(fresh), WAIT))
+            code = 0 if value == b"c" else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_cancelled_point_read_stops_at_its_next_key_and_close_waits_for_it(
