@@ -39,6 +39,7 @@ from typing import Any, TypeVar, cast
 
 from sidecar.errors import ShuttingDown
 from sidecar.storage.api import ReadsPoints, ReadView, Store, Table
+from sidecar.storage.handoff import deliver
 
 T = TypeVar("T")
 
@@ -51,21 +52,6 @@ DEFAULT_LIMIT = 2
 # A read handed to a point thread: the loop that awaits it, its future there,
 # and the read.
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
-
-
-def _deliver(
-    future: asyncio.Future[Any], value: Any, error: BaseException | None
-) -> None:
-    """On the loop: `future`'s outcome, unless its waiter is gone."""
-    if future.cancelled():
-        return
-    if error is None:
-        future.set_result(value)
-    elif isinstance(error, StopIteration):
-        # A future cannot hold StopIteration (it would end a coroutine).
-        future.set_exception(RuntimeError(f"a read raised {error!r}"))
-    else:
-        future.set_exception(error)
 
 
 class _PointThreads:
@@ -119,7 +105,7 @@ class _PointThreads:
                 error = exc
             # A closed loop raises: nobody waits for the answer.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_deliver, future, value, error)
+                loop.call_soon_threadsafe(deliver, future, value, error)
             del loop, future, read, value, error
 
 

@@ -6,7 +6,7 @@ request is answered comes after its write is durable or undone.
 
 The writer is held by the test (a write function that waits for an event),
 so the order of events is the test's, never a timing's. The negative
-control awaits the queued write as before (`asyncio.wrap_future`): its
+control awaits the queued write's outcome without that wait: its
 cancellation returns while the transaction still runs, and the test
 catches the write committing after the answer."""
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -112,13 +111,13 @@ def test_awaiting_a_queued_write_as_before_is_caught(
     """Negative control: the cancellation returns at once, while the write
     it cancelled still runs, and commits after."""
 
-    def as_before(future: Future[Any]) -> Coroutine[Any, Any, Any]:
+    def as_before(handoff: pg_store._Handoff[Any]) -> Coroutine[Any, Any, Any]:
         async def awaited() -> Any:
-            return await asyncio.wrap_future(future)
+            return await handoff.future
 
         return awaited()
 
-    awaiting: Callable[[Future[Any]], Coroutine[Any, Any, Any]] = as_before
+    awaiting: Callable[[pg_store._Handoff[Any]], Coroutine[Any, Any, Any]] = as_before
     monkeypatch.setattr(pg_store, "_awaited", awaiting)
     early, _ = _cancelled_while_running(store)
     assert early

@@ -63,6 +63,7 @@ COMMIT it settles are one path, read together.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -73,7 +74,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -82,6 +83,7 @@ from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point
 from sidecar.storage import calls, records, usage
 from sidecar.storage.api import CallWrite, ReadView, WriteView
+from sidecar.storage.handoff import deliver
 from sidecar.storage.postgres import connecting
 from sidecar.storage.postgres import schema as pg_schema
 from sidecar.storage.postgres.faults import (
@@ -122,8 +124,59 @@ log = logging.getLogger(__name__)
 _Conn = psycopg.Connection[tuple[object, ...]]
 
 
-_Item = tuple[Callable[[WriteView], Any], "Future[Any]"]
-_Outcome = tuple["Future[Any]", Any, BaseException | None]
+class _Handoff(Generic[T]):
+    """A queued write's outcome, handed by its writer thread to the loop
+    that awaits it (`write`, `save_call`): the part of a concurrent
+    `Future` the writers use, delivering into an asyncio future with
+    `call_soon_threadsafe`. `asyncio.wrap_future` of a concurrent Future
+    costs a condition and two chained futures per write.
+
+    Cancelled (`cancel`, on the loop) before a writer took it, the write
+    never runs; once taken, `cancel` fails and the outcome is delivered
+    when its transaction ended (`_awaited`)."""
+
+    __slots__ = ("_cancelled", "_lock", "_loop", "_taken", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._taken = False
+        self._cancelled = False
+        self.future: asyncio.Future[T] = loop.create_future()
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """A writer takes it: False when it was cancelled before."""
+        with self._lock:
+            if self._cancelled:
+                return False
+            self._taken = True
+            return True
+
+    def cancel(self) -> bool:
+        """On the loop: whether the write was stopped before it ran."""
+        with self._lock:
+            if self._taken:
+                return False
+            self._cancelled = True
+            return True
+
+    def set_result(self, value: T) -> None:
+        self._deliver(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._deliver(None, error)
+
+    def _deliver(self, value: T | None, error: BaseException | None) -> None:
+        # A closed loop raises: nobody waits for the answer.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(deliver, self.future, value, error)
+
+
+# Where a write's outcome goes: a concurrent Future (`submit`), or a
+# `_Handoff` to an awaiting loop.
+_Outcomes = Future[Any] | _Handoff[Any]
+_Item = tuple[Callable[[WriteView], Any], _Outcomes]
+_Outcome = tuple[_Outcomes, Any, BaseException | None]
 _STOP = object()
 
 
@@ -132,17 +185,17 @@ def _fail(batch: list[_Item], message: str, *, applied: bool) -> None:
         future.set_exception(unavailable(message, applied=applied))
 
 
-async def _awaited(future: Future[T]) -> T:
+async def _awaited(handoff: _Handoff[T]) -> T:
     """The value of a queued write. Cancelled (a request's deadline) before
     its transaction began, the write never runs; after, the cancellation
     waits for the transaction's end, so that a request is never answered
     while its write may still commit: whatever its answer, it comes after
     the write is durable or undone."""
-    waiting = asyncio.wrap_future(future)
+    waiting = handoff.future
     try:
         return await asyncio.shield(waiting)
     except asyncio.CancelledError:
-        if not future.cancel():
+        if not handoff.cancel():
             # Running (or done): its commit is waited for, its outcome
             # dropped with the request it answered.
             await asyncio.wait([waiting])
@@ -391,11 +444,19 @@ class PostgresStore:
     # -- writes -----------------------------------------------------------
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
-        return self._queued(usage.counted(fn))
-
-    def _queued(self, fn: Callable[[WriteView], T]) -> Future[T]:
-        """Queues `fn` (usage counted already) for the writers."""
         future: Future[T] = Future()
+        self._queued(usage.counted(fn), future)
+        return future
+
+    def _handed(self, fn: Callable[[WriteView], T]) -> _Handoff[T]:
+        """Queues `fn` (usage counted already), its outcome handed to the
+        running loop."""
+        handoff: _Handoff[T] = _Handoff(asyncio.get_running_loop())
+        self._queued(fn, handoff)
+        return handoff
+
+    def _queued(self, fn: Callable[[WriteView], T], future: _Outcomes) -> None:
+        """Queues `fn` (usage counted already) for the writers."""
         with self._closing:
             if self._closed:
                 future.set_exception(ShuttingDown("the store is closed"))
@@ -404,13 +465,12 @@ class PostgresStore:
                 self._queue.put(
                     (fn if failpoints is None else failpoints.tag(fn), future)
                 )
-        return future
 
     async def write(self, fn: Callable[[WriteView], T]) -> T:
         """`submit`, awaited: always through the writer threads, since a
         transaction on PostgreSQL is network round trips the event loop
         must not wait for (`_awaited`)."""
-        return await _awaited(self.submit(fn))
+        return await _awaited(self._handed(usage.counted(fn)))
 
     async def save_call(self, write: CallWrite) -> None:
         """The compare-and-swap of one record (`storage.calls`), as a write
@@ -418,7 +478,7 @@ class PostgresStore:
         save = usage.counted(functools.partial(calls.compare_and_save, write=write))
         if write.old is None and self.locking:
             save = _NewCall(records.call_key(write.new.ref), save)
-        await _awaited(self._queued(save))
+        await _awaited(self._handed(save))
 
     def _run(self) -> None:
         """A writer thread: what is queued, up to `max_batch`, goes into one
