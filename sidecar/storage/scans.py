@@ -28,7 +28,6 @@ scan's is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import os
@@ -39,7 +38,7 @@ from typing import Any, TypeVar, cast
 
 from sidecar.errors import ShuttingDown
 from sidecar.storage.api import ReadsPoints, ReadView, Store, Table
-from sidecar.storage.handoff import deliver
+from sidecar.storage.handoff import hand_back
 
 T = TypeVar("T")
 
@@ -103,9 +102,7 @@ class _PointThreads:
                 value = read()
             except BaseException as exc:  # the caller's to see
                 error = exc
-            # A closed loop raises: nobody waits for the answer.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(deliver, future, value, error)
+            hand_back(loop, future, value, error)
             del loop, future, read, value, error
 
 

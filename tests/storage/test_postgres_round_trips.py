@@ -41,10 +41,10 @@ from sidecar.services.ledger import LedgerService
 from sidecar.storage.api import Table
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
-from sidecar.storage.postgres.views import PgReadView, PgWriteView
+from sidecar.storage.postgres.views import PgReadView, PgWriteView, StoreConnection
 from tests.services.support import spec
 
-_Conn = psycopg.Connection[tuple[object, ...]]
+_Conn = StoreConnection
 # Runs enough for psycopg to have prepared every statement of the path
 # (after five runs): preparing one takes a round trip of its own.
 WARM = 8

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import LiteralString
+from typing import LiteralString, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -23,6 +23,8 @@ from sidecar.errors import StorageUnavailable
 
 log = logging.getLogger(__name__)
 _Conn = psycopg.Connection[tuple[object, ...]]
+# A pool's connection class (the store's pools make `views.StoreConnection`).
+C = TypeVar("C", bound=_Conn)
 
 MAY_HAVE_BEEN_APPLIED = "mayHaveBeenApplied"
 # Aborted by the database for another transaction: run the function again.
@@ -90,7 +92,7 @@ def before_commit(exc: psycopg.Error) -> Exception:
     return Failed(f"a PostgreSQL write failed: {exc}", applied=False)
 
 
-def getconn(pool: ConnectionPool[_Conn], timeout: float) -> _Conn:
+def getconn(pool: ConnectionPool[C], timeout: float) -> C:
     """A connection of `pool` within `timeout` seconds, asked for again every
     ASK_SECONDS: a pool that stopped trying to reconnect (after
     `reconnect_seconds`) starts again only when asked, so a writer that began
@@ -129,7 +131,7 @@ def xact_of(row: tuple[object, ...] | None) -> Xact:
     return Xact(str(xid), started)
 
 
-def xact_status(pool: ConnectionPool[_Conn], xact: Xact) -> str | None:
+def xact_status(pool: ConnectionPool[C], xact: Xact) -> str | None:
     """'committed' or 'aborted': what became of the transaction `xact`,
     asked on a connection of `pool`; None when it cannot be learnt (a
     backend still committing is waited for, a bounded while). A pooled

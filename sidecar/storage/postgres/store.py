@@ -63,7 +63,6 @@ COMMIT it settles are one path, read together.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -83,7 +82,7 @@ from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point
 from sidecar.storage import calls, records, usage
 from sidecar.storage.api import CallWrite, ReadView, WriteView
-from sidecar.storage.handoff import deliver
+from sidecar.storage.handoff import hand_back
 from sidecar.storage.postgres import connecting
 from sidecar.storage.postgres import schema as pg_schema
 from sidecar.storage.postgres.faults import (
@@ -121,7 +120,7 @@ _JITTER = random.SystemRandom()
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-_Conn = psycopg.Connection[tuple[object, ...]]
+_Conn = StoreConnection
 
 
 class _Handoff(Generic[T]):
@@ -161,15 +160,10 @@ class _Handoff(Generic[T]):
             return True
 
     def set_result(self, value: T) -> None:
-        self._deliver(value, None)
+        hand_back(self._loop, self.future, value, None)
 
     def set_exception(self, error: BaseException) -> None:
-        self._deliver(None, error)
-
-    def _deliver(self, value: T | None, error: BaseException | None) -> None:
-        # A closed loop raises: nobody waits for the answer.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(deliver, self.future, value, error)
+        hand_back(self._loop, self.future, None, error)
 
 
 # Where a write's outcome goes: a concurrent Future (`submit`), or a

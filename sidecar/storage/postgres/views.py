@@ -62,8 +62,6 @@ USAGE_LOCK_SHARD = -1
 # other transaction that reads one. "effectdR" in ASCII.
 REGISTRATIONS_LOCK = 0x65_66_66_65_63_74_64_52
 
-_Conn = psycopg.Connection[tuple[object, ...]]
-
 
 class StoreConnection(psycopg.Connection[tuple[object, ...]]):
     """A connection of the store's pools, whose statements share one cursor:
@@ -83,6 +81,7 @@ class StoreConnection(psycopg.Connection[tuple[object, ...]]):
         return cursor.execute(query, params)
 
 
+_Conn = StoreConnection
 # A statement and its parameters.
 Statement = tuple[LiteralString, tuple[object, ...]]
 # What opens a write transaction on a connection in autocommit mode (the
@@ -225,9 +224,7 @@ class PgReadView:
         conn, opening = self._conn, self._opening
         try:
             if not opening:
-                if isinstance(conn, StoreConnection):
-                    return conn.statement(query, params)
-                return conn.execute(query, params)
+                return conn.statement(query, params)
             with conn.pipeline():
                 for statement, values in opening:
                     conn.execute(statement, values)
