@@ -43,7 +43,9 @@ class Point(enum.Enum):
     LMDB_AFTER_COMMIT = "lmdb.after_commit"
     PG_BEFORE_APPLY = "pg.before_apply"
     PG_MID_BATCH = "pg.mid_batch"
-    # Every request applied and flushed; COMMIT not yet sent.
+    # Every request applied and flushed; COMMIT not yet sent. A call's save
+    # alone in its batch, one statement committed on its own, reaches this
+    # point and PG_BEFORE_APPLY before it is sent.
     PG_BEFORE_COMMIT = "pg.before_commit"
     # COMMIT returned; no request answered yet.
     PG_AFTER_COMMIT = "pg.after_commit"

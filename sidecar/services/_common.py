@@ -84,10 +84,11 @@ async def decided(
 
     `writes`: the rule changes the record on nearly every request (a start,
     a commit, a heartbeat). On a store whose reads wait (`Store.reads_wait`:
-    each read a round trip), it is decided in the write transaction itself
-    (`in_write`), which spares the read before it; a repeat that changes
-    nothing then costs a transaction that writes nothing."""
-    if writes and store.reads_wait:
+    each read a round trip) and whose saves are transactions of their own
+    (not `Store.saves_by_statement`), it is decided in the write transaction
+    itself (`in_write`), which spares the read before it; a repeat that
+    changes nothing then costs a transaction that writes nothing."""
+    if writes and store.reads_wait and not store.saves_by_statement:
         return await in_write(store, decide)
     for _ in range(MAX_RACES):
         decision = await scans.point_read(decide)

@@ -143,6 +143,14 @@ class Store(Protocol):
         memory-mapped pages, cheaper inline than a hop to a thread."""
         ...
 
+    @property
+    def saves_by_statement(self) -> bool:
+        """True when `save_call` is a statement a database server runs on
+        its own (PostgreSQL, `storage.postgres.call_saves`): a change decided
+        on a point read, then saved, then costs two round trips, where
+        deciding it in a write transaction costs three."""
+        ...
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         """Runs `fn` on a consistent snapshot; never waits for writers."""
         ...

@@ -1,7 +1,11 @@
 """A daemon on the shared store whose database fails under a request: the
 RPC answers UNAVAILABLE / STORAGE_UNAVAILABLE with ErrorInfo metadata
 `mayHaveBeenApplied` saying whether the request may have been applied, and
-the daemon serves the next request once the database is back."""
+the daemon serves the next request once the database is back.
+
+The answer lost is that of the statement that commits the call: a save
+alone in its writer's batch is one statement committed on its own
+(`storage.postgres.call_saves`), whose document names the call."""
 
 from __future__ import annotations
 
@@ -60,6 +64,12 @@ def through_proxy(
             yield running, proxy
 
 
+def _saving(call_id: str) -> bytes:
+    """What only the statement that saves the call sends: its document's
+    identity, ending with the call's id."""
+    return f'"{call_id}"]'.encode()
+
+
 def test_a_lost_commit_answers_unavailable_may_have_been_applied(
     through_proxy: tuple[RunningDaemon, CommitCutter], pg_database: str
 ) -> None:
@@ -74,8 +84,8 @@ def test_a_lost_commit_answers_unavailable_may_have_been_applied(
         postgres.terminate("effectd/reads", pg_database)
 
     proxy.on_cut = unreachable
-    proxy.arm()
     call = prepare_request(call_id=f"c-{secrets.token_hex(4)}", start=True)
+    proxy.arm(_saving(call.ref.call_id))
     with grpc.insecure_channel(daemon.target) as channel:
         stub = ToolLedgerStub(channel)
         got = expect_refusal(
@@ -105,8 +115,8 @@ def test_the_client_sees_an_unknown_commit_as_unknown(
         postgres.terminate("effectd/reads", pg_database)
 
     proxy.on_cut = unreachable
-    proxy.arm()
     call_id = f"c-{secrets.token_hex(4)}"
+    proxy.arm(_saving(call_id))
     with (
         Client(daemon.target, session=session) as client,
         pytest.raises(EffectdError) as raised,
@@ -123,8 +133,8 @@ def test_a_lost_commit_that_committed_answers_execute_once(
     """The COMMIT's answer is lost but the database is still there: the
     daemon learns it committed and answers EXECUTE; a repeat is IN_PROGRESS."""
     daemon, proxy = through_proxy
-    proxy.arm()
     call = prepare_request(call_id=f"c-{secrets.token_hex(4)}", start=True)
+    proxy.arm(_saving(call.ref.call_id))
     with grpc.insecure_channel(daemon.target) as channel:
         stub = ToolLedgerStub(channel)
         first = stub.PrepareTool(call, timeout=60)

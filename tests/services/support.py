@@ -54,6 +54,10 @@ class ReloadBeforeWrite:
     def reads_wait(self) -> bool:
         return self._inner.reads_wait
 
+    @property
+    def saves_by_statement(self) -> bool:
+        return self._inner.saves_by_statement
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         if self.reload is not None and self._reads:
             self.reload()

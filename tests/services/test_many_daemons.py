@@ -68,6 +68,7 @@ class SharedIdentity:
 
     exclusive = False
     reads_wait = False
+    saves_by_statement = False
 
     def __init__(self, inner: LmdbStore) -> None:
         self._inner = inner
@@ -113,6 +114,10 @@ class JudgedExclusive:
     @property
     def reads_wait(self) -> bool:
         return self._inner.reads_wait
+
+    @property
+    def saves_by_statement(self) -> bool:
+        return self._inner.saves_by_statement
 
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self._inner.read(fn)

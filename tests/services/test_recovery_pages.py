@@ -74,6 +74,10 @@ class _Watched:
     def reads_wait(self) -> bool:
         return self._inner.reads_wait
 
+    @property
+    def saves_by_statement(self) -> bool:
+        return self._inner.saves_by_statement
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self._inner.read(fn)
 

@@ -3,21 +3,23 @@ protocol itself (libpq's trace of every connection of the store): a round
 trip is a run of messages the daemon sends, ended by the server's answer.
 
 A first execution (PrepareTool with start, then CommitTool, a quota on) is
-7 round trips, 2 of them COMMITs:
+4 round trips and 2 commits, each save one statement committed on its own
+(`storage.postgres.call_saves`):
 
-- PrepareTool: the point read that finds no call (1); its write
-  transaction's BEGIN sent with its first statement, the quota check (1);
-  the writes in one statement (1), the new call's row not read again, since
-  the read before found it absent (`store._NewCall`); COMMIT (1).
-- CommitTool, decided in its write transaction on the row it locks, with no
-  read before it (`services._common.in_write`): BEGIN with that read (1),
-  the writes (1), COMMIT (1).
+- PrepareTool: the point read that finds no call (1); the new call's row
+  inserted, and its growth added to the namespace's lock row within the
+  quota, in one statement (1).
+- CommitTool: the point read of the call (1); its compare-and-swap, an
+  UPDATE on the revision read, with the change of the counters (1).
 
 Each cut is caught when it is undone (the negative controls): CommitTool
-decided on a read first, or the new call's row read again, each add a
-round trip; each BEGIN sent on its own adds two. Only the services and the
-store run: no background pass of a daemon sends a statement between the
-counts."""
+decided in a write transaction, or each save a transaction of its own
+through the key-value views (as before the saves were statements). The
+second is the path a batch of more than saves takes, whose own cuts are
+held too: a new call's row read again in its transaction adds a round
+trip, each BEGIN sent on its own two. A batch of saves alone is one
+transaction of their statements. Only the services and the store run: no
+background pass of a daemon sends a statement between the counts."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, Step
 from sidecar.ledger.validation import Limits
-from sidecar.services._common import decided
+from sidecar.services._common import in_write
 from sidecar.services.ledger import LedgerService
 from sidecar.storage.api import Table
 from sidecar.storage.postgres.options import PostgresOptions
@@ -57,6 +59,7 @@ class TracedStore(PostgresStore):
         self._traces = traces
         # Each connection, the descriptor its trace is written to, its file.
         self.traced: list[tuple[_Conn, int, Path]] = []
+        self._wire: dict[int, _Wire] = {}
         super().__init__(url, PostgresOptions(writers=1, readers=1))
 
     def _trace(self, conn: _Conn) -> None:
@@ -70,6 +73,11 @@ class TracedStore(PostgresStore):
         super()._configure_writer(conn)
         self._trace(conn)
 
+    def statements_off(self) -> None:
+        """Every save a write transaction through the views, as behind a
+        transaction pooler."""
+        self._direct = False
+
     def _configure_points(self, conn: _Conn) -> None:
         super()._configure_points(conn)
         self._trace(conn)
@@ -79,7 +87,7 @@ class TracedStore(PostgresStore):
         self._trace(conn)
 
     def round_trips(self) -> tuple[int, int]:
-        """The round trips and COMMITs of every connection since the last
+        """The round trips and commits of every connection since the last
         count: each trace flushed (libpq writes it through a buffer), read,
         emptied and started again."""
         trips = commits = 0
@@ -87,17 +95,65 @@ class TracedStore(PostgresStore):
             conn.pgconn.untrace()
             text = path.read_text()
             os.ftruncate(fd, 0)
-            sent = False
-            for line in text.splitlines():
-                direction, _, message = line.partition("\t")
-                if direction == "F":
-                    sent = True
-                    commits += message.endswith('"COMMIT"')
-                elif direction == "B" and sent:
-                    trips += 1
-                    sent = False
+            counted = self._wire.setdefault(id(conn), _Wire()).count(text)
+            trips += counted[0]
+            commits += counted[1]
             conn.pgconn.trace(fd)
             conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        return trips, commits
+
+
+_WRITES = ("INSERT INTO", "UPDATE effectd", "DELETE FROM")
+
+
+class _Wire:
+    """One connection's trace, read message by message: a round trip is a
+    run of messages sent, ended by the server's answer; a commit is a
+    COMMIT, or a statement that writes sent outside a transaction (in
+    autocommit: committed on its own). Statements prepared by name are
+    known by the text they were prepared with."""
+
+    def __init__(self) -> None:
+        self.prepared: dict[str, str] = {}
+        self.idle = True
+        self.begun = False
+
+    def _commits(self, statement: str) -> int:
+        """The commits `statement`, sent now, makes."""
+        if statement.startswith("BEGIN"):
+            self.begun = True
+            return 0
+        if statement == "COMMIT":
+            return 1
+        outside = self.idle and not self.begun
+        return int(outside and any(w in statement for w in _WRITES))
+
+    def count(self, text: str) -> tuple[int, int]:
+        trips = commits = 0
+        sent = False
+        for line in text.splitlines():
+            direction, _, message = line.partition("\t")
+            kind = message.split("\t")[1] if message.count("\t") >= 1 else ""
+            quoted = message.split('"')
+            if direction == "F":
+                sent = True
+                statement = None
+                if kind == "Parse":
+                    self.prepared[quoted[1]] = quoted[3]
+                elif kind == "Bind":
+                    statement = self.prepared.get(quoted[3], "")
+                elif kind == "Query":
+                    statement = quoted[1]
+                if statement is not None:
+                    commits += self._commits(statement)
+            elif direction == "B":
+                if sent:
+                    trips += 1
+                    sent = False
+                if kind == "ReadyForQuery":
+                    self.idle = message.endswith("I")
+                    if self.idle:
+                        self.begun = False
         return trips, commits
 
 
@@ -141,37 +197,51 @@ def _phases(store: TracedStore, ledger: LedgerService) -> tuple[int, int]:
     return store.round_trips()
 
 
-def test_a_first_execution_is_seven_round_trips_and_two_commits(
+def test_a_first_execution_is_four_round_trips_and_two_commits(
     ledger_on: tuple[TracedStore, LedgerService],
 ) -> None:
     store, ledger = ledger_on
-    assert _phases(store, ledger) == (7, 2)
+    assert _phases(store, ledger) == (4, 2)
 
 
-def test_a_commit_decided_on_a_read_first_is_caught(
+def test_a_commit_decided_in_its_write_transaction_is_caught(
     ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Negative control: every mutation decided on a point read, then saved
-    by compare-and-swap (as on LMDB): CommitTool's read is one more."""
+    """Negative control: CommitTool decided in a write transaction, on the
+    row it locks: BEGIN with that read, the writes, COMMIT."""
     store, ledger = ledger_on
 
-    async def on_a_read(
+    async def in_its_write(
         self: LedgerService,
         ref: CallRef,
         rule: Callable[[ToolCall, Now, Policy], Step],
     ) -> Answer:
-        return await decided(store, self._scans, self._mutation(ref, rule))
+        return await in_write(store, self._mutation(ref, rule))
 
-    monkeypatch.setattr(LedgerService, "_changed", on_a_read)
-    assert _phases(store, ledger) == (8, 2)
+    monkeypatch.setattr(LedgerService, "_changed", in_its_write)
+    assert _phases(store, ledger) == (5, 2)
+
+
+def test_saves_in_transactions_of_their_own_are_caught(
+    ledger_on: tuple[TracedStore, LedgerService],
+) -> None:
+    """Negative control: every save a write transaction through the views
+    (the path of a batch that holds more than saves), CommitTool then
+    decided in it: PrepareTool's read, BEGIN with the quota check, the
+    writes, COMMIT; CommitTool's BEGIN with its locked read, the writes,
+    COMMIT."""
+    store, ledger = ledger_on
+    store.statements_off()
+    assert _phases(store, ledger) == (7, 2)
 
 
 def test_a_new_call_read_again_in_its_write_is_caught(
     ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Negative control: the new call's row read again (`FOR UPDATE`) in the
-    write transaction that inserts it."""
+    """Negative control, in a transaction through the views: the new call's
+    row read again (`FOR UPDATE`) in the write transaction that inserts it."""
     store, ledger = ledger_on
+    store.statements_off()
     monkeypatch.setattr(PgWriteView, "assume_absent", lambda self, k: None)
     assert _phases(store, ledger) == (8, 2)
 
@@ -179,9 +249,11 @@ def test_a_new_call_read_again_in_its_write_is_caught(
 def test_a_begin_sent_on_its_own_is_caught(
     ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Negative control: what opens a write transaction sent before its
-    first statement, as a round trip of its own."""
+    """Negative control, in a transaction through the views: what opens a
+    write transaction sent before its first statement, as a round trip of
+    its own."""
     store, ledger = ledger_on
+    store.statements_off()
 
     def on_its_own(
         self: PgReadView, query: LiteralString, params: tuple[object, ...]

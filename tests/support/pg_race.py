@@ -84,6 +84,10 @@ class Racing:
     def reads_wait(self) -> bool:
         return self.inner.reads_wait
 
+    @property
+    def saves_by_statement(self) -> bool:
+        return self.inner.saves_by_statement
+
     def read(self, fn: Callable[[ReadView], T]) -> T:
         return self.inner.read(fn)
 

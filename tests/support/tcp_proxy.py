@@ -1,8 +1,9 @@
-"""A loopback TCP proxy in front of PostgreSQL that can lose a COMMIT's
-answer: armed, it passes the next COMMIT to the server, drops the server's
-reply and closes that connection, as a network or a server crash would
-after the commit happened. It can also refuse every new connection (the
-database unreachable)."""
+"""A loopback TCP proxy in front of PostgreSQL that can lose a commit's
+answer: armed, it passes the next COMMIT (or the next message holding the
+bytes it was armed with: a statement that commits on its own) to the
+server, drops the server's reply and closes that connection, as a network
+or a server crash would after the commit happened. It can also refuse
+every new connection (the database unreachable)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class CommitCutter:
         self._listener.settimeout(0.2)
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
-        self._armed = False
+        self._armed: bytes | None = None
         self.refusing = False
         # Called when a COMMIT's answer is dropped, before the connection
         # closes (e.g. to make the database unreachable at that moment).
@@ -34,15 +35,19 @@ class CommitCutter:
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
-    def arm(self) -> None:
-        """Loses the answer of the next COMMIT that goes through."""
+    def arm(self, holding: bytes = b"COMMIT\x00") -> None:
+        """Loses the answer of the next message that goes through holding
+        `holding`: by default the COMMIT statement, ended by its NUL (not
+        the BEGIN ISOLATION LEVEL READ COMMITTED of every transaction)."""
         with self._lock:
-            self._armed = True
+            self._armed = holding
 
-    def _take_arm(self) -> bool:
+    def _take_arm(self, data: bytes) -> bool:
         with self._lock:
-            armed, self._armed = self._armed, False
-            return armed
+            if self._armed is None or self._armed not in data:
+                return False
+            self._armed = None
+            return True
 
     def _accept(self) -> None:
         while not self._stopping.is_set():
@@ -85,9 +90,7 @@ class CommitCutter:
                     if self.on_cut is not None:
                         self.on_cut()
                     break
-                # The COMMIT statement, ended by its NUL: not the BEGIN
-                # ISOLATION LEVEL READ COMMITTED of every transaction.
-                if up and b"COMMIT\x00" in data and self._take_arm():
+                if up and self._take_arm(data):
                     cut.set()
                 dst.sendall(data)
         except OSError:

@@ -126,6 +126,7 @@ class LmdbStore:
 
     exclusive = True  # one daemon at a time: the data directory's lock
     reads_wait = False  # memory-mapped pages: read inline on the loop
+    saves_by_statement = False
 
     def __init__(self, path: Path, options: LmdbOptions | None = None) -> None:
         self.options = options or LmdbOptions()

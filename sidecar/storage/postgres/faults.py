@@ -123,6 +123,35 @@ class Xact:
     server_started: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """The server process a connection talks to: its id, when it started,
+    and when its server started (`views.StoreConnection.backend`,
+    `call_saves.settle`)."""
+
+    pid: int
+    started: datetime
+    server_started: datetime
+
+
+# The `Backend` of the connection that asks.
+BACKEND_QUERY: LiteralString = (
+    "SELECT pid, backend_start, pg_postmaster_start_time() FROM pg_stat_activity "
+    "WHERE pid = pg_backend_pid()"
+)
+
+
+def backend_of(row: tuple[object, ...] | None) -> Backend | None:
+    """The `Backend` of a row of `BACKEND_QUERY` (None: none found)."""
+    if row is None:
+        return None
+    pid, started, server_started = row
+    assert isinstance(pid, int), type(pid)
+    assert isinstance(started, datetime), type(started)
+    assert isinstance(server_started, datetime), type(server_started)
+    return Backend(pid, started, server_started)
+
+
 def xact_of(row: tuple[object, ...] | None) -> Xact:
     """The `Xact` of a row of id and start time."""
     assert row is not None

@@ -3,7 +3,14 @@
 A writer thread commits what is queued (a batch, as LMDB's writer does) in
 one READ COMMITTED transaction, and every compare-and-swap the rules make
 holds across daemons as under LMDB's single writer, by locks rather than by
-aborts (`sidecar.storage.postgres.views` does the locking):
+aborts (`sidecar.storage.postgres.views` does the locking).
+
+A call's save (`save_call`, without an audit entry: nearly every request's
+write) is one statement whose own conditions are the compare
+(`sidecar.storage.postgres.call_saves`): alone in its batch, committed on
+its own, with no BEGIN, no read before it and no COMMIT; a batch of saves
+alone is one transaction of their statements and one COMMIT. Any other
+batch runs every function through the views, saves too:
 
 - A row a write function decides on is read `FOR UPDATE`: a call row (its
   record, plan row and tombstone), a checkpoint, a registration, a pass
@@ -73,24 +80,27 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sidecar.errors import NotImplementedYet, ShuttingDown
-from sidecar.failpoints import Point
+from sidecar.failpoints import Point, Scoped
 from sidecar.storage import calls, records, usage
-from sidecar.storage.api import CallWrite, ReadView, WriteView
+from sidecar.storage.api import CallWrite, Conflict, ReadView, WriteView
 from sidecar.storage.handoff import hand_back
-from sidecar.storage.postgres import connecting
+from sidecar.storage.postgres import call_saves, connecting
 from sidecar.storage.postgres import schema as pg_schema
 from sidecar.storage.postgres.faults import (
+    BACKEND_QUERY,
     CONFLICTS,
     MAY_HAVE_BEEN_APPLIED,
     Again,
+    Backend,
     Failed,
     Xact,
+    backend_of,
     before_commit,
     connection_lost,
     getconn,
@@ -107,6 +117,7 @@ from sidecar.storage.postgres.views import (
     Alone,
     Batch,
     DatabaseFailed,
+    Params,
     PgReadView,
     PgWriteView,
     Statement,
@@ -174,6 +185,25 @@ _Outcome = tuple[_Outcomes, Any, BaseException | None]
 _STOP = object()
 
 
+_NO_CONNECTION = "no PostgreSQL connection for a write within {} s"
+
+
+def _first_row(conn: _Conn, opening: list[Statement] | None = None) -> call_saves.Run:
+    """What runs a statement on `conn` and returns its first row, raising
+    psycopg's error; the first one sent with `opening` (a transaction's
+    BEGIN), in one round trip."""
+    view = PgReadView(conn, opening=opening)
+
+    def run(query: LiteralString, params: Params) -> tuple[object, ...] | None:
+        try:
+            rows = view.rows(query, params)
+        except DatabaseFailed as failed:
+            raise failed.error from None
+        return rows[0] if rows else None
+
+    return run
+
+
 def _fail(batch: list[_Item], message: str, *, applied: bool) -> None:
     for _, future in batch:
         future.set_exception(unavailable(message, applied=applied))
@@ -221,6 +251,30 @@ class _NewCall:
         self._save(view)
 
 
+class _CallSave:
+    """A queued `save_call`: `write`, and the write function that applies
+    it in a batch (`calls.compare_and_save`, counted). Alone in its
+    writer's batch, it is one statement instead (`call_saves`)."""
+
+    __slots__ = ("apply", "write")
+
+    def __init__(self, write: CallWrite, apply: Callable[[WriteView], None]) -> None:
+        self.write = write
+        self.apply = apply
+
+    def __call__(self, view: WriteView) -> None:
+        self.apply(view)
+
+
+def _call_save(fn: Callable[[WriteView], Any]) -> _CallSave | None:
+    """The save `fn` queues, if it is one a statement can apply alone."""
+    if isinstance(fn, Scoped):
+        fn = fn.fn
+    if isinstance(fn, _CallSave) and call_saves.alone(fn.write):
+        return fn
+    return None
+
+
 class PostgresStore:
     """`api.Store` on the PostgreSQL database at `url` (schema created by
     `effectd migrate`; any other version is refused)."""
@@ -250,6 +304,11 @@ class PostgresStore:
         # The store opens each transaction itself, on connections in
         # autocommit mode (`_pool`): its BEGIN goes with its first statement
         # (`views.BEGIN`, `views.READ_BEGIN`), not as a round trip of its own.
+        # A call's save alone in its batch is one statement in autocommit
+        # (`call_saves`), but behind a transaction pooler, where a statement
+        # outside a transaction could not carry the store's settings, and in
+        # a test's store without row locks.
+        self._direct = self.locking and not target.per_transaction
         self._openings = {
             read_only: self._made_opening(read_only=read_only)
             for read_only in (False, True)
@@ -367,12 +426,18 @@ class PostgresStore:
 
     def _configure_writer(self, conn: _Conn) -> None:
         self._configure(conn, read_only=False)
+        if self._direct:
+            conn.backend = backend_of(conn.execute(BACKEND_QUERY).fetchone())
 
     def _configure_reader(self, conn: _Conn) -> None:
         self._configure(conn, read_only=True)
 
     def _configure_points(self, conn: _Conn) -> None:
         self._configure(conn, read_only=True)
+
+    @property
+    def saves_by_statement(self) -> bool:
+        return self._direct
 
     @property
     def incarnation(self) -> int:
@@ -472,7 +537,7 @@ class PostgresStore:
         save = usage.counted(functools.partial(calls.compare_and_save, write=write))
         if write.old is None and self.locking:
             save = _NewCall(records.call_key(write.new.ref), save)
-        await _awaited(self._handed(save))
+        await _awaited(self._handed(_CallSave(write, save)))
 
     def _run(self) -> None:
         """A writer thread: what is queued, up to `max_batch`, goes into one
@@ -493,8 +558,93 @@ class PostgresStore:
                     break
                 batch.append(item)  # type: ignore[arg-type]
             live = [(fn, f) for fn, f in batch if f.set_running_or_notify_cancel()]
+            if len(live) == 1 and self._direct:
+                save = _call_save(live[0][0])
+                if save is not None:
+                    self._save_alone(save, live[0])
+                    continue
             if live:
                 self._write(live)
+
+    def _save_alone(self, save: _CallSave, item: _Item) -> None:
+        """Applies a call's save, alone in its batch, by one statement
+        committed on its own (`call_saves`); a statement lost with its
+        connection is settled on another."""
+        future = item[1]
+        try:
+            conn = getconn(self._writes, self.options.pool_timeout)
+        except PoolTimeout:
+            _fail(
+                [item], _NO_CONNECTION.format(self.options.pool_timeout), applied=False
+            )
+            return
+        self._at(Point.PG_BEFORE_APPLY, [item])
+        self._at(Point.PG_BEFORE_COMMIT, [item])
+        started = time.perf_counter()
+        try:
+            call_saves.save(
+                _first_row(conn),
+                save.write,
+                self.options.summarize,
+                conn.info.backend_pid % USAGE_SHARDS,
+            )
+        except call_saves.Unanswered as failed:
+            broken = connection_lost(failed.error) or conn.broken
+            if broken:
+                # Its backend is ended next, if alive: the pool drops it.
+                conn.close()
+            self._writes.putconn(conn)
+            if isinstance(failed.error, CONFLICTS):
+                future.set_exception(Conflict(f"a concurrent write won: {failed}"))
+            elif broken:
+                self._settle(failed, conn.backend, item)
+            else:
+                log.error("PostgreSQL refused a write: %s", failed)
+                _fail([item], f"a PostgreSQL write failed: {failed}", applied=False)
+            return
+        except Exception as exc:  # refused: a lost compare, a quota
+            self._writes.putconn(conn)
+            future.set_exception(exc)
+            return
+        self._writes.putconn(conn)
+        self._at(Point.PG_AFTER_COMMIT, [item])
+        self._committed_now(1, time.perf_counter() - started)
+        future.set_result(None)
+
+    def _settle(
+        self, lost: call_saves.Unanswered, backend: Backend | None, item: _Item
+    ) -> None:
+        """Answers a save whose statement was lost with its connection, by
+        what `call_saves.settle` learns on a connection of the read pool."""
+        future = item[1]
+        try:
+            with self._reads.connection(timeout=self.options.pool_timeout) as conn:
+                call_saves.settle(conn, lost, backend)
+        except Failed as failed:
+            with self._stats_lock:
+                self.stats.commits_unknown += 1
+            _fail([item], failed.message, applied=failed.applied)
+            return
+        except (psycopg.Error, PoolTimeout) as exc:
+            with self._stats_lock:
+                self.stats.commits_unknown += 1
+            _fail(
+                [item],
+                f"PostgreSQL did not answer a write ({lost}), nor whether it "
+                f"committed ({exc}); the request may have been applied",
+                applied=True,
+            )
+            return
+        except Conflict as not_applied:  # decided again
+            with self._stats_lock:
+                self.stats.commits_resolved += 1
+            future.set_exception(not_applied)
+            return
+        with self._stats_lock:
+            self.stats.commits_resolved += 1
+        log.warning("a write was lost with its connection; it committed")
+        self._committed_now(1, 0.0)
+        future.set_result(None)
 
     def _write(self, batch: list[_Item], *, alone: bool = False) -> None:
         """Commits `batch`, trying again what may be; then runs each function
@@ -542,9 +692,7 @@ class PostgresStore:
             conn = getconn(self._writes, self.options.pool_timeout)
         except PoolTimeout:
             raise Failed(
-                "no PostgreSQL connection for a write within "
-                f"{self.options.pool_timeout} s",
-                applied=False,
+                _NO_CONNECTION.format(self.options.pool_timeout), applied=False
             ) from None
         try:
             if alone:
@@ -556,35 +704,17 @@ class PostgresStore:
     def _transaction(
         self, conn: _Conn, batch: list[_Item], *, alone: bool = False
     ) -> list[_Outcome]:
-        """Runs each function of `batch` in turn in one transaction, each on
-        its own view: one that raises leaves no writes (its view is never
-        flushed) and does not affect the others, which see the writes of
-        those before them. Commits; returns the outcomes, in order (`Alone`:
-        the function is put off). `alone`: the transaction holds the
-        registrations' lock exclusively from its first statement."""
-        outcomes: list[_Outcome] = []
-        written = Batch(locking=self.locking, alone=alone, opening=self._opening())
+        """Runs each function of `batch` in turn in one transaction
+        (`_applied`, or `_saved` for a batch of call saves alone), commits,
+        and returns the outcomes, in order (`Alone`: the function is put
+        off). `alone`: the transaction holds the registrations' lock
+        exclusively from its first statement."""
+        saves = [_call_save(fn) for fn, _ in batch] if self._direct else []
         try:
-            if alone and self.locking:
-                PgReadView(conn, opening=written.opening).run(
-                    "SELECT pg_advisory_xact_lock(%s)", (REGISTRATIONS_LOCK,)
-                )
-            self._at(Point.PG_BEFORE_APPLY, batch)
-            for index, (fn, future) in enumerate(batch):
-                if index:
-                    self._at(Point.PG_MID_BATCH, batch)
-                view = self.write_view(conn, written, self.options.summarize)
-                try:
-                    value = fn(view)
-                except Exception as exc:  # the request is refused, others go on
-                    outcomes.append((future, None, exc))
-                    continue
-                except Alone as put_off:  # run again after, alone
-                    outcomes.append((future, None, put_off))
-                    continue
-                view.done()
-                outcomes.append((future, value, None))
-            xact = written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
+            if not alone and saves and all(saves):
+                outcomes, xact = self._saved(conn, batch, saves)  # type: ignore[arg-type]
+            else:
+                outcomes, xact = self._applied(conn, batch, alone=alone)
         except DatabaseFailed as failed:
             rollback(conn)
             raise before_commit(failed.error) from None
@@ -597,6 +727,62 @@ class PostgresStore:
         self._at(Point.PG_BEFORE_COMMIT, batch)
         self._commit(conn, batch, xact)
         return outcomes
+
+    def _applied(
+        self, conn: _Conn, batch: list[_Item], *, alone: bool
+    ) -> tuple[list[_Outcome], Xact | None]:
+        """Each function of `batch` run in turn, each on its own view: one
+        that raises leaves no writes (its view is never flushed) and does not
+        affect the others, which see the writes of those before them; the
+        writes flushed. The outcomes, and the transaction's id."""
+        outcomes: list[_Outcome] = []
+        written = Batch(locking=self.locking, alone=alone, opening=self._opening())
+        if alone and self.locking:
+            PgReadView(conn, opening=written.opening).run(
+                "SELECT pg_advisory_xact_lock(%s)", (REGISTRATIONS_LOCK,)
+            )
+        self._at(Point.PG_BEFORE_APPLY, batch)
+        for index, (fn, future) in enumerate(batch):
+            if index:
+                self._at(Point.PG_MID_BATCH, batch)
+            view = self.write_view(conn, written, self.options.summarize)
+            try:
+                value = fn(view)
+            except Exception as exc:  # the request is refused, others go on
+                outcomes.append((future, None, exc))
+                continue
+            except Alone as put_off:  # run again after, alone
+                outcomes.append((future, None, put_off))
+                continue
+            view.done()
+            outcomes.append((future, value, None))
+        return outcomes, written.flush(conn, conn.info.backend_pid % USAGE_SHARDS)
+
+    def _saved(
+        self, conn: _Conn, batch: list[_Item], saves: list[_CallSave]
+    ) -> tuple[list[_Outcome], Xact | None]:
+        """A batch of call saves alone, each one statement (`call_saves`):
+        one whose compare is lost, or which a quota refuses, writes nothing
+        and leaves the others be; a statement that fails fails the
+        transaction (run again, or answered, as any batch's)."""
+        outcomes: list[_Outcome] = []
+        run = _first_row(conn, self._opening())
+        shard = conn.info.backend_pid % USAGE_SHARDS
+        xact: Xact | None = None
+        self._at(Point.PG_BEFORE_APPLY, batch)
+        for index, ((_, future), save) in enumerate(zip(batch, saves, strict=True)):
+            if index:
+                self._at(Point.PG_MID_BATCH, batch)
+            try:
+                wrote = call_saves.save(run, save.write, self.options.summarize, shard)
+            except call_saves.Unanswered as failed:
+                raise failed.error from None
+            except Exception as exc:  # the request is refused, others go on
+                outcomes.append((future, None, exc))
+                continue
+            xact = xact or wrote
+            outcomes.append((future, None, None))
+        return outcomes, xact
 
     def _commit(self, conn: _Conn, batch: list[_Item], xact: Xact | None) -> None:
         """COMMITs the transaction `xact` (None: it wrote nothing).

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import LiteralString
 
@@ -49,7 +49,7 @@ from sidecar.storage.api import Table
 from sidecar.storage.keys import check_key
 from sidecar.storage.plan_rows import Summarize
 from sidecar.storage.postgres import tables
-from sidecar.storage.postgres.faults import Xact, xact_of
+from sidecar.storage.postgres.faults import Backend, Xact, xact_of
 
 # Counter rows per namespace: each connection adds to the row of its
 # backend's process id modulo this.
@@ -63,6 +63,10 @@ USAGE_LOCK_SHARD = -1
 REGISTRATIONS_LOCK = 0x65_66_66_65_63_74_64_52
 
 
+# A statement's parameters: by position, or by name.
+Params = tuple[object, ...] | Mapping[str, object]
+
+
 class StoreConnection(psycopg.Connection[tuple[object, ...]]):
     """A connection of the store's pools, whose statements share one cursor:
     psycopg's `execute` makes a cursor each time (an adapters map, a
@@ -70,9 +74,13 @@ class StoreConnection(psycopg.Connection[tuple[object, ...]]):
     reads each statement's rows before it sends the next."""
 
     _statements: psycopg.Cursor[tuple[object, ...]] | None = None
+    # The server process it talks to, learnt when a write pool made it
+    # (`PostgresStore`): a save lost with it is settled by ending that
+    # process (`call_saves.settle`). None: not learnt.
+    backend: Backend | None = None
 
     def statement(
-        self, query: LiteralString, params: tuple[object, ...]
+        self, query: LiteralString, params: Params
     ) -> psycopg.Cursor[tuple[object, ...]]:
         """`query` run on the connection's cursor."""
         cursor = self._statements
@@ -216,7 +224,7 @@ class PgReadView:
         self._opening = opening
 
     def _cursor(
-        self, query: LiteralString, params: tuple[object, ...]
+        self, query: LiteralString, params: Params
     ) -> psycopg.Cursor[tuple[object, ...]]:
         """`query` run. The transaction's first statement is sent with what
         opens it (`BEGIN`, and a pooler's settings), in one round trip: one
@@ -234,9 +242,7 @@ class PgReadView:
         except psycopg.Error as exc:
             raise DatabaseFailed(exc) from exc
 
-    def _rows(
-        self, query: LiteralString, params: tuple[object, ...]
-    ) -> list[tuple[object, ...]]:
+    def _rows(self, query: LiteralString, params: Params) -> list[tuple[object, ...]]:
         cursor = self._cursor(query, params)
         try:
             return cursor.fetchall()
@@ -248,9 +254,7 @@ class PgReadView:
         """Whether the rows this view reads are locked until the commit."""
         return self._lock
 
-    def rows(
-        self, query: LiteralString, params: tuple[object, ...]
-    ) -> list[tuple[object, ...]]:
+    def rows(self, query: LiteralString, params: Params) -> list[tuple[object, ...]]:
         """The rows of `query`."""
         return self._rows(query, params)
 
