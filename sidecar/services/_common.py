@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from sidecar.clock import Clock
 from sidecar.errors import EffectdError, StorageUnavailable
+from sidecar.ledger.model import ToolCall
 from sidecar.ledger.rules import Answer, Now
 from sidecar.storage import calls
 from sidecar.storage.api import CallWrite, Conflict, ReadView, Store, WriteView
@@ -75,6 +76,7 @@ async def decided(
     decide: Callable[[ReadView], Decided],
     *,
     writes: bool = False,
+    saved: Callable[[ToolCall], None] | None = None,
 ) -> Answer:
     """`decide` on a snapshot (`Scans.point_read`), then its record saved by
     compare-and-swap (`Store.save_call`), durably, before the reply, which is
@@ -87,7 +89,9 @@ async def decided(
     each read a round trip) and whose saves are transactions of their own
     (not `Store.saves_by_statement`), it is decided in the write transaction
     itself (`in_write`), which spares the read before it; a repeat that
-    changes nothing then costs a transaction that writes nothing."""
+    changes nothing then costs a transaction that writes nothing.
+
+    `saved` is told each record saved (not one saved in a write transaction)."""
     if writes and store.reads_wait and not store.saves_by_statement:
         return await in_write(store, decide)
     for _ in range(MAX_RACES):
@@ -97,6 +101,8 @@ async def decided(
                 await store.save_call(decision.write)
             except Conflict:
                 continue
+            if saved is not None:
+                saved(decision.write.new)
         if isinstance(decision.reply, EffectdError):
             raise decision.reply
         return decision.reply

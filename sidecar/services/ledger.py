@@ -19,7 +19,7 @@ and committing is what frees a namespace's open-call quota.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
@@ -37,8 +37,65 @@ from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import Decided, committed, decided, moment
 from sidecar.storage import calls, records, tombstones, usage
-from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
+from sidecar.storage.api import (
+    CallWrite,
+    Conflict,
+    ReadView,
+    Store,
+    Table,
+    WriteView,
+)
 from sidecar.storage.scans import Scans
+
+# Records `RecentCalls` keeps: the calls in flight at one daemon.
+RECENT_CALLS = 4096
+
+
+class RecentCalls:
+    """The records this daemon saved last, by call, at most `size` (the
+    oldest forgotten first): what the next step of a call in flight (a
+    commit after its start, a heartbeat) is decided on without reading it
+    again. Never an answer by itself: a decision on one is saved by
+    compare-and-swap, which fails when another write came between."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._calls: dict[CallRef, ToolCall] = {}
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def get(self, ref: CallRef) -> ToolCall | None:
+        return self._calls.get(ref)
+
+    def remember(self, call: ToolCall) -> None:
+        calls = self._calls
+        calls.pop(call.ref, None)
+        calls[call.ref] = call
+        if len(calls) > self._size:
+            del calls[next(iter(calls))]
+
+    def forget(self, ref: CallRef) -> None:
+        self._calls.pop(ref, None)
+
+
+class _Unread(Exception):
+    """A rule decided on a remembered record read the store."""
+
+
+class _NoReads:
+    """The view of a decision on a remembered record: nothing to read."""
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        raise _Unread(table)
+
+    def scan(
+        self, table: Table, prefix: bytes, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        raise _Unread(table)
+
+
+_NO_READS = _NoReads()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +122,10 @@ class LedgerService:
         self.limits = limits
         self._policy = policy
         self._quotas = quotas or Quotas()
+        # The records this daemon saved last, kept on a store whose saves
+        # are statements: there a read before a save is a round trip the save
+        # does not need (`_on_recent`).
+        self._recent = RecentCalls(RECENT_CALLS)
         # Listings read many rows: off the event loop; point reads too, on a
         # store whose reads may wait.
         self._scans = scans or Scans(store)
@@ -76,16 +137,58 @@ class LedgerService:
         """The policy in force now."""
         return self._policy.current()
 
+    def _remembers(self) -> Callable[[ToolCall], None] | None:
+        return self._recent.remember if self._store.saves_by_statement else None
+
     async def _decided(self, decide: Callable[[ReadView], Decided]) -> Answer:
-        return await decided(self._store, self._scans, decide)
+        return await decided(self._store, self._scans, decide, saved=self._remembers())
 
     async def _changed(
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
     ) -> Answer:
         """`rule`'s step on the call's record, a change nearly every time
-        (`decided`'s `writes`)."""
+        (`decided`'s `writes`); first on the record this daemon saved last,
+        if it holds it (`RecentCalls`)."""
+        answer = await self._on_recent(ref, rule)
+        if answer is not None:
+            return answer
         mutation = self._mutation(ref, rule)
-        return await decided(self._store, self._scans, mutation, writes=True)
+        return await decided(
+            self._store,
+            self._scans,
+            mutation,
+            writes=True,
+            saved=self._remembers(),
+        )
+
+    async def _on_recent(
+        self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
+    ) -> Answer | None:
+        """`rule`'s step decided on the record this daemon saved last, with
+        no read, and saved by compare-and-swap: the compare proves the
+        record still the one decided on. None when that cannot be: no such
+        record, a step that changes nothing (its answer needs the stored
+        record, read), a rule that reads the store (another daemon's
+        lease), or a compare lost."""
+        old = self._recent.get(ref) if self._store.saves_by_statement else None
+        if old is None:
+            return None
+        policy = self._policy.current()
+        try:
+            step = rule(old, self.now(_NO_READS), policy)
+        except _Unread:
+            return None
+        if step.call.revision == old.revision:
+            return None
+        try:
+            await self._store.save_call(self._saving(old, step.call, policy))
+        except Conflict:
+            self._recent.forget(ref)
+            return None
+        self._recent.remember(step.call)
+        if isinstance(step.reply, EffectdError):
+            raise step.reply
+        return step.reply
 
     def _mutation(
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]

@@ -3,17 +3,18 @@ protocol itself (libpq's trace of every connection of the store): a round
 trip is a run of messages the daemon sends, ended by the server's answer.
 
 A first execution (PrepareTool with start, then CommitTool, a quota on) is
-4 round trips and 2 commits, each save one statement committed on its own
+3 round trips and 2 commits, each save one statement committed on its own
 (`storage.postgres.call_saves`):
 
 - PrepareTool: the point read that finds no call (1); the new call's row
   inserted, and its growth added to the namespace's lock row within the
   quota, in one statement (1).
-- CommitTool: the point read of the call (1); its compare-and-swap, an
-  UPDATE on the revision read, with the change of the counters (1).
+- CommitTool, decided on the record PrepareTool saved (`ledger.RecentCalls`),
+  with no read: its compare-and-swap, an UPDATE on that record's revision,
+  with the change of the counters (1).
 
 Each cut is caught when it is undone (the negative controls): CommitTool
-decided in a write transaction, or each save a transaction of its own
+decided on a read, or in a write transaction, or each save a transaction of its own
 through the key-value views (as before the saves were statements). The
 second is the path a batch of more than saves takes, whose own cuts are
 held too: a new call's row read again in its transaction adds a round
@@ -39,7 +40,7 @@ from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, Step
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import in_write
-from sidecar.services.ledger import LedgerService
+from sidecar.services.ledger import LedgerService, RecentCalls
 from sidecar.storage.api import Table
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
@@ -197,10 +198,20 @@ def _phases(store: TracedStore, ledger: LedgerService) -> tuple[int, int]:
     return store.round_trips()
 
 
-def test_a_first_execution_is_four_round_trips_and_two_commits(
+def test_a_first_execution_is_three_round_trips_and_two_commits(
     ledger_on: tuple[TracedStore, LedgerService],
 ) -> None:
     store, ledger = ledger_on
+    assert _phases(store, ledger) == (3, 2)
+
+
+def test_a_commit_decided_on_a_read_is_caught(
+    ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: no record remembered, CommitTool decided on a
+    point read of the call first."""
+    store, ledger = ledger_on
+    monkeypatch.setattr(RecentCalls, "get", lambda self, ref: None)
     assert _phases(store, ledger) == (4, 2)
 
 
