@@ -18,8 +18,7 @@ and committing is what frees a namespace's open-call quota.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.clock import Clock
@@ -29,73 +28,18 @@ from sidecar.errors import (
     QuotaExceeded,
     UnsupportedKeyScheme,
 )
-from sidecar.ledger import fingerprint, paging, quota, retention, rules
-from sidecar.ledger.model import FINGERPRINT_V2, CallRef, Result, State, ToolCall
+from sidecar.ledger import paging, retention, rules
+from sidecar.ledger.model import CallRef, Result, State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import Decided, committed, decided, moment
+from sidecar.services.prepares import in_scheme, prepare_one, with_lease
+from sidecar.services.recent_calls import RecentCalls, stepped
 from sidecar.storage import calls, records, tombstones, usage
-from sidecar.storage.api import (
-    CallWrite,
-    Conflict,
-    ReadView,
-    Store,
-    Table,
-    WriteView,
-)
+from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
 from sidecar.storage.scans import Scans
-
-# Records `RecentCalls` keeps: the calls in flight at one daemon.
-RECENT_CALLS = 4096
-
-
-class RecentCalls:
-    """The records this daemon saved last, by call, at most `size` (the
-    oldest forgotten first): what the next step of a call in flight (a
-    commit after its start, a heartbeat) is decided on without reading it
-    again. Never an answer by itself: a decision on one is saved by
-    compare-and-swap, which fails when another write came between."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._calls: dict[CallRef, ToolCall] = {}
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def get(self, ref: CallRef) -> ToolCall | None:
-        return self._calls.get(ref)
-
-    def remember(self, call: ToolCall) -> None:
-        calls = self._calls
-        calls.pop(call.ref, None)
-        calls[call.ref] = call
-        if len(calls) > self._size:
-            del calls[next(iter(calls))]
-
-    def forget(self, ref: CallRef) -> None:
-        self._calls.pop(ref, None)
-
-
-class _Unread(Exception):
-    """A rule decided on a remembered record read the store."""
-
-
-class _NoReads:
-    """The view of a decision on a remembered record: nothing to read."""
-
-    def get(self, table: Table, key: bytes) -> bytes | None:
-        raise _Unread(table)
-
-    def scan(
-        self, table: Table, prefix: bytes, *, after: bytes | None = None
-    ) -> Iterator[tuple[bytes, bytes]]:
-        raise _Unread(table)
-
-
-_NO_READS = _NoReads()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +69,7 @@ class LedgerService:
         # The records this daemon saved last, kept on a store whose saves
         # are statements: there a read before a save is a round trip the save
         # does not need (`_on_recent`).
-        self._recent = RecentCalls(RECENT_CALLS)
+        self._recent = RecentCalls()
         # Listings read many rows: off the event loop; point reads too, on a
         # store whose reads may wait.
         self._scans = scans or Scans(store)
@@ -149,7 +93,12 @@ class LedgerService:
         """`rule`'s step on the call's record, a change nearly every time
         (`decided`'s `writes`); first on the record this daemon saved last,
         if it holds it (`RecentCalls`)."""
-        answer = await self._on_recent(ref, rule)
+        answer = await stepped(
+            self._store,
+            self._recent,
+            ref,
+            lambda old, view: self._step(old, view, rule),
+        )
         if answer is not None:
             return answer
         mutation = self._mutation(ref, rule)
@@ -161,35 +110,6 @@ class LedgerService:
             saved=self._remembers(),
         )
 
-    async def _on_recent(
-        self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
-    ) -> Answer | None:
-        """`rule`'s step decided on the record this daemon saved last, with
-        no read, and saved by compare-and-swap: the compare proves the
-        record still the one decided on. None when that cannot be: no such
-        record, a step that changes nothing (its answer needs the stored
-        record, read), a rule that reads the store (another daemon's
-        lease), or a compare lost."""
-        old = self._recent.get(ref) if self._store.saves_by_statement else None
-        if old is None:
-            return None
-        policy = self._policy.current()
-        try:
-            step = rule(old, self.now(_NO_READS), policy)
-        except _Unread:
-            return None
-        if step.call.revision == old.revision:
-            return None
-        try:
-            await self._store.save_call(self._saving(old, step.call, policy))
-        except Conflict:
-            self._recent.forget(ref)
-            return None
-        self._recent.remember(step.call)
-        if isinstance(step.reply, EffectdError):
-            raise step.reply
-        return step.reply
-
     def _mutation(
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
     ) -> Callable[[ReadView], Decided]:
@@ -197,13 +117,21 @@ class LedgerService:
             old, tomb = calls.find(view, ref)
             if old is None:
                 return Decided(_not_found(ref, tomb))
-            policy = self._policy.current()
-            step = rule(old, self.now(view), policy)
-            if step.call.revision == old.revision:
-                return Decided(step.reply)
-            return Decided(step.reply, self._saving(old, step.call, policy))
+            return self._step(old, view, rule)
 
         return decide
+
+    def _step(
+        self,
+        old: ToolCall,
+        view: ReadView,
+        rule: Callable[[ToolCall, Now, Policy], Step],
+    ) -> Decided:
+        policy = self._policy.current()
+        step = rule(old, self.now(view), policy)
+        if step.call.revision == old.revision:
+            return Decided(step.reply)
+        return Decided(step.reply, self._saving(old, step.call, policy))
 
     async def prepare(self, spec: PrepareSpec) -> Answer:
         return await self._decided(lambda view: self._prepare_decision(view, spec))
@@ -214,17 +142,17 @@ class LedgerService:
         answered from the snapshot; a new call is saved within its
         namespace's quotas."""
         policy = self._policy.current()
-        spec = _with_lease(asked, policy)
+        spec = with_lease(asked, policy)
         old, tomb = calls.find(view, spec.ref)
         if tomb is not None:
             # contract §4.7: the tombstone still refuses a re-execution.
             return Decided(
                 retention.duplicate_prepare(
-                    tomb, _in_scheme(spec, tomb.fingerprint_scheme)
+                    tomb, in_scheme(spec, tomb.fingerprint_scheme)
                 )
             )
         if old is not None:
-            spec = _in_scheme(spec, old.fingerprint_scheme)
+            spec = in_scheme(spec, old.fingerprint_scheme)
         step = rules.prepare(old, spec, self.now(view), policy)
         if old is not None and step.call.revision == old.revision:
             return Decided(step.reply)
@@ -250,9 +178,9 @@ class LedgerService:
             policy = self._policy.current()
             answers = []
             for index, asked in enumerate(specs):
-                spec = _with_lease(asked, policy)
+                spec = with_lease(asked, policy)
                 try:
-                    reply = _prepare_one(view, spec, now, policy, self._quotas)
+                    reply = prepare_one(view, spec, now, policy, self._quotas)
                 except QuotaExceeded as exc:
                     exc.metadata["index"] = str(index)
                     raise
@@ -433,61 +361,6 @@ class LedgerService:
             return settled
 
         return await committed(self._store, apply)
-
-
-def _with_lease(spec: PrepareSpec, policy: Policy) -> PrepareSpec:
-    """`spec` with the policy's default lease when it asks for none."""
-    if spec.lease_ms:
-        return spec
-    return dataclasses.replace(spec, lease_ms=policy.default_lease_ms)
-
-
-def _prepare_one(
-    view: WriteView, spec: PrepareSpec, now: Now, policy: Policy, quotas: Quotas
-) -> Answer | EffectdError:
-    """The answer of one prepare.
-
-    Raises:
-        QuotaExceeded: the prepare would create a record past the namespace's
-            open-call or stored-byte quota; raised (not returned), so the
-            write function leaves nothing behind. A repeated prepare of an
-            existing record is always answered.
-    """
-    old = records.load_call(view, spec.ref)
-    if old is None:
-        tomb = tombstones.load(view, spec.ref)
-        if tomb is not None:
-            # contract §4.7: the tombstone still refuses a re-execution.
-            return retention.duplicate_prepare(
-                tomb, _in_scheme(spec, tomb.fingerprint_scheme)
-            )
-    else:
-        spec = _in_scheme(spec, old.fingerprint_scheme)
-    step = rules.prepare(old, spec, now, policy)
-    if old is None and not quotas.limits_storage:
-        records.save_call(view, old, step.call)
-    elif old is None:
-        namespace = spec.ref.namespace
-        before = usage.load(view, namespace)
-        records.save_call(view, old, step.call)
-        # Measured after the save: the stored size is the encoded record's.
-        refusal = quota.refuse_growth(
-            namespace, before, usage.load(view, namespace), quotas
-        )
-        if refusal is not None:
-            raise refusal
-    elif step.call.revision != old.revision:
-        records.save_call(view, old, step.call)
-    return step.reply
-
-
-def _in_scheme(spec: PrepareSpec, scheme: int) -> PrepareSpec:
-    """`spec` with its input fingerprinted in `scheme`, to be compared with a
-    stored call whose fingerprint is of that scheme (one stored before the
-    input's kind was hashed keeps comparing with inputs of its own kind)."""
-    if scheme == FINGERPRINT_V2:
-        return spec
-    return dataclasses.replace(spec, fingerprint=fingerprint.of(spec.input, scheme))
 
 
 def _not_found(ref: CallRef, tomb: retention.Tombstone | None = None) -> NotFound:

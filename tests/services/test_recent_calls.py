@@ -1,5 +1,5 @@
 """A call's next step decided on the record this daemon saved last
-(`services.ledger.RecentCalls`), on the shared store, where a read is a
+(`services.recent_calls.RecentCalls`), on the shared store, where a read is a
 round trip: the same answers as on a read when another daemon changed the
 record in between.
 
@@ -21,10 +21,14 @@ import pytest
 from sidecar.clock import ManualClock
 from sidecar.errors import EffectdError
 from sidecar.ledger.model import CallRef, Outcome, Result, State, ToolCall
-from sidecar.ledger.policy import FixedPolicy, Policy
-from sidecar.ledger.rules import Answer, Now, Step
+from sidecar.ledger.policy import FixedPolicy
+from sidecar.ledger.rules import Answer
 from sidecar.ledger.validation import Limits
-from sidecar.services.ledger import _NO_READS, LedgerService, RecentCalls
+from sidecar.services import ledger as ledger_module
+from sidecar.services._common import Decided
+from sidecar.services.ledger import LedgerService
+from sidecar.services.recent_calls import NO_READS, RecentCalls
+from sidecar.storage.api import ReadView, Store
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
 from tests.services.support import spec
@@ -112,22 +116,23 @@ def test_a_step_that_changes_nothing_answered_from_memory_is_caught(
     a, b = daemons
 
     async def from_memory(
-        self: LedgerService,
+        store: Store,
+        recent: RecentCalls,
         ref: CallRef,
-        rule: Callable[[ToolCall, Now, Policy], Step],
+        decide: Callable[[ToolCall, ReadView], Decided],
     ) -> Answer | None:
-        old = self._recent.get(ref)
+        old = recent.get(ref)
         if old is None:
             return None
-        step = rule(old, self.now(_NO_READS), self._policy.current())
-        if step.call.revision != old.revision or isinstance(step.reply, EffectdError):
+        decision = decide(old, NO_READS)
+        if decision.write is not None or isinstance(decision.reply, EffectdError):
             return None
-        return step.reply
+        return decision.reply
 
     with monkeypatch.context() as reading:
         reading.setattr(RecentCalls, "get", lambda self, ref: None)
         read, _ = _after_unknown(a, b, "read", _start)
-    monkeypatch.setattr(LedgerService, "_on_recent", from_memory)
+    monkeypatch.setattr(ledger_module, "stepped", from_memory)
     remembered, _ = _after_unknown(a, b, "remembered", _start)
     assert remembered != read
     assert remembered == ("IN_PROGRESS", State.STARTED)

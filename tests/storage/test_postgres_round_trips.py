@@ -9,7 +9,7 @@ A first execution (PrepareTool with start, then CommitTool, a quota on) is
 - PrepareTool: the point read that finds no call (1); the new call's row
   inserted, and its growth added to the namespace's lock row within the
   quota, in one statement (1).
-- CommitTool, decided on the record PrepareTool saved (`ledger.RecentCalls`),
+- CommitTool, decided on the record PrepareTool saved (`services.recent_calls`),
   with no read: its compare-and-swap, an UPDATE on that record's revision,
   with the change of the counters (1).
 
