@@ -40,7 +40,8 @@ from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, Step
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import in_write
-from sidecar.services.ledger import LedgerService, RecentCalls
+from sidecar.services.ledger import LedgerService
+from sidecar.services.recent_calls import RecentCalls
 from sidecar.storage.api import Table
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore

@@ -57,7 +57,7 @@ from sidecar.storage.postgres import tables
 from sidecar.storage.postgres.faults import Backend, Failed, Xact, xact_of
 from sidecar.storage.postgres.views import Params, StoreConnection
 
-# Parameters: the row's 16 columns (`tables.call_columns`); namespace,
+# Parameters: the row's 16 columns (`columns`); namespace,
 # shard, open calls, bytes.
 NEW_CALL: LiteralString = (
     "WITH c AS (INSERT INTO effectd_calls (k, namespace, run_id, call_id, "
