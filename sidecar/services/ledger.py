@@ -93,14 +93,15 @@ class LedgerService:
         """`rule`'s step on the call's record, a change nearly every time
         (`decided`'s `writes`); first on the record this daemon saved last,
         if it holds it (`RecentCalls`)."""
-        answer = await stepped(
-            self._store,
-            self._recent,
-            ref,
-            lambda old, view: self._step(old, view, rule),
-        )
-        if answer is not None:
-            return answer
+        if self._store.saves_by_statement:
+            answer = await stepped(
+                self._store,
+                self._recent,
+                ref,
+                lambda old, view: self._step(old, view, rule),
+            )
+            if answer is not None:
+                return answer
         mutation = self._mutation(ref, rule)
         return await decided(
             self._store,

@@ -16,39 +16,69 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from sidecar.errors import EffectdError
-from sidecar.ledger.model import CallRef, ToolCall
+from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.ledger.rules import Answer
 from sidecar.services._common import Decided
 from sidecar.storage.api import Conflict, ReadView, Store, Table
 
-# Records a `RecentCalls` keeps: the calls in flight at one daemon.
+# Records a `RecentCalls` keeps, and the payload bytes they may hold
+# together: the calls in flight at one daemon, whose kept inputs and
+# results may each be up to a MiB (`validation.Limits`).
 RECENT_CALLS = 4096
+RECENT_BYTES = 32 << 20
+# What a record weighs besides its payloads: its texts, history and fields.
+_RECORD_WEIGHT = 1024
+
+
+def _weight(call: ToolCall) -> int:
+    weight = _RECORD_WEIGHT
+    if call.kept_input is not None:
+        weight += len(call.kept_input.data)
+    if call.result is not None and call.result.payload is not None:
+        weight += len(call.result.payload.data)
+    return weight
 
 
 class RecentCalls:
-    """The records this daemon saved last, by call, at most `size` (the
-    oldest forgotten first): what the next step of a call in flight (a
-    commit after its start, a heartbeat) is decided on."""
+    """The records of calls in flight this daemon saved last, by call, at
+    most `size` of them and `budget` bytes of payloads (the oldest forgotten
+    first): what the next step of a call (a commit after its start, a
+    heartbeat) is decided on. A COMMITTED record is not kept: a call's
+    steps end with its commit, and its result may be large."""
 
-    def __init__(self, size: int = RECENT_CALLS) -> None:
+    def __init__(self, size: int = RECENT_CALLS, budget: int = RECENT_BYTES) -> None:
         self._size = size
-        self._calls: dict[CallRef, ToolCall] = {}
+        self._budget = budget
+        self._bytes = 0
+        self._calls: dict[CallRef, tuple[ToolCall, int]] = {}
 
     def __len__(self) -> int:
         return len(self._calls)
 
+    @property
+    def held_bytes(self) -> int:
+        """The payload bytes (and records' weights) held now."""
+        return self._bytes
+
     def get(self, ref: CallRef) -> ToolCall | None:
-        return self._calls.get(ref)
+        found = self._calls.get(ref)
+        return None if found is None else found[0]
 
     def remember(self, call: ToolCall) -> None:
+        self.forget(call.ref)
+        weight = _weight(call)
+        if call.state is State.COMMITTED or weight > self._budget:
+            return
         calls = self._calls
-        calls.pop(call.ref, None)
-        calls[call.ref] = call
-        if len(calls) > self._size:
-            del calls[next(iter(calls))]
+        calls[call.ref] = (call, weight)
+        self._bytes += weight
+        while len(calls) > self._size or self._bytes > self._budget:
+            self.forget(next(iter(calls)))
 
     def forget(self, ref: CallRef) -> None:
-        self._calls.pop(ref, None)
+        found = self._calls.pop(ref, None)
+        if found is not None:
+            self._bytes -= found[1]
 
 
 class _Unread(Exception):
@@ -77,11 +107,11 @@ async def stepped(
     decide: Callable[[ToolCall, ReadView], Decided],
 ) -> Answer | None:
     """`decide` on the record of `ref` this daemon saved last, with no read,
-    and its write saved by compare-and-swap; the reply once saved (raised
-    when a refusal). None when that cannot be: no such record (or a store
-    whose saves are not statements), a decision that writes nothing, a
-    rule that read the store, or a compare lost."""
-    old = recent.get(ref) if store.saves_by_statement else None
+    and its write saved by compare-and-swap on `store` (one whose saves are
+    statements); the reply once saved (raised when a refusal). None when
+    that cannot be: no such record, a decision that writes nothing, a rule
+    that read the store, or a compare lost."""
+    old = recent.get(ref)
     if old is None:
         return None
     try:

@@ -12,6 +12,7 @@ caller the call is in progress when it is not."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -20,7 +21,15 @@ import pytest
 
 from sidecar.clock import ManualClock
 from sidecar.errors import EffectdError
-from sidecar.ledger.model import CallRef, Outcome, Result, State, ToolCall
+from sidecar.ledger.model import (
+    CallRef,
+    Outcome,
+    Payload,
+    PayloadKind,
+    Result,
+    State,
+    ToolCall,
+)
 from sidecar.ledger.policy import FixedPolicy
 from sidecar.ledger.rules import Answer
 from sidecar.ledger.validation import Limits
@@ -147,3 +156,44 @@ def test_the_remembered_records_are_bounded() -> None:
     assert len(recent) == 2
     assert recent.get(calls[0].ref) is None
     assert recent.get(calls[2].ref) is calls[2]
+
+
+def _holding(call_id: str, payload: int) -> ToolCall:
+    rng = random.Random(call_id)  # noqa: S311 - test records
+    call = random_call(rng, call_id, state=State.STARTED)
+    return dataclasses.replace(
+        call, kept_input=Payload(PayloadKind.RAW, b"x" * payload), result=None
+    )
+
+
+def test_the_remembered_records_are_bounded_by_their_payloads() -> None:
+    """Inputs and results of up to a MiB each: the records held stay within
+    the byte budget, whatever their number; one heavier than it is not held."""
+    recent = RecentCalls(size=100, budget=5000)
+    calls = [_holding(f"c{i}", 1000) for i in range(3)]
+    for call in calls:
+        recent.remember(call)
+    assert len(recent) == 2
+    assert recent.held_bytes <= 5000
+    assert recent.get(calls[0].ref) is None
+    heavy = _holding("heavy", 6000)
+    recent.remember(heavy)
+    assert recent.get(heavy.ref) is None
+    assert recent.held_bytes <= 5000
+
+
+def test_a_committed_record_is_not_remembered() -> None:
+    """A call's steps end with its commit: its record, result and all, is
+    let go, and the one remembered before it with it."""
+    recent = RecentCalls()
+    started = _holding("c", 1000)
+    recent.remember(started)
+    committed = dataclasses.replace(
+        started,
+        state=State.COMMITTED,
+        revision=started.revision + 1,
+        result=Result(Outcome.OK, Payload(PayloadKind.RAW, b"r" * 1000), "", "", "d"),
+    )
+    recent.remember(committed)
+    assert recent.get(started.ref) is None
+    assert (len(recent), recent.held_bytes) == (0, 0)
