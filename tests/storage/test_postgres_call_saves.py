@@ -22,7 +22,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from sidecar.errors import QuotaExceeded
+from sidecar.errors import QuotaExceeded, StorageUnavailable
 from sidecar.ledger.model import CallRef, Outcome, Result, State, ToolCall
 from sidecar.ledger.quota import Quotas, Usage
 from sidecar.rpc import summaries
@@ -36,6 +36,7 @@ from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
 from sidecar.storage.postgres.views import Params
 from tests.storage.random_calls import random_call
+from tests.support import postgres
 
 OPTIONS = PostgresOptions(summarize=summaries.summarize)
 
@@ -188,10 +189,19 @@ def test_a_quota_check_on_the_snapshot_alone_is_caught(
 
 
 def test_a_batch_of_saves_is_one_transaction_each_refused_alone(
-    store: PostgresStore,
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Saves queued behind a busy writer commit together; a lost compare
-    and a quota's refusal fail only their own request."""
+    """Saves queued behind a busy writer commit together, as statements (the
+    batch of saves alone, `_saved`); a lost compare and a quota's refusal
+    fail only their own request."""
+    batches: list[int] = []
+    saved = PostgresStore._saved
+
+    def counted(self: PostgresStore, conn: Any, batch: Any, saves: Any) -> Any:
+        batches.append(len(batch))
+        return saved(self, conn, batch, saves)
+
+    monkeypatch.setattr(PostgresStore, "_saved", counted)
     quotas = Quotas(open_calls=2, stored_bytes=0)
     taken, release = threading.Event(), threading.Event()
 
@@ -218,6 +228,7 @@ def test_a_batch_of_saves_is_one_transaction_each_refused_alone(
         return [o if isinstance(o, BaseException) else None for o in outcomes]
 
     outcomes = asyncio.run(run())
+    assert batches == [4]
     assert outcomes[0] is None
     assert outcomes[2] is None
     assert isinstance(outcomes[1], Conflict)
@@ -345,3 +356,34 @@ def test_counters_after_lost_answers_stay_exact(
     assert store.read(lambda v: usage.load(v, "default")) == Usage(
         3, store.read(usage.recount)["default"].stored_bytes, 0
     )
+
+
+def _lost_with_the_idle_reads(
+    store: PostgresStore, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> BaseException | None:
+    """A save's statement lost before it ran, when whatever broke its
+    connection broke the read pool's idle ones too: what the save raised."""
+    _lost_answers(monkeypatch, ran=False)
+    assert postgres.terminate("effectd/reads", pg_url) >= 1
+    try:
+        _save(store, CallWrite(None, _new("after-a-restart")))
+    except Exception as exc:  # what the store answered
+        return exc
+    return None
+
+
+def test_a_lost_save_is_settled_past_a_broken_read_connection(
+    store: PostgresStore, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(_lost_with_the_idle_reads(store, pg_url, monkeypatch), Conflict)
+
+
+def test_a_settle_asked_once_is_caught(
+    store: PostgresStore, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: asked on one read connection only, the broken one
+    leaves the outcome unknown, though nothing was applied."""
+    monkeypatch.setattr(store_module, "_SETTLE_ASKS", 1)
+    raised = _lost_with_the_idle_reads(store, pg_url, monkeypatch)
+    assert isinstance(raised, StorageUnavailable)
+    assert raised.metadata == {"mayHaveBeenApplied": "true"}

@@ -186,6 +186,8 @@ _STOP = object()
 
 
 _NO_CONNECTION = "no PostgreSQL connection for a write within {} s"
+# Connections of the read pool a lost save's outcome is asked on.
+_SETTLE_ASKS = 2
 
 
 def _first_row(conn: _Conn, opening: list[Statement] | None = None) -> call_saves.Run:
@@ -618,8 +620,7 @@ class PostgresStore:
         what `call_saves.settle` learns on a connection of the read pool."""
         future = item[1]
         try:
-            with self._reads.connection(timeout=self.options.pool_timeout) as conn:
-                call_saves.settle(conn, lost, backend)
+            self._settled(lost, backend)
         except Failed as failed:
             with self._stats_lock:
                 self.stats.commits_unknown += 1
@@ -645,6 +646,25 @@ class PostgresStore:
         log.warning("a write was lost with its connection; it committed")
         self._committed_now(1, 0.0)
         future.set_result(None)
+
+    def _settled(self, lost: call_saves.Unanswered, backend: Backend | None) -> None:
+        """`call_saves.settle` on a connection of the read pool; asked once
+        more, the pool checked, when that connection was found broken (what
+        broke the write's connection, a restart, broke the idle ones too).
+
+        Raises:
+            Conflict, Failed: as `call_saves.settle`.
+            psycopg.Error, PoolTimeout: it could not be asked.
+        """
+        for ask in range(1, _SETTLE_ASKS + 1):
+            try:
+                with self._reads.connection(timeout=self.options.pool_timeout) as conn:
+                    call_saves.settle(conn, lost, backend)
+                    return
+            except psycopg.Error as exc:
+                if ask == _SETTLE_ASKS or not connection_lost(exc):
+                    raise
+                self._reads.check()
 
     def _write(self, batch: list[_Item], *, alone: bool = False) -> None:
         """Commits `batch`, trying again what may be; then runs each function
