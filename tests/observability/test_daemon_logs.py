@@ -192,7 +192,10 @@ def test_a_client_closing_its_session_is_no_cancelled_call_at_info(
     with Client(daemon.target, session=True) as client:
         client.prepare_tool("run", "c", "pay", {"n": 1})
     _until(lambda: bool(session_lines(caplog)))
-    assert session_lines(caplog) == [(logging.DEBUG, "CANCELLED")]
+    # The client half-closes the stream, then cancels it: which of the two
+    # the daemon sees first is a race, and either is a normal end.
+    ((level, code),) = session_lines(caplog)
+    assert (level, code) in {(logging.DEBUG, "CANCELLED"), (logging.DEBUG, "OK")}
 
 
 def test_a_session_cut_with_messages_in_flight_is_logged_at_info(

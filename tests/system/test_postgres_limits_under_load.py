@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -36,6 +37,7 @@ from sidecar.storage.postgres.faults import Again, Failed, unavailable
 from sidecar.storage.postgres.store import (
     PostgresOptions,
     PostgresStore,
+    _CallSave,
     _Item,
     _Outcome,
 )
@@ -59,8 +61,23 @@ TABLES = (
 
 
 class AppliesTimedOutLater(PostgresStore):
-    """BROKEN on purpose: a timed-out batch is answered as not applied, then
-    run again until it commits."""
+    """BROKEN on purpose: a timed-out batch, or a call's save sent alone, is
+    answered as not applied, then run again until it commits."""
+
+    def _save_alone(self, save: _CallSave, item: _Item) -> None:
+        fn, future = item
+        for tries in range(100):
+            probe: Future[Any] = Future()
+            super()._save_alone(save, (fn, probe))
+            error = probe.exception()
+            if tries == 0:
+                if not (error is not None and "statement timeout" in str(error)):
+                    _settle_as(future, probe)
+                    return
+                future.set_exception(error)
+            elif error is None or "statement timeout" not in str(error):
+                return  # the outcome goes nowhere
+            time.sleep(0.1)
 
     def _attempt(self, batch: list[_Item], *, alone: bool = False) -> list[_Outcome]:
         try:
@@ -78,6 +95,14 @@ class AppliesTimedOutLater(PostgresStore):
             except (Again, Failed):
                 time.sleep(0.1)
         return []
+
+
+def _settle_as(future: Any, probe: Future[Any]) -> None:
+    error = probe.exception()
+    if error is None:
+        future.set_result(probe.result())
+    else:
+        future.set_exception(error)
 
 
 class _Daemon(Daemon):
