@@ -84,22 +84,47 @@ def test_a_records_columns_are_those_its_document_gives() -> None:
         )
 
 
-def _counted(store: PostgresStore, quotas: Quotas | None) -> tuple[Any, Any]:
+# The counters of every writer's shard folded into one no writer uses: a
+# save then finds no shard row of its own and makes one.
+_FOLDED = (
+    "WITH d AS (DELETE FROM effectd_usage WHERE shard >= 0 AND shard <> 64 "
+    "RETURNING namespace, open_calls, stored_bytes, tombstone_bytes) "
+    "INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
+    "stored_bytes, tombstone_bytes) SELECT namespace, 64, sum(open_calls), "
+    "sum(stored_bytes), sum(tombstone_bytes) FROM d GROUP BY namespace "
+    "ON CONFLICT (namespace, shard) DO UPDATE SET "
+    "open_calls = u.open_calls + EXCLUDED.open_calls, "
+    "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes, "
+    "tombstone_bytes = u.tombstone_bytes + EXCLUDED.tombstone_bytes"
+)
+
+
+def _counted(
+    store: PostgresStore, quotas: Quotas | None, *, folded: str | None = None
+) -> tuple[Any, Any]:
     """Saves new calls and commits of them, each alone; the counters as
-    stored and as counted from the records."""
+    stored and as counted from the records. With `folded` (a database
+    URL), the shard rows are folded away before each commit."""
     rng = random.Random(7)  # noqa: S311 - test sizes
     for i in range(12):
         call = _new(f"c{i}", namespace=f"ns{i % 3}")
         _save(store, CallWrite(None, call, quotas))
         if i % 4:
+            if folded is not None:
+                with psycopg.connect(folded, autocommit=True) as conn:
+                    conn.execute(_FOLDED)
             _save(store, CallWrite(call, _committed(call, rng.randrange(400))))
     return store.read(usage.stored), store.read(usage.recount)
 
 
+@pytest.mark.parametrize("folded", [False, True], ids=["own-row", "no-row"])
 @pytest.mark.parametrize("quotas", [None, Quotas()], ids=["no-quota", "quota"])
-def test_counters_follow_the_saves(store: PostgresStore, quotas: Quotas | None) -> None:
+def test_counters_follow_the_saves(
+    store: PostgresStore, pg_url: str, quotas: Quotas | None, folded: bool
+) -> None:
+    """Exact, whether a save finds its shard row or makes it."""
     before = store.stats.transactions
-    stored, counted = _counted(store, quotas)
+    stored, counted = _counted(store, quotas, folded=pg_url if folded else None)
     assert stored == counted
     assert store.stats.transactions - before == 12 + 9
 
@@ -110,11 +135,25 @@ def test_a_replaced_record_counted_whole_is_caught(
     """Negative control: the change of stored bytes taken as the new
     document's length, not its difference from the replaced one's."""
     whole: LiteralString = call_saves.REPLACE_CALL.replace(
-        "%s::bigint - c.was", "%s::bigint + 0 * c.was"
+        "%(size)s::bigint - c.was", "%(size)s::bigint + 0 * c.was"
     )
     assert whole != call_saves.REPLACE_CALL
     monkeypatch.setattr(call_saves, "REPLACE_CALL", whole)
     stored, counted = _counted(store, None)
+    assert stored != counted
+
+
+@pytest.mark.parametrize("statement", ["NEW_CALL", "REPLACE_CALL"])
+def test_a_shard_row_never_inserted_is_caught(
+    store: PostgresStore, pg_url: str, monkeypatch: pytest.MonkeyPatch, statement: str
+) -> None:
+    """Negative control: the counters' change only by their UPDATE, so a
+    shard row that does not exist yet is never made."""
+    query: LiteralString = getattr(call_saves, statement)
+    dropped = query.replace("AND NOT EXISTS (SELECT 1 FROM s)", "AND false")
+    assert dropped != query
+    monkeypatch.setattr(call_saves, statement, dropped)
+    stored, counted = _counted(store, None, folded=pg_url)
     assert stored != counted
 
 

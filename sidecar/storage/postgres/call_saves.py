@@ -57,24 +57,47 @@ from sidecar.storage.postgres import tables
 from sidecar.storage.postgres.faults import Backend, Failed, Xact, xact_of
 from sidecar.storage.postgres.views import Params, StoreConnection
 
-# Parameters: the row's 16 columns (`columns`); namespace,
-# shard, open calls, bytes.
-NEW_CALL: LiteralString = (
-    "WITH c AS (INSERT INTO effectd_calls (k, namespace, run_id, call_id, "
-    "state, revision, attempt, lease_expires_ns, created_ns, updated_ns, "
-    "acknowledged, retained_ns, doc, plan, tomb, compacted_ns) "
-    "VALUES (%s::bytea, %s::text, %s::text, %s::text, %s::smallint, "
-    "%s::bigint, %s::integer, %s::bigint, %s::bigint, %s::bigint, "
-    "%s::boolean, %s::bigint, %s::bytea, %s::bytea, %s::bytea, %s::bigint) "
-    "ON CONFLICT (k) DO NOTHING RETURNING 1), "
-    "u AS (INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
-    "stored_bytes, tombstone_bytes) SELECT %s::bytea, %s::integer, "
-    "%s::bigint, %s::bigint, 0 FROM c"
-    " ON CONFLICT (namespace, shard) DO UPDATE SET "
-    "open_calls = u.open_calls + EXCLUDED.open_calls, "
-    "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes) "
-    "SELECT count(*), pg_current_xact_id_if_assigned()::text, "
-    "pg_postmaster_start_time() FROM c"
+
+# The change of a save to its connection's shard row of the namespace's
+# counters, applied only when the call's statement `c` wrote (`when`): an
+# UPDATE of the row, and an insert only when the UPDATE found none. An
+# `INSERT … ON CONFLICT DO UPDATE` of a row that exists locks it before it
+# updates it, and that lock is one more WAL record a save. Parameters by
+# name: `ns`, `shard`, `open` (the open calls' change); `grown`, an SQL
+# expression of the stored bytes' change over `c`.
+def _counted(grown: LiteralString, when: LiteralString) -> LiteralString:
+    return "".join((
+        "s AS (UPDATE effectd_usage AS s SET ",
+        "open_calls = s.open_calls + %(open)s::bigint, ",
+        "stored_bytes = s.stored_bytes + ", grown, " FROM c ",
+        "WHERE s.namespace = %(ns)s::bytea AND s.shard = %(shard)s::integer ",
+        "AND ", when, " RETURNING 1), ",
+        "u AS (INSERT INTO effectd_usage AS u (namespace, shard, open_calls, ",
+        "stored_bytes, tombstone_bytes) SELECT %(ns)s::bytea, ",
+        "%(shard)s::integer, %(open)s::bigint, ", grown, ", 0 FROM c ",
+        "WHERE ", when, " AND NOT EXISTS (SELECT 1 FROM s) ",
+        "ON CONFLICT (namespace, shard) DO UPDATE SET ",
+        "open_calls = u.open_calls + EXCLUDED.open_calls, ",
+        "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes) ",
+        "SELECT count(*), pg_current_xact_id_if_assigned()::text, ",
+        "pg_postmaster_start_time() FROM c",
+    ))  # fmt: skip
+
+
+# The row's columns by name (`_named`), and the counters' (`_counted`):
+# `bytes`, the new call's size.
+NEW_CALL: LiteralString = "".join(
+    (
+        "WITH c AS (INSERT INTO effectd_calls (k, namespace, run_id, call_id, "
+        "state, revision, attempt, lease_expires_ns, created_ns, updated_ns, "
+        "acknowledged, retained_ns, doc, plan, tomb, compacted_ns) "
+        "SELECT %(k)s::bytea, %(namespace)s::text, %(run)s::text, %(call)s::text, "
+        "%(state)s::smallint, %(revision)s::bigint, %(attempt)s::integer, "
+        "%(lease)s::bigint, %(created)s::bigint, %(updated)s::bigint, "
+        "%(ack)s::boolean, %(retained)s::bigint, %(doc)s::bytea, %(plan)s::bytea, "
+        "NULL, NULL ON CONFLICT (k) DO NOTHING RETURNING 1), ",
+        _counted("%(bytes)s::bigint", "true"),
+    )
 )
 # Parameters by name: the namespace (`ns`), its growth (`open`, `bytes`),
 # its limits (`lo`, `lb`; 0: none), the row's columns. -1 is the lock row's
@@ -111,26 +134,25 @@ NEW_CALL_WITHIN_QUOTA: LiteralString = (
     "SELECT count(*), pg_current_xact_id_if_assigned()::text, "
     "pg_postmaster_start_time() FROM c"
 )
-# Parameters: state, revision, attempt, lease, updated, acknowledged,
-# retained, doc, plan; key (twice), the revision compared; namespace,
-# shard, open calls; the new document's length (twice), open calls.
-REPLACE_CALL: LiteralString = (
-    "WITH c AS (UPDATE effectd_calls AS t SET state = %s::smallint, "
-    "revision = %s::bigint, attempt = %s::integer, lease_expires_ns = %s::bigint, "
-    "updated_ns = %s::bigint, acknowledged = %s::boolean, "
-    "retained_ns = %s::bigint, doc = %s::bytea, plan = %s::bytea "
-    "FROM (SELECT k, octet_length(doc) AS was FROM effectd_calls "
-    "WHERE k = %s::bytea) AS o "
-    "WHERE t.k = %s::bytea AND o.k = t.k AND t.revision = %s::bigint "
-    "AND t.doc IS NOT NULL RETURNING o.was), "
-    "u AS (INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
-    "stored_bytes, tombstone_bytes) SELECT %s::bytea, %s::integer, %s::bigint, "
-    "%s::bigint - c.was, 0 FROM c WHERE %s::bigint <> c.was OR %s::bigint <> 0"
-    " ON CONFLICT (namespace, shard) DO UPDATE SET "
-    "open_calls = u.open_calls + EXCLUDED.open_calls, "
-    "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes) "
-    "SELECT count(*), pg_current_xact_id_if_assigned()::text, "
-    "pg_postmaster_start_time() FROM c"
+# The row's columns by name (`_named`), `old` (the revision compared), and
+# the counters' (`_counted`): `size`, the new document's length; the old
+# document's is read in the statement, as stored.
+REPLACE_CALL: LiteralString = "".join(
+    (
+        "WITH c AS (UPDATE effectd_calls AS t SET state = %(state)s::smallint, "
+        "revision = %(revision)s::bigint, attempt = %(attempt)s::integer, "
+        "lease_expires_ns = %(lease)s::bigint, updated_ns = %(updated)s::bigint, "
+        "acknowledged = %(ack)s::boolean, retained_ns = %(retained)s::bigint, "
+        "doc = %(doc)s::bytea, plan = %(plan)s::bytea "
+        "FROM (SELECT k, octet_length(doc) AS was FROM effectd_calls "
+        "WHERE k = %(k)s::bytea) AS o "
+        "WHERE t.k = %(k)s::bytea AND o.k = t.k AND t.revision = %(old)s::bigint "
+        "AND t.doc IS NOT NULL RETURNING o.was), ",
+        _counted(
+            "(%(size)s::bigint - c.was)",
+            "(%(size)s::bigint <> c.was OR %(open)s::bigint <> 0)",
+        ),
+    )
 )
 _ROW: LiteralString = "SELECT revision, doc FROM effectd_calls WHERE k = %s"
 _USAGE: LiteralString = (
@@ -223,19 +245,20 @@ def save(
     opened = int(new.state is not State.COMMITTED) - int(was_open)
     namespace = new.ref.namespace.encode()
     old = write.old
+    params = _named(row)
+    params["ns"] = namespace
+    params["open"] = opened
     if old is not None:
         query: LiteralString = REPLACE_CALL
-        size = len(doc)
-        params: Params = (
-            *row[4:8], *row[9:14], key, key, old.revision,
-            namespace, shard, opened, size, size, opened,
-        )  # fmt: skip
+        params.update(old=old.revision, size=len(doc), shard=shard)
     elif write.quotas is not None and write.quotas.limits_storage:
         query = NEW_CALL_WITHIN_QUOTA
-        params = _within(write.quotas, row, namespace, opened, len(key) + len(doc))
+        quotas = write.quotas
+        params.update(bytes=len(key) + len(doc), lo=quotas.open_calls)
+        params["lb"] = quotas.stored_bytes
     else:
         query = NEW_CALL
-        params = (*row, namespace, shard, opened, len(key) + len(doc))
+        params.update(bytes=len(key) + len(doc), shard=shard)
     try:
         found = run(query, params)
         assert found is not None
@@ -252,25 +275,16 @@ def save(
     return None if found[1] is None else xact_of(found[1:])
 
 
-def _within(
-    quotas: Quotas,
-    row: tables.Columns,
-    namespace: bytes,
-    opened: int,
-    grown: int,
-) -> dict[str, object]:
+def _named(row: tables.Columns) -> dict[str, object]:
+    """A record's columns (`columns`) by the names the statements give
+    them."""
     (
-        k, ns, run, call, state, revision, attempt, lease, created, updated,
-        ack, retained, doc, plan, _, _,
+        k, namespace, run, call, state, revision, attempt, lease, created,
+        updated, ack, retained, doc, plan, _, _,
     ) = row  # fmt: skip
     return {
-        "ns": namespace,
-        "open": opened,
-        "bytes": grown,
-        "lo": quotas.open_calls,
-        "lb": quotas.stored_bytes,
         "k": k,
-        "namespace": ns,
+        "namespace": namespace,
         "run": run,
         "call": call,
         "state": state,
