@@ -212,13 +212,10 @@ def test_a_quota_check_on_the_snapshot_alone_is_caught(
 ) -> None:
     """Negative control: the lock row's condition not looked at again once
     the statement waited for it."""
-    condition = (
-        "WHERE (%(lo)s = 0 OR %(open)s <= 0 "
-        "OR u.open_calls + (SELECT open_other FROM o) + %(open)s <= %(lo)s) "
-    )
-    assert condition in call_saves.NEW_CALL_WITHIN_QUOTA
+    condition = "OR u.open_calls + (SELECT open_other FROM o) + %(open)s <= %(lo)s)"
+    assert condition in call_saves.WITHIN_ROW
     blind: LiteralString = call_saves.NEW_CALL_WITHIN_QUOTA.replace(
-        condition, "WHERE true AND (true) "
+        condition, "OR true)"
     )
     monkeypatch.setattr(call_saves, "NEW_CALL_WITHIN_QUOTA", blind)
     assert _past_a_check_in_flight(store, pg_url) is None

@@ -99,30 +99,46 @@ NEW_CALL: LiteralString = "".join(
         _counted("%(bytes)s::bigint", "true"),
     )
 )
-# Parameters by name: the namespace (`ns`), its growth (`open`, `bytes`),
-# its limits (`lo`, `lb`; 0: none), the row's columns. -1 is the lock row's
-# shard (`views.USAGE_LOCK_SHARD`).
-NEW_CALL_WITHIN_QUOTA: LiteralString = (
-    "WITH o AS (SELECT coalesce(sum(open_calls), 0) AS open_all, "
-    "coalesce(sum(stored_bytes), 0) AS bytes_all, "
-    "coalesce(sum(open_calls) FILTER (WHERE shard <> -1), 0) AS open_other, "
-    "coalesce(sum(stored_bytes) FILTER (WHERE shard <> -1), 0) AS bytes_other "
-    "FROM effectd_usage WHERE namespace = %(ns)s), "
-    "l AS (INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
-    "stored_bytes, tombstone_bytes) SELECT %(ns)s::bytea, -1, "
-    "%(open)s::bigint, %(bytes)s::bigint, 0 FROM o "
-    "WHERE (%(lo)s = 0 OR %(open)s <= 0 OR o.open_all + %(open)s <= %(lo)s) "
-    "AND (%(lb)s = 0 OR o.bytes_all + %(bytes)s <= %(lb)s) "
-    "AND NOT EXISTS (SELECT 1 FROM effectd_calls WHERE k = %(k)s) "
-    "ON CONFLICT (namespace, shard) DO UPDATE SET "
-    "open_calls = u.open_calls + EXCLUDED.open_calls, "
-    "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes WHERE "
+# Whether the namespace's lock row `u` grown by the call stays within the
+# limits, the other shards' counters taken from `o`. In an UPDATE (and an
+# `ON CONFLICT DO UPDATE`) PostgreSQL looks at it again on the row's newest
+# version after waiting for another writer's lock on it, so checks of one
+# namespace take turns exactly.
+WITHIN_ROW: LiteralString = (
     "(%(lo)s = 0 OR %(open)s <= 0 "
     "OR u.open_calls + (SELECT open_other FROM o) + %(open)s <= %(lo)s) "
     "AND (%(lb)s = 0 "
     "OR u.stored_bytes + (SELECT bytes_other FROM o) + %(bytes)s <= %(lb)s) "
+    "AND NOT EXISTS (SELECT 1 FROM effectd_calls WHERE k = %(k)s)"
+)
+# Parameters by name: the namespace (`ns`), its growth (`open`, `bytes`),
+# its limits (`lo`, `lb`; 0: none), the row's columns. -1 is the lock row's
+# shard (`views.USAGE_LOCK_SHARD`): grown by UPDATE (`g`), made by `f` only
+# when the statement's snapshot has none (it then may meet one made since,
+# and grows that one within the limits).
+NEW_CALL_WITHIN_QUOTA: LiteralString = "".join((
+    "WITH o AS (SELECT coalesce(sum(open_calls), 0) AS open_all, "
+    "coalesce(sum(stored_bytes), 0) AS bytes_all, "
+    "coalesce(sum(open_calls) FILTER (WHERE shard <> -1), 0) AS open_other, "
+    "coalesce(sum(stored_bytes) FILTER (WHERE shard <> -1), 0) AS bytes_other, "
+    "coalesce(bool_or(shard = -1), false) AS locked "
+    "FROM effectd_usage WHERE namespace = %(ns)s), "
+    "g AS (UPDATE effectd_usage AS u SET "
+    "open_calls = u.open_calls + %(open)s::bigint, "
+    "stored_bytes = u.stored_bytes + %(bytes)s::bigint "
+    "WHERE u.namespace = %(ns)s::bytea AND u.shard = -1 AND ", WITHIN_ROW,
+    " RETURNING 1), "
+    "f AS (INSERT INTO effectd_usage AS u (namespace, shard, open_calls, "
+    "stored_bytes, tombstone_bytes) SELECT %(ns)s::bytea, -1, "
+    "%(open)s::bigint, %(bytes)s::bigint, 0 FROM o WHERE NOT o.locked "
+    "AND (%(lo)s = 0 OR %(open)s <= 0 OR o.open_all + %(open)s <= %(lo)s) "
+    "AND (%(lb)s = 0 OR o.bytes_all + %(bytes)s <= %(lb)s) "
     "AND NOT EXISTS (SELECT 1 FROM effectd_calls WHERE k = %(k)s) "
-    "RETURNING 1), "
+    "ON CONFLICT (namespace, shard) DO UPDATE SET "
+    "open_calls = u.open_calls + EXCLUDED.open_calls, "
+    "stored_bytes = u.stored_bytes + EXCLUDED.stored_bytes WHERE ", WITHIN_ROW,
+    " RETURNING 1), "
+    "l AS (SELECT 1 FROM g UNION ALL SELECT 1 FROM f), "
     "c AS (INSERT INTO effectd_calls (k, namespace, run_id, call_id, state, "
     "revision, attempt, lease_expires_ns, created_ns, updated_ns, "
     "acknowledged, retained_ns, doc, plan, tomb, compacted_ns) "
@@ -132,8 +148,8 @@ NEW_CALL_WITHIN_QUOTA: LiteralString = (
     "%(ack)s::boolean, %(retained)s::bigint, %(doc)s::bytea, %(plan)s::bytea, "
     "NULL, NULL FROM l RETURNING 1) "
     "SELECT count(*), pg_current_xact_id_if_assigned()::text, "
-    "pg_postmaster_start_time() FROM c"
-)
+    "pg_postmaster_start_time() FROM c",
+))  # fmt: skip
 # The row's columns by name (`_named`), `old` (the revision compared), and
 # the counters' (`_counted`): `size`, the new document's length; the old
 # document's is read in the statement, as stored.
