@@ -3,14 +3,22 @@ open which backend, and that each backend's entry opens its store."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import random
 from pathlib import Path
 
 import pytest
 
 from sidecar.config import ConfigError, validate_store_url
+from sidecar.ledger.model import Outcome, Result, State
+from sidecar.rpc import summaries
 from sidecar.storage import backends
+from sidecar.storage.api import CallWrite, Table
 from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.storage.postgres.store import PostgresStore
+from sidecar.storage.records import call_key
+from tests.storage.random_calls import random_call
 
 
 @pytest.mark.parametrize(
@@ -55,3 +63,29 @@ def test_each_entry_opens_its_store(tmp_path: Path, pg_url: str) -> None:
         assert isinstance(pg, PostgresStore)
     finally:
         pg.close()
+
+
+def test_the_shared_store_writes_no_plan_rows(pg_url: str) -> None:
+    """PostgreSQL is opened without the daemon's `summarize`: a committed
+    record's row holds its document alone, which Recover decodes."""
+    backend = backends.of_url(pg_url)
+    assert backend is not None
+    opening = backends.Opening(summarize=summaries.summarize)
+    store = backend.entry().open(pg_url, opening)
+    try:
+        started = dataclasses.replace(
+            random_call(random.Random(1), "c", state=State.PREPARED)  # noqa: S311, revision=1
+        )
+        result = Result(Outcome.OK, None, "", "done", "sha256:" + "ab" * 32)
+        committed = dataclasses.replace(
+            started, state=State.COMMITTED, revision=2, result=result
+        )
+        asyncio.run(store.save_call(CallWrite(None, started)))
+        asyncio.run(store.save_call(CallWrite(started, committed)))
+        assert store.read(lambda v: v.get(Table.CALLS, call_key(committed.ref)))
+        assert (
+            store.read(lambda v: v.get(Table.PLAN_ROWS, call_key(committed.ref)))
+            is None
+        )
+    finally:
+        store.close()

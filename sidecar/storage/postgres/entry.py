@@ -17,10 +17,13 @@ class _Postgres:
             PostgresStore,
         )
 
+        # No plan rows (`storage.plan_rows`) on the shared store: a row is
+        # the committed record once more, in every commit's WAL (about a
+        # tenth of a call's) and its encoding in every commit's CPU, where
+        # what it spares is a Recover's decoding of the documents it reads
+        # (docs/operations.md, "The schema").
         options = PostgresOptions(
-            on_commit=opening.on_commit,
-            failpoints=opening.failpoints,
-            summarize=opening.summarize,
+            on_commit=opening.on_commit, failpoints=opening.failpoints
         )
         return PostgresStore(where, options)
 
