@@ -28,7 +28,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sidecar.clock import every
 from sidecar.composition import SERVICES, Services, compose, handlers, server_options
-from sidecar.config import ConfigError, ServeConfig, is_loopback, split_host_port
+from sidecar.config import ConfigError, ServeConfig, split_host_port
 from sidecar.directories import (
     data_disk,
     make_private_directory,
@@ -36,14 +36,16 @@ from sidecar.directories import (
 )
 from sidecar.errors import ShuttingDown
 from sidecar.locking import ExclusiveLock
-from sidecar.observability.metrics import Metrics, MetricsServer, serve_metrics
+from sidecar.observability.metrics import Metrics, MetricsServer
 from sidecar.rpc import tls
+from sidecar.rpc.frames import FramesServer, serve_frames
 from sidecar.rpc.summaries import summarize
 from sidecar.seams import Seams
 from sidecar.services.lease_sweep import SweepPass
 from sidecar.services.membership import LEASE_SWEEP, RETENTION
 from sidecar.services.policy import Reload
 from sidecar.services.retention import PassResult
+from sidecar.side_ports import log_serving, start_health_port, start_metrics
 from sidecar.storage.api import Store
 from sidecar.stores import ledger_to_create, open_store
 
@@ -84,6 +86,7 @@ class Daemon:
         self.metrics_address: str | None = None
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
+        self._frames: FramesServer | None = None
         self._health: health_aio.HealthServicer | None = None
         self._store: Store | None = None
         self._socket_lock: ExclusiveLock | None = None
@@ -157,7 +160,8 @@ class Daemon:
             options=server_options(cfg),
             maximum_concurrent_rpcs=services.slots.backstop,
         )
-        server.add_generic_rpc_handlers(handlers(services, cfg))
+        servicers = handlers(services, cfg)
+        server.add_generic_rpc_handlers(servicers)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         names = [s.full_name for s in SERVICES]
@@ -183,17 +187,12 @@ class Daemon:
             tcp = f"{host}:{port}"
         await server.start()
         os.chmod(sock, 0o600)
+        if cfg.local_frames:
+            self._frames = await serve_frames(
+                sock, services.gate, servicers, cfg.server_limits.max_message_bytes
+            )
         self.health_address = await self._start_health_port(services)
-        if cfg.metrics_listen is not None:
-            host, port = split_host_port("metrics-listen", cfg.metrics_listen)
-            self.metrics_server = serve_metrics(self.metrics, host, port)
-            self.metrics_address = self.metrics_server.address
-            if not is_loopback(host):
-                log.warning(
-                    "metrics on %s answer anyone who reaches them, without "
-                    "authentication: restrict who may (a NetworkPolicy, a firewall)",
-                    self.metrics_address,
-                )
+        self._start_metrics()
         for name in ("", *names):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.endpoints = Endpoints(f"unix:{sock}", tcp)
@@ -202,22 +201,20 @@ class Daemon:
         return self.endpoints
 
     def _log_serving(self, services: Services, incarnation: int) -> None:
-        """Every listener (ports asked as 0 as bound) and the provider
-        routes, in one line."""
         assert self.endpoints is not None
-        health, metrics = self.health_address, self.metrics_address
-        listeners = [self.endpoints.unix, self.endpoints.tcp or ""]
-        listeners += [f"health {health}" if health else ""]
-        listeners += [f"metrics http://{metrics}/metrics" if metrics else ""]
-        listeners = [x for x in listeners if x]
-        routes = services.provider.route_names
-        log.info(
-            "effectd serving on %s (daemon %s, incarnation %d); provider routes: %s",
-            ", ".join(listeners),
-            services.membership.daemon_id,
+        frames = self._frames
+        log_serving(
+            [
+                self.endpoints.unix,
+                self.endpoints.tcp or "",
+                f"frames unix:{frames.path}" if frames else "",
+                f"health {self.health_address}" if self.health_address else "",
+                f"metrics http://{self.metrics_address}/metrics"
+                if self.metrics_address
+                else "",
+            ],
+            services,
             incarnation,
-            ", ".join(routes) or "none",
-            extra={"listeners": listeners, "routes": list(routes)},
         )
 
     def _start_periodic_passes(self, services: Services) -> None:
@@ -241,20 +238,20 @@ class Daemon:
         ]
 
     async def _start_health_port(self, services: Services) -> str | None:
-        """A plaintext port serving only grpc.health.v1, for probes that can
-        bring neither credentials nor a Unix socket (Kubernetes). Through the
-        gate, as the main port: its Watch streams share the main port's
-        pool and its bound per peer."""
         if self.config.health_listen is None or self._health is None:
             return None
-        server = self._health_server = grpc.aio.server(
-            interceptors=[services.gate], options=[("grpc.so_reuseport", 0)]
+        server, address = await start_health_port(
+            self.config.health_listen, services.gate, self._health
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        host, _ = split_host_port("health-listen", self.config.health_listen)
-        port = server.add_insecure_port(self.config.health_listen)
-        await server.start()
-        return f"{host}:{port}"
+        self._health_server = server
+        return address
+
+    def _start_metrics(self) -> None:
+        if self.config.metrics_listen is not None:
+            self.metrics_server = start_metrics(
+                self.metrics, self.config.metrics_listen
+            )
+            self.metrics_address = self.metrics_server.address
 
     async def _claim(self, name: str, interval_seconds: float) -> bool:
         """Whether this daemon runs the pass `name` now (one daemon sharing
@@ -348,6 +345,18 @@ class Daemon:
         if self._server is not None:
             await self._server.wait_for_termination()
 
+    async def _stop_listeners(self, grace: float) -> None:
+        """The framed transport's and gRPC's: what is in flight is answered
+        within `grace` seconds."""
+        if self._frames is not None:
+            await self._frames.stop(grace)
+            self._frames = None
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+            with contextlib.suppress(FileNotFoundError):
+                self.config.socket_path.unlink()
+
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop; safe to call more than once."""
         grace = self.config.grace_seconds if grace is None else grace
@@ -363,11 +372,7 @@ class Daemon:
         if services is not None:
             # Session streams answer what they have in flight, then end.
             services.draining.begin()
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
-            with contextlib.suppress(FileNotFoundError):
-                self.config.socket_path.unlink()
+        await self._stop_listeners(grace)
         if self._health_server is not None:
             await self._health_server.stop(0)
             self._health_server = None

@@ -153,6 +153,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("reflection", Kind.BOOL, "serve gRPC reflection (--no-reflection: do not)"),
     Setting(
+        "local_frames",
+        Kind.BOOL,
+        "also serve the session's messages as frames on a Unix socket beside "
+        "the gRPC one (effectd.frames.sock), for clients on this host",
+    ),
+    Setting(
         "policy",
         Kind.PATH,
         "TOML policy file (retries, leases, retention, forced effects); "

@@ -109,6 +109,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "rpc",
         "seams",
     },
+    # The side ports beside the gRPC listeners (health, metrics), and the
+    # line naming every listener.
+    "side_ports": BASE | {"config", "observability", "composition"},
     # The lifecycle: start and stop.
     "server": BASE
     | {
@@ -121,6 +124,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         "seams",
         "stores",
         "composition",
+        "side_ports",
     },
     # The operator's tool: a client of the daemon through the public client,
     # and the offline restore, which opens the store itself.

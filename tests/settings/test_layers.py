@@ -134,6 +134,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "sync": ("false", False),
     "grace": ("2.5", 2.5),
     "reflection": ("no", False),
+    "local_frames": ("yes", True),
     "policy": ("policy.toml", Path("policy.toml")),
     "providers": ("providers.toml", Path("providers.toml")),
     "retention_interval": ("30", 30.0),

@@ -1343,6 +1343,44 @@ class SessionCancel(_message.Message):
 Global___SessionCancel: _TypeAlias = SessionCancel  # noqa: Y015
 
 @_typing.final
+class SessionHello(_message.Message):
+    """The first frame a client sends on the local framed transport: a Unix
+    socket beside the daemon's gRPC socket (effectd.sock: effectd.frames.sock)
+    that carries the session's messages without gRPC, served when the daemon
+    runs with --local-frames (contract §2.8). A frame is a 4-byte big-endian
+    length, then the message. After this one, every frame of the client is a
+    SessionRequest (ids from 1) and every frame of the daemon a
+    SessionResponse; one of id 0 ends the session with its `error`, as the
+    stream's status does on gRPC, and the daemon closes the connection.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    AUTHORIZATION_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """Of the frames' format: 1."""
+    authorization: _builtins.str
+    """The `authorization` metadata a gRPC call carries: "Bearer <token>"."""
+    traceparent: _builtins.str
+    """The session's W3C trace context, as the `traceparent` metadata."""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        authorization: _builtins.str = ...,
+        traceparent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization", b"authorization", "traceparent", b"traceparent", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionHello: _TypeAlias = SessionHello  # noqa: Y015
+
+@_typing.final
 class SessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
