@@ -40,7 +40,7 @@ from effectd_client._types import (
 )
 
 # unasync: sync-only
-# from effectd_client._client_sync import closer, recovered
+# from effectd_client._client_sync import closer, recovered, session_of
 # unasync: end
 
 T = TypeVar("T")
@@ -120,9 +120,20 @@ class AsyncClient:
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
+        # unasync: async-only
         self._session = (
             AsyncSession(self._channel, self._metadata) if wanted(session) else None
         )
+        # unasync: end
+        # unasync: sync-only
+        # # A daemon on this host that serves the framed transport is asked
+        # # through it (`effectd_client._frames`), else by the gRPC stream.
+        # self._session = (
+        #     session_of(self._connection.target, self._channel, self._metadata)
+        #     if wanted(session)
+        #     else None
+        # )
+        # unasync: end
         self._tool = LedgerCalls(
             self._ledger, self._session.method if self._session else None
         )

@@ -18,12 +18,25 @@ import grpc
 
 from effectd_client._channel import Metadata
 from effectd_client._exceptions import EffectdError
+from effectd_client._frames import FramesSession, wanted_path
 from effectd_client._session import Session, release
 from effectd_client._types import RecoveryPlan
 
 
+def session_of(
+    target: str, channel: grpc.Channel, metadata: Metadata
+) -> Session | FramesSession:
+    """The client's ledger session: on the framed transport when the
+    daemon serves it on this host (`_frames.wanted_path`), else the gRPC
+    session stream of `channel`."""
+    path = wanted_path(target)
+    if path is not None:
+        return FramesSession(path, metadata)
+    return Session(channel, metadata)
+
+
 def closer(
-    client: object, session: Session | None, channel: grpc.Channel
+    client: object, session: Session | FramesSession | None, channel: grpc.Channel
 ) -> weakref.finalize[..., object]:
     """Closes `session` and `channel` once: when called, or when `client` is
     dropped without being closed (its stream and reader thread end too)."""

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from effectd.v1 import ledger_pb2 as pb
@@ -226,11 +226,15 @@ class Session:
         self._reset()
 
 
-def release(session: Session | None, channel: grpc.Channel) -> None:
+def release(session: _Closes | None, channel: grpc.Channel) -> None:
     """What closing a client does: its session, then its channel."""
     if session is not None:
         session.close()
     channel.close()
+
+
+class _Closes(Protocol):
+    def close(self) -> None: ...
 
 
 # Every live session, for the fork handler (weakly: a client closed or

@@ -1,0 +1,320 @@
+"""The sync client's ledger session over the daemon's framed transport
+(docs/contract.md §2.8): the session's messages as length-prefixed frames on
+`effectd.frames.sock`, a blocking socket, no helper thread.
+
+A caller sends its message under the session's lock and waits for its
+answer; one waiting caller at a time reads the socket (outside the lock),
+hands each answer to the caller whose id it carries and goes on until its
+own has come, then lets another waiting caller read. The messages, the table
+of those in flight, the errors and what the end of a connection means are
+`effectd_client._session_wire`'s, as on the gRPC stream: a message the
+connection took is failed `mayHaveBeenApplied=true` if it breaks, one it had
+not taken is sent once more on a new connection, and a daemon that refuses
+the session as a whole (`_session_wire.ended`) is asked by the unary RPCs.
+
+A client uses it for a `unix:` target whose daemon serves the framed socket
+(`--local-frames`), unless `EFFECTD_TRANSPORT=grpc`; `wanted_path` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from effectd.v1 import ledger_pb2 as pb
+
+from effectd_client import _session_wire as wire
+from effectd_client._channel import Metadata
+
+TRANSPORT_ENV = "EFFECTD_TRANSPORT"
+_HEADER = struct.Struct(">I")
+_UNARY = object()
+
+
+def wanted_path(target: str) -> str | None:
+    """The framed socket of `target` when a client should use it: a
+    `unix:` target whose daemon serves one, and `EFFECTD_TRANSPORT` not
+    `grpc`."""
+    if os.environ.get(TRANSPORT_ENV, "").strip().lower() == "grpc":
+        return None
+    if not target.startswith("unix:"):
+        return None
+    grpc_socket = Path(target.removeprefix("unix:").removeprefix("//"))
+    path = grpc_socket.with_name(f"{grpc_socket.stem}.frames{grpc_socket.suffix}")
+    return str(path) if path.exists() else None
+
+
+class _Answer:
+    """One caller's answer, set under the session's lock."""
+
+    __slots__ = ("answer", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.answer: Any = None
+        self.error: Exception | None = None
+
+    def set(self, answer: Any) -> None:
+        self.answer, self.done = answer, True
+
+    def fail(self, error: Exception) -> None:
+        self.error, self.done = error, True
+
+
+class _Conn:
+    """One connection: its socket and whether it has ended."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.dead = False
+
+    def send(self, message: Any) -> None:
+        data = message.SerializeToString()
+        self.sock.sendall(_HEADER.pack(len(data)) + data)
+
+    def receive(self, timeout: float | None) -> Any:
+        """The next frame's SessionResponse; raises TimeoutError when none
+        began within `timeout` (nothing of it read), EOFError at the
+        daemon's end."""
+        self.sock.settimeout(timeout)
+        first = self.sock.recv(_HEADER.size)
+        if not first:
+            raise EOFError("the daemon closed the connection")
+        self.sock.settimeout(None)  # a frame begun is read whole
+        (size,) = _HEADER.unpack(first + self._exactly(_HEADER.size - len(first)))
+        return pb.SessionResponse.FromString(self._exactly(size))
+
+    def _exactly(self, size: int) -> bytes:
+        chunks, left = [], size
+        while left:
+            chunk = self.sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise EOFError("the daemon closed the connection")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+
+class FramesSession:
+    """The ledger session of one sync `Client` on the framed transport (see
+    the module docstring); its interface is `effectd_client._session`'s."""
+
+    def __init__(self, path: str, metadata: Metadata) -> None:
+        self._path = path
+        values = dict(metadata)
+        self._hello = pb.SessionHello(
+            version=1,
+            authorization=str(values.get("authorization", "")),
+            traceparent=str(values.get("traceparent", "")),
+        )
+        self._unary = False
+        self._unary_until = 0.0
+        self._closed = False
+        self._reset()
+        _SESSIONS.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Condition()
+        self._table: wire.InFlight[_Answer] = wire.InFlight()
+        self._conn: _Conn | None = None
+        self._reading = False
+
+    @property
+    def unary(self) -> bool:
+        return self._unary
+
+    def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
+        """RPC `name` called as a stub's method, through this session."""
+
+        def call(
+            request: Any, timeout: float | None = None, metadata: Any = None
+        ) -> Any:
+            answer = self.call(name, request, timeout)
+            if answer is _UNARY:
+                return unary(request, timeout=timeout, metadata=metadata)
+            return answer
+
+        return call
+
+    def call(self, name: str, body: Any, timeout: float | None) -> Any:
+        """The answer of RPC `name`, `_UNARY` when the session is not
+        served; raises `SessionRpcError`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiter = _Answer()
+        with self._lock:
+            if self._closed:
+                raise wire.closed()
+            if self._unary or time.monotonic() < self._unary_until:
+                return _UNARY
+            entry = self._table.add(name, body, timeout, waiter)
+            self._send(entry)
+        self._wait(entry, deadline)
+        if waiter.error is not None:
+            raise waiter.error
+        if waiter.answer is _UNARY:
+            return _UNARY
+        return wire.outcome(name, waiter.answer)
+
+    def _wait(self, entry: wire.Entry[_Answer], deadline: float | None) -> None:
+        """Until `entry` is answered, reading the socket when no other
+        caller does; past `deadline`, its message is cancelled and it fails
+        DEADLINE_EXCEEDED."""
+        waiter = entry.waiter
+        while True:
+            with self._lock:
+                while not waiter.done:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        self._late(entry)
+                        return
+                    conn = entry.stream
+                    if not self._reading and isinstance(conn, _Conn) and not conn.dead:
+                        self._reading = True
+                        break
+                    self._lock.wait(left)
+                else:
+                    return
+            self._read(conn, waiter, deadline)
+
+    def _late(self, entry: wire.Entry[_Answer]) -> None:
+        # Holds the lock. Its caller stops waiting: a message sent is
+        # cancelled on the daemon too.
+        if self._table.drop(entry):
+            conn = entry.stream
+            if entry.sent and isinstance(conn, _Conn) and not conn.dead:
+                try:
+                    conn.send(wire.cancel(entry.message.id))
+                except OSError as exc:
+                    self._ended(conn, exc)
+            entry.waiter.fail(wire.deadline_exceeded())
+        elif not entry.waiter.done:  # pragma: no cover - the table holds it
+            entry.waiter.fail(wire.deadline_exceeded())
+
+    def _read(self, conn: _Conn, waiter: _Answer, deadline: float | None) -> None:
+        """Reads answers until `waiter` has its own, the connection ends, or
+        `deadline` passes; then lets another caller read."""
+        error: BaseException | None = None
+        try:
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                try:
+                    answer = conn.receive(left)
+                except TimeoutError:
+                    return
+                with self._lock:
+                    if answer.id == 0:  # the daemon ended the session
+                        error = wire.SessionRpcError(answer.error)
+                        return
+                    found = self._table.answer(answer.id)
+                    if found is not None:
+                        found.waiter.set(answer)
+                        self._lock.notify_all()
+                    if waiter.done:
+                        return
+        except (OSError, EOFError, ValueError) as exc:
+            error = exc if not isinstance(exc, EOFError) else None
+            conn.dead = True
+        finally:
+            with self._lock:
+                self._reading = False
+                if conn.dead or error is not None:
+                    self._ended(conn, error)
+                self._lock.notify_all()
+
+    def _send(self, entry: wire.Entry[_Answer]) -> None:
+        # Holds the lock.
+        conn = self._conn
+        if conn is None or conn.dead:
+            try:
+                conn = self._open()
+            except OSError as exc:
+                self._table.drop(entry)
+                entry.waiter.fail(_not_connected(exc))
+                return
+        entry.stream = conn
+        try:
+            conn.send(entry.message)
+        except OSError as exc:
+            self._ended(conn, exc)
+            return
+        entry.sent = True
+
+    def _open(self) -> _Conn:
+        # Holds the lock.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self._path)
+            conn = _Conn(sock)
+            conn.send(self._hello)
+        except OSError:
+            sock.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _ended(self, conn: _Conn, error: BaseException | None) -> None:
+        # Holds the lock.
+        if self._conn is conn:
+            self._conn = None
+        conn.dead = True
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        end = wire.ended(self._table, conn, error, self._closed)
+        self._unary = self._unary or end.unary
+        if end.pause:
+            self._unary_until = time.monotonic() + end.pause
+        for entry in end.fallback:
+            entry.waiter.set(_UNARY)
+        for entry, failure in end.failed:
+            entry.waiter.fail(failure)
+        for entry in end.again:
+            self._send(entry)
+        self._lock.notify_all()
+
+    def close(self) -> None:
+        """Ends the connection: the messages in flight fail CANCELLED."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conn, self._conn = self._conn, None
+            for entry in self._table.clear():
+                entry.waiter.fail(wire.closed())
+            self._lock.notify_all()
+        if conn is not None:
+            conn.dead = True
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.sock.close()
+
+    def _after_fork(self) -> None:
+        # The parent's connection and waiters are not this process's.
+        self._reset()
+
+
+def _not_connected(error: OSError) -> Exception:
+    """A message no connection took: not sent (the client then waits for
+    the daemon, as for a gRPC call that found no connection)."""
+    return wire.broken(False, f"no connection to the framed socket: {error}")
+
+
+# Every live session, for the fork handler (weakly).
+_SESSIONS: weakref.WeakSet[FramesSession] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for session in list(_SESSIONS):
+        session._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

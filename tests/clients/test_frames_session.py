@@ -1,0 +1,295 @@
+"""The sync client's session on the daemon's framed transport
+(`effectd_client._frames`): chosen for a `unix:` target whose daemon serves
+the framed socket, unless `EFFECTD_TRANSPORT=grpc`; answers reach their own
+callers whichever thread reads; a message past its deadline is cancelled on
+the daemon; a connection cut with a start in flight leaves it unknown, never
+sent again, and the next call opens a new one; the token is the hello's; a
+fork starts with an empty session; close leaves no connection behind.
+
+The daemon is real; messages are held in flight by `tests.rpc.sessions`'s
+`HeldDaemon` (a prepare of a call whose id starts with `hold`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from effectd.v1 import ledger_pb2 as pb
+
+from effectd_client import Client, EffectdError
+from effectd_client import _session_wire as wire
+from effectd_client._frames import TRANSPORT_ENV, FramesSession
+from effectd_client._session import Session
+from sidecar.config import ServeConfig
+from sidecar.testing import RunningDaemon, running_daemon
+from tests.auth.support import AGENT_A, authenticated_daemon
+from tests.rpc.sessions import HeldDaemon, Holds
+
+THREADS = 16
+
+
+@pytest.fixture
+def holds() -> Holds:
+    return Holds()
+
+
+@pytest.fixture
+def held(config: ServeConfig, holds: Holds) -> Iterator[RunningDaemon]:
+    cfg = dataclasses.replace(config, grace_seconds=5)
+    with running_daemon(cfg, daemon=HeldDaemon(cfg, holds)) as running:
+        try:
+            yield running
+        finally:
+            holds.release()
+
+
+def _framed(client: Client) -> FramesSession:
+    session = client._session
+    assert isinstance(session, FramesSession)
+    return session
+
+
+# -- which transport -----------------------------------------------------------
+
+
+def test_a_daemon_on_this_host_is_asked_through_its_framed_socket(
+    daemon: RunningDaemon,
+) -> None:
+    with Client(daemon.target) as client:
+        _framed(client)
+        p = client.prepare_tool("run", "c", "pay", {"n": 1}, start=True)
+        client.commit_tool("run", "c", p.call.attempt, {"ok": 1}, acknowledge=True)
+        again = client.prepare_tool("run", "c", "pay", {"n": 1}, start=True)
+        assert again.decision.name == "RETURN_RESULT"
+
+
+def test_effectd_transport_grpc_keeps_the_stream(
+    daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, "grpc")
+    with Client(daemon.target) as client:
+        assert isinstance(client._session, Session)
+
+
+def test_a_daemon_without_the_framed_socket_is_asked_by_the_stream(
+    short_tmp: Path,
+) -> None:
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, local_frames=False)
+    with running_daemon(config) as running, Client(running.target) as client:
+        assert isinstance(client._session, Session)
+        assert client.prepare_tool("run", "c", "pay", {}).call.call_id == "c"
+
+
+def test_the_token_goes_in_the_hello(short_tmp: Path) -> None:
+    with authenticated_daemon(short_tmp / "data") as (daemon, _):
+        with Client(daemon.target, token=AGENT_A) as client:
+            _framed(client)
+            got = client.prepare_tool("run", "c", "pay", {})
+            assert got.call.namespace == "a"
+        with (
+            Client(daemon.target, token="not-a-token") as client,
+            pytest.raises(EffectdError) as info,
+        ):
+            client.prepare_tool("run", "c", "pay", {})
+        assert info.value.reason == "UNAUTHENTICATED"
+
+
+# -- answers in any order ------------------------------------------------------
+
+
+def _prepare_at_once(client: Client, n: int) -> dict[str, str]:
+    """`n` threads prepare `n` calls at once: the call id each got back."""
+    got: dict[str, str] = {}
+    start = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        start.wait(timeout=30)
+        p = client.prepare_tool("run-many", f"c{i}", "t", {"i": i})
+        got[f"c{i}"] = p.call.call_id
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return got
+
+
+def test_many_threads_get_their_own_answers(daemon: RunningDaemon) -> None:
+    with Client(daemon.target) as client:
+        _framed(client)
+        got = _prepare_at_once(client, THREADS)
+    assert got == {f"c{i}": f"c{i}" for i in range(THREADS)}
+
+
+def test_negative_control_answers_given_in_turn_reach_the_wrong_threads(
+    daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a session that hands each answer to the newest
+    waiter instead of the one its id names."""
+
+    def newest(table: wire.InFlight[object], message_id: int) -> object:
+        entries = table._entries
+        return entries.pop(max(entries)) if entries else None
+
+    monkeypatch.setattr(wire.InFlight, "answer", newest)
+    with Client(daemon.target) as client:
+        got = _prepare_at_once(client, THREADS)
+    assert got != {f"c{i}": f"c{i}" for i in range(THREADS)}
+
+
+# -- deadlines -----------------------------------------------------------------
+
+
+def _past_its_deadline(held: RunningDaemon) -> None:
+    with Client(held.target, timeout=0.3) as client:
+        _framed(client)
+        with pytest.raises(EffectdError) as info:
+            client.prepare_tool("run", "hold-1", "pay", {})
+        assert info.value.code.name == "DEADLINE_EXCEEDED"
+        # The session serves on.
+        assert client.prepare_tool("run", "after", "pay", {}).call.call_id == "after"
+
+
+@pytest.fixture
+def no_deadline_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The messages carry no deadline of their own (the daemon's default
+    one, far off), so that only a cancel cuts a held one here."""
+    monkeypatch.setattr(wire, "timeout_ms", lambda timeout: 0)
+
+
+@pytest.mark.usefixtures("no_deadline_sent")
+def test_a_message_past_its_deadline_is_cancelled(
+    held: RunningDaemon, holds: Holds
+) -> None:
+    _past_its_deadline(held)
+    holds.wait_until(lambda h: h.cut == 1)
+
+
+@pytest.mark.usefixtures("no_deadline_sent")
+def test_negative_control_without_cancel_the_daemon_hears_nothing(
+    held: RunningDaemon, holds: Holds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wire, "cancel", _not_a_cancel)
+    _past_its_deadline(held)
+    assert holds.cut == 0
+    assert holds.now == 1
+
+
+def _not_a_cancel(message_id: int) -> object:
+    """A message that is not a cancel (the negative control's stand-in)."""
+    return pb.SessionRequest(
+        id=10_000 + message_id,
+        get_tool_call=pb.GetToolCallRequest(ref=pb.CallRef(run_id="r", call_id="x")),
+    )
+
+
+# -- a connection cut ----------------------------------------------------------
+
+
+def _cut(running: RunningDaemon) -> None:
+    """Ends the daemon's side of every framed connection."""
+    frames = running.daemon._frames
+    assert frames is not None
+
+    def cut() -> None:
+        for task in list(frames._connections):
+            task.cancel()
+
+    running.loop.call_soon_threadsafe(cut)
+
+
+def _start_cut(held: RunningDaemon, holds: Holds) -> list[EffectdError]:
+    """A start held on the daemon, its connection cut: what it raised."""
+    failed: list[EffectdError] = []
+    with Client(held.target) as client:
+
+        def start() -> None:
+            try:
+                client.prepare_tool("run", "hold-1", "pay", {}, start=True)
+            except EffectdError as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=start)
+        thread.start()
+        holds.wait_until(lambda h: h.now == 1)
+        _cut(held)
+        holds.wait_until(lambda h: h.now == 0)
+        holds.release()
+        thread.join(timeout=30)
+        # A new connection serves the next call.
+        assert client.prepare_tool("run", "next", "pay", {}).call.call_id == "next"
+    return failed
+
+
+def test_a_start_whose_connection_was_cut_is_unknown_and_never_sent_again(
+    held: RunningDaemon, holds: Holds
+) -> None:
+    failed = _start_cut(held, holds)
+    assert [e.metadata.get(wire.MAY_HAVE_BEEN_APPLIED) for e in failed] == ["true"]
+    assert holds.entered == 1  # never sent again
+
+
+def test_negative_control_a_session_that_sends_again_is_caught(
+    held: RunningDaemon, holds: Holds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a session that sends a message its cut
+    connection had taken again."""
+
+    def all_again(
+        table: wire.InFlight[object], stream: object
+    ) -> tuple[list[wire.Entry[object]], list[wire.Entry[object]]]:
+        again = table.take(stream)
+        for entry in again:
+            entry.sent, entry.stream = False, None
+            table._entries[entry.message.id] = entry
+        return [], again
+
+    monkeypatch.setattr(wire.InFlight, "broken", all_again)
+    _start_cut(held, holds)
+    assert holds.entered == 2
+
+
+# -- fork and close --------------------------------------------------------------
+
+
+def test_a_forked_child_starts_with_an_empty_session(daemon: RunningDaemon) -> None:
+    with Client(daemon.target) as client:
+        client.prepare_tool("run", "parent", "pay", {})
+        pid = os.fork()
+        if pid == 0:  # the child: its own connection
+            code = 1
+            try:
+                got = client.prepare_tool("run", "child", "pay", {})
+                code = 0 if got.call.call_id == "child" else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert client.prepare_tool("run", "parent-2", "pay", {}).call.call_id
+
+
+def test_close_fails_what_waits_and_leaves_no_connection(
+    held: RunningDaemon, holds: Holds
+) -> None:
+    client = Client(held.target)
+    session = _framed(client)
+    failed: list[EffectdError] = []
+
+    def wait() -> None:
+        try:
+            client.prepare_tool("run", "hold-1", "pay", {})
+        except EffectdError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    holds.wait_until(lambda h: h.now == 1)
+    client.close()
+    thread.join(timeout=30)
+    assert [e.code.name for e in failed] == ["CANCELLED"]
+    assert session._conn is None
