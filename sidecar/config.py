@@ -211,7 +211,7 @@ class ServeConfig:
     reflection: bool = True
     # Also serve the session's messages as frames on a Unix socket beside
     # the gRPC one (`sidecar.rpc.frames`).
-    local_frames: bool = False
+    local_frames: bool = True
     # Bearer tokens: a TOML file of [[token]] tables, mode 0600 (see
     # sidecar.auth), or the same text from the environment (EFFECTD_TOKENS).
     # Neither: authentication is off, and only the socket and loopback serve.

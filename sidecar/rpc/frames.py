@@ -1,6 +1,6 @@
 """The local framed transport: the session stream's messages over a plain
 Unix socket beside the gRPC one, for a client on the same host
-(docs/contract.md §2.8; `--local-frames`, off by default).
+(docs/contract.md §2.8; on unless `--no-local-frames`).
 
 A frame is a 4-byte big-endian length, then that many bytes of protobuf.
 The client's first frame is a `SessionHello`: what the stream's metadata
@@ -271,12 +271,22 @@ async def serve_frames(
     gate: Any,
     servicers: tuple[grpc.GenericRpcHandler[Any, Any], ...],
     max_bytes: int,
-) -> FramesServer:
-    """The framed transport, started beside `grpc_socket`."""
-    server = FramesServer(
-        frames_path(grpc_socket), gate, lookup_in(servicers), max_bytes
-    )
-    await server.start()
+) -> FramesServer | None:
+    """The framed transport, started beside `grpc_socket`; None, with a
+    warning, when its socket cannot be made (a path past the 107 bytes a
+    Unix socket's name may have): clients then find no socket and use the
+    gRPC stream."""
+    path = frames_path(grpc_socket)
+    server = FramesServer(path, gate, lookup_in(servicers), max_bytes)
+    try:
+        await server.start()
+    except OSError as exc:
+        log.warning(
+            "the framed transport is not served (%s: %s); clients use gRPC",
+            path,
+            exc,
+        )
+        return None
     return server
 
 

@@ -156,7 +156,8 @@ SETTINGS: tuple[Setting, ...] = (
         "local_frames",
         Kind.BOOL,
         "also serve the session's messages as frames on a Unix socket beside "
-        "the gRPC one (effectd.frames.sock), for clients on this host",
+        "the gRPC one (effectd.frames.sock), which clients on this host use "
+        "(--no-local-frames: do not)",
     ),
     Setting(
         "policy",

@@ -121,10 +121,24 @@ def test_each_frame_is_answered_as_its_unary_rpc(short_tmp: Path) -> None:
         assert client.receive() is None  # every message answered: closed
 
 
-def test_no_socket_without_the_flag(short_tmp: Path) -> None:
-    config = ServeConfig(data_dir=short_tmp / "data", init=True)
+def test_no_socket_with_no_local_frames(short_tmp: Path) -> None:
+    config = ServeConfig(data_dir=short_tmp / "data", init=True, local_frames=False)
     with running_daemon(config) as running:
         assert not frames_path(Path(running.target.removeprefix("unix:"))).exists()
+
+
+def test_a_socket_path_too_long_is_served_by_grpc_alone(tmp_path: Path) -> None:
+    """The framed socket's name is 7 bytes longer than the gRPC one's: one
+    that fits leaves the other past a Unix socket's 107 bytes. The daemon
+    serves gRPC and warns."""
+    filler = 105 - len(str(tmp_path)) - len("//effectd.sock")
+    grpc_socket = tmp_path / ("s" * filler) / "effectd.sock"
+    grpc_socket.parent.mkdir(mode=0o700)
+    assert len(str(grpc_socket)) <= 107 < len(str(frames_path(grpc_socket)))
+    config = ServeConfig(data_dir=tmp_path / "data", init=True, socket=grpc_socket)
+    with running_daemon(config) as running:
+        assert not frames_path(grpc_socket).exists()
+        _assert_grpc_serves(running)
 
 
 def test_the_hello_is_authenticated_as_the_streams_metadata(short_tmp: Path) -> None:
@@ -235,6 +249,11 @@ def _eventually(check: Any) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("never")
+
+
+def _assert_grpc_serves(running: RunningDaemon) -> None:
+    with grpc.insecure_channel(running.target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
 
 
 def _assert_serving(running: RunningDaemon) -> None:

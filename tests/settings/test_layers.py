@@ -134,7 +134,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "sync": ("false", False),
     "grace": ("2.5", 2.5),
     "reflection": ("no", False),
-    "local_frames": ("yes", True),
+    "local_frames": ("no", False),
     "policy": ("policy.toml", Path("policy.toml")),
     "providers": ("providers.toml", Path("providers.toml")),
     "retention_interval": ("30", 30.0),
@@ -210,7 +210,7 @@ def test_every_setting_is_read_from_every_layer(key: str, layer: Layer) -> None:
         if s.kind is not settings.Kind.BOOL:
             argv = (s.flag, text)
         else:
-            argv = (s.flag,) if value else (f"--no-{key}",)
+            argv = (s.flag,) if value else (f"--no-{s.flag.removeprefix('--')}",)
     elif layer is Layer.ENV:
         env[s.env] = text
     else:
