@@ -4,7 +4,8 @@ the framed socket, unless `EFFECTD_TRANSPORT=grpc`; answers reach their own
 callers whichever thread reads; a message past its deadline is cancelled on
 the daemon; a connection cut with a start in flight leaves it unknown, never
 sent again, and the next call opens a new one; the token is the hello's; a
-fork starts with an empty session; close leaves no connection behind.
+fork starts with an empty session; close leaves a message sent unknown and
+no connection behind.
 
 The daemon is real; messages are held in flight by `tests.rpc.sessions`'s
 `HeldDaemon` (a prepare of a call whose id starts with `hold`)."""
@@ -27,6 +28,7 @@ from effectd_client._session import Session
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.auth.support import AGENT_A, authenticated_daemon
+from tests.clients.sessions import all_again, prepare_at_once
 from tests.rpc.sessions import HeldDaemon, Holds
 
 THREADS = 16
@@ -101,28 +103,10 @@ def test_the_token_goes_in_the_hello(short_tmp: Path) -> None:
 # -- answers in any order ------------------------------------------------------
 
 
-def _prepare_at_once(client: Client, n: int) -> dict[str, str]:
-    """`n` threads prepare `n` calls at once: the call id each got back."""
-    got: dict[str, str] = {}
-    start = threading.Barrier(n)
-
-    def one(i: int) -> None:
-        start.wait(timeout=30)
-        p = client.prepare_tool("run-many", f"c{i}", "t", {"i": i})
-        got[f"c{i}"] = p.call.call_id
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return got
-
-
 def test_many_threads_get_their_own_answers(daemon: RunningDaemon) -> None:
     with Client(daemon.target) as client:
         _framed(client)
-        got = _prepare_at_once(client, THREADS)
+        got = prepare_at_once(client, THREADS)
     assert got == {f"c{i}": f"c{i}" for i in range(THREADS)}
 
 
@@ -138,7 +122,7 @@ def test_negative_control_answers_given_in_turn_reach_the_wrong_threads(
 
     monkeypatch.setattr(wire.InFlight, "answer", newest)
     with Client(daemon.target) as client:
-        got = _prepare_at_once(client, THREADS)
+        got = prepare_at_once(client, THREADS)
     assert got != {f"c{i}": f"c{i}" for i in range(THREADS)}
 
 
@@ -240,15 +224,6 @@ def test_negative_control_a_session_that_sends_again_is_caught(
     """The check above sees a session that sends a message its cut
     connection had taken again."""
 
-    def all_again(
-        table: wire.InFlight[object], stream: object
-    ) -> tuple[list[wire.Entry[object]], list[wire.Entry[object]]]:
-        again = table.take(stream)
-        for entry in again:
-            entry.sent, entry.stream = False, None
-            table._entries[entry.message.id] = entry
-        return [], again
-
     monkeypatch.setattr(wire.InFlight, "broken", all_again)
     _start_cut(held, holds)
     assert holds.entered == 2
@@ -273,7 +248,7 @@ def test_a_forked_child_starts_with_an_empty_session(daemon: RunningDaemon) -> N
         assert client.prepare_tool("run", "parent-2", "pay", {}).call.call_id
 
 
-def test_close_fails_what_waits_and_leaves_no_connection(
+def test_close_leaves_what_was_sent_unknown_and_no_connection(
     held: RunningDaemon, holds: Holds
 ) -> None:
     client = Client(held.target)
@@ -291,5 +266,8 @@ def test_close_fails_what_waits_and_leaves_no_connection(
     holds.wait_until(lambda h: h.now == 1)
     client.close()
     thread.join(timeout=30)
-    assert [e.code.name for e in failed] == ["CANCELLED"]
+    # Sent: its outcome unknown, as a broken connection's.
+    assert [
+        (e.code.name, e.metadata.get(wire.MAY_HAVE_BEEN_APPLIED)) for e in failed
+    ] == [("UNAVAILABLE", "true")]
     assert session._conn is None

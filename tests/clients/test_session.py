@@ -36,16 +36,26 @@ from effectd_client import (
 )
 from effectd_client import _requests as req
 from effectd_client import _session_wire as wire
+from effectd_client._frames import TRANSPORT_ENV
 from effectd_client._session import Session
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.clients.flaky_proxy import Fault, FlakyProxy, flaky_proxy
+from tests.clients.sessions import all_again, prepare_at_once
 
 FAST = RecordingRetry(attempts=3, deadline=20.0, initial_backoff=0.01)
 LOST = Fault(grpc.StatusCode.UNAVAILABLE, lost=True)
 BROKEN = Fault(broken=True)
 THREADS = 16
+
+
+@pytest.fixture(autouse=True)
+def _the_grpc_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This module tests the gRPC stream: a client that reaches a daemon
+    directly keeps it (`tests/clients/test_frames_session.py` tests the
+    framed transport)."""
+    monkeypatch.setenv(TRANSPORT_ENV, "grpc")
 
 
 @pytest.fixture
@@ -65,24 +75,6 @@ def session_threads() -> list[threading.Thread]:
 
 
 # -- answers in any order ------------------------------------------------------
-
-
-def prepare_at_once(client: Client, n: int) -> dict[str, str]:
-    """`n` threads prepare `n` calls at once: the call id each got back."""
-    got: dict[str, str] = {}
-    start = threading.Barrier(n)
-
-    def one(i: int) -> None:
-        start.wait(timeout=30)
-        p = client.prepare_tool("run-many", f"c{i}", "t", {"i": i})
-        got[f"c{i}"] = p.call.call_id
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return got
 
 
 def test_many_threads_get_their_own_answers_out_of_order(
@@ -218,15 +210,6 @@ def test_negative_control_a_session_that_sends_again_is_caught(
 ) -> None:
     """The check above sees a session that sends a message its broken
     stream had taken again."""
-
-    def all_again(
-        table: wire.InFlight[object], stream: object
-    ) -> tuple[list[wire.Entry[object]], list[wire.Entry[object]]]:
-        again = table.take(stream)
-        for entry in again:
-            entry.sent, entry.stream = False, None
-            table._entries[entry.message.id] = entry
-        return [], again
 
     monkeypatch.setattr(wire.InFlight, "broken", all_again)
     proxy.fail("PrepareTool", LOST)
@@ -459,7 +442,7 @@ def restart_under(
     with running_daemon(config, clock):
         answered = ask_until_answered(client, tries=30)
         session = client._session
-        assert session is not None
+        assert isinstance(session, Session)
         return answered and not session.unary and session._stream is not None
 
 
@@ -490,7 +473,7 @@ def child_state_after_fork(client: Client) -> int:
     """Forks with the client's stream open; the child exits 0 when its copy
     of the session has no stream, no message in flight and a free lock."""
     session = client._session
-    assert session is not None
+    assert isinstance(session, Session)
     pid = os.fork()
     if pid == 0:  # the child: look, never touch grpc, leave at once
         fresh = (

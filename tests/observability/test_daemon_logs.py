@@ -19,6 +19,7 @@ from effectd.v1 import admin_pb2, admin_pb2_grpc
 
 from effectd_client import Client, RevisionConflict
 from sidecar.config import ServeConfig
+from sidecar.rpc.frames import frames_path
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.sessions import Conversation, HeldDaemon, Holds, message, prepare
 
@@ -248,9 +249,11 @@ def test_the_serving_line_names_every_listener_and_the_provider_routes(
         (line,) = [
             r for r in caplog.records if r.getMessage().startswith("effectd serving on")
         ]
+        framed = frames_path(config.socket_path)
         listeners = [
             running.target,
             str(daemon.endpoints.tcp),
+            f"frames unix:{framed}",
             f"health {daemon.health_address}",
             f"metrics http://{daemon.metrics_address}/metrics",
         ]

@@ -31,8 +31,10 @@ def tell(message: dict[str, Any]) -> None:
 
 
 def _saw_it_go(client: Any) -> bool:
+    """No session stream open. A session on the framed transport has none
+    and no reader: its next message finds the connection closed."""
     session = client._session
-    return session is None or session._stream is None
+    return session is None or getattr(session, "_stream", None) is None
 
 
 async def before_turn(client: Any) -> None:

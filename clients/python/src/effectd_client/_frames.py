@@ -36,7 +36,7 @@ from effectd_client._channel import Metadata
 
 TRANSPORT_ENV = "EFFECTD_TRANSPORT"
 _HEADER = struct.Struct(">I")
-_UNARY = object()
+_UNARY = wire.UNARY
 
 
 def wanted_path(target: str) -> str | None:
@@ -133,16 +133,7 @@ class FramesSession:
 
     def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
         """RPC `name` called as a stub's method, through this session."""
-
-        def call(
-            request: Any, timeout: float | None = None, metadata: Any = None
-        ) -> Any:
-            answer = self.call(name, request, timeout)
-            if answer is _UNARY:
-                return unary(request, timeout=timeout, metadata=metadata)
-            return answer
-
-        return call
+        return wire.stub_method(self.call, name, unary)
 
     def call(self, name: str, body: Any, timeout: float | None) -> Any:
         """The answer of RPC `name`, `_UNARY` when the session is not
@@ -282,14 +273,20 @@ class FramesSession:
         self._lock.notify_all()
 
     def close(self) -> None:
-        """Ends the connection: the messages in flight fail CANCELLED."""
+        """Ends the connection: the messages in flight fail as a broken
+        connection's (outcome unknown), those it had not taken CANCELLED."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             conn, self._conn = self._conn, None
             for entry in self._table.clear():
-                entry.waiter.fail(wire.closed())
+                failure = (
+                    wire.broken(True, "the client was closed")
+                    if entry.sent
+                    else wire.closed()
+                )
+                entry.waiter.fail(failure)
             self._lock.notify_all()
         if conn is not None:
             conn.dead = True

@@ -33,7 +33,7 @@ from effectd_client._channel import Metadata
 # How long close() waits for the reader thread after cancelling the stream.
 _JOIN_SECONDS = 5.0
 # The answer of a message to ask by its unary RPC instead.
-_UNARY = object()
+_UNARY = wire.UNARY
 
 
 class _Waiter:
@@ -100,16 +100,7 @@ class Session:
 
     def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
         """RPC `name` called as a stub's method, through this session."""
-
-        def call(
-            request: Any, timeout: float | None = None, metadata: Any = None
-        ) -> Any:
-            answer = self.call(name, request, timeout)
-            if answer is _UNARY:
-                return unary(request, timeout=timeout, metadata=metadata)
-            return answer
-
-        return call
+        return wire.stub_method(self.call, name, unary)
 
     def call(self, name: str, body: Any, timeout: float | None) -> Any:
         """The answer of RPC `name`, `_UNARY` when the stream is not served;
