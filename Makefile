@@ -211,6 +211,7 @@ bench: $(DEV_INSTALLED)
 	$(PY) bench/serving_model.py
 	$(PY) bench/provider_stream.py
 	$(PY) bench/client_session.py
+	$(PY) bench/local_transport.py
 
 ## bench-peers: effectd against Powertools idempotency on durable Redis, ratios in
 ## one run (installs redis-server and a bench venv outside the repo; PEERS_* knobs)

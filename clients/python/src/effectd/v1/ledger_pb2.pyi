@@ -1346,8 +1346,8 @@ Global___SessionCancel: _TypeAlias = SessionCancel  # noqa: Y015
 class SessionHello(_message.Message):
     """The first frame a client sends on the local framed transport: a Unix
     socket beside the daemon's gRPC socket (effectd.sock: effectd.frames.sock)
-    that carries the session's messages without gRPC, served when the daemon
-    runs with --local-frames (contract §2.8). A frame is a 4-byte big-endian
+    that carries the session's messages without gRPC, served unless the
+    daemon runs with --no-local-frames (contract §2.8). A frame is a 4-byte big-endian
     length, then the message. After this one, every frame of the client is a
     SessionRequest (ids from 1) and every frame of the daemon a
     SessionResponse; one of id 0 ends the session with its `error`, as the
