@@ -33,10 +33,11 @@ from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import _session_wire as wire
 from effectd_client._channel import Metadata
+from effectd_client._session import UNARY, stub_method
 
 TRANSPORT_ENV = "EFFECTD_TRANSPORT"
 _HEADER = struct.Struct(">I")
-_UNARY = wire.UNARY
+_UNARY = UNARY
 
 
 def wanted_path(target: str) -> str | None:
@@ -133,7 +134,7 @@ class FramesSession:
 
     def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
         """RPC `name` called as a stub's method, through this session."""
-        return wire.stub_method(self.call, name, unary)
+        return stub_method(self.call, name, unary)
 
     def call(self, name: str, body: Any, timeout: float | None) -> Any:
         """The answer of RPC `name`, `_UNARY` when the session is not

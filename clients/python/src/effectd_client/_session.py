@@ -32,8 +32,31 @@ from effectd_client._channel import Metadata
 
 # How long close() waits for the reader thread after cancelling the stream.
 _JOIN_SECONDS = 5.0
-# The answer of a message to ask by its unary RPC instead.
-_UNARY = wire.UNARY
+
+#: A sync session's answer to a message it does not carry (the daemon does
+#: not serve the session): the message is asked by its unary RPC.
+UNARY = object()
+
+
+def stub_method(
+    ask: Callable[[str, Any, float | None], Any],
+    name: str,
+    unary: Callable[..., Any],
+) -> Callable[..., Any]:
+    """RPC `name` called as a stub's method (`(request, timeout=,
+    metadata=)`) through a sync session's `ask`; by `unary` when the session
+    answers `UNARY`."""
+
+    def call(request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
+        answer = ask(name, request, timeout)
+        if answer is UNARY:
+            return unary(request, timeout=timeout, metadata=metadata)
+        return answer
+
+    return call
+
+
+_UNARY = UNARY  # this module's name for it
 
 
 class _Waiter:
@@ -100,7 +123,7 @@ class Session:
 
     def method(self, name: str, unary: Callable[..., Any]) -> Callable[..., Any]:
         """RPC `name` called as a stub's method, through this session."""
-        return wire.stub_method(self.call, name, unary)
+        return stub_method(self.call, name, unary)
 
     def call(self, name: str, body: Any, timeout: float | None) -> Any:
         """The answer of RPC `name`, `_UNARY` when the stream is not served;

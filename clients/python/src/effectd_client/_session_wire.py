@@ -196,29 +196,6 @@ _REFUSALS = frozenset(
 FULL_PAUSE = 1.0
 
 
-#: A sync session's answer to a message it does not carry (the daemon does
-#: not serve the session): the message is asked by its unary RPC.
-UNARY = object()
-
-
-def stub_method(
-    ask: Callable[[str, Any, float | None], Any],
-    name: str,
-    unary: Callable[..., Any],
-) -> Callable[..., Any]:
-    """RPC `name` called as a stub's method (`(request, timeout=,
-    metadata=)`) through a sync session's `ask`; by `unary` when the session
-    answers `UNARY`."""
-
-    def call(request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
-        answer = ask(name, request, timeout)
-        if answer is UNARY:
-            return unary(request, timeout=timeout, metadata=metadata)
-        return answer
-
-    return call
-
-
 def timeout_ms(timeout: float | None) -> int:
     """The message's deadline: the call's timeout, rounded up (0: none)."""
     if timeout is None:
