@@ -4,10 +4,13 @@ ledger says EXECUTE, the tool's body, then CommitTool(acknowledge) with its
 result; a duplicate is the same PrepareTool again, answered RETURN_RESULT
 from the ledger.
 
-    python effectd_caller.py TARGET CALLERS PHASE PREFIX FIRST COUNT
+    python effectd_caller.py TARGET CALLERS PHASE PREFIX FIRST COUNT [unary|client]
 
-`CALLERS` callers (tasks) each take COUNT keys from FIRST on (caller c:
-FIRST + c * COUNT ...). Prints "ready" once connected and warmed up, waits
+`CALLERS` callers each take COUNT keys from FIRST on (caller c: FIRST + c *
+COUNT ...). `unary` (the default): tasks of one grpc.aio channel, a unary
+call each; `client`: threads of the Python client's sync `Client` on its
+defaults (the framed transport of a daemon on this host, else the session
+stream), as an agent calls effectd. Prints "ready" once connected and warmed up, waits
 for a line on stdin, runs the phase and prints one JSON line as
 `bench/dbos_caller.py` does.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 from typing import Any
 
@@ -79,33 +83,88 @@ async def _main(
         await asyncio.gather(*(caller(c) for c in range(callers)))
         ended = time.time()
     keys = [f"{prefix}-{i}" for i in range(first, first + callers * count)]
-    print(
-        json.dumps(
-            {
-                "phase": phase,
-                "latencies": latencies,
-                "began": began,
-                "ended": ended,
-                "bodies": {k: ran.get(k, 0) for k in keys},
-                "wrong": wrong,
-            }
-        ),
-        flush=True,
-    )
+    _report(phase, keys, latencies, (began, ended), ran=ran, wrong=wrong)
+
+
+def _report(
+    phase: str,
+    keys: list[str],
+    latencies: list[int],
+    span: tuple[float, float],
+    *,
+    ran: dict[str, int],
+    wrong: list[str],
+) -> None:
+    """The phase's one JSON line, as `bench/dbos_caller.py` prints it."""
+    report = {
+        "phase": phase,
+        "latencies": latencies,
+        "began": span[0],
+        "ended": span[1],
+        "bodies": {k: ran.get(k, 0) for k in keys},
+        "wrong": wrong,
+    }
+    print(json.dumps(report), flush=True)
+
+
+def _client_main(
+    target: str, callers: int, *, phase: str, prefix: str, first: int, count: int
+) -> None:
+    from effectd_client import Client, Decision  # noqa: PLC0415
+
+    ran: dict[str, int] = {}
+    wrong: list[str] = []
+    lock = threading.Lock()
+    with Client(target) as client:
+
+        def call(key: str) -> None:
+            run, call_id = key.rsplit("-", 1)
+            got = client.prepare_tool(run, call_id, "t", {"a": 1}, start=True)
+            if got.decision is Decision.EXECUTE:
+                with lock:
+                    ran[key] = ran.get(key, 0) + 1
+                attempt = got.call.attempt
+                client.commit_tool(run, call_id, attempt, key, acknowledge=True)
+            elif (
+                got.decision is not Decision.RETURN_RESULT
+                or got.call.result is None
+                or got.call.result.value != key
+            ):
+                with lock:
+                    wrong.append(key)
+
+        for i in range(5):
+            call(f"{prefix}w{first}-{i}")
+        print("ready", flush=True)
+        sys.stdin.readline()
+        latencies: list[int] = []
+
+        def caller(c: int) -> None:
+            for i in range(first + c * count, first + (c + 1) * count):
+                start = time.perf_counter_ns()
+                call(f"{prefix}-{i}")
+                latencies.append(time.perf_counter_ns() - start)
+
+        threads = [threading.Thread(target=caller, args=(c,)) for c in range(callers)]
+        began = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ended = time.time()
+    keys = [f"{prefix}-{i}" for i in range(first, first + callers * count)]
+    _report(phase, keys, latencies, (began, ended), ran=ran, wrong=wrong)
 
 
 def main() -> int:
     target, callers, phase, prefix, first, count = sys.argv[1:7]
-    asyncio.run(
-        _main(
-            target,
-            int(callers),
-            phase=phase,
-            prefix=prefix,
-            first=int(first),
-            count=int(count),
-        )
-    )
+    how = sys.argv[7] if len(sys.argv) > 7 else "unary"
+    n, start, keys = int(callers), int(first), int(count)
+    if how == "client":
+        _client_main(target, n, phase=phase, prefix=prefix, first=start, count=keys)
+    else:
+        coro = _main(target, n, phase=phase, prefix=prefix, first=start, count=keys)
+        asyncio.run(coro)
     return 0
 
 

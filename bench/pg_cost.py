@@ -26,6 +26,7 @@ import re
 import secrets
 import sys
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -121,12 +122,22 @@ class Probe:
     def wal(self, start: object, end: object) -> tuple[int, int]:
         """(WAL bytes of this database's relations and commits, write
         commits) between two LSNs."""
-        rows = self.own.execute(
-            "SELECT xid, resource_manager, record_type, record_length, "
-            "fpi_length, block_ref FROM pg_get_wal_records_info(%s::pg_lsn, "
-            "%s::pg_lsn)",
-            (start, end),
-        ).fetchall()
+        for tries in range(40):
+            try:
+                rows = self.own.execute(
+                    "SELECT xid, resource_manager, record_type, record_length, "
+                    "fpi_length, block_ref FROM pg_get_wal_records_info("
+                    "%s::pg_lsn, %s::pg_lsn)",
+                    (start, end),
+                ).fetchall()
+                break
+            except psycopg.errors.InvalidParameterValue:
+                # "cannot accept future start LSN": now and then the server
+                # says its flushed WAL ends before an LSN it gave as
+                # flushed; it catches up.
+                if tries == 39:
+                    raise
+                time.sleep(0.05)
         mine: set[object] = set()
         total = 0
         for xid, _rm, _rt, length, _fpi, refs in rows:

@@ -100,9 +100,11 @@ class Failed(Exception):
     """A phase did not validate."""
 
 
-def _run_callers(commands: list[list[str]], phase: str) -> Phase:
-    """Starts the callers, waits until each is ready, lets them go together,
-    and validates what they report."""
+def _run_callers(
+    commands: list[list[str]], phase: str, ready: Callable[[], None]
+) -> Phase:
+    """Starts the callers, waits until each is ready (warmed up), calls
+    `ready`, lets them go together, and validates what they report."""
     procs = [
         subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for c in commands
@@ -113,6 +115,7 @@ def _run_callers(commands: list[list[str]], phase: str) -> Phase:
             line = p.stdout.readline()
             if line.strip() != "ready":
                 raise Failed(f"a caller did not start: {line!r}")
+        ready()
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("go\n")
@@ -156,21 +159,25 @@ class Bench:
             shares[i] += 1
         commands = []
         first = 0
+        how = self.args.effectd_caller
         for d, share in enumerate(shares):
-            if share:
+            # The client's callers are processes, one each, as DBOS's are.
+            groups = [1] * share if how == "client" else [share] if share else []
+            for group in groups:
                 commands.append(
                     [
                         sys.executable,
                         str(HERE / "effectd_caller.py"),
                         f"unix:{self.tmp}/pg{d}/effectd.sock",
-                        str(share),
+                        str(group),
                         phase,
                         prefix,
                         str(first),
                         str(count),
+                        how,
                     ]
                 )
-                first += share * count
+                first += group * count
         return commands
 
     def dbos_commands(
@@ -218,13 +225,24 @@ def _reruns(log: Path | None, offset: int, database: str) -> int | None:
     )
 
 
-def _measured(probe: Probe, pids: list[int], run: Callable[[], Phase]) -> Phase:
-    """`run()` with the database's and the processes' counters around it."""
+def _measured(
+    probe: Probe, pids: list[int], run: Callable[[Callable[[], None]], Phase]
+) -> Phase:
+    """`run(ready)` with the database's and the processes' counters around
+    the calls it times: marked when `ready` is called, once the callers
+    have warmed up (their warm-up keys and connections are not counted),
+    and when it returns."""
     probe.admin.execute("SELECT 1")
-    backends = probe.backends()
-    before = probe.mark()
-    cpu = {p: _cpu_ms(p) for p in [*pids, *backends]}
-    phase: Phase = run()
+    backends: list[int] = []
+    before: dict[str, object] = {}
+    cpu: dict[int, float] = {}
+
+    def ready() -> None:
+        backends.extend(probe.backends())
+        before.update(probe.mark())
+        cpu.update({p: _cpu_ms(p) for p in [*pids, *backends]})
+
+    phase: Phase = run(ready)
     after = probe.mark()
     backends = sorted(set(backends) | set(probe.backends()))
     wal, writes = probe.wal(before["lsn"], after["lsn"])
@@ -256,6 +274,14 @@ def main() -> int:
     parser.add_argument("--keys-16", type=int, default=None, help="keys per caller")
     parser.add_argument("--keys-32", type=int, default=None, help="keys per caller")
     parser.add_argument("--no-dbos", action="store_true")
+    parser.add_argument(
+        "--effectd-caller",
+        choices=("client", "unary"),
+        default="client",
+        help="effectd's callers: the Python client's sync Client, one process "
+        "each (its default transport), or grpc.aio unary calls, tasks of one "
+        "process per daemon",
+    )
     parser.add_argument("--json", type=Path, help="the medians, as JSON")
     parser.add_argument("--plot", type=Path, help="calls/s against daemons, PNG")
     parser.add_argument(
@@ -311,8 +337,8 @@ def _bench(
     if not args.no_dbos or args.plot is not None:
         bench.dbos_python = ensure_venv(args.state / "venv")
     print(
-        f"effectd against DBOS Transact ({PINS[0]}) on one PostgreSQL; "
-        f"{args.rounds} rounds, medians; load average "
+        f"effectd ({args.effectd_caller} callers) against DBOS Transact "
+        f"({PINS[0]}) on one PostgreSQL; {args.rounds} rounds, medians; load average "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()),
         flush=True,
     )
