@@ -7,7 +7,8 @@ dependencies. Both sides get a database of their own on the server of
 EFFECTD_BENCH_POSTGRES (default postgresql://127.0.0.1:5432/test), dropped
 after. A tool call is, for effectd, PrepareTool(start) + the body +
 CommitTool(acknowledge) through a daemon's Unix socket
-(`bench/effectd_caller.py`); for DBOS, a workflow per call started with
+(`bench/effectd_caller.py`: the Python client's sync `Client`, one process
+per caller; `--effectd-caller unary`: grpc.aio unary calls); for DBOS, a workflow per call started with
 `SetWorkflowID(key)` whose one step is the body (`bench/dbos_caller.py`),
 one process per caller, each with `DBOS.launch()`. A duplicate is the same
 call again. Every phase is validated per key: in `first` the body ran exactly
