@@ -8,11 +8,12 @@ EFFECTD_BENCH_POSTGRES (default postgresql://127.0.0.1:5432/test), dropped
 after. A tool call is, for effectd, PrepareTool(start) + the body +
 CommitTool(acknowledge) through a daemon's Unix socket
 (`bench/effectd_caller.py`: the Python client's sync `Client`, one process
-per caller; `--effectd-caller unary`: grpc.aio unary calls); for DBOS, a workflow per call started with
-`SetWorkflowID(key)` whose one step is the body (`bench/dbos_caller.py`),
-one process per caller, each with `DBOS.launch()`. A duplicate is the same
-call again. Every phase is validated per key: in `first` the body ran exactly
-once, in `dup` never, and every call answered its own key's result.
+per caller; `--effectd-caller unary`: grpc.aio unary calls); for DBOS, a
+workflow per call started with `SetWorkflowID(key)` whose one step is the
+body (`bench/dbos_caller.py`), one process per caller, each with
+`DBOS.launch()`. A duplicate is the same call again. Every phase is
+validated per key: in `first` the body ran exactly once, in `dup` never,
+and every call answered its own key's result.
 
 Rounds interleave every point (first, then dup, at 1 and 16 callers; then
 effectd's first executions at 32 callers on 1, 2, 3 and 4 daemons), so a
