@@ -112,12 +112,15 @@ def to_status(error: EffectdError) -> grpc.Status:
     )
     rich = rpc_status.to_status(status)
     if isinstance(error, UpstreamFailed):
-        return _Status(rich.code, rich.details, (*rich.trailing_metadata, NO_PUSHBACK))
+        return Status(rich.code, rich.details, (*rich.trailing_metadata, NO_PUSHBACK))
     return rich
 
 
 @dataclass(frozen=True, slots=True)
-class _Status(grpc.Status):
+class Status(grpc.Status):
+    """A status as gRPC's servicer context takes it apart: code, details,
+    trailing metadata."""
+
     code: grpc.StatusCode
     details: str
     trailing_metadata: tuple[tuple[str, str | bytes], ...]
@@ -125,7 +128,7 @@ class _Status(grpc.Status):
 
 def plain_status(code: grpc.StatusCode, message: str) -> grpc.Status:
     """A status without details (gRPC's own: a deadline, a cancellation)."""
-    return _Status(code, message, ())
+    return Status(code, message, ())
 
 
 def details_of(status: grpc.Status) -> status_pb2.Status:

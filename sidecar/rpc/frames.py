@@ -39,7 +39,7 @@ from effectd.v1 import ledger_pb2 as pb
 from google.protobuf.message import DecodeError
 
 from sidecar.rpc.boundary import Unparsed
-from sidecar.rpc.errors import details_of, plain_status
+from sidecar.rpc.errors import Status, details_of, plain_status
 from sidecar.rpc.session import SESSION
 
 log = logging.getLogger(__name__)
@@ -119,18 +119,8 @@ class _Context:
         self, code: grpc.StatusCode, details: str, trailing_metadata: Any = ()
     ) -> None:
         self._code = code
-        status = plain_status(code, details)
-        if trailing_metadata:
-            status = _Status(code, details, tuple(trailing_metadata))
-        await self.write(_ending(status))
+        await self.write(_ending(Status(code, details, tuple(trailing_metadata or ()))))
         raise grpc.aio.AbortError()
-
-
-class _Status(grpc.Status):
-    def __init__(self, code: grpc.StatusCode, details: str, trailing: Any) -> None:
-        self.code = code
-        self.details = details
-        self.trailing_metadata = trailing
 
 
 def _peer_of(sock: socket.socket | None) -> tuple[int, int] | None:
