@@ -187,10 +187,10 @@ class Daemon:
             tcp = f"{host}:{port}"
         await server.start()
         os.chmod(sock, 0o600)
-        if cfg.local_frames:
-            self._frames = await serve_frames(
-                sock, services.gate, servicers, cfg.server_limits.max_message_bytes
-            )
+        limit = cfg.server_limits.max_message_bytes
+        self._frames = await serve_frames(
+            sock, services.gate, servicers, limit, serve=cfg.local_frames
+        )
         self.health_address = await self._start_health_port(services)
         self._start_metrics()
         for name in ("", *names):

@@ -261,12 +261,20 @@ async def serve_frames(
     gate: Any,
     servicers: tuple[grpc.GenericRpcHandler[Any, Any], ...],
     max_bytes: int,
+    *,
+    serve: bool,
 ) -> FramesServer | None:
-    """The framed transport, started beside `grpc_socket`; None, with a
-    warning, when its socket cannot be made (a path past the 107 bytes a
-    Unix socket's name may have): clients then find no socket and use the
-    gRPC stream."""
+    """The framed transport, started beside `grpc_socket`; None when not
+    `serve` (a socket left there by a daemon that crashed is removed, so
+    that clients find none and use gRPC), or, with a warning, when its
+    socket cannot be made (a path past the 107 bytes a Unix socket's name
+    may have)."""
     path = frames_path(grpc_socket)
+    if not serve:
+        # The caller holds the gRPC socket's lock: a file here is a crash's.
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            path.unlink()
+        return None
     server = FramesServer(path, gate, lookup_in(servicers), max_bytes)
     try:
         await server.start()

@@ -121,10 +121,17 @@ def test_each_frame_is_answered_as_its_unary_rpc(short_tmp: Path) -> None:
         assert client.receive() is None  # every message answered: closed
 
 
-def test_no_socket_with_no_local_frames(short_tmp: Path) -> None:
+def test_no_socket_with_no_local_frames_not_even_one_left_by_a_crash(
+    short_tmp: Path,
+) -> None:
+    """A daemon started with --no-local-frames removes the framed socket a
+    crashed one left, so that clients find none and use gRPC."""
     config = ServeConfig(data_dir=short_tmp / "data", init=True, local_frames=False)
-    with running_daemon(config) as running:
-        assert not frames_path(Path(running.target.removeprefix("unix:"))).exists()
+    left = frames_path(config.socket_path)
+    left.parent.mkdir(mode=0o700, parents=True)
+    left.write_bytes(b"")
+    with running_daemon(config):
+        assert not left.exists()
 
 
 def test_a_socket_path_too_long_is_served_by_grpc_alone(tmp_path: Path) -> None:
