@@ -87,6 +87,7 @@ def caller_main(transport: str, target: str, run: str, seconds: float) -> int:
     import grpc  # noqa: PLC0415
     from effectd.v1 import ledger_pb2 as pb  # noqa: PLC0415
 
+    from effectd_client._frames import frames_of  # noqa: PLC0415
     from effectd_client._session import Session  # noqa: PLC0415
 
     if transport == "grpc":
@@ -97,9 +98,7 @@ def caller_main(transport: str, target: str, run: str, seconds: float) -> int:
             name = "PrepareTool" if field == "prepare_tool" else "CommitTool"
             return session.call(name, request, 30.0)
     else:
-        frames = _Frames(
-            target.removeprefix("unix:").replace(".sock", ".frames.sock"), pb
-        )
+        frames = _Frames(frames_of(target.removeprefix("unix:")), pb)
         call = frames.call
     # Warm-up: a few keys of the caller's own.
     for key in range(-5, 0):

@@ -12,8 +12,10 @@ The daemon is real; messages are held in flight by `tests.rpc.sessions`'s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, EffectdError
+from effectd_client import _frames as frames_module
 from effectd_client import _session_wire as wire
 from effectd_client._frames import TRANSPORT_ENV, FramesSession
 from effectd_client._session import Session
@@ -271,3 +274,81 @@ def test_close_leaves_what_was_sent_unknown_and_no_connection(
         (e.code.name, e.metadata.get(wire.MAY_HAVE_BEEN_APPLIED)) for e in failed
     ] == [("UNAVAILABLE", "true")]
     assert session._conn is None
+
+
+# -- a daemon without the framed socket ------------------------------------------
+
+
+def _across_a_restart_without_frames(short_tmp: Path) -> str:
+    """A client on a daemon serving the framed socket, then on the same
+    socket's daemon restarted with --no-local-frames: the call id its
+    next prepare got back."""
+    config = ServeConfig(data_dir=short_tmp / "data", init=True)
+    with running_daemon(config) as running:
+        client = Client(running.target, reconnect_wait=0)
+        _framed(client)
+        client.prepare_tool("run", "before", "pay", {})
+    try:
+        grpc_alone = dataclasses.replace(config, local_frames=False)
+        with running_daemon(grpc_alone):
+            return client.prepare_tool("run", "after", "pay", {}).call.call_id
+    finally:
+        client.close()
+
+
+def test_a_daemon_restarted_without_the_framed_socket_is_asked_by_unary_calls(
+    short_tmp: Path,
+) -> None:
+    assert _across_a_restart_without_frames(short_tmp) == "after"
+
+
+def test_negative_control_a_session_only_framed_finds_no_daemon(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a session that takes a daemon serving gRPC alone
+    for one that is away."""
+    monkeypatch.setattr(frames_module, "_grpc_alone", lambda grpc_socket: False)
+    with pytest.raises(EffectdError) as info:
+        _across_a_restart_without_frames(short_tmp)
+    assert info.value.code.name == "UNAVAILABLE"
+
+
+# -- the socket itself -------------------------------------------------------------
+
+
+def test_a_readers_wait_does_not_cut_another_threads_send_short() -> None:
+    """A caller waits for an answer with a short deadline while another
+    sends more than the socket holds: the send waits for the daemon to read,
+    whatever the wait's deadline (a timeout set on the socket for the wait
+    would cut the send short, and the connection with it)."""
+    ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, daemons:
+        conn = frames_module._Conn(ours)
+        big = pb.SessionRequest(
+            id=1,
+            prepare_tool=pb.PrepareToolRequest(input=pb.Payload(raw=b"x" * (4 << 20))),
+        )
+        with pytest.raises(TimeoutError):
+            conn.receive(0.05)  # nothing comes
+        sent: list[BaseException | None] = []
+
+        def send() -> None:
+            try:
+                conn.send(big)
+                sent.append(None)
+            except BaseException as exc:
+                sent.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        with pytest.raises(TimeoutError):
+            conn.receive(0.05)  # a wait while the send is blocked
+        threading.Event().wait(0.3)  # the daemon is slow to read
+        daemons.settimeout(2.0)
+        received = 0
+        with contextlib.suppress(TimeoutError):  # a send cut short: no more
+            while received < big.ByteSize() + 4:
+                received += len(daemons.recv(1 << 20))
+        sender.join(timeout=30)
+        assert sent == [None]
+        assert received == big.ByteSize() + 4

@@ -18,7 +18,7 @@ import grpc
 
 from effectd_client._channel import Metadata
 from effectd_client._exceptions import EffectdError
-from effectd_client._frames import FramesSession, wanted_path
+from effectd_client._frames import FramesSession, local_socket
 from effectd_client._session import Session, release
 from effectd_client._types import RecoveryPlan
 
@@ -27,11 +27,11 @@ def session_of(
     target: str, channel: grpc.Channel, metadata: Metadata
 ) -> Session | FramesSession:
     """The client's ledger session: on the framed transport when the
-    daemon serves it on this host (`_frames.wanted_path`), else the gRPC
+    daemon serves it on this host (`_frames.local_socket`), else the gRPC
     session stream of `channel`."""
-    path = wanted_path(target)
-    if path is not None:
-        return FramesSession(path, metadata)
+    grpc_socket = local_socket(target)
+    if grpc_socket is not None:
+        return FramesSession(grpc_socket, metadata)
     return Session(channel, metadata)
 
 

@@ -13,13 +13,18 @@ not taken is sent once more on a new connection, and a daemon that refuses
 the session as a whole (`_session_wire.ended`) is asked by the unary RPCs.
 
 A client uses it for a `unix:` target whose daemon serves the framed socket
-(`--local-frames`), unless `EFFECTD_TRANSPORT=grpc`; `wanted_path` says.
+(`--local-frames`), unless `EFFECTD_TRANSPORT=grpc`; `local_socket` says. A
+daemon found serving gRPC without it (restarted with `--no-local-frames`, or
+one older than it) is asked by the unary RPCs, and the framed socket tried
+again `NO_FRAMES_PAUSE` seconds later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import select
 import socket
 import struct
 import threading
@@ -36,21 +41,43 @@ from effectd_client._channel import Metadata
 from effectd_client._session import UNARY, stub_method
 
 TRANSPORT_ENV = "EFFECTD_TRANSPORT"
+#: Seconds of unary calls once the daemon is found serving gRPC without the
+#: framed socket; then the framed socket is tried again.
+NO_FRAMES_PAUSE = 5.0
 _HEADER = struct.Struct(">I")
 _UNARY = UNARY
 
 
-def wanted_path(target: str) -> str | None:
-    """The framed socket of `target` when a client should use it: a
-    `unix:` target whose daemon serves one, and `EFFECTD_TRANSPORT` not
-    `grpc`."""
+def frames_of(grpc_socket: str) -> str:
+    """The framed socket beside a daemon's gRPC socket (effectd.sock:
+    effectd.frames.sock)."""
+    path = Path(grpc_socket)
+    return str(path.with_name(f"{path.stem}.frames{path.suffix}"))
+
+
+def local_socket(target: str) -> str | None:
+    """The gRPC socket of `target` when a client should use the framed one
+    beside it: a `unix:` target whose daemon serves one, and
+    `EFFECTD_TRANSPORT` not `grpc`."""
     if os.environ.get(TRANSPORT_ENV, "").strip().lower() == "grpc":
         return None
     if not target.startswith("unix:"):
         return None
-    grpc_socket = Path(target.removeprefix("unix:").removeprefix("//"))
-    path = grpc_socket.with_name(f"{grpc_socket.stem}.frames{grpc_socket.suffix}")
-    return str(path) if path.exists() else None
+    grpc_socket = target.removeprefix("unix:").removeprefix("//")
+    return grpc_socket if Path(frames_of(grpc_socket)).exists() else None
+
+
+def _grpc_alone(grpc_socket: str) -> bool:
+    """Whether the daemon's gRPC socket takes a connection, its framed one
+    having refused one: a daemon serving gRPC without the framed transport
+    (started with --no-local-frames, or older than it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(grpc_socket)
+        except OSError:
+            return False
+    return True
 
 
 class _Answer:
@@ -76,6 +103,11 @@ class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.dead = False
+        # The wait for an answer's first byte. The socket itself stays
+        # blocking: a timeout set on it would cut the sends of other
+        # threads short too.
+        self._readable = select.poll()
+        self._readable.register(sock, select.POLLIN)
 
     def send(self, message: Any) -> None:
         data = message.SerializeToString()
@@ -85,12 +117,9 @@ class _Conn:
         """The next frame's SessionResponse; raises TimeoutError when none
         began within `timeout` (nothing of it read), EOFError at the
         daemon's end."""
-        self.sock.settimeout(timeout)
-        first = self.sock.recv(_HEADER.size)
-        if not first:
-            raise EOFError("the daemon closed the connection")
-        self.sock.settimeout(None)  # a frame begun is read whole
-        (size,) = _HEADER.unpack(first + self._exactly(_HEADER.size - len(first)))
+        if timeout is not None and not self._readable.poll(math.ceil(timeout * 1000)):
+            raise TimeoutError
+        (size,) = _HEADER.unpack(self._exactly(_HEADER.size))
         return pb.SessionResponse.FromString(self._exactly(size))
 
     def _exactly(self, size: int) -> bytes:
@@ -108,8 +137,9 @@ class FramesSession:
     """The ledger session of one sync `Client` on the framed transport (see
     the module docstring); its interface is `effectd_client._session`'s."""
 
-    def __init__(self, path: str, metadata: Metadata) -> None:
-        self._path = path
+    def __init__(self, grpc_socket: str, metadata: Metadata) -> None:
+        self._grpc_socket = grpc_socket
+        self._path = frames_of(grpc_socket)
         values = dict(metadata)
         self._hello = pb.SessionHello(
             version=1,
@@ -231,7 +261,12 @@ class FramesSession:
                 conn = self._open()
             except OSError as exc:
                 self._table.drop(entry)
-                entry.waiter.fail(_not_connected(exc))
+                if _grpc_alone(self._grpc_socket):
+                    # Its unary RPCs, for a while: the message was not sent.
+                    self._unary_until = time.monotonic() + NO_FRAMES_PAUSE
+                    entry.waiter.set(_UNARY)
+                else:
+                    entry.waiter.fail(_not_connected(exc))
                 return
         entry.stream = conn
         try:
