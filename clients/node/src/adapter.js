@@ -39,17 +39,54 @@ class ApprovalMismatch extends Error {
   }
 }
 
-/** The interruption of `runId` by `cause`, naming every call of the run waiting for a human. */
+/**
+ * The interruption of `runId` by `cause`, naming every call of the run waiting for a human
+ * (Recover: the daemon's judgement, after expired leases became UNKNOWN; a call still running is
+ * not one).
+ *
+ * The parallel calls of a step killed together do not turn UNKNOWN together: each lease was last
+ * renewed at its own heartbeat. So while a call waits for a human and another is still STARTED,
+ * the others' leases are waited out (each at most its own lease, once) and the run recovered
+ * again: a sibling that died with the first is named now, not at the next resume; one whose
+ * attempt is alive renewed its lease and is not named.
+ */
 async function interruption(effectd, runId, cause) {
   let plan;
   try {
     plan = await effectd.recover({ runId });
+    const wait = leaseLeftMs(plan, Date.now());
+    if (wait > 0 && waitingOf(plan).length) {
+      await new Promise((resolve) => setTimeout(resolve, wait));
+      plan = await effectd.recover({ runId });
+    }
   } catch (error) {
     if (error instanceof EffectdError) return new LedgerInterruption(cause);
     throw error;
   }
-  const waiting = plan.items.filter((i) => HUMAN.has(i.action) && i.call.state !== 'STARTED').map((i) => i.call);
-  return new LedgerInterruption(cause, waiting);
+  return new LedgerInterruption(cause, waitingOf(plan));
+}
+
+// Past a lease's end, before the run is recovered again.
+const LEASE_MARGIN_MS = 50;
+
+function waitingOf(plan) {
+  return plan.items.filter((i) => HUMAN.has(i.action) && i.call.state !== 'STARTED').map((i) => i.call);
+}
+
+/**
+ * Milliseconds until the last lease of the plan's STARTED calls ends (0: none), each bounded by
+ * its own lease (the time from its last start or heartbeat to its end: the daemon's clock may not
+ * be ours).
+ */
+function leaseLeftMs(plan, now) {
+  const left = plan.items
+    .filter((i) => i.call.state === 'STARTED' && i.call.leaseExpiresAt)
+    .map(({ call }) => {
+      const end = call.leaseExpiresAt.getTime();
+      const lease = call.updatedAt ? Math.max(0, end - call.updatedAt.getTime()) : end - now;
+      return Math.min(end - now, lease);
+    });
+  return left.length ? Math.max(...left) + LEASE_MARGIN_MS : 0;
 }
 
 /** JSON values equal as JSON (key order aside). */
@@ -151,4 +188,4 @@ class Inflight {
   }
 }
 
-module.exports = { LedgerInterruption, ApprovalMismatch, Inflight, interruption, shows, decide, classify, tracking, HUMAN };
+module.exports = { LedgerInterruption, ApprovalMismatch, Inflight, interruption, leaseLeftMs, shows, decide, classify, tracking, HUMAN };
