@@ -16,6 +16,7 @@ import pytest
 from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc
 
 from effectd_client import Client
+from effectd_client._frames import TRANSPORT_ENV
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
@@ -112,11 +113,16 @@ def daemon(config: ServeConfig, clock: ManualClock) -> Iterator[RunningDaemon]:
         yield running
 
 
-@pytest.fixture(params=[True, False], ids=["session", "unary"])
-def session(request: pytest.FixtureRequest) -> bool:
-    """How the client sends its ledger requests: over the session stream (the
-    default) or as unary calls; a test that takes it runs both ways."""
-    return bool(request.param)
+@pytest.fixture(params=["session", "stream", "unary"])
+def session(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """How the client sends its ledger requests, the value of its `session`
+    option: as messages of a session (True), on the framed transport where
+    the daemon serves it on this host (the default, "session") or on the
+    gRPC session stream ("stream": `EFFECTD_TRANSPORT=grpc`), or as unary
+    calls (False); a test that takes it runs all three ways."""
+    if request.param == "stream":
+        monkeypatch.setenv(TRANSPORT_ENV, "grpc")
+    return request.param != "unary"
 
 
 @pytest.fixture
