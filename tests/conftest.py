@@ -122,7 +122,7 @@ def session(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     calls (False); a test that takes it runs all three ways."""
     if request.param == "stream":
         monkeypatch.setenv(TRANSPORT_ENV, "grpc")
-    return request.param != "unary"
+    return bool(request.param != "unary")
 
 
 @pytest.fixture
