@@ -14,7 +14,8 @@ const { inspect } = require('node:util');
 const { connection } = require('./connection');
 const { load } = require('./proto');
 const { fromServiceError } = require('./errors');
-const { Session, FIELDS } = require('./session');
+const { Session } = require('./session');
+const { FIELDS } = require('./session-wire');
 const { Outage, backoffMs, DEFAULT_RECONNECT_WAIT_MS } = require('./reconnect');
 const c = require('./convert');
 

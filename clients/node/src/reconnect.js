@@ -26,7 +26,7 @@
  */
 
 const { EffectdError, fromServiceError } = require('./errors');
-const { MAY_HAVE_BEEN_APPLIED, NO_CONNECTION } = require('./session');
+const { MAY_HAVE_BEEN_APPLIED, NO_CONNECTION } = require('./session-wire');
 
 /** How long a request known not sent waits for the daemon, by default. */
 const DEFAULT_RECONNECT_WAIT_MS = 5_000;

@@ -31,30 +31,28 @@
  * session; PERMISSION_DENIED if it requires tokens) is asked by the unary
  * RPCs, for the client's life: the messages in flight then go as unary calls
  * (the daemon applied none of them). A stream refused UNAUTHENTICATED fails
- * its messages alike (the next call tries a stream again).
+ * its messages alike (the next call tries a stream again). A stream whose
+ * end says for how long to ask the unary RPCs instead (`unaryForMs`: the
+ * framed session's, frames.js, that found the daemon serving gRPC without its
+ * framed socket) served nothing either: its messages, and every call for that
+ * long, go as unary calls; then a stream is tried again.
  *
  * An idle stream (nothing in flight for `idleMs`) is ended, so that an open
  * stream never keeps the process alive for long after its last answer.
  */
 
 const grpc = require('@grpc/grpc-js');
-const { statusTypes } = require('./proto');
+const {
+  FIELDS,
+  neverConnected,
+  statusError,
+  failure,
+  broken,
+  deadlineExceeded,
+  closed,
+  describe,
+} = require('./session-wire');
 
-/** The unary RPC of each message kind, and its field in SessionRequest / SessionResponse. */
-const FIELDS = Object.freeze({
-  PrepareTool: 'prepareTool',
-  PrepareTools: 'prepareTools',
-  StartTool: 'startTool',
-  CommitTool: 'commitTool',
-  ReportUnknown: 'reportUnknown',
-  Heartbeat: 'heartbeat',
-  GetToolCall: 'getToolCall',
-});
-
-/** The ErrorInfo metadata key of a message whose stream broke. */
-const MAY_HAVE_BEEN_APPLIED = 'mayHaveBeenApplied';
-const DETAILS_KEY = 'grpc-status-details-bin';
-const ERROR_INFO_URL = 'type.googleapis.com/google.rpc.ErrorInfo';
 const MAX_TIMEOUT_MS = 2 ** 32 - 1;
 /** Sends of one message on a new stream after its stream broke before it was sent. */
 const RESENDS = 1;
@@ -70,66 +68,8 @@ const DEFAULT_IDLE_MS = 5_000;
 const UNSERVED = [grpc.status.UNIMPLEMENTED, grpc.status.PERMISSION_DENIED];
 /** A stream refused before it served anything, for its credential: each message is refused alike. */
 const REFUSALS = [grpc.status.UNAUTHENTICATED];
-/**
- * How @grpc/grpc-js says that a call found no connection (its load balancer's pick failed): nothing
- * of it reached the daemon. A call it had sent ends otherwise ('read ECONNRESET', 'Connection
- * dropped'), and one it never put on the wire grpc-js sends again itself before it fails it so.
- */
-const NO_CONNECTION = 'No connection established';
-
-/** Whether a call (unary or stream) failed before gRPC had a connection for it. */
-function neverConnected(error) {
-  return Boolean(error) && error.code === grpc.status.UNAVAILABLE && String(error.details ?? '').includes(NO_CONNECTION);
-}
 
 const identity = (buffer) => buffer;
-
-/** A gRPC-like error of status `status` ({code, message, details: [Any]}). */
-function statusError(status) {
-  const metadata = new grpc.Metadata();
-  if (status.details && status.details.length) {
-    metadata.set(DETAILS_KEY, Buffer.from(statusTypes().Status.encode(status).finish()));
-  }
-  const name = grpc.status[status.code] ?? String(status.code);
-  return Object.assign(new Error(`${status.code} ${name}: ${status.message}`), {
-    code: status.code,
-    details: status.message,
-    metadata,
-  });
-}
-
-/** A failure made by the client, with ErrorInfo `metadata` (domain effectd, no reason) when given. */
-function failure(code, message, metadata) {
-  const details = [];
-  if (metadata) {
-    const types = statusTypes();
-    details.push({
-      type_url: ERROR_INFO_URL,
-      value: Buffer.from(types.ErrorInfo.encode({ reason: '', domain: 'effectd', metadata }).finish()),
-    });
-  }
-  return statusError({ code, message, details });
-}
-
-function broken(applied, why) {
-  const said = applied ? 'may have been applied' : 'was not sent';
-  return failure(grpc.status.UNAVAILABLE, `the session stream broke (${why}); the request ${said}`, {
-    [MAY_HAVE_BEEN_APPLIED]: applied ? 'true' : 'false',
-  });
-}
-
-function deadlineExceeded() {
-  return failure(grpc.status.DEADLINE_EXCEEDED, 'Deadline Exceeded');
-}
-
-function closed() {
-  return failure(grpc.status.CANCELLED, 'the client was closed');
-}
-
-function describe(status) {
-  if (!status) return 'it ended';
-  return `${grpc.status[status.code] ?? status.code}: ${status.details}`;
-}
 
 class Session {
   /**
@@ -141,8 +81,9 @@ class Session {
    * @param {(method: string, request: object, timeoutMs: number) => Promise<object>} options.unary
    *   asks the unary RPC: used for the client's life once the daemon answers UNIMPLEMENTED.
    * @param {number} [options.idleMs] an idle stream is ended after this long.
+   * @param {string} [options.transport] what `transport` says while the session serves.
    */
-  constructor({ stub, method, metadata, maxMessageBytes, unary, idleMs = DEFAULT_IDLE_MS }) {
+  constructor({ stub, method, metadata, maxMessageBytes, unary, idleMs = DEFAULT_IDLE_MS, transport = 'session' }) {
     this._stub = stub;
     this._path = method.path;
     this._serialize = method.requestSerialize;
@@ -159,13 +100,21 @@ class Session {
     this._closed = false;
     /** True once the daemon would not serve the stream: every call is unary from then on. */
     this.unserved = false;
+    /** Until this time (a `Date.now()` value) every call is unary. */
+    this._unaryUntil = 0;
+    this._transport = transport;
     /** Streams opened so far. */
     this.streamsOpened = 0;
   }
 
+  /** How the calls travel now: the session's own way, or 'unary' (not served, or for a while). */
+  get transport() {
+    return this.unserved || Date.now() < this._unaryUntil ? 'unary' : this._transport;
+  }
+
   /** The answer to `request`, the request of the unary RPC `method`, within `timeoutMs`. */
   call(method, request, timeoutMs) {
-    if (this.unserved) return this._unary(method, request, timeoutMs);
+    if (this.unserved || Date.now() < this._unaryUntil) return this._unary(method, request, timeoutMs);
     if (this._closed) return Promise.reject(closed());
     const field = FIELDS[method];
     const id = this._nextId;
@@ -292,6 +241,12 @@ class Session {
     stream.done = true;
     if (this._stream === stream) this._stream = null;
     const mine = [...this._pending.values()].filter((e) => e.stream === stream);
+    if (error && error.unaryForMs > 0 && !stream.answered) {
+      // The daemon serves the RPCs, not this way, for now: the stream took nothing.
+      this._unaryUntil = Date.now() + error.unaryForMs;
+      this._byUnary(mine);
+      return;
+    }
     if (!mine.length) return;
     if (error && UNSERVED.includes(error.code) && !stream.answered) {
       // A daemon older than the session (with tokens it refuses a method it
@@ -299,11 +254,7 @@ class Session {
       // the stream served nothing, and each unary call answers for itself.
       this.unserved = true;
       this._clearIdle();
-      for (const entry of mine) {
-        this._forget(entry);
-        const left = Math.max(1, entry.deadline - Date.now());
-        this._unary(entry.method, entry.request, left).then(entry.resolve, entry.reject);
-      }
+      this._byUnary(mine);
       return;
     }
     if (error && REFUSALS.includes(error.code) && !stream.answered) {
@@ -324,6 +275,15 @@ class Session {
     for (const entry of again) {
       entry.resends += 1;
       this._enqueue(entry);
+    }
+  }
+
+  /** Asks the unary RPC of each of `entries`, none of which the daemon served, within its deadline. */
+  _byUnary(entries) {
+    for (const entry of entries) {
+      this._forget(entry);
+      const left = Math.max(1, entry.deadline - Date.now());
+      this._unary(entry.method, entry.request, left).then(entry.resolve, entry.reject);
     }
   }
 
@@ -378,4 +338,4 @@ class Session {
   }
 }
 
-module.exports = { Session, FIELDS, MAY_HAVE_BEEN_APPLIED, DEFAULT_IDLE_MS, NO_CONNECTION, neverConnected };
+module.exports = { Session, DEFAULT_IDLE_MS };

@@ -260,6 +260,49 @@ describe('a daemon without the stream', () => {
     });
   }
 
+  test('an end that says unaryForMs before any answer: what is in flight and the calls for that long go unary', async () => {
+    const { s, calls, unaryCalls } = session();
+    const first = s.call('PrepareTool', ref('c1'), 5_000);
+    const failed = Object.assign(new Error('no framed socket'), {
+      code: grpc.status.UNAVAILABLE,
+      details: 'no framed socket',
+      metadata: new grpc.Metadata(),
+      unaryForMs: 60_000,
+    });
+    calls[0].emit('error', failed);
+    calls[0].emit('status', { code: failed.code, details: failed.details, metadata: failed.metadata });
+    assert.deepEqual(await first, { unary: 'PrepareTool' });
+    assert.equal(s.transport, 'unary');
+    assert.deepEqual(await s.call('Heartbeat', ref('c2'), 5_000), { unary: 'Heartbeat' });
+    assert.equal(s.unserved, false);
+    // Once the while is over, a stream again.
+    s._unaryUntil = 0;
+    assert.equal(s.transport, 'session');
+    s.call('GetToolCall', ref('c3'), 5_000).catch(() => {});
+    assert.equal(calls.length, 2);
+    assert.equal(unaryCalls.length, 2);
+    s.close();
+  });
+
+  test('negative control: an end that says unaryForMs after an answer is a broken stream', async () => {
+    const { s, calls, unaryCalls } = session();
+    const first = s.call('GetToolCall', ref('c1'), 5_000);
+    const second = settled(s.call('GetToolCall', ref('c2'), 5_000));
+    calls[0].answer(calls[0].ids()[0], 'getToolCall', { call: null });
+    await first;
+    const failed = Object.assign(new Error('down'), {
+      code: grpc.status.UNAVAILABLE,
+      details: 'down',
+      metadata: new grpc.Metadata(),
+      unaryForMs: 60_000,
+    });
+    calls[0].emit('error', failed);
+    calls[0].emit('status', { code: failed.code, details: failed.details, metadata: failed.metadata });
+    assert.deepEqual(fromServiceError((await second).error).metadata, { mayHaveBeenApplied: 'true' });
+    assert.equal(unaryCalls.length, 0);
+    assert.equal(s.transport, 'session');
+  });
+
   test('negative control: UNIMPLEMENTED after an answer is a broken stream, not an older daemon', async () => {
     const { s, calls, unaryCalls } = session();
     const first = s.call('GetToolCall', ref('c1'), 5_000);
