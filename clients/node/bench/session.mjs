@@ -61,6 +61,9 @@ async function measure(client, op, inflight) {
   return { opsPerSecond: latencies.length / elapsed, p50: median(latencies) };
 }
 
+// The gRPC session stream, even to this daemon on the same host (which a client would otherwise ask
+// on its framed socket).
+process.env.EFFECTD_TRANSPORT = 'grpc';
 const load = os.loadavg()[0];
 const daemon = await startDaemon({ args: values.sync ? ['--sync'] : ['--no-sync'] });
 const unary = new Client({ target: daemon.target, session: false, timeoutMs: 30_000 });

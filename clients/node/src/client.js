@@ -5,9 +5,11 @@
  * to an EffectdError (subclass) here, and nowhere else.
  *
  * PrepareTool, PrepareTools, StartTool, CommitTool, ReportUnknown, Heartbeat
- * and GetToolCall go over the ledger session stream (session.js) unless the
- * `session` option is false or the daemon does not serve it; the other RPCs
- * are unary calls.
+ * and GetToolCall go over the ledger session unless the `session` option is
+ * false or the daemon does not serve it: on the daemon's framed socket
+ * (frames.js) for a `unix:` target whose daemon serves one, unless
+ * `EFFECTD_TRANSPORT=grpc`, else on the gRPC session stream (session.js); the
+ * other RPCs are unary calls.
  */
 
 const { inspect } = require('node:util');
@@ -15,6 +17,7 @@ const { connection } = require('./connection');
 const { load } = require('./proto');
 const { fromServiceError } = require('./errors');
 const { Session } = require('./session');
+const { FramesSession, localSocket } = require('./frames');
 const { FIELDS } = require('./session-wire');
 const { Outage, backoffMs, DEFAULT_RECONNECT_WAIT_MS } = require('./reconnect');
 const c = require('./convert');
@@ -83,8 +86,10 @@ class Client {
    * @param {object} [options.recordingRetry] how CommitTool, ReportUnknown, Heartbeat and
    *   AcknowledgeRecovery are retried: {attempts = 8, deadlineMs = 30000, initialBackoffMs = 100,
    *   maxBackoffMs = 2000, onRetry(error, waitMs)}.
-   * @param {boolean} [options.session] carry the ledger's tool-call requests over one session stream
-   *   (default true, unless `EFFECTD_SESSION` is '0', 'false' or 'off'); false: one unary call each.
+   * @param {boolean} [options.session] carry the ledger's tool-call requests over one session (default
+   *   true, unless `EFFECTD_SESSION` is '0', 'false' or 'off'): on the daemon's framed socket for a
+   *   `unix:` target whose daemon serves one (unless `EFFECTD_TRANSPORT` is 'grpc'), else on the gRPC
+   *   session stream; false: one unary call each.
    * @param {number} [options.reconnectWaitMs] how long a call whose request was not sent (the daemon
    *   away, restarting or stopping) waits for the daemon before it fails UNAVAILABLE, never past its
    *   deadline (default 5000; 0: it fails at once). A request that may have reached the daemon is never
@@ -104,7 +109,8 @@ class Client {
     session = sessionDefault(),
     reconnectWaitMs = DEFAULT_RECONNECT_WAIT_MS,
   } = {}) {
-    const { services } = load(protosDir);
+    const loaded = load(protosDir);
+    const { services } = loaded;
     this.target = target;
     this.namespace = namespace;
     this.timeoutMs = timeoutMs;
@@ -119,23 +125,33 @@ class Client {
     this._checkpoints = new services.checkpoints(target, credentials, shared);
     this._recovery = new services.recovery(target, credentials, shared);
     this._retry = new services.retry(target, credentials, shared);
-    this._session = session
-      ? new Session({
-          stub: this._ledger,
-          method: services.ledger.service.Session,
-          metadata: () => conn.metadata(),
-          maxMessageBytes: conn.channelOptions['grpc.max_send_message_length'],
-          unary: (method, request, ms) => this._unary(this._ledger, method, request, ms),
-        })
-      : null;
+    this._session = session ? this._sessionOf(loaded) : null;
+  }
+
+  /** The ledger session: on the framed socket of a daemon on this host, else the gRPC stream. */
+  _sessionOf({ services, messageType }) {
+    const options = {
+      method: services.ledger.service.Session,
+      metadata: () => this._connection.metadata(),
+      maxMessageBytes: this._connection.channelOptions['grpc.max_send_message_length'],
+      unary: (method, request, ms) => this._unary(this._ledger, method, request, ms),
+    };
+    const grpcSocket = localSocket(this.target);
+    const helloType = grpcSocket === null ? null : helloOf(messageType);
+    if (helloType !== null) {
+      const maxReceiveBytes = this._connection.channelOptions['grpc.max_receive_message_length'];
+      return new FramesSession({ ...options, grpcSocket, helloType, maxReceiveBytes });
+    }
+    return new Session({ ...options, stub: this._ledger });
   }
 
   /**
-   * How the ledger's tool-call requests travel: 'session' (the session stream) or 'unary' (the
-   * `session` option is false, or the daemon answered the stream UNIMPLEMENTED: an older daemon).
+   * How the ledger's tool-call requests travel: 'frames' (the daemon's framed socket), 'session'
+   * (the gRPC session stream) or 'unary' (the `session` option is false, the daemon answered the
+   * stream UNIMPLEMENTED: an older daemon, or, for a while, it serves gRPC without its framed socket).
    */
   get transport() {
-    return this._session && !this._session.unserved ? 'session' : 'unary';
+    return this._session ? this._session.transport : 'unary';
   }
 
   /** What `console.log` and `util.inspect` show: whether a token is set, never the token. */
@@ -144,7 +160,7 @@ class Client {
     return `Client { target: '${this.target}', namespace: '${this.namespace}', tls: ${this._connection.secure}${token} }`;
   }
 
-  /** Ends the session stream and closes the channel; pending calls fail. */
+  /** Ends the session (its stream or connection) and closes the channel; pending calls fail. */
   close() {
     this._session?.close();
     this._ledger.close();
@@ -531,6 +547,15 @@ class Client {
       for (const cp of page.checkpoints) yield c.checkpointOut(cp);
       pageToken = page.nextPageToken;
     } while (pageToken);
+  }
+}
+
+/** SessionHello's type, or null for protos older than the framed transport (the gRPC stream then). */
+function helloOf(messageType) {
+  try {
+    return messageType('SessionHello');
+  } catch {
+    return null;
   }
 }
 

@@ -181,9 +181,11 @@ export interface ClientOptions {
   recordingRetry?: RecordingRetry;
   /**
    * Carry PrepareTool, PrepareTools, StartTool, CommitTool, ReportUnknown, Heartbeat and GetToolCall
-   * over one ledger session stream (ToolLedger.Session), many in flight at once; default true, unless
-   * `EFFECTD_SESSION` is '0', 'false' or 'off'. false: one unary call each. A daemon without the
-   * stream is asked by the unary RPCs, for the client's life.
+   * over one ledger session, many in flight at once; default true, unless `EFFECTD_SESSION` is '0',
+   * 'false' or 'off'. false: one unary call each. The session is on the daemon's framed socket for a
+   * `unix:` target whose daemon serves one (unless `EFFECTD_TRANSPORT` is 'grpc'), else on the gRPC
+   * session stream (ToolLedger.Session). A daemon without the stream is asked by the unary RPCs, for
+   * the client's life; one serving gRPC without its framed socket, for 5 s at a time.
    */
   session?: boolean;
   /**
@@ -212,11 +214,12 @@ export class Client {
   readonly namespace: string;
   readonly timeoutMs: number;
   /**
-   * How the ledger's tool-call requests travel: 'session' (the session stream), or 'unary' (the
-   * `session` option is false, or the daemon does not serve the stream).
+   * How the ledger's tool-call requests travel: 'frames' (the daemon's framed socket), 'session' (the
+   * gRPC session stream), or 'unary' (the `session` option is false, the daemon does not serve the
+   * stream, or, for a while, it serves gRPC without its framed socket).
    */
-  readonly transport: 'session' | 'unary';
-  /** Ends the session stream and closes the channel; pending calls fail. */
+  readonly transport: 'frames' | 'session' | 'unary';
+  /** Ends the session and closes the channel; pending calls fail. */
   close(): void;
   prepareTool(args: PrepareArgs): Promise<Prepared>;
   prepareTools(calls: PrepareArgs[]): Promise<Prepared[]>;

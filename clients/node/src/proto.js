@@ -9,8 +9,11 @@
  * google/rpc protos they import (google.rpc.Status, the session stream's
  * error) come with this package (`protos/`), so a directory holding only
  * effectd/v1/ loads too; one that has its own google/rpc/ is read first.
+ * A message that no RPC carries (SessionHello, the first frame of the framed
+ * transport) is encoded by protobufjs from the same files (`messageType`).
  */
 
+const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -64,6 +67,7 @@ function loadFrom(dir) {
   };
   return {
     dir,
+    messageType: messageTypes(dir),
     services: {
       ledger: v1.ToolLedger,
       checkpoints: v1.Checkpoints,
@@ -82,6 +86,28 @@ function loadFrom(dir) {
       RetryContext: enumValues('RetryContext'),
       FailureKind: enumValues('FailureKind'),
     },
+  };
+}
+
+/**
+ * `messageType(name)`: the protobufjs type of the effectd.v1 message `name` in the protos of `dir`,
+ * read at its first use.
+ */
+function messageTypes(dir) {
+  let root = null;
+  return (name) => {
+    if (!root) {
+      root = new protobuf.Root();
+      // As proto-loader's includeDirs: `dir` first, then this package's google/rpc; the
+      // google/protobuf protos are among protobufjs's bundled common ones.
+      root.resolvePath = (_origin, target) => {
+        if (path.isAbsolute(target)) return target;
+        const found = [dir, GOOGLE_RPC_DIR].map((base) => path.join(base, target)).find((p) => fs.existsSync(p));
+        return found ?? target;
+      };
+      root.loadSync(FILES);
+    }
+    return root.lookupType(`effectd.v1.${name}`);
   };
 }
 

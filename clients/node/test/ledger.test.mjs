@@ -323,9 +323,10 @@ describe('retry decisions', () => {
   });
 });
 
-test('the calls above went the way this run asks for: the session stream, or unary with EFFECTD_SESSION=0', () => {
-  // `make node-test` runs the suite twice; this guards that the session run did not fall back.
+test('the calls above went the way this run asks for: framed, the gRPC stream with EFFECTD_TRANSPORT=grpc, or unary with EFFECTD_SESSION=0', () => {
+  // `make node-test` runs the suite three times; this guards that no run fell back to another way.
   const off = ['0', 'false', 'off', 'no'].includes((process.env.EFFECTD_SESSION ?? '').trim().toLowerCase());
-  assert.equal(client.transport, off ? 'unary' : 'session');
+  const grpcStream = (process.env.EFFECTD_TRANSPORT ?? '').trim().toLowerCase() === 'grpc';
+  assert.equal(client.transport, off ? 'unary' : grpcStream ? 'session' : 'frames');
   assert.equal(client._session === null, off);
 });

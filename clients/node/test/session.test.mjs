@@ -1,7 +1,9 @@
 // The ledger session stream: many messages in flight on one stream, answered out of order; a
 // per-call deadline that cancels; a broken stream whose messages in flight end unknown (never failed,
 // never run twice) and a next call that reconnects; the unary RPCs for a daemon without the stream;
-// and a closed (or idle) client that leaves nothing keeping the process alive.
+// and a closed (or idle) client that leaves nothing keeping the process alive. The gRPC stream is
+// pinned (EFFECTD_TRANSPORT=grpc): a client of a local daemon would use its framed socket
+// (frames.test.mjs).
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import fs from 'node:fs';
@@ -27,6 +29,8 @@ const { load } = require('../src/proto.js');
 const { isOutcomeUnknown } = require('../src/safe.js');
 
 const here = path.dirname(fileURLToPath(import.meta.url));
+// Read by every client this file makes, and by the processes it starts.
+process.env.EFFECTD_TRANSPORT = 'grpc';
 const SESSION = '/effectd.v1.ToolLedger/Session';
 const UNARY = [
   'PrepareTool',
