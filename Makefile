@@ -121,11 +121,13 @@ $(NODE_INSTALLED): clients/node/package.json clients/node/package-lock.json
 test-fast: $(DEV_INSTALLED) $(SYNC_CLIENT) pgbouncer
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" -q $(PYTEST_ARGS)
 
-## node-test: the Node client's tests against a real daemon (needs node and npm), twice:
-## over the ledger session stream (the default), then unary (EFFECTD_SESSION=0)
+## node-test: the Node client's tests against a real daemon (needs node and npm), three
+## times: the ledger session on the daemon's framed socket (the default), on the gRPC
+## session stream (EFFECTD_TRANSPORT=grpc), then unary (EFFECTD_SESSION=0)
 node-test: $(INSTALLED) $(NODE_INSTALLED)
-	cd clients/node && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=1 npm test \
-	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=0 npm test
+	cd clients/node && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=1 EFFECTD_TRANSPORT= npm test \
+	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=1 EFFECTD_TRANSPORT=grpc npm test \
+	  && EFFECTD_PYTHON=$(abspath $(PY)) EFFECTD_SESSION=0 EFFECTD_TRANSPORT= npm test
 
 ## torture-deep: the model-based torture test (tests/torture) in its deep setting:
 ## TORTURE_EXAMPLES random operation sequences of TORTURE_STEPS steps on LMDB
