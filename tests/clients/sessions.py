@@ -1,13 +1,22 @@
-"""What the tests of the client's sessions share, over either transport:
-many threads asking at once, and the negative control of a session that
-sends again what a broken connection had taken."""
+"""What the tests of the client's sessions share, over either transport
+and from either client: many threads asking at once, a daemon's framed
+connections cut, the checks of a message past its deadline and of a start
+whose connection was cut, and the negative controls of a session that sends
+again what a broken connection had taken, one that hands an answer to
+another caller, and one that sends no cancel."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 
-from effectd_client import Client
+import pytest
+from effectd.v1 import ledger_pb2 as pb
+
+from effectd_client import Client, EffectdError
 from effectd_client import _session_wire as wire
+from sidecar.testing import RunningDaemon
+from tests.rpc.sessions import Holds
 
 
 def prepare_at_once(client: Client, n: int) -> dict[str, str]:
@@ -38,3 +47,62 @@ def all_again(
         entry.sent, entry.stream = False, None
         table._entries[entry.message.id] = entry
     return [], again
+
+
+def crossed(table: wire.InFlight[object], message_id: int) -> object:
+    """BROKEN on purpose (`InFlight.answer` of a negative control): an
+    answer goes to another message's caller while others wait."""
+    entries = table._entries
+    others = [i for i in entries if i != message_id]
+    return entries.pop(others[0] if others else message_id, None)
+
+
+def not_a_cancel(message_id: int) -> object:
+    """BROKEN on purpose (`wire.cancel` of a negative control): a message
+    that is not a cancel."""
+    return pb.SessionRequest(
+        id=10_000 + message_id,
+        get_tool_call=pb.GetToolCallRequest(ref=pb.CallRef(run_id="r", call_id="x")),
+    )
+
+
+def cut_frames(running: RunningDaemon) -> None:
+    """Ends the daemon's side of every framed connection."""
+    frames = running.daemon._frames
+    assert frames is not None
+
+    def cut() -> None:
+        for task in list(frames._connections):
+            task.cancel()
+
+    running.loop.call_soon_threadsafe(cut)
+
+
+def unknown_and_sent_once(failed: Sequence[EffectdError], holds: Holds) -> None:
+    """A start held on the daemon when its connection was cut failed with
+    its outcome unknown, and the daemon had it once: never sent again."""
+    assert [e.metadata.get(wire.MAY_HAVE_BEEN_APPLIED) for e in failed] == ["true"]
+    assert holds.entered == 1
+
+
+def sent_again_is_caught(
+    start_cut: Callable[[], object], holds: Holds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control of `unknown_and_sent_once`: a session that sends
+    again a message its cut connection had taken gets it to the daemon
+    twice."""
+    monkeypatch.setattr(wire.InFlight, "broken", all_again)
+    start_cut()
+    assert holds.entered == 2
+
+
+def no_cancel_is_caught(
+    past_its_deadline: Callable[[], object],
+    holds: Holds,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The negative control of a message past its deadline cancelled on the
+    daemon: a session that sends no cancel leaves it held there."""
+    monkeypatch.setattr(wire, "cancel", not_a_cancel)
+    past_its_deadline()
+    assert (holds.cut, holds.now) == (0, 1)

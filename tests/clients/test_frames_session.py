@@ -17,7 +17,6 @@ import dataclasses
 import os
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,25 +30,16 @@ from effectd_client._session import Session
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.auth.support import AGENT_A, authenticated_daemon
-from tests.clients.sessions import all_again, prepare_at_once
-from tests.rpc.sessions import HeldDaemon, Holds
+from tests.clients.sessions import (
+    cut_frames,
+    no_cancel_is_caught,
+    prepare_at_once,
+    sent_again_is_caught,
+    unknown_and_sent_once,
+)
+from tests.rpc.sessions import Holds
 
 THREADS = 16
-
-
-@pytest.fixture
-def holds() -> Holds:
-    return Holds()
-
-
-@pytest.fixture
-def held(config: ServeConfig, holds: Holds) -> Iterator[RunningDaemon]:
-    cfg = dataclasses.replace(config, grace_seconds=5)
-    with running_daemon(cfg, daemon=HeldDaemon(cfg, holds)) as running:
-        try:
-            yield running
-        finally:
-            holds.release()
 
 
 def _framed(client: Client) -> FramesSession:
@@ -142,13 +132,6 @@ def _past_its_deadline(held: RunningDaemon) -> None:
         assert client.prepare_tool("run", "after", "pay", {}).call.call_id == "after"
 
 
-@pytest.fixture
-def no_deadline_sent(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The messages carry no deadline of their own (the daemon's default
-    one, far off), so that only a cancel cuts a held one here."""
-    monkeypatch.setattr(wire, "timeout_ms", lambda timeout: 0)
-
-
 @pytest.mark.usefixtures("no_deadline_sent")
 def test_a_message_past_its_deadline_is_cancelled(
     held: RunningDaemon, holds: Holds
@@ -161,33 +144,10 @@ def test_a_message_past_its_deadline_is_cancelled(
 def test_negative_control_without_cancel_the_daemon_hears_nothing(
     held: RunningDaemon, holds: Holds, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wire, "cancel", _not_a_cancel)
-    _past_its_deadline(held)
-    assert holds.cut == 0
-    assert holds.now == 1
-
-
-def _not_a_cancel(message_id: int) -> object:
-    """A message that is not a cancel (the negative control's stand-in)."""
-    return pb.SessionRequest(
-        id=10_000 + message_id,
-        get_tool_call=pb.GetToolCallRequest(ref=pb.CallRef(run_id="r", call_id="x")),
-    )
+    no_cancel_is_caught(lambda: _past_its_deadline(held), holds, monkeypatch)
 
 
 # -- a connection cut ----------------------------------------------------------
-
-
-def _cut(running: RunningDaemon) -> None:
-    """Ends the daemon's side of every framed connection."""
-    frames = running.daemon._frames
-    assert frames is not None
-
-    def cut() -> None:
-        for task in list(frames._connections):
-            task.cancel()
-
-    running.loop.call_soon_threadsafe(cut)
 
 
 def _start_cut(held: RunningDaemon, holds: Holds) -> list[EffectdError]:
@@ -204,7 +164,7 @@ def _start_cut(held: RunningDaemon, holds: Holds) -> list[EffectdError]:
         thread = threading.Thread(target=start)
         thread.start()
         holds.wait_until(lambda h: h.now == 1)
-        _cut(held)
+        cut_frames(held)
         holds.wait_until(lambda h: h.now == 0)
         holds.release()
         thread.join(timeout=30)
@@ -216,20 +176,13 @@ def _start_cut(held: RunningDaemon, holds: Holds) -> list[EffectdError]:
 def test_a_start_whose_connection_was_cut_is_unknown_and_never_sent_again(
     held: RunningDaemon, holds: Holds
 ) -> None:
-    failed = _start_cut(held, holds)
-    assert [e.metadata.get(wire.MAY_HAVE_BEEN_APPLIED) for e in failed] == ["true"]
-    assert holds.entered == 1  # never sent again
+    unknown_and_sent_once(_start_cut(held, holds), holds)
 
 
 def test_negative_control_a_session_that_sends_again_is_caught(
     held: RunningDaemon, holds: Holds, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The check above sees a session that sends a message its cut
-    connection had taken again."""
-
-    monkeypatch.setattr(wire.InFlight, "broken", all_again)
-    _start_cut(held, holds)
-    assert holds.entered == 2
+    sent_again_is_caught(lambda: _start_cut(held, holds), holds, monkeypatch)
 
 
 # -- fork and close --------------------------------------------------------------

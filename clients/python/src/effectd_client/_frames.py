@@ -44,7 +44,8 @@ TRANSPORT_ENV = "EFFECTD_TRANSPORT"
 #: Seconds of unary calls once the daemon is found serving gRPC without the
 #: framed socket; then the framed socket is tried again.
 NO_FRAMES_PAUSE = 5.0
-_HEADER = struct.Struct(">I")
+#: A frame's header: the length of the message that follows.
+HEADER = struct.Struct(">I")
 _UNARY = UNARY
 
 
@@ -65,6 +66,24 @@ def local_socket(target: str) -> str | None:
         return None
     grpc_socket = target.removeprefix("unix:").removeprefix("//")
     return grpc_socket if Path(frames_of(grpc_socket)).exists() else None
+
+
+def hello(metadata: Metadata) -> Any:
+    """A connection's first frame: the version of the frames, and the
+    `authorization` and `traceparent` of the client's metadata, as the
+    stream's metadata carries them on gRPC."""
+    values = dict(metadata)
+    return pb.SessionHello(
+        version=1,
+        authorization=str(values.get("authorization", "")),
+        traceparent=str(values.get("traceparent", "")),
+    )
+
+
+def frame(message: Any) -> bytes:
+    """`message` as a frame: its length, then its bytes."""
+    data: bytes = message.SerializeToString()
+    return HEADER.pack(len(data)) + data
 
 
 def _grpc_alone(grpc_socket: str) -> bool:
@@ -110,8 +129,7 @@ class _Conn:
         self._readable.register(sock, select.POLLIN)
 
     def send(self, message: Any) -> None:
-        data = message.SerializeToString()
-        self.sock.sendall(_HEADER.pack(len(data)) + data)
+        self.sock.sendall(frame(message))
 
     def receive(self, timeout: float | None) -> Any:
         """The next frame's SessionResponse; raises TimeoutError when none
@@ -119,7 +137,7 @@ class _Conn:
         daemon's end."""
         if timeout is not None and not self._readable.poll(math.ceil(timeout * 1000)):
             raise TimeoutError
-        (size,) = _HEADER.unpack(self._exactly(_HEADER.size))
+        (size,) = HEADER.unpack(self._exactly(HEADER.size))
         return pb.SessionResponse.FromString(self._exactly(size))
 
     def _exactly(self, size: int) -> bytes:
@@ -140,12 +158,7 @@ class FramesSession:
     def __init__(self, grpc_socket: str, metadata: Metadata) -> None:
         self._grpc_socket = grpc_socket
         self._path = frames_of(grpc_socket)
-        values = dict(metadata)
-        self._hello = pb.SessionHello(
-            version=1,
-            authorization=str(values.get("authorization", "")),
-            traceparent=str(values.get("traceparent", "")),
-        )
+        self._hello = hello(metadata)
         self._unary = False
         self._unary_until = 0.0
         self._closed = False
@@ -266,7 +279,7 @@ class FramesSession:
                     self._unary_until = time.monotonic() + NO_FRAMES_PAUSE
                     entry.waiter.set(_UNARY)
                 else:
-                    entry.waiter.fail(_not_connected(exc))
+                    entry.waiter.fail(not_connected(exc))
                 return
         entry.stream = conn
         try:
@@ -317,12 +330,7 @@ class FramesSession:
             self._closed = True
             conn, self._conn = self._conn, None
             for entry in self._table.clear():
-                failure = (
-                    wire.broken(True, "the client was closed")
-                    if entry.sent
-                    else wire.closed()
-                )
-                entry.waiter.fail(failure)
+                entry.waiter.fail(at_close(entry.sent))
             self._lock.notify_all()
         if conn is not None:
             conn.dead = True
@@ -335,7 +343,13 @@ class FramesSession:
         self._reset()
 
 
-def _not_connected(error: OSError) -> Exception:
+def at_close(sent: bool) -> Exception:
+    """The failure of a message in flight when its client closes: a broken
+    connection's (its outcome unknown) when it was sent, else CANCELLED."""
+    return wire.broken(True, "the client was closed") if sent else wire.closed()
+
+
+def not_connected(error: OSError) -> Exception:
     """A message no connection took: not sent (the client then waits for
     the daemon, as for a gRPC call that found no connection)."""
     return wire.broken(False, f"no connection to the framed socket: {error}")
