@@ -24,10 +24,14 @@ from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc, recovery_pb2_grpc
 from effectd_client import _requests as req
 from effectd_client._channel import DEFAULT_MAX_MESSAGE_BYTES, Connection, connection
 from effectd_client._exceptions import EffectdError, NotFound
+
+# unasync: async-only
+from effectd_client._frames_aio import session_of
+
+# unasync: end
 from effectd_client._operator_aio import AsyncAdmin, AsyncOperator
 from effectd_client._reconnect import DEFAULT_WAIT, Outage
 from effectd_client._recording import RecordingRetry
-from effectd_client._session_aio import AsyncSession
 from effectd_client._session_wire import LedgerCalls, wanted
 from effectd_client._types import (
     Channel,
@@ -120,20 +124,13 @@ class AsyncClient:
         self._ledger = ledger_pb2_grpc.ToolLedgerStub(self._channel)
         self._checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self._channel)
         self._recovery = recovery_pb2_grpc.RecoveryStub(self._channel)
-        # unasync: async-only
+        # A daemon on this host that serves the framed transport is asked
+        # through it (`session_of`), else by the gRPC stream.
         self._session = (
-            AsyncSession(self._channel, self._metadata) if wanted(session) else None
+            session_of(self._connection.target, self._channel, self._metadata)
+            if wanted(session)
+            else None
         )
-        # unasync: end
-        # unasync: sync-only
-        # # A daemon on this host that serves the framed transport is asked
-        # # through it (`effectd_client._frames`), else by the gRPC stream.
-        # self._session = (
-        #     session_of(self._connection.target, self._channel, self._metadata)
-        #     if wanted(session)
-        #     else None
-        # )
-        # unasync: end
         self._tool = LedgerCalls(
             self._ledger, self._session.method if self._session else None
         )
