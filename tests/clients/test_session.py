@@ -539,6 +539,5 @@ def test_negative_control_a_full_daemons_refusal_as_a_broken_stream(
     config: ServeConfig, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The check above sees a session that takes the refusal for a break."""
-    refusals = wire._REFUSALS - {grpc.StatusCode.RESOURCE_EXHAUSTED}
-    monkeypatch.setattr(wire, "_REFUSALS", refusals)
+    monkeypatch.setattr(wire, "_NO_ROOM", frozenset())
     assert not second_client_answers(config, clock)

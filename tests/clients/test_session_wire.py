@@ -18,11 +18,22 @@ from effectd_client import _session_wire as wire
 
 
 class Stopped(grpc.RpcError, grpc.Call):
-    """A stream's end as grpc raises it (only code and details are read)."""
+    """A stream's end as grpc raises it (code, details, and the daemon's
+    ErrorInfo `reason` in the trailer when given)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str = "stopped") -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str = "stopped", reason: str = ""
+    ) -> None:
         self._code = code
         self._details = details
+        self._trailer: tuple[tuple[str, bytes], ...] = ()
+        if reason:
+            status = status_pb2.Status(code=code.value[0], message=details)
+            status.details.add().Pack(
+                error_details_pb2.ErrorInfo(reason=reason, domain="effectd")
+            )
+            key = "grpc-status-details-bin"
+            self._trailer = ((key, status.SerializeToString()),)
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -30,8 +41,8 @@ class Stopped(grpc.RpcError, grpc.Call):
     def details(self) -> str:
         return self._details
 
-    def trailing_metadata(self) -> tuple[()]:
-        return ()
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        return self._trailer
 
 
 def test_every_message_kind_is_mapped() -> None:
@@ -124,6 +135,17 @@ def test_the_timeout_is_the_messages_deadline_rounded_up(
     assert wire.timeout_ms(timeout) == ms
 
 
+# The daemon without room for another stream, as its admission refuses one.
+FULL = Stopped(
+    grpc.StatusCode.RESOURCE_EXHAUSTED, "no room", reason="CONCURRENCY_LIMITED"
+)
+# gRPC ending a stream whose answer was over the client's message size limit.
+TOO_BIG = Stopped(
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "Received message larger than max (5000000 vs. 4194304)",
+)
+
+
 def table_of_three() -> tuple[wire.InFlight[str], list[wire.Entry[str]]]:
     """Three messages on stream "s": one taken, one not, one not sent twice."""
     table: wire.InFlight[str] = wire.InFlight()
@@ -146,7 +168,16 @@ def table_of_three() -> tuple[wire.InFlight[str], list[wire.Entry[str]]]:
         (Stopped(grpc.StatusCode.UNIMPLEMENTED), False, (True, "", "abc", "")),
         (Stopped(grpc.StatusCode.PERMISSION_DENIED), False, (True, "", "abc", "")),
         # ...for a while, when the daemon has no room for the stream.
-        (Stopped(grpc.StatusCode.RESOURCE_EXHAUSTED), False, (False, "", "abc", "")),
+        (FULL, False, (False, "", "abc", "")),
+        (
+            Stopped(grpc.StatusCode.RESOURCE_EXHAUSTED, reason="RATE_LIMITED"),
+            False,
+            (False, "", "abc", ""),
+        ),
+        # gRPC's own RESOURCE_EXHAUSTED (an answer over the client's size
+        # limit) names no limit of the daemon: a broken stream, whose
+        # message taken may have been applied, never asked again.
+        (TOO_BIG, False, (False, "ac", "", "b")),
         # ...but an unknown token is refused as any call would be.
         (Stopped(grpc.StatusCode.UNAUTHENTICATED), False, (False, "abc", "", "")),
         # Closing: all fail, whatever the end.

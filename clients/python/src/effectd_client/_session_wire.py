@@ -175,8 +175,16 @@ NO_CONNECTION = "failed to connect to all addresses"
 
 def refused(error: BaseException | None) -> bool:
     """The daemon turned the stream down as a whole, before serving any of
-    its messages: it does not serve the stream, or not to this credential."""
-    return _code(error) in _REFUSALS
+    its messages: it does not serve the stream, or not to this credential,
+    or it had no room for it. A RESOURCE_EXHAUSTED that names none of the
+    daemon's limits is gRPC's own (an answer over the client's message size
+    limit): it may end a stream whose messages were applied, so it is a
+    broken stream, not a refusal."""
+    code = _code(error)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        assert isinstance(error, grpc.RpcError)
+        return EffectdError.from_rpc_error(error).reason in _NO_ROOM  # type: ignore[arg-type]
+    return code in _REFUSALS
 
 
 # UNIMPLEMENTED: a daemon older than the stream. PERMISSION_DENIED: a
@@ -191,6 +199,8 @@ _REFUSALS = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
+# How the daemon's admission refuses a stream it has no room for.
+_NO_ROOM = frozenset({"CONCURRENCY_LIMITED", "RATE_LIMITED"})
 #: Seconds of unary calls after the daemon had no room for a stream, when
 #: its refusal does not say (RetryInfo).
 FULL_PAUSE = 1.0
