@@ -1,10 +1,12 @@
-// The Node client's round trips over the ledger session stream against its unary calls, measured
-// in one run against one real daemon (a separate process, Unix socket).
+// The Node client's ways to send the ledger's requests, measured in one run against one real daemon
+// (a separate process, Unix socket): unary calls, the gRPC session stream, and the session on the
+// daemon's framed socket (the default for a daemon on this host).
 //
 // Two workloads: `get` (GetToolCall of a stored call: a read, little work in the daemon, so mostly
 // the transport) and `lifecycle` (PrepareTool with start, then CommitTool: two round trips and two
-// writes). Each runs with 1 and 32 calls in flight, unary and session alternating for `--rounds`
-// rounds of `--seconds` each; the ratios are of the medians. The daemon runs with --no-sync unless
+// writes). Each runs with 1 and 32 calls in flight, the three transports in turn (the order rotated
+// every round) for `--rounds` rounds of `--seconds` each; the ratios are of the medians: the stream
+// and the frames over unary, and the frames over the stream. The daemon runs with --no-sync unless
 // `--sync` (fsync on every commit would hide the transport behind the disk). The machine is shared
 // and noisy: read the ratios, not the absolute numbers.
 //
@@ -61,56 +63,63 @@ async function measure(client, op, inflight) {
   return { opsPerSecond: latencies.length / elapsed, p50: median(latencies) };
 }
 
-// The gRPC session stream, even to this daemon on the same host (which a client would otherwise ask
-// on its framed socket).
-process.env.EFFECTD_TRANSPORT = 'grpc';
+const TRANSPORTS = ['unary', 'stream', 'frames'];
 const load = os.loadavg()[0];
 const daemon = await startDaemon({ args: values.sync ? ['--sync'] : ['--no-sync'] });
-const unary = new Client({ target: daemon.target, session: false, timeoutMs: 30_000 });
-const session = new Client({ target: daemon.target, session: true, timeoutMs: 30_000 });
+const options = { target: daemon.target, timeoutMs: 30_000 };
+const clients = { unary: new Client({ ...options, session: false }) };
+// A client reads EFFECTD_TRANSPORT when it is made: 'grpc' keeps the gRPC stream to a daemon on
+// this host, which it would otherwise ask on its framed socket.
+process.env.EFFECTD_TRANSPORT = 'grpc';
+clients.stream = new Client({ ...options, session: true });
+delete process.env.EFFECTD_TRANSPORT;
+clients.frames = new Client({ ...options, session: true });
+const cell = (text, width) => String(text).padStart(width);
 try {
-  const stored = await unary.prepareTool({ runId: 'bench', callId: 'stored', tool: 't', input: 1, start: true });
-  await unary.commitTool({ runId: 'bench', callId: 'stored', attempt: stored.call.attempt, result: { stored: true } });
-  for (const client of [unary, session]) {
+  const stored = await clients.unary.prepareTool({ runId: 'bench', callId: 'stored', tool: 't', input: 1, start: true });
+  await clients.unary.commitTool({ runId: 'bench', callId: 'stored', attempt: stored.call.attempt, result: { stored: true } });
+  for (const client of Object.values(clients)) {
     for (let i = 0; i < 50; i += 1) await WORKLOADS.get(client); // warm: channel, stream, JIT
   }
-  if (session.transport !== 'session') throw new Error('the daemon does not serve the session stream');
+  for (const [which, transport] of [['stream', 'session'], ['frames', 'frames']]) {
+    if (clients[which].transport !== transport) throw new Error(`the ${which} client travels by ${clients[which].transport}`);
+  }
   console.log(
-    `effectd Node client, unary vs session stream: ${rounds} rounds x ${seconds} s each, daemon ${
+    `effectd Node client, unary vs session stream vs framed socket: ${rounds} rounds x ${seconds} s each, daemon ${
       values.sync ? 'durable (--sync)' : '--no-sync'
     }, Unix socket`,
   );
-  console.log('workload   in flight   unary ops/s   session ops/s   ratio   unary p50 ms   session p50 ms   p50 ratio');
+  console.log(
+    'workload   in flight   unary ops/s  stream ops/s  frames ops/s  stream/unary  frames/unary  frames/stream   p50 ms unary / stream / frames',
+  );
   for (const [name, op] of Object.entries(WORKLOADS)) {
     for (const inflight of [1, 32]) {
-      const runs = { unary: [], session: [] };
+      const runs = { unary: [], stream: [], frames: [] };
       for (let r = 0; r < rounds; r += 1) {
-        // Alternate which goes first, so that drift on a shared machine falls on both.
-        const order = r % 2 === 0 ? ['unary', 'session'] : ['session', 'unary'];
-        for (const which of order) runs[which].push(await measure(which === 'unary' ? unary : session, op, inflight));
+        // Rotate which goes first, so that drift on a shared machine falls on all three.
+        const order = TRANSPORTS.map((_, i) => TRANSPORTS[(i + r) % TRANSPORTS.length]);
+        for (const which of order) runs[which].push(await measure(clients[which], op, inflight));
       }
-      const u = median(runs.unary.map((x) => x.opsPerSecond));
-      const s = median(runs.session.map((x) => x.opsPerSecond));
-      const up50 = median(runs.unary.map((x) => x.p50));
-      const sp50 = median(runs.session.map((x) => x.p50));
+      const ops = Object.fromEntries(TRANSPORTS.map((t) => [t, median(runs[t].map((x) => x.opsPerSecond))]));
+      const p50 = TRANSPORTS.map((t) => median(runs[t].map((x) => x.p50)).toFixed(3));
       console.log(
         [
           name.padEnd(10),
-          String(inflight).padStart(9),
-          u.toFixed(0).padStart(13),
-          s.toFixed(0).padStart(15),
-          `${(s / u).toFixed(2)}x`.padStart(7),
-          up50.toFixed(3).padStart(14),
-          sp50.toFixed(3).padStart(16),
-          `${(sp50 / up50).toFixed(2)}x`.padStart(11),
+          cell(inflight, 9),
+          cell(ops.unary.toFixed(0), 12),
+          cell(ops.stream.toFixed(0), 13),
+          cell(ops.frames.toFixed(0), 13),
+          cell(`${(ops.stream / ops.unary).toFixed(2)}x`, 13),
+          cell(`${(ops.frames / ops.unary).toFixed(2)}x`, 13),
+          cell(`${(ops.frames / ops.stream).toFixed(2)}x`, 14),
+          `   ${p50.join(' / ')}`,
         ].join(' '),
       );
     }
   }
-  console.log('ratio: session ops/s over unary ops/s (above 1: the stream is faster); p50 ratio: session over unary latency');
+  console.log('ratios of ops/s: above 1, the first named is faster');
   console.log(`load average (1 min) at the start ${load.toFixed(2)}, at the end ${os.loadavg()[0].toFixed(2)}, ${os.cpus().length} CPUs`);
 } finally {
-  unary.close();
-  session.close();
+  for (const client of Object.values(clients)) client.close();
   await daemon.stop();
 }
