@@ -3,18 +3,22 @@ and from either client: many threads asking at once, a daemon's framed
 connections cut, the checks of a message past its deadline and of a start
 whose connection was cut, and the negative controls of a session that sends
 again what a broken connection had taken, one that hands an answer to
-another caller, and one that sends no cancel."""
+another caller, one that sends no cancel, and one that sends a message over
+the client's limit."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
+import grpc
 import pytest
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, EffectdError
 from effectd_client import _session_wire as wire
+from effectd_client._frames import frame
 from sidecar.testing import RunningDaemon
 from tests.rpc.sessions import Holds
 
@@ -106,3 +110,37 @@ def no_cancel_is_caught(
     monkeypatch.setattr(wire, "cancel", not_a_cancel)
     past_its_deadline()
     assert (holds.cut, holds.now) == (0, 1)
+
+
+#: A tool input over the client's and the daemon's message limit (8 MiB).
+BIG = {"x": "a" * (9 << 20)}
+#: How the client refuses a message over its limit, as gRPC does.
+OVER_THE_LIMIT = "CLIENT: Sent message larger than max ("
+
+
+def refused_before_it_was_sent(error: EffectdError, kept: bool) -> None:
+    """A message over the client's limit failed RESOURCE_EXHAUSTED, as gRPC
+    fails one, and its connection served the next message (`kept`)."""
+    assert (error.code, error.message[: len(OVER_THE_LIMIT)]) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        OVER_THE_LIMIT,
+    )
+    assert kept
+
+
+def _unlimited(message: object, max_bytes: int | None = None) -> bytes:
+    """BROKEN on purpose (`frame` of a negative control): no limit."""
+    return frame(message)
+
+
+def sent_over_the_limit_is_caught(
+    frames_module: ModuleType,
+    over_the_limit: Callable[[], tuple[EffectdError, bool]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The negative control of `refused_before_it_was_sent`: a session that
+    sends a frame over the limit has the daemon end the connection at it,
+    and the message fails otherwise."""
+    monkeypatch.setattr(frames_module, "frame", _unlimited)
+    error, kept = over_the_limit()
+    assert (error.code, kept) == (grpc.StatusCode.UNAVAILABLE, False)

@@ -30,6 +30,7 @@ from effectd_client._session import Session
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.auth.support import AGENT_A, authenticated_daemon
+from tests.clients import sessions
 from tests.clients.sessions import (
     cut_frames,
     no_cancel_is_caught,
@@ -185,6 +186,35 @@ def test_negative_control_a_session_that_sends_again_is_caught(
     sent_again_is_caught(lambda: _start_cut(held, holds), holds, monkeypatch)
 
 
+# -- a message over the limit -----------------------------------------------------
+
+
+def _over_the_limit(daemon: RunningDaemon) -> tuple[EffectdError, bool]:
+    """A prepare over the client's limit: what it raised, and whether its
+    connection served the next call."""
+    with Client(daemon.target, reconnect_wait=0) as client:
+        client.prepare_tool("run", "before", "t", {})
+        conn = _framed(client)._conn
+        with pytest.raises(EffectdError) as info:
+            client.prepare_tool("run", "big", "t", sessions.BIG)
+        client.prepare_tool("run", "after", "t", {})
+        return info.value, _framed(client)._conn is conn
+
+
+def test_a_message_over_the_limit_is_refused_before_it_is_sent(
+    daemon: RunningDaemon,
+) -> None:
+    sessions.refused_before_it_was_sent(*_over_the_limit(daemon))
+
+
+def test_negative_control_a_message_over_the_limit_sent_is_caught(
+    daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions.sent_over_the_limit_is_caught(
+        frames_module, lambda: _over_the_limit(daemon), monkeypatch
+    )
+
+
 # -- fork and close --------------------------------------------------------------
 
 
@@ -287,7 +317,7 @@ def test_a_readers_wait_does_not_cut_another_threads_send_short() -> None:
 
         def send() -> None:
             try:
-                conn.send(big)
+                conn.send(frames_module.frame(big))
                 sent.append(None)
             except BaseException as exc:
                 sent.append(exc)

@@ -448,6 +448,47 @@ def test_the_framed_socket_is_tried_again_after_the_pause(
     assert run(main()) == [False, True]
 
 
+# -- a message over the limit -----------------------------------------------------
+
+
+def _over_the_limit(daemon: RunningDaemon) -> tuple[EffectdError, bool]:
+    """A prepare over the client's limit: what it raised, and whether its
+    connection served the next call."""
+
+    async def main() -> tuple[EffectdError, bool]:
+        async with AsyncClient(daemon.target, reconnect_wait=0) as client:
+            await client.prepare_tool("run", "before", "t", {})
+            conn = _framed(client)._stream
+            with pytest.raises(EffectdError) as info:
+                await client.prepare_tool("run", "big", "t", sessions.BIG)
+            await client.prepare_tool("run", "after", "t", {})
+            return info.value, _framed(client)._stream is conn
+
+    return run(main())
+
+
+def test_a_message_over_the_limit_is_refused_before_it_is_sent_as_unary(
+    daemon: RunningDaemon,
+) -> None:
+    sessions.refused_before_it_was_sent(*_over_the_limit(daemon))
+
+    async def unary() -> EffectdError:
+        async with AsyncClient(daemon.target, session=False) as client:
+            with pytest.raises(EffectdError) as info:
+                await client.prepare_tool("run", "big", "t", sessions.BIG)
+            return info.value
+
+    sessions.refused_before_it_was_sent(run(unary()), True)
+
+
+def test_negative_control_a_message_over_the_limit_sent_is_caught(
+    daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions.sent_over_the_limit_is_caught(
+        frames_aio, lambda: _over_the_limit(daemon), monkeypatch
+    )
+
+
 # -- close ---------------------------------------------------------------------
 
 
@@ -537,7 +578,7 @@ def _answer(message_id: int, call_id: str) -> bytes:
 async def _taken(n: int) -> tuple[AsyncFramesSession, Any, list[Any]]:
     """A session with `n` GetToolCalls taken by a connection on a fake
     transport: the session, the connection and the futures."""
-    session = AsyncFramesSession("/nonexistent/effectd.sock", ())
+    session = AsyncFramesSession("/nonexistent/effectd.sock", (), 1 << 20)
     conn = frames_aio._Conn(session)
     conn.connection_made(_Transport())
     loop = asyncio.get_running_loop()

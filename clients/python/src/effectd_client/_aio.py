@@ -127,9 +127,7 @@ class AsyncClient:
         # A daemon on this host that serves the framed transport is asked
         # through it (`session_of`), else by the gRPC stream.
         self._session = (
-            session_of(self._connection.target, self._channel, self._metadata)
-            if wanted(session)
-            else None
+            session_of(self._connection, self._channel) if wanted(session) else None
         )
         self._tool = LedgerCalls(
             self._ledger, self._session.method if self._session else None

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from effectd_client._channel import Metadata
+from effectd_client._channel import Connection, Metadata
 from effectd_client._exceptions import EffectdError
 from effectd_client._frames import FramesSession, local_socket
 from effectd_client._session import Session, release
@@ -24,15 +24,17 @@ from effectd_client._types import RecoveryPlan
 
 
 def session_of(
-    target: str, channel: grpc.Channel, metadata: Metadata
+    connection: Connection, channel: grpc.Channel
 ) -> Session | FramesSession:
     """The client's ledger session: on the framed transport when the
     daemon serves it on this host (`_frames.local_socket`), else the gRPC
     session stream of `channel`."""
-    grpc_socket = local_socket(target)
+    grpc_socket = local_socket(connection.target)
     if grpc_socket is not None:
-        return FramesSession(grpc_socket, metadata)
-    return Session(channel, metadata)
+        return FramesSession(
+            grpc_socket, connection.metadata, connection.max_message_bytes
+        )
+    return Session(channel, connection.metadata)
 
 
 def closer(

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import _session_wire as wire
@@ -80,9 +81,18 @@ def hello(metadata: Metadata) -> Any:
     )
 
 
-def frame(message: Any) -> bytes:
-    """`message` as a frame: its length, then its bytes."""
+def frame(message: Any, max_bytes: int | None = None) -> bytes:
+    """`message` as a frame: its length, then its bytes. One over
+    `max_bytes` (the client's limit) is refused before any of it is sent,
+    RESOURCE_EXHAUSTED as gRPC refuses it: the daemon would end the whole
+    session at a frame over its own limit, leaving every message in flight
+    on it unknown."""
     data: bytes = message.SerializeToString()
+    if max_bytes is not None and len(data) > max_bytes:
+        raise wire.failure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"CLIENT: Sent message larger than max ({len(data)} vs. {max_bytes})",
+        )
     return HEADER.pack(len(data)) + data
 
 
@@ -128,8 +138,8 @@ class _Conn:
         self._readable = select.poll()
         self._readable.register(sock, select.POLLIN)
 
-    def send(self, message: Any) -> None:
-        self.sock.sendall(frame(message))
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
 
     def receive(self, timeout: float | None) -> Any:
         """The next frame's SessionResponse; raises TimeoutError when none
@@ -155,10 +165,11 @@ class FramesSession:
     """The ledger session of one sync `Client` on the framed transport (see
     the module docstring); its interface is `effectd_client._session`'s."""
 
-    def __init__(self, grpc_socket: str, metadata: Metadata) -> None:
+    def __init__(self, grpc_socket: str, metadata: Metadata, max_bytes: int) -> None:
         self._grpc_socket = grpc_socket
         self._path = frames_of(grpc_socket)
         self._hello = hello(metadata)
+        self._max_bytes = max_bytes
         self._unary = False
         self._unary_until = 0.0
         self._closed = False
@@ -226,7 +237,7 @@ class FramesSession:
             conn = entry.stream
             if entry.sent and isinstance(conn, _Conn) and not conn.dead:
                 try:
-                    conn.send(wire.cancel(entry.message.id))
+                    conn.send(frame(wire.cancel(entry.message.id)))
                 except OSError as exc:
                     self._ended(conn, exc)
             entry.waiter.fail(wire.deadline_exceeded())
@@ -268,6 +279,12 @@ class FramesSession:
 
     def _send(self, entry: wire.Entry[_Answer]) -> None:
         # Holds the lock.
+        try:
+            data = frame(entry.message, self._max_bytes)
+        except wire.SessionRpcError as exc:  # over the limit: not sent
+            self._table.drop(entry)
+            entry.waiter.fail(exc)
+            return
         conn = self._conn
         if conn is None or conn.dead:
             try:
@@ -283,7 +300,7 @@ class FramesSession:
                 return
         entry.stream = conn
         try:
-            conn.send(entry.message)
+            conn.send(data)
         except OSError as exc:
             self._ended(conn, exc)
             return
@@ -295,7 +312,7 @@ class FramesSession:
         try:
             sock.connect(self._path)
             conn = _Conn(sock)
-            conn.send(self._hello)
+            conn.send(frame(self._hello))
         except OSError:
             sock.close()
             raise

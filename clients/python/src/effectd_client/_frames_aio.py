@@ -35,7 +35,7 @@ from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import _frames
 from effectd_client import _session_wire as wire
-from effectd_client._channel import Metadata
+from effectd_client._channel import Connection, Metadata
 from effectd_client._frames import HEADER, frame, frames_of, hello, local_socket
 from effectd_client._session_aio import (
     UNARY,
@@ -51,15 +51,17 @@ _PROBE_SECONDS = 1.0
 
 
 def session_of(
-    target: str, channel: grpc.aio.Channel, metadata: Metadata
+    connection: Connection, channel: grpc.aio.Channel
 ) -> AsyncSession | AsyncFramesSession:
     """The asyncio client's ledger session: on the framed transport when
     the daemon serves it on this host (`_frames.local_socket`), else the
     gRPC session stream of `channel`."""
-    grpc_socket = local_socket(target)
+    grpc_socket = local_socket(connection.target)
     if grpc_socket is None:
-        return AsyncSession(channel, metadata)
-    return AsyncFramesSession(grpc_socket, metadata)
+        return AsyncSession(channel, connection.metadata)
+    return AsyncFramesSession(
+        grpc_socket, connection.metadata, connection.max_message_bytes
+    )
 
 
 async def _grpc_alone(grpc_socket: str) -> bool:
@@ -120,13 +122,13 @@ class _Conn(asyncio.Protocol):
         transport = self.transport
         return not self.dead and transport is not None and not transport.is_closing()
 
-    def write(self, message: Any) -> bool:
-        """Whether the connection took `message` (then it may reach the
-        daemon); False when it is closing, and sent nothing of it."""
+    def write(self, data: bytes) -> bool:
+        """Whether the connection took the frame `data` (then it may reach
+        the daemon); False when it is closing, and sent nothing of it."""
         if not self.open():
             return False
         assert self.transport is not None
-        self.transport.write(frame(message))
+        self.transport.write(data)
         return True
 
     def end(self) -> None:
@@ -141,11 +143,12 @@ class AsyncFramesSession(SessionCalls):
     """The ledger session of one `AsyncClient` on the framed transport (see
     the module docstring); its interface is `AsyncSession`'s."""
 
-    def __init__(self, grpc_socket: str, metadata: Metadata) -> None:
+    def __init__(self, grpc_socket: str, metadata: Metadata, max_bytes: int) -> None:
         super().__init__()
         self._grpc_socket = grpc_socket
         self._path = frames_of(grpc_socket)
         self._hello = hello(metadata)
+        self._max_bytes = max_bytes
         # The open connection, None once it ended (named as AsyncSession's
         # stream: whoever asks whether the session saw its daemon go reads
         # either the same way).
@@ -155,6 +158,12 @@ class AsyncFramesSession(SessionCalls):
 
     async def _send(self, entry: wire.Entry[Waiter]) -> None:
         """Writes the message on the open connection, or a new one."""
+        try:
+            data = frame(entry.message, self._max_bytes)
+        except wire.SessionRpcError as exc:  # over the limit: not sent
+            self._table.drop(entry)
+            fail(entry.waiter, exc)
+            return
         while True:
             try:
                 conn = await self._connection()
@@ -164,7 +173,7 @@ class AsyncFramesSession(SessionCalls):
             if conn is None or not self._table.pending(entry):
                 return  # closed, or its caller stopped waiting
             # Open, as `_connection` saw it: nothing ran since.
-            if conn.write(entry.message):
+            if conn.write(data):
                 entry.stream, entry.sent = conn, True
                 return
 
@@ -184,7 +193,7 @@ class AsyncFramesSession(SessionCalls):
             if self.closed:  # while it connected
                 conn.end()
                 return None
-            conn.write(self._hello)
+            conn.write(frame(self._hello))
             self._stream = conn
             return conn
 
@@ -206,7 +215,7 @@ class AsyncFramesSession(SessionCalls):
             return False
         conn = entry.stream
         if entry.sent and isinstance(conn, _Conn):
-            conn.write(wire.cancel(entry.message.id))  # unless it is closing
+            conn.write(frame(wire.cancel(entry.message.id)))  # unless closing
         return True
 
     def _answered(self, conn: _Conn, answer: Any) -> None:
