@@ -294,11 +294,13 @@ def start_in_process(path: Path) -> float:
     return asyncio.run(run())
 
 
-def spawn(path: Path) -> tuple[subprocess.Popen[str], float]:
-    """A daemon process on `path`, once ready, and the seconds from spawn."""
+def spawn(path: Path, *, init: bool = False) -> tuple[subprocess.Popen[str], float]:
+    """A daemon process on `path` (with `init`, a new, empty ledger there),
+    once ready, and the seconds from spawn."""
     began = time.perf_counter()
+    command = [sys.executable, "-m", "sidecar", "serve", "--data-dir", str(path)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--data-dir", str(path)],
+        [*command, "--init"] if init else command,
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -306,9 +308,12 @@ def spawn(path: Path) -> tuple[subprocess.Popen[str], float]:
         text=True,
     )
     assert proc.stderr is not None
-    while " ready on " not in proc.stderr.readline():
+    said: list[str] = []
+    while " ready on " not in (line := proc.stderr.readline()):
+        said.append(line)
         if proc.poll() is not None:
-            raise RuntimeError("the daemon did not start")
+            said.append(proc.stderr.read())
+            raise RuntimeError(f"the daemon did not start: {''.join(said)[-2000:]}")
     took = time.perf_counter() - began
     threading.Thread(target=proc.stderr.read, daemon=True).start()
     return proc, took
@@ -410,7 +415,7 @@ def measure_daemons(args: argparse.Namespace, shape: Shape, big: Path) -> None:
     try:
         big_proc, big_ready = spawn(big)
         procs.append(big_proc)
-        empty_proc, empty_ready = spawn(empty)
+        empty_proc, empty_ready = spawn(empty, init=True)
         procs.append(empty_proc)
         print(
             f"  start-up, process spawn to ready: {big_ready * 1000:.0f} ms "
