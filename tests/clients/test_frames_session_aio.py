@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import socket
 from collections.abc import Callable, Coroutine
 from contextlib import ExitStack
 from pathlib import Path
@@ -575,13 +576,21 @@ def _answer(message_id: int, call_id: str) -> bytes:
     return _frames.frame(response)
 
 
-async def _taken(n: int) -> tuple[AsyncFramesSession, Any, list[Any]]:
-    """A session with `n` GetToolCalls taken by a connection on a fake
-    transport: the session, the connection and the futures."""
+async def _taken(
+    n: int, sock: socket.socket | None = None
+) -> tuple[AsyncFramesSession, Any, list[Any]]:
+    """A session with `n` GetToolCalls taken by a connection on `sock` (a
+    fake transport when None): the session, the connection and the
+    futures."""
     session = AsyncFramesSession("/nonexistent/effectd.sock", (), 1 << 20)
-    conn = frames_aio._Conn(session)
-    conn.connection_made(_Transport())
     loop = asyncio.get_running_loop()
+    if sock is None:
+        conn = frames_aio._Conn(session)
+        conn.connection_made(_Transport())
+    else:
+        _, conn = await loop.create_unix_connection(
+            lambda: frames_aio._Conn(session), sock=sock
+        )
     futures = []
     for i in range(n):
         request = req.get_tool_call("", "run", f"c{i}")
@@ -624,3 +633,38 @@ def test_a_frame_that_does_not_parse_ends_the_connection() -> None:
         return first, failed, conn.dead and session._stream is None
 
     assert run(main()) == ("c0", ["true", "true"], True)
+
+
+def _answer_then_a_failed_write() -> list[str]:
+    """The daemon answers one of two messages and closes; a write fails on
+    the closed connection before the event loop read the answer (asyncio
+    then ends the transport without reading on): what each caller got."""
+
+    async def main() -> list[str]:
+        ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with daemons:
+            _, conn, futures = await _taken(2, ours)
+            daemons.sendall(_answer(1, "c0"))
+        conn.write(_frames.frame(wire.cancel(2)))  # EPIPE, at once
+        await asyncio.wait(futures)
+        return [
+            f.result().get_tool_call.call.ref.call_id
+            if f.exception() is None
+            else str(EffectdError.from_rpc_error(f.exception()).metadata)
+            for f in futures
+        ]
+
+    return run(main())
+
+
+def test_an_answer_before_a_failed_write_reaches_its_caller() -> None:
+    assert _answer_then_a_failed_write() == ["c0", "{'mayHaveBeenApplied': 'true'}"]
+
+
+def test_negative_control_a_connection_that_drops_what_it_did_not_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check above sees a connection that leaves unread what the daemon
+    sent before its end."""
+    monkeypatch.setattr(frames_aio._Conn, "_drain", lambda self: None)
+    assert _answer_then_a_failed_write()[0] != "c0"

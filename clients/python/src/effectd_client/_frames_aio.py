@@ -6,8 +6,9 @@ A caller writes its frame whole into the connection's transport, in one
 step of the event loop (so frames never interleave, and a caller cancelled
 afterwards cannot cut one short), and awaits a future; the connection's
 protocol parses the daemon's frames as they arrive and completes the future
-whose id each answer carries, every whole frame before it hears of the
-connection's end (so an answer that came before a reset is never lost). The
+whose id each answer carries, every whole frame before it handles the
+connection's end (so an answer that came before a reset, or before a write
+that failed, is never lost). The
 caller's wait, deadline and cancellation are `effectd_client._session_aio`'s
 `SessionCalls`; the frames, the hello and which daemon is asked so are
 `effectd_client._frames`'s, as for the sync client; the messages, the table
@@ -26,6 +27,7 @@ socket is tried again.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from contextlib import suppress
 from typing import Any
@@ -48,6 +50,8 @@ from effectd_client._session_aio import (
 
 # How long the gRPC socket may take to accept the probe of `_grpc_alone`.
 _PROBE_SECONDS = 1.0
+# What a connection's end reads of the socket at a time.
+_DRAIN_BYTES = 1 << 16
 
 
 def session_of(
@@ -116,7 +120,27 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.dead:
+            self._drain()
+        if not self.dead:
             self._session._ended(self, exc)
+
+    def _drain(self) -> None:
+        """What the daemon sent before the end and the transport had not
+        read, read now: a transport whose write failed (the daemon closed)
+        ends without reading on, which would lose answers, or the status
+        the daemon ended the session with. The socket is open until this
+        protocol has heard of the end."""
+        transport = self.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        fd = -1 if sock is None else sock.fileno()
+        while fd >= 0 and not self.dead:
+            try:
+                data = os.read(fd, _DRAIN_BYTES)
+            except OSError:  # nothing more, or the connection's error
+                return
+            if not data:
+                return
+            self.data_received(data)
 
     def open(self) -> bool:
         transport = self.transport
