@@ -41,7 +41,8 @@ class Stopped(grpc.RpcError, grpc.Call):
     def details(self) -> str:
         return self._details
 
-    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+    # grpc-stubs types this trailer as `_Metadatum`s; grpc gives (key, value).
+    def trailing_metadata(self) -> grpc.Metadata:  # type: ignore[override]
         return self._trailer
 
 

@@ -183,7 +183,7 @@ def refused(error: BaseException | None) -> bool:
     code = _code(error)
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         assert isinstance(error, grpc.RpcError)
-        return EffectdError.from_rpc_error(error).reason in _NO_ROOM  # type: ignore[arg-type]
+        return EffectdError.from_rpc_error(error).reason in _NO_ROOM
     return code in _REFUSALS
 
 
