@@ -19,8 +19,10 @@ import socket
 import threading
 from pathlib import Path
 
+import grpc
 import pytest
 from effectd.v1 import ledger_pb2 as pb
+from google.rpc import status_pb2
 
 from effectd_client import Client, EffectdError
 from effectd_client import _frames as frames_module
@@ -335,3 +337,60 @@ def test_a_readers_wait_does_not_cut_another_threads_send_short() -> None:
         sender.join(timeout=30)
         assert sent == [None]
         assert received == big.ByteSize() + 4
+
+
+def _refused_before_the_request_was_written(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> BaseException:
+    """A daemon (a script) that reads the hello, ends the session
+    UNAUTHENTICATED and closes, before the client writes its request: the
+    error the request's call raises."""
+    grpc_socket = short_tmp / "effectd.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(frames_module.frames_of(str(grpc_socket)))
+    listener.listen(1)
+    closed = threading.Event()
+
+    def daemon() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            listener.close()  # no second connection
+            (size,) = frames_module.HEADER.unpack(conn.recv(4, socket.MSG_WAITALL))
+            conn.recv(size, socket.MSG_WAITALL)  # the hello
+            refusal = status_pb2.Status(code=16, message="an unknown token")
+            conn.sendall(frames_module.frame(pb.SessionResponse(id=0, error=refusal)))
+        closed.set()
+
+    writes = frames_module._Conn.send
+
+    def write_after_the_close(conn: frames_module._Conn, data: bytes) -> None:
+        if not getattr(conn, "hello_sent", False):
+            conn.hello_sent = True  # type: ignore[attr-defined]
+        else:
+            assert closed.wait(10)
+        writes(conn, data)
+
+    monkeypatch.setattr(frames_module._Conn, "send", write_after_the_close)
+    server = threading.Thread(target=daemon)
+    server.start()
+    session = FramesSession(str(grpc_socket), (("authorization", "Bearer x"),), 1 << 20)
+    try:
+        session.call("GetToolCall", pb.GetToolCallRequest(), 10.0)
+    except BaseException as exc:  # what the call raised is the result
+        return exc
+    finally:
+        session.close()
+        server.join(10)
+    raise AssertionError("the call was answered")
+
+
+def test_a_refusal_sent_before_a_write_failed_is_read(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request's write fails (the daemon had closed), but the status the
+    daemon ended the session with is in the socket: the call is refused
+    with it, not failed as a connection that broke (which sent the request
+    again, found no daemon, and waited for one)."""
+    error = _refused_before_the_request_was_written(short_tmp, monkeypatch)
+    assert isinstance(error, wire.SessionRpcError), repr(error)
+    assert error.code() is grpc.StatusCode.UNAUTHENTICATED

@@ -11,6 +11,9 @@ of those in flight, the errors and what the end of a connection means are
 connection took is failed `mayHaveBeenApplied=true` if it breaks, one it had
 not taken is sent once more on a new connection, and a daemon that refuses
 the session as a whole (`_session_wire.ended`) is asked by the unary RPCs.
+A write that fails ends no connection by itself: what the daemon sent
+before it closed (answers, or the status it ended the session with) is read
+first, by a waiting caller, up to the connection's end.
 
 A client uses it for a `unix:` target whose daemon serves the framed socket
 (`--local-frames`), unless `EFFECTD_TRANSPORT=grpc`; `local_socket` says. A
@@ -132,6 +135,9 @@ class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.dead = False
+        # A write failed: the daemon closed (or the connection broke). What
+        # it sent before is still to be read; nothing more is written.
+        self.unwritable = False
         # The wait for an answer's first byte. The socket itself stays
         # blocking: a timeout set on it would cut the sends of other
         # threads short too.
@@ -180,6 +186,8 @@ class FramesSession:
         self._lock = threading.Condition()
         self._table: wire.InFlight[_Answer] = wire.InFlight()
         self._conn: _Conn | None = None
+        # Connections whose write failed, read to their end (`_unwritable`).
+        self._draining: set[_Conn] = set()
         self._reading = False
 
     @property
@@ -235,11 +243,15 @@ class FramesSession:
         # cancelled on the daemon too.
         if self._table.drop(entry):
             conn = entry.stream
-            if entry.sent and isinstance(conn, _Conn) and not conn.dead:
+            if (
+                entry.sent
+                and isinstance(conn, _Conn)
+                and not (conn.dead or conn.unwritable)
+            ):
                 try:
                     conn.send(frame(wire.cancel(entry.message.id)))
-                except OSError as exc:
-                    self._ended(conn, exc)
+                except OSError:
+                    self._unwritable(conn)
             entry.waiter.fail(wire.deadline_exceeded())
         elif not entry.waiter.done:  # pragma: no cover - the table holds it
             entry.waiter.fail(wire.deadline_exceeded())
@@ -286,7 +298,7 @@ class FramesSession:
             entry.waiter.fail(exc)
             return
         conn = self._conn
-        if conn is None or conn.dead:
+        if conn is None or conn.dead or conn.unwritable:
             try:
                 conn = self._open()
             except OSError as exc:
@@ -301,10 +313,28 @@ class FramesSession:
         entry.stream = conn
         try:
             conn.send(data)
-        except OSError as exc:
-            self._ended(conn, exc)
+        except OSError:
+            self._unwritable(conn)
             return
         entry.sent = True
+
+    def _unwritable(self, conn: _Conn) -> None:
+        """A write on `conn` failed: its frame was not taken (the daemon
+        reads only whole frames), and the daemon had closed, or the
+        connection broke. What the daemon sent before (answers, the status
+        it ended the session with) is still in the socket: the connection
+        ends when a waiting caller has read it to its end, and its messages
+        not taken are then settled by that end (`wire.ended`). Our side is
+        shut, so that a daemon still there answers what it holds and
+        closes; the next message opens a new connection."""
+        # Holds the lock.
+        conn.unwritable = True
+        self._draining.add(conn)
+        if self._conn is conn:
+            self._conn = None
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_WR)
+        self._lock.notify_all()
 
     def _open(self) -> _Conn:
         # Holds the lock.
@@ -323,6 +353,7 @@ class FramesSession:
         # Holds the lock.
         if self._conn is conn:
             self._conn = None
+        self._draining.discard(conn)
         conn.dead = True
         with contextlib.suppress(OSError):
             conn.sock.close()
@@ -345,11 +376,13 @@ class FramesSession:
             if self._closed:
                 return
             self._closed = True
-            conn, self._conn = self._conn, None
+            conns = [*self._draining, *([self._conn] if self._conn else [])]
+            self._conn = None
+            self._draining.clear()
             for entry in self._table.clear():
                 entry.waiter.fail(at_close(entry.sent))
             self._lock.notify_all()
-        if conn is not None:
+        for conn in conns:
             conn.dead = True
             with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)
