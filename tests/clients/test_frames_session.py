@@ -308,7 +308,7 @@ def test_a_readers_wait_does_not_cut_another_threads_send_short() -> None:
     would cut the send short, and the connection with it)."""
     ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with ours, daemons:
-        conn = frames_module._Conn(ours)
+        conn = frames_module._Conn(ours, 8 << 20)
         big = pb.SessionRequest(
             id=1,
             prepare_tool=pb.PrepareToolRequest(input=pb.Payload(raw=b"x" * (4 << 20))),
@@ -394,3 +394,21 @@ def test_a_refusal_sent_before_a_write_failed_is_read(
     error = _refused_before_the_request_was_written(short_tmp, monkeypatch)
     assert isinstance(error, wire.SessionRpcError), repr(error)
     assert error.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        frames_module.HEADER.pack((1 << 20) + 1),  # over the client's limit
+        frames_module.HEADER.pack(3) + b"\xff\xff\xff",  # not a SessionResponse
+    ],
+    ids=["over-the-limit", "garbled"],
+)
+def test_a_frame_the_client_cannot_take_ends_the_connection(frame: bytes) -> None:
+    """Either is a broken connection (ValueError, which the reader takes as
+    its end), never an exception of another kind out of a caller's wait."""
+    ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, daemons:
+        daemons.sendall(frame)
+        with pytest.raises(ValueError, match=r"over the limit|not a SessionResponse"):
+            frames_module._Conn(ours, 1 << 20).receive(5.0)

@@ -635,6 +635,25 @@ def test_a_frame_that_does_not_parse_ends_the_connection() -> None:
     assert run(main()) == ("c0", ["true", "true"], True)
 
 
+def test_a_frame_over_the_limit_ends_the_connection() -> None:
+    """A frame longer than the client's limit is not waited for (nor held
+    in memory): the messages taken fail as a broken connection's, outcome
+    unknown, as gRPC's own "larger than max" leaves them."""
+
+    async def main() -> tuple[list[str | None], bool]:
+        _, conn, futures = await _taken(2)
+        conn.data_received(_frames.HEADER.pack((1 << 20) + 1) + b"x" * 64)
+        failed = [
+            EffectdError.from_rpc_error(f.exception()).metadata.get(
+                wire.MAY_HAVE_BEEN_APPLIED
+            )
+            for f in futures
+        ]
+        return failed, conn.dead
+
+    assert run(main()) == (["true", "true"], True)
+
+
 def _answer_then_a_failed_write() -> list[str]:
     """The daemon answers one of two messages and closes; a write fails on
     the closed connection before the event loop read the answer (asyncio

@@ -39,6 +39,7 @@ from typing import Any
 
 import grpc
 from effectd.v1 import ledger_pb2 as pb
+from google.protobuf.message import DecodeError
 
 from effectd_client import _session_wire as wire
 from effectd_client._channel import Metadata
@@ -132,8 +133,10 @@ class _Answer:
 class _Conn:
     """One connection: its socket and whether it has ended."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, max_bytes: int) -> None:
         self.sock = sock
+        # The largest frame read: a larger one ends the connection.
+        self.max_bytes = max_bytes
         self.dead = False
         # A write failed: the daemon closed (or the connection broke). What
         # it sent before is still to be read; nothing more is written.
@@ -154,7 +157,16 @@ class _Conn:
         if timeout is not None and not self._readable.poll(math.ceil(timeout * 1000)):
             raise TimeoutError
         (size,) = HEADER.unpack(self._exactly(HEADER.size))
-        return pb.SessionResponse.FromString(self._exactly(size))
+        if size > self.max_bytes:
+            raise ValueError(
+                f"a frame of {size} bytes is over the limit of {self.max_bytes}"
+            )
+        try:
+            return pb.SessionResponse.FromString(self._exactly(size))
+        except DecodeError as exc:
+            raise ValueError(
+                f"a frame of the daemon is not a SessionResponse: {exc}"
+            ) from None
 
     def _exactly(self, size: int) -> bytes:
         chunks, left = [], size
@@ -341,7 +353,7 @@ class FramesSession:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self._path)
-            conn = _Conn(sock)
+            conn = _Conn(sock, self._max_bytes)
             conn.send(frame(self._hello))
         except OSError:
             sock.close()

@@ -103,6 +103,11 @@ class _Conn(asyncio.Protocol):
         try:
             while not self.dead and len(buffer) - at >= HEADER.size:
                 (size,) = HEADER.unpack_from(buffer, at)
+                if size > self._session._max_bytes:
+                    limit = self._session._max_bytes
+                    raise ValueError(
+                        f"a frame of {size} bytes is over the limit of {limit}"
+                    )
                 end = at + HEADER.size + size
                 if len(buffer) < end:
                     break
@@ -111,7 +116,7 @@ class _Conn(asyncio.Protocol):
                 )
                 at = end
                 self._session._answered(self, answer)
-        except Exception as exc:  # a frame that does not parse
+        except Exception as exc:  # a frame over the limit, or that does not parse
             self._session._ended(self, exc)
         del buffer[:at]
 
