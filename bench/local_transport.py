@@ -87,7 +87,7 @@ def caller_main(transport: str, target: str, run: str, seconds: float) -> int:
     import grpc  # noqa: PLC0415
     from effectd.v1 import ledger_pb2 as pb  # noqa: PLC0415
 
-    from effectd_client._frames import frames_of  # noqa: PLC0415
+    from effectd_client._frames_wire import frames_of  # noqa: PLC0415
     from effectd_client._session import Session  # noqa: PLC0415
 
     if transport == "grpc":

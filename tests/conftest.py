@@ -16,7 +16,7 @@ import pytest
 from effectd.v1 import checkpoints_pb2_grpc, ledger_pb2_grpc
 
 from effectd_client import Client
-from effectd_client._frames import TRANSPORT_ENV
+from effectd_client._frames_wire import TRANSPORT_ENV
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon

@@ -18,7 +18,7 @@ from effectd.v1 import ledger_pb2 as pb
 
 from effectd_client import Client, EffectdError
 from effectd_client import _session_wire as wire
-from effectd_client._frames import frame
+from effectd_client._frames_wire import frame
 from sidecar.testing import RunningDaemon
 from tests.rpc.sessions import Holds
 

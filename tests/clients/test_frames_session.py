@@ -26,8 +26,10 @@ from google.rpc import status_pb2
 
 from effectd_client import Client, EffectdError
 from effectd_client import _frames as frames_module
+from effectd_client import _frames_wire as frames_wire
 from effectd_client import _session_wire as wire
-from effectd_client._frames import TRANSPORT_ENV, FramesSession
+from effectd_client._frames import FramesSession
+from effectd_client._frames_wire import TRANSPORT_ENV
 from effectd_client._session import Session
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
@@ -319,7 +321,7 @@ def test_a_readers_wait_does_not_cut_another_threads_send_short() -> None:
 
         def send() -> None:
             try:
-                conn.send(frames_module.frame(big))
+                conn.send(frames_wire.frame(big))
                 sent.append(None)
             except BaseException as exc:
                 sent.append(exc)
@@ -347,7 +349,7 @@ def _refused_before_the_request_was_written(
     error the request's call raises."""
     grpc_socket = short_tmp / "effectd.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(frames_module.frames_of(str(grpc_socket)))
+    listener.bind(frames_wire.frames_of(str(grpc_socket)))
     listener.listen(1)
     closed = threading.Event()
 
@@ -355,10 +357,10 @@ def _refused_before_the_request_was_written(
         conn, _ = listener.accept()
         with conn:
             listener.close()  # no second connection
-            (size,) = frames_module.HEADER.unpack(conn.recv(4, socket.MSG_WAITALL))
+            (size,) = frames_wire.HEADER.unpack(conn.recv(4, socket.MSG_WAITALL))
             conn.recv(size, socket.MSG_WAITALL)  # the hello
             refusal = status_pb2.Status(code=16, message="an unknown token")
-            conn.sendall(frames_module.frame(pb.SessionResponse(id=0, error=refusal)))
+            conn.sendall(frames_wire.frame(pb.SessionResponse(id=0, error=refusal)))
         closed.set()
 
     writes = frames_module._Conn.send
@@ -399,8 +401,8 @@ def test_a_refusal_sent_before_a_write_failed_is_read(
 @pytest.mark.parametrize(
     "frame",
     [
-        frames_module.HEADER.pack((1 << 20) + 1),  # over the client's limit
-        frames_module.HEADER.pack(3) + b"\xff\xff\xff",  # not a SessionResponse
+        frames_wire.HEADER.pack((1 << 20) + 1),  # over the client's limit
+        frames_wire.HEADER.pack(3) + b"\xff\xff\xff",  # not a SessionResponse
     ],
     ids=["over-the-limit", "garbled"],
 )

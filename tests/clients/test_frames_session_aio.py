@@ -26,12 +26,12 @@ import grpc
 import pytest
 from effectd.v1 import ledger_pb2 as pb
 
-from effectd_client import AsyncClient, Decision, EffectdError, State, _frames
+from effectd_client import AsyncClient, Decision, EffectdError, State, _frames_wire
 from effectd_client import _frames_aio as frames_aio
 from effectd_client import _requests as req
 from effectd_client import _session_wire as wire
-from effectd_client._frames import TRANSPORT_ENV
 from effectd_client._frames_aio import AsyncFramesSession
+from effectd_client._frames_wire import TRANSPORT_ENV
 from effectd_client._reconnect import not_sent
 from effectd_client._session_aio import AsyncSession
 from sidecar.config import ServeConfig
@@ -426,7 +426,7 @@ def test_the_framed_socket_is_tried_again_after_the_pause(
 ) -> None:
     """Asked by unary calls while its daemon served gRPC alone, the session
     is framed again once the pause is over and the socket is back."""
-    monkeypatch.setattr(_frames, "NO_FRAMES_PAUSE", 0.0)
+    monkeypatch.setattr(_frames_wire, "NO_FRAMES_PAUSE", 0.0)
     grpc_alone = dataclasses.replace(config, local_frames=False)
 
     async def ask(client: AsyncClient, call_id: str) -> bool:
@@ -573,7 +573,7 @@ def _answer(message_id: int, call_id: str) -> bytes:
     response = pb.SessionResponse(
         id=message_id, get_tool_call=pb.GetToolCallResponse(call=call)
     )
-    return _frames.frame(response)
+    return _frames_wire.frame(response)
 
 
 async def _taken(
@@ -621,7 +621,7 @@ def test_a_frame_that_does_not_parse_ends_the_connection() -> None:
 
     async def main() -> tuple[str, list[str | None], bool]:
         session, conn, futures = await _taken(3)
-        garbage = _frames.HEADER.pack(3) + b"\xff\xff\xff"
+        garbage = _frames_wire.HEADER.pack(3) + b"\xff\xff\xff"
         conn.data_received(_answer(1, "c0") + garbage + _answer(2, "c1"))
         first = futures[0].result().get_tool_call.call.ref.call_id
         failed = [
@@ -642,7 +642,7 @@ def test_a_frame_over_the_limit_ends_the_connection() -> None:
 
     async def main() -> tuple[list[str | None], bool]:
         _, conn, futures = await _taken(2)
-        conn.data_received(_frames.HEADER.pack((1 << 20) + 1) + b"x" * 64)
+        conn.data_received(_frames_wire.HEADER.pack((1 << 20) + 1) + b"x" * 64)
         failed = [
             EffectdError.from_rpc_error(f.exception()).metadata.get(
                 wire.MAY_HAVE_BEEN_APPLIED
@@ -664,7 +664,7 @@ def _answer_then_a_failed_write() -> list[str]:
         with daemons:
             _, conn, futures = await _taken(2, ours)
             daemons.sendall(_answer(1, "c0"))
-        conn.write(_frames.frame(wire.cancel(2)))  # EPIPE, at once
+        conn.write(_frames_wire.frame(wire.cancel(2)))  # EPIPE, at once
         await asyncio.wait(futures)
         return [
             f.result().get_tool_call.call.ref.call_id

@@ -36,7 +36,7 @@ from effectd_client import (
 )
 from effectd_client import _requests as req
 from effectd_client import _session_wire as wire
-from effectd_client._frames import TRANSPORT_ENV
+from effectd_client._frames_wire import TRANSPORT_ENV
 from effectd_client._session import Session
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig

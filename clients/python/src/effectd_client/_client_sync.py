@@ -18,7 +18,8 @@ import grpc
 
 from effectd_client._channel import Connection, Metadata
 from effectd_client._exceptions import EffectdError
-from effectd_client._frames import FramesSession, local_socket
+from effectd_client._frames import FramesSession
+from effectd_client._frames_wire import local_socket
 from effectd_client._session import Session, release
 from effectd_client._types import RecoveryPlan
 
@@ -27,7 +28,7 @@ def session_of(
     connection: Connection, channel: grpc.Channel
 ) -> Session | FramesSession:
     """The client's ledger session: on the framed transport when the
-    daemon serves it on this host (`_frames.local_socket`), else the gRPC
+    daemon serves it on this host (`_frames_wire.local_socket`), else the gRPC
     session stream of `channel`."""
     grpc_socket = local_socket(connection.target)
     if grpc_socket is not None:

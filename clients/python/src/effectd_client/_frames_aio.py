@@ -35,10 +35,10 @@ from typing import Any
 import grpc.aio
 from effectd.v1 import ledger_pb2 as pb
 
-from effectd_client import _frames
+from effectd_client import _frames_wire
 from effectd_client import _session_wire as wire
 from effectd_client._channel import Connection, Metadata
-from effectd_client._frames import HEADER, frame, frames_of, hello, local_socket
+from effectd_client._frames_wire import HEADER, frame, frames_of, hello, local_socket
 from effectd_client._session_aio import (
     UNARY,
     AsyncSession,
@@ -58,7 +58,7 @@ def session_of(
     connection: Connection, channel: grpc.aio.Channel
 ) -> AsyncSession | AsyncFramesSession:
     """The asyncio client's ledger session: on the framed transport when
-    the daemon serves it on this host (`_frames.local_socket`), else the
+    the daemon serves it on this host (`_frames_wire.local_socket`), else the
     gRPC session stream of `channel`."""
     grpc_socket = local_socket(connection.target)
     if grpc_socket is None:
@@ -69,7 +69,7 @@ def session_of(
 
 
 async def _grpc_alone(grpc_socket: str) -> bool:
-    """`_frames._grpc_alone` without blocking the event loop: whether the
+    """`_frames_wire.grpc_alone` without blocking the event loop: whether the
     daemon's gRPC socket takes a connection."""
     try:
         async with asyncio.timeout(_PROBE_SECONDS):
@@ -234,10 +234,10 @@ class AsyncFramesSession(SessionCalls):
             return  # closed meanwhile: its future failed
         if alone:
             # Its unary RPCs, for a while: the message was not sent.
-            self._unary_until = time.monotonic() + _frames.NO_FRAMES_PAUSE
+            self._unary_until = time.monotonic() + _frames_wire.NO_FRAMES_PAUSE
             settle(entry.waiter, UNARY)
         else:
-            fail(entry.waiter, _frames.not_connected(error))
+            fail(entry.waiter, _frames_wire.not_connected(error))
 
     def _stop_waiting(self, entry: wire.Entry[Waiter]) -> bool:
         if not self._table.drop(entry):
@@ -273,7 +273,7 @@ class AsyncFramesSession(SessionCalls):
         self._closed = True
         conn, self._stream = self._stream, None
         for entry in self._table.clear():
-            fail(entry.waiter, _frames.at_close(entry.sent))
+            fail(entry.waiter, _frames_wire.at_close(entry.sent))
         if conn is not None:
             conn.end()
         await self._await_tasks()
