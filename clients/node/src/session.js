@@ -31,7 +31,10 @@
  * session; PERMISSION_DENIED if it requires tokens) is asked by the unary
  * RPCs, for the client's life: the messages in flight then go as unary calls
  * (the daemon applied none of them). A stream refused UNAUTHENTICATED fails
- * its messages alike (the next call tries a stream again). A stream whose
+ * its messages alike (the next call tries a stream again). A stream refused
+ * for lack of room (RESOURCE_EXHAUSTED, CONCURRENCY_LIMITED or RATE_LIMITED)
+ * served none of its messages either: they go as unary calls, and so does
+ * every call for the pause the refusal names (1 s when it names none). A stream whose
  * end says for how long to ask the unary RPCs instead (`unaryForMs`: the
  * framed session's, frames.js, that found the daemon serving gRPC without its
  * framed socket) served nothing either: its messages, and every call for that
@@ -42,6 +45,7 @@
  */
 
 const grpc = require('@grpc/grpc-js');
+const { fromServiceError } = require('./errors');
 const {
   FIELDS,
   neverConnected,
@@ -68,6 +72,14 @@ const DEFAULT_IDLE_MS = 5_000;
 const UNSERVED = [grpc.status.UNIMPLEMENTED, grpc.status.PERMISSION_DENIED];
 /** A stream refused before it served anything, for its credential: each message is refused alike. */
 const REFUSALS = [grpc.status.UNAUTHENTICATED];
+/**
+ * The reasons of a daemon with no room for another stream (its admission refused it whole): a
+ * RESOURCE_EXHAUSTED that names none of them is grpc-js's own (an answer over the client's size
+ * limit), which may end a stream whose messages were applied.
+ */
+const NO_ROOM = new Set(['CONCURRENCY_LIMITED', 'RATE_LIMITED']);
+/** How long messages go as unary calls after a daemon had no room for a stream, unless it says (RetryInfo). */
+const FULL_PAUSE_MS = 1_000;
 
 const identity = (buffer) => buffer;
 
@@ -248,6 +260,14 @@ class Session {
       return;
     }
     if (!mine.length) return;
+    const noRoom = error && error.code === grpc.status.RESOURCE_EXHAUSTED && !stream.answered ? fromServiceError(error) : null;
+    if (noRoom && NO_ROOM.has(noRoom.reason)) {
+      // The daemon had no room for another stream: its messages go as unary calls, each holding a
+      // slot only while it is served, for the pause the refusal names, then a stream again.
+      this._unaryUntil = Date.now() + (noRoom.retryDelayMs ?? FULL_PAUSE_MS);
+      this._byUnary(mine);
+      return;
+    }
     if (error && UNSERVED.includes(error.code) && !stream.answered) {
       // A daemon older than the session (with tokens it refuses a method it
       // does not know), or a credential that may call none of its messages:
@@ -338,4 +358,4 @@ class Session {
   }
 }
 
-module.exports = { Session, DEFAULT_IDLE_MS };
+module.exports = { Session, DEFAULT_IDLE_MS, NO_ROOM };
