@@ -239,7 +239,11 @@ class _Stream:
         task = self._in_flight.get(id)
         if task is not None and id not in self._cancelled:
             self._cancelled.add(id)
-            task.cancel()
+            # After the task's first step, never before it: a task cancelled
+            # before it starts never runs `_serve`, whose `finally` and answer
+            # give the message's room back (a request and its cancel read in
+            # one go). The first step was scheduled when the task was made.
+            asyncio.get_running_loop().call_soon(task.cancel)
 
     async def _serve(self, request: pb.SessionRequest, kind: Kind) -> None:
         id = request.id

@@ -272,3 +272,30 @@ def _assert_serving(running: RunningDaemon) -> None:
         assert got is not None
         assert got.id == 7
         assert got.prepare_tool.decision == pb.DECISION_EXECUTE
+
+
+def test_a_message_cancelled_in_the_frame_after_it_is_answered(
+    short_tmp: Path,
+) -> None:
+    """A request and its cancel in one read: the daemon cancels a task that
+    has not started yet. The message is still answered (CANCELLED, or its
+    answer), its room given back, and the session ends once the client
+    half-closes (before: the task never ran its own cleanup, the message
+    stayed in flight, and the session hung until the daemon stopped)."""
+    with running_daemon(_config(short_tmp / "data"), ManualClock()) as running:
+        with framed(running) as client:
+            client.sock.settimeout(5)
+            hello = pb.SessionHello(version=1).SerializeToString()
+            frames = [
+                hello,
+                message(1, prepare("c1", start=False)).SerializeToString(),
+                pb.SessionRequest(id=1, cancel=pb.SessionCancel()).SerializeToString(),
+                message(2, prepare("c2", start=False)).SerializeToString(),
+            ]
+            client.sock.sendall(b"".join(_HEADER.pack(len(f)) + f for f in frames))
+            client.half_close()
+            answered = {}
+            while (got := client.receive()) is not None:
+                answered[got.id] = got.WhichOneof("response")
+        assert answered.keys() == {1, 2}, answered
+        assert answered[2] == "prepare_tool"
