@@ -140,6 +140,8 @@ def test_the_timeout_is_the_messages_deadline_rounded_up(
 FULL = Stopped(
     grpc.StatusCode.RESOURCE_EXHAUSTED, "no room", reason="CONCURRENCY_LIMITED"
 )
+# The daemon ending a stream as it stops, every message it read answered.
+STOPPING = Stopped(grpc.StatusCode.UNAVAILABLE, "stopping", reason="SHUTTING_DOWN")
 # gRPC ending a stream whose answer was over the client's message size limit.
 TOO_BIG = Stopped(
     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -181,6 +183,9 @@ def table_of_three() -> tuple[wire.InFlight[str], list[wire.Entry[str]]]:
         (TOO_BIG, False, (False, "ac", "", "b")),
         # ...but an unknown token is refused as any call would be.
         (Stopped(grpc.StatusCode.UNAUTHENTICATED), False, (False, "abc", "", "")),
+        # The daemon stopping answers every message it read before it ends
+        # the stream: as a break, but the message taken was not read.
+        (STOPPING, False, (False, "ac", "", "b")),
         # Closing: all fail, whatever the end.
         (Stopped(grpc.StatusCode.CANCELLED), True, (False, "abc", "", "")),
         (Stopped(grpc.StatusCode.UNIMPLEMENTED), True, (False, "abc", "", "")),
@@ -200,6 +205,24 @@ def test_the_end_of_a_stream_settles_each_message(
     assert len(table) == len(again)  # only those sent again stay in flight
     full = error is not None and wire.refused(error) and not unary and not failed
     assert end.pause == (wire.FULL_PAUSE if full else 0.0)
+
+
+def test_a_stream_ended_as_the_daemon_stops_failed_its_messages_not_sent() -> None:
+    """Even the message taken: the daemon answered all it read before it
+    ended the stream. Any other UNAVAILABLE leaves a message taken unknown."""
+    for end, taken in (
+        (STOPPING, "false"),
+        (Stopped(grpc.StatusCode.UNAVAILABLE), "true"),
+    ):
+        table, _ = table_of_three()
+        failed = wire.ended(table, "s", end, False).failed
+        said = {
+            e.waiter: EffectdError.from_rpc_error(f).metadata[
+                wire.MAY_HAVE_BEEN_APPLIED
+            ]  # type: ignore[arg-type]
+            for e, f in failed
+        }
+        assert said["a"] == taken, end
 
 
 def test_the_failures_of_a_broken_stream_say_what_was_sent() -> None:

@@ -187,6 +187,16 @@ def refused(error: BaseException | None) -> bool:
     return code in _REFUSALS
 
 
+def stopped(error: BaseException | None) -> bool:
+    """The daemon ended the stream because it is stopping (SHUTTING_DOWN):
+    it does so only once every message it read is answered (docs/contract.md
+    §2.8, §12), so a message without an answer then was not read."""
+    if _code(error) is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    assert isinstance(error, grpc.RpcError)
+    return EffectdError.from_rpc_error(error).reason == "SHUTTING_DOWN"
+
+
 # UNIMPLEMENTED: a daemon older than the stream. PERMISSION_DENIED: a
 # credential that may call none of its RPCs, or a daemon whose authorization
 # predates the stream. UNAUTHENTICATED: the token, refused as on any RPC.
@@ -341,7 +351,10 @@ def ended(
     unary calls, as every call for a pause (its RetryInfo, else
     `FULL_PAUSE`), since a unary call holds a slot only while it is served.
     A stream that found no connection fails its messages as not sent, for
-    the client to wait for the daemon (`effectd_client._reconnect`).
+    the client to wait for the daemon (`effectd_client._reconnect`); so does
+    one the daemon ended as it stopped (SHUTTING_DOWN, sent once every
+    message it read is answered) with its messages taken, those not taken
+    being sent once more as on any break.
     """
     if closing:
         return Ending(
@@ -371,7 +384,12 @@ def ended(
         ]
         return Ending(False, unsent, [], [])
     failed, again = table.broken(stream)
-    return Ending(False, [(e, broken(e.sent, why(error))) for e in failed], [], again)
+    # The daemon ends a stream as it stops once every message it read is
+    # answered: one taken and unanswered then was never read, not sent.
+    taken = not stopped(error)
+    return Ending(
+        False, [(e, broken(e.sent and taken, why(error))) for e in failed], [], again
+    )
 
 
 class LedgerCalls:
