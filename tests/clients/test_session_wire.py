@@ -216,13 +216,14 @@ def test_a_stream_ended_as_the_daemon_stops_failed_its_messages_not_sent() -> No
     ):
         table, _ = table_of_three()
         failed = wire.ended(table, "s", end, False).failed
-        said = {
-            e.waiter: EffectdError.from_rpc_error(f).metadata[
-                wire.MAY_HAVE_BEEN_APPLIED
-            ]  # type: ignore[arg-type]
-            for e, f in failed
-        }
+        said = {e.waiter: _applied(f) for e, f in failed}
         assert said["a"] == taken, end
+
+
+def _applied(failure: Exception) -> str:
+    """What a message's failure says of whether it may have been applied."""
+    assert isinstance(failure, grpc.RpcError)
+    return EffectdError.from_rpc_error(failure).metadata[wire.MAY_HAVE_BEEN_APPLIED]
 
 
 def test_the_failures_of_a_broken_stream_say_what_was_sent() -> None:
