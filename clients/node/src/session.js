@@ -16,6 +16,8 @@
  *                                                       `cancel` is sent)
  *   the stream broke after the message was sent      -> UNAVAILABLE,
  *                                                       mayHaveBeenApplied=true
+ *     ... by the daemon stopping (SHUTTING_DOWN, once  -> mayHaveBeenApplied=false
+ *     every message it read is answered)
  *   the stream broke before it, twice, or found no   -> UNAVAILABLE,
  *     connection to the daemon                          mayHaveBeenApplied=false
  *   the client was closed                            -> CANCELLED
@@ -286,9 +288,12 @@ class Session {
     const why = describe(error);
     // A stream that never connected took nothing; a new one at once would find no connection either.
     const connected = !neverConnected(error);
+    // The daemon ends a stream as it stops once every message it read is answered: one sent and
+    // unanswered then was never read (docs/contract.md §12).
+    const read = !(error && error.code === grpc.status.UNAVAILABLE && fromServiceError(error).reason === 'SHUTTING_DOWN');
     const again = [];
     for (const entry of mine) {
-      if (entry.sent && connected) this._settle(entry, broken(true, why));
+      if (entry.sent && connected) this._settle(entry, broken(read, why));
       else if (entry.resends >= RESENDS || this._closed || !connected) this._settle(entry, broken(false, why));
       else again.push(entry);
     }

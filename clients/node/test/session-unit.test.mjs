@@ -72,6 +72,17 @@ function session({ capacities = [], idleMs = 60_000, unary } = {}) {
 }
 
 const ref = (callId) => ({ ref: { namespace: '', runId: 'r', callId } });
+
+/** A status trailer as the daemon sends it: its ErrorInfo naming `reason` (none when ''). */
+function trailer(code, reason) {
+  const metadata = new grpc.Metadata();
+  if (!reason) return metadata;
+  const types = statusTypes();
+  const info = { type_url: 'type.googleapis.com/google.rpc.ErrorInfo', value: Buffer.from(types.ErrorInfo.encode({ reason, domain: 'effectd' }).finish()) };
+  const status = { code, message: reason, details: [info] };
+  metadata.set('grpc-status-details-bin', Buffer.from(types.Status.encode(status).finish()));
+  return metadata;
+}
 const settled = (promise) => promise.then((value) => ({ value }), (error) => ({ error }));
 const tick = () => new Promise((resolve) => setImmediate(resolve));
 
@@ -215,6 +226,19 @@ describe('a broken stream', () => {
       Array(3).fill(['UNAVAILABLE', 'false']),
     );
     assert.equal(calls.length, 1); // the client waits for the daemon instead
+  });
+
+  test('a stream the daemon ended as it stopped: a message sent and unanswered was not read, not sent', async () => {
+    for (const [reason, applied] of [
+      ['SHUTTING_DOWN', 'false'],
+      ['', 'true'], // negative control: any other UNAVAILABLE leaves it unknown
+    ]) {
+      const { s, calls } = session();
+      const pending = settled(s.call('CommitTool', ref('c1'), 5_000));
+      calls[0].fail(grpc.status.UNAVAILABLE, 'the daemon is stopping', trailer(grpc.status.UNAVAILABLE, reason));
+      const e = fromServiceError((await pending).error);
+      assert.deepEqual([e.code, e.metadata.mayHaveBeenApplied], ['UNAVAILABLE', applied], reason);
+    }
   });
 
   test('a stream that ends OK with messages in flight broke all the same', async () => {
