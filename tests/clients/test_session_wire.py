@@ -14,6 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from effectd_client import Client, EffectdError, InvalidRequest, RateLimited
 from effectd_client import _requests as req
+from effectd_client import _session_calls as session_calls
 from effectd_client import _session_wire as wire
 
 
@@ -304,18 +305,18 @@ def test_the_option_else_effectd_session_chooses_the_stream(
     expected: bool,
 ) -> None:
     if env is None:
-        monkeypatch.delenv(wire.SESSION_ENV, raising=False)
+        monkeypatch.delenv(session_calls.SESSION_ENV, raising=False)
     else:
-        monkeypatch.setenv(wire.SESSION_ENV, env)
-    assert wire.wanted(option) is expected
+        monkeypatch.setenv(session_calls.SESSION_ENV, env)
+    assert session_calls.wanted(option) is expected
 
 
 def test_a_client_without_the_option_reads_effectd_session(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(wire.SESSION_ENV, "0")
+    monkeypatch.setenv(session_calls.SESSION_ENV, "0")
     with Client(f"unix:{tmp_path}/absent.sock") as off:
         assert off._session is None
-    monkeypatch.setenv(wire.SESSION_ENV, "1")
+    monkeypatch.setenv(session_calls.SESSION_ENV, "1")
     with Client(f"unix:{tmp_path}/absent.sock") as on:
         assert on._session is not None

@@ -32,7 +32,7 @@ from effectd_client._frames_aio import session_of
 from effectd_client._operator_aio import AsyncAdmin, AsyncOperator
 from effectd_client._reconnect import DEFAULT_WAIT, Outage
 from effectd_client._recording import RecordingRetry
-from effectd_client._session_wire import LedgerCalls, wanted
+from effectd_client._session_calls import LedgerCalls, wanted
 from effectd_client._types import (
     Channel,
     Checkpoint,

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -63,18 +62,6 @@ _DOMAIN = "effectd"
 _MAX_TIMEOUT_MS = 2**32 - 1
 # Sends of one message on a new stream after its stream broke before it.
 RESENDS = 1
-
-SESSION_ENV = "EFFECTD_SESSION"
-_OFF = frozenset({"0", "false", "off"})
-
-
-def wanted(session: bool | None) -> bool:
-    """Whether a client uses the session stream: `session` when given, else
-    on unless `EFFECTD_SESSION` is 0, false or off (as the Node client)."""
-    if session is not None:
-        return session
-    return os.environ.get(SESSION_ENV, "").strip().lower() not in _OFF
-
 
 W = TypeVar("W")
 
@@ -390,26 +377,3 @@ def ended(
     return Ending(
         False, [(e, broken(e.sent and taken, why(error))) for e in failed], [], again
     )
-
-
-class LedgerCalls:
-    """The ledger RPCs a session carries, each a callable like a stub's
-    method (`(request, timeout=, metadata=)`): the session's, or the unary
-    stub's when there is no session."""
-
-    PrepareTool: Callable[..., Any]
-    PrepareTools: Callable[..., Any]
-    StartTool: Callable[..., Any]
-    CommitTool: Callable[..., Any]
-    ReportUnknown: Callable[..., Any]
-    Heartbeat: Callable[..., Any]
-    GetToolCall: Callable[..., Any]
-
-    def __init__(
-        self,
-        stub: object,
-        method: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None,
-    ) -> None:
-        for name in FIELDS:
-            unary = getattr(stub, name)
-            setattr(self, name, unary if method is None else method(name, unary))
