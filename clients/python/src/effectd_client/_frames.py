@@ -50,9 +50,7 @@ from effectd_client._frames_wire import (
     not_connected,
 )
 from effectd_client._frames_wire import grpc_alone as _grpc_alone
-from effectd_client._session import UNARY, stub_method
-
-_UNARY = UNARY
+from effectd_client._session import stub_method
 
 
 class _Answer:
@@ -153,7 +151,7 @@ class FramesSession:
         return stub_method(self.call, name, unary)
 
     def call(self, name: str, body: Any, timeout: float | None) -> Any:
-        """The answer of RPC `name`, `_UNARY` when the session is not
+        """The answer of RPC `name`, `_session_wire.UNARY` when the session is not
         served; raises `SessionRpcError`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = _Answer()
@@ -161,14 +159,14 @@ class FramesSession:
             if self._closed:
                 raise wire.closed()
             if self._unary or time.monotonic() < self._unary_until:
-                return _UNARY
+                return wire.UNARY
             entry = self._table.add(name, body, timeout, waiter)
             self._send(entry)
         self._wait(entry, deadline)
         if waiter.error is not None:
             raise waiter.error
-        if waiter.answer is _UNARY:
-            return _UNARY
+        if waiter.answer is wire.UNARY:
+            return wire.UNARY
         return wire.outcome(name, waiter.answer)
 
     def _wait(self, entry: wire.Entry[_Answer], deadline: float | None) -> None:
@@ -260,7 +258,7 @@ class FramesSession:
                 if _grpc_alone(self._grpc_socket):
                     # Its unary RPCs, for a while: the message was not sent.
                     self._unary_until = time.monotonic() + NO_FRAMES_PAUSE
-                    entry.waiter.set(_UNARY)
+                    entry.waiter.set(wire.UNARY)
                 else:
                     entry.waiter.fail(not_connected(exc))
                 return
@@ -316,7 +314,7 @@ class FramesSession:
         if end.pause:
             self._unary_until = time.monotonic() + end.pause
         for entry in end.fallback:
-            entry.waiter.set(_UNARY)
+            entry.waiter.set(wire.UNARY)
         for entry, failure in end.failed:
             entry.waiter.fail(failure)
         for entry in end.again:

@@ -8,12 +8,11 @@ afterwards cannot cut one short), and awaits a future; the connection's
 protocol parses the daemon's frames as they arrive and completes the future
 whose id each answer carries, every whole frame before it handles the
 connection's end (so an answer that came before a reset, or before a write
-that failed, is never lost). The
-caller's wait, deadline and cancellation are `effectd_client._session_aio`'s
-`SessionCalls`; the frames, the hello and which daemon is asked so are
-`effectd_client._frames`'s, as for the sync client; the messages, the table
-of those in flight and the end of a connection are
-`effectd_client._session_wire`'s.
+that failed, is never lost). The caller's wait, deadline and cancellation
+are `effectd_client._session_aio`'s `SessionCalls`; the frames, the hello
+and which daemon is asked so are `effectd_client._frames_wire`'s, as for
+the sync client; the messages, the table of those in flight and the end
+of a connection are `effectd_client._session_wire`'s.
 
 A message the transport took may have reached the daemon: if its connection
 breaks, it fails `mayHaveBeenApplied=true`. A connection found closing (its
@@ -40,7 +39,6 @@ from effectd_client import _session_wire as wire
 from effectd_client._channel import Connection, Metadata
 from effectd_client._frames_wire import HEADER, frame, frames_of, hello, local_socket
 from effectd_client._session_aio import (
-    UNARY,
     AsyncSession,
     SessionCalls,
     Waiter,
@@ -235,7 +233,7 @@ class AsyncFramesSession(SessionCalls):
         if alone:
             # Its unary RPCs, for a while: the message was not sent.
             self._unary_until = time.monotonic() + _frames_wire.NO_FRAMES_PAUSE
-            settle(entry.waiter, UNARY)
+            settle(entry.waiter, wire.UNARY)
         else:
             fail(entry.waiter, _frames_wire.not_connected(error))
 

@@ -33,10 +33,6 @@ from effectd_client._channel import Metadata
 # How long close() waits for the reader thread after cancelling the stream.
 _JOIN_SECONDS = 5.0
 
-#: A sync session's answer to a message it does not carry (the daemon does
-#: not serve the session): the message is asked by its unary RPC.
-UNARY = object()
-
 
 def stub_method(
     ask: Callable[[str, Any, float | None], Any],
@@ -45,18 +41,15 @@ def stub_method(
 ) -> Callable[..., Any]:
     """RPC `name` called as a stub's method (`(request, timeout=,
     metadata=)`) through a sync session's `ask`; by `unary` when the session
-    answers `UNARY`."""
+    answers `_session_wire.UNARY`."""
 
     def call(request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
         answer = ask(name, request, timeout)
-        if answer is UNARY:
+        if answer is wire.UNARY:
             return unary(request, timeout=timeout, metadata=metadata)
         return answer
 
     return call
-
-
-_UNARY = UNARY  # this module's name for it
 
 
 class _Waiter:
@@ -126,14 +119,14 @@ class Session:
         return stub_method(self.call, name, unary)
 
     def call(self, name: str, body: Any, timeout: float | None) -> Any:
-        """The answer of RPC `name`, `_UNARY` when the stream is not served;
-        raises `SessionRpcError`."""
+        """The answer of RPC `name`, `_session_wire.UNARY` when the stream
+        is not served; raises `SessionRpcError`."""
         waiter = _Waiter()
         with self._lock:
             if self._closed:
                 raise wire.closed()
             if self._unary or time.monotonic() < self._unary_until:
-                return _UNARY
+                return wire.UNARY
             entry = self._table.add(name, body, timeout, waiter)
             self._enqueue(entry)
         if not waiter.wait(timeout):
@@ -144,8 +137,8 @@ class Session:
             waiter.wait(None)  # answered while the time ran out
         if waiter.error is not None:
             raise waiter.error
-        if waiter.answer is _UNARY:
-            return _UNARY
+        if waiter.answer is wire.UNARY:
+            return wire.UNARY
         return wire.outcome(name, waiter.answer)
 
     def _cancel(self, entry: wire.Entry[_Waiter]) -> None:
@@ -216,7 +209,7 @@ class Session:
             for entry in end.again:
                 self._enqueue(entry)
         for entry in end.fallback:
-            entry.waiter.set(_UNARY)
+            entry.waiter.set(wire.UNARY)
         for entry, failure in end.failed:
             entry.waiter.fail(failure)
 

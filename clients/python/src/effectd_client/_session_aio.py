@@ -28,8 +28,6 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd_client import _session_wire as wire
 from effectd_client._channel import Metadata
 
-#: The answer of a message to ask by its unary RPC instead.
-UNARY = object()
 # How long a daemon that refuses a stream takes to say so, at most.
 _PROBE_SECONDS = 1.0
 
@@ -88,7 +86,7 @@ class SessionCalls(ABC):
             metadata: Any = None,
         ) -> Any:
             answer = await self.call(name, request, timeout)
-            if answer is UNARY:
+            if answer is wire.UNARY:
                 return await unary(request, timeout=timeout, metadata=metadata)
             return answer
 
@@ -100,13 +98,14 @@ class SessionCalls(ABC):
         body: Any,
         timeout: float | None,  # noqa: ASYNC109 - also the message's timeout_ms
     ) -> Any:
-        """The answer of RPC `name`, `UNARY` when the session is not served;
-        raises `SessionRpcError`. `timeout` is the stub call's: the daemon
-        gets it as the message's deadline, and the wait here ends with it."""
+        """The answer of RPC `name`, `_session_wire.UNARY` when the session
+        is not served; raises `SessionRpcError`. `timeout` is the stub call's:
+        the daemon gets it as the message's deadline, and the wait here ends
+        with it."""
         if self._closed:
             raise wire.closed()
         if self._unary or time.monotonic() < self._unary_until:
-            return UNARY
+            return wire.UNARY
         waiter: Waiter = asyncio.get_running_loop().create_future()
         entry = self._table.add(name, body, timeout, waiter)
         try:
@@ -122,8 +121,8 @@ class SessionCalls(ABC):
             if waiter.done() and not waiter.cancelled():
                 waiter.exception()  # its caller is gone: nobody reads it
             raise
-        if answer is UNARY:
-            return UNARY
+        if answer is wire.UNARY:
+            return wire.UNARY
         return wire.outcome(name, answer)
 
     @abstractmethod
@@ -152,7 +151,7 @@ class SessionCalls(ABC):
         if end.pause:
             self._unary_until = time.monotonic() + end.pause
         for entry in end.fallback:
-            settle(entry.waiter, UNARY)
+            settle(entry.waiter, wire.UNARY)
         for entry, failure in end.failed:
             fail(entry.waiter, failure)
         return end.again

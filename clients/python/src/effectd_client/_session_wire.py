@@ -62,6 +62,10 @@ _DOMAIN = "effectd"
 _MAX_TIMEOUT_MS = 2**32 - 1
 # Sends of one message on a new stream after its stream broke before it.
 RESENDS = 1
+#: A session's answer to a message it does not carry now (the daemon does
+#: not serve the session, or has no room for it): the message is asked by
+#: its unary RPC.
+UNARY = object()
 
 W = TypeVar("W")
 
