@@ -8,6 +8,7 @@ the client's limit."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -19,7 +20,9 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd_client import Client, EffectdError
 from effectd_client import _session_wire as wire
 from effectd_client._frames_wire import frame
-from sidecar.testing import RunningDaemon
+from sidecar.clock import ManualClock
+from sidecar.config import ServeConfig
+from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.sessions import Holds
 
 
@@ -144,3 +147,24 @@ def sent_over_the_limit_is_caught(
     monkeypatch.setattr(frames_module, "frame", _unlimited)
     error, kept = over_the_limit()
     assert (error.code, kept) == (grpc.StatusCode.UNAVAILABLE, False)
+
+
+def second_client_answers(config: ServeConfig, clock: ManualClock) -> bool:
+    """With room for one stream per caller, a second client's prepare while
+    the first holds the stream: answered, by a unary call."""
+    one = dataclasses.replace(
+        config,
+        server_limits=dataclasses.replace(
+            config.server_limits, max_concurrent_rpcs_per_caller=1
+        ),
+    )
+    with running_daemon(one, clock) as d, Client(d.target) as first:
+        first.prepare_tool("run-p", "a", "t", {})
+        with Client(d.target) as second:
+            try:
+                second.prepare_tool("run-p", "b", "t", {})
+            except EffectdError:
+                return False
+            assert second._session is not None
+            assert not second._session.unary  # a stream again after the pause
+            return True

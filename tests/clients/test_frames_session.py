@@ -31,6 +31,7 @@ from effectd_client import _session_wire as wire
 from effectd_client._frames import FramesSession
 from effectd_client._frames_wire import TRANSPORT_ENV
 from effectd_client._session import Session
+from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.auth.support import AGENT_A, authenticated_daemon
@@ -414,3 +415,19 @@ def test_a_frame_the_client_cannot_take_ends_the_connection(frame: bytes) -> Non
         daemons.sendall(frame)
         with pytest.raises(ValueError, match=r"over the limit|not a SessionResponse"):
             frames_module._Conn(ours, 1 << 20).receive(5.0)
+
+
+def test_a_daemon_without_room_for_a_session_gets_unary_calls(
+    config: ServeConfig, clock: ManualClock
+) -> None:
+    """On the framed transport too: a session refused CONCURRENCY_LIMITED
+    served nothing; its messages are asked by unary calls."""
+    assert sessions.second_client_answers(config, clock)
+
+
+def test_negative_control_a_full_daemons_refusal_as_a_broken_session(
+    config: ServeConfig, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above sees a session that takes the refusal for a break."""
+    monkeypatch.setattr(wire, "_NO_ROOM", frozenset())
+    assert not sessions.second_client_answers(config, clock)

@@ -10,7 +10,6 @@ forwarding each message as its unary RPC, and fails on cue (see
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import os
 import threading
@@ -41,6 +40,7 @@ from effectd_client._session import Session
 from sidecar.clock import ManualClock
 from sidecar.config import ServeConfig
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.clients import sessions
 from tests.clients.flaky_proxy import Fault, FlakyProxy, flaky_proxy
 from tests.clients.sessions import all_again, prepare_at_once
 
@@ -506,33 +506,12 @@ def test_negative_control_without_the_fork_handler_the_child_inherits(
 # -- a daemon without room for another stream ----------------------------------
 
 
-def second_client_answers(config: ServeConfig, clock: ManualClock) -> bool:
-    """With room for one stream per caller, a second client's prepare while
-    the first holds the stream: answered, by a unary call."""
-    one = dataclasses.replace(
-        config,
-        server_limits=dataclasses.replace(
-            config.server_limits, max_concurrent_rpcs_per_caller=1
-        ),
-    )
-    with running_daemon(one, clock) as d, Client(d.target) as first:
-        first.prepare_tool("run-p", "a", "t", {})
-        with Client(d.target) as second:
-            try:
-                second.prepare_tool("run-p", "b", "t", {})
-            except EffectdError:
-                return False
-            assert second._session is not None
-            assert not second._session.unary  # a stream again after the pause
-            return True
-
-
 def test_a_daemon_without_room_for_a_stream_gets_unary_calls(
     config: ServeConfig, clock: ManualClock
 ) -> None:
     """A stream refused CONCURRENCY_LIMITED served nothing: its messages are
     asked by unary calls (which hold a slot only while served)."""
-    assert second_client_answers(config, clock)
+    assert sessions.second_client_answers(config, clock)
 
 
 def test_negative_control_a_full_daemons_refusal_as_a_broken_stream(
@@ -540,4 +519,4 @@ def test_negative_control_a_full_daemons_refusal_as_a_broken_stream(
 ) -> None:
     """The check above sees a session that takes the refusal for a break."""
     monkeypatch.setattr(wire, "_NO_ROOM", frozenset())
-    assert not second_client_answers(config, clock)
+    assert not sessions.second_client_answers(config, clock)
