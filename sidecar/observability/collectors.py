@@ -18,7 +18,6 @@ from sidecar.ledger.model import State
 from sidecar.ledger.quota import DiskSpace
 from sidecar.observability.provider import STOPS, Counters
 from sidecar.storage.api import ReadView, ReportsFill, Store, Table
-from sidecar.storage.records import state_prefix
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +56,7 @@ def count_states(store: Store) -> dict[State, int]:
     wanted = [s for s in State if not (counting and s is State.COMMITTED)]
 
     def scan(view: ReadView) -> dict[State, int]:
-        return {
-            state: sum(1 for _ in view.scan(Table.CALL_STATES, state_prefix(state)))
-            for state in wanted
-        }
+        return {state: sum(1 for _ in view.calls_in_state(state)) for state in wanted}
 
     counts = store.read(scan)
     if isinstance(store, CountsEntries):

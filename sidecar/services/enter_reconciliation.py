@@ -25,7 +25,7 @@ from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.rules import Now
 from sidecar.services._common import committed
 from sidecar.storage import records
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.api import ReadView, Store, WriteView
 
 # Changed calls per transaction (each with its audit entry, about 0.7 ms a
 # call with fsync on: the writer is held for about 0.1 s), and records
@@ -85,15 +85,13 @@ def _batch(
     examined = skipped = 0
     last = b""
     next_key: bytes | None = None
-    for key, raw in view.scan(Table.CALLS, prefix, after=after):
+    for key, call in view.calls(prefix, after=after):
         if len(chosen) == batch or examined == budget:
             next_key = last
             break
         examined += 1
         last = key
-        try:
-            call = records.decode_call(raw)
-        except UnsupportedKeyScheme:
+        if isinstance(call, UnsupportedKeyScheme):
             skipped += 1
             continue
         if call.tool_name == tool_name and call.state is not State.COMMITTED:
@@ -105,7 +103,7 @@ def _batch(
         if step.call is call:
             already += 1
             continue
-        records.save_call(view, call, step.call)
+        view.write_call(call, step.call)
         entry = records.append_audit(
             view,
             audit.call_fact(

@@ -20,8 +20,7 @@ from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import rules
 from sidecar.ledger.model import State
 from sidecar.services._common import bulk_committed, moment
-from sidecar.storage import records
-from sidecar.storage.api import Store, Table, WriteView
+from sidecar.storage.api import Store, WriteView
 
 DEFAULT_BATCH = 256
 
@@ -55,23 +54,22 @@ class LeaseSweep:
 
     def _sweep_batch(self, view: WriteView, *, after: bytes | None) -> _Batch:
         now = moment(self._clock, self._store, view)
-        prefix = records.state_prefix(State.STARTED)
         keys = []
-        for key, _ in view.scan(Table.CALL_STATES, prefix, after=after):
+        for key in view.calls_in_state(State.STARTED, after=after):
             keys.append(key)
             if len(keys) == self._batch:
                 break
         settled = 0
         for key in keys:
             try:
-                old = records.load_call_at(view, key[len(prefix) :])
+                old = view.load_call_at(key)
             except UnsupportedKeyScheme:
                 continue  # a newer daemon's call: refused whenever touched
             if old is None:
                 continue
             new = rules.settle(old, now)
             if new.revision != old.revision:
-                records.save_call(view, old, new)
+                view.write_call(old, new)
                 settled += 1
         resume = keys[-1] if len(keys) == self._batch else None
         return _Batch(len(keys), settled, resume)

@@ -37,8 +37,8 @@ from sidecar.ledger.validation import Limits
 from sidecar.services._common import Decided, committed, decided, moment
 from sidecar.services.prepares import in_scheme, prepare_one, with_lease
 from sidecar.services.recent_calls import RecentCalls, stepped
-from sidecar.storage import calls, records, tombstones, usage
-from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
+from sidecar.storage import records, usage
+from sidecar.storage.api import CallWrite, ReadView, Store, WriteView
 from sidecar.storage.scans import Scans
 
 
@@ -115,7 +115,7 @@ class LedgerService:
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
     ) -> Callable[[ReadView], Decided]:
         def decide(view: ReadView) -> Decided:
-            old, tomb = calls.find(view, ref)
+            old, tomb = view.find_call(ref)
             if old is None:
                 return Decided(_not_found(ref, tomb))
             return self._step(old, view, rule)
@@ -144,7 +144,7 @@ class LedgerService:
         namespace's quotas."""
         policy = self._policy.current()
         spec = with_lease(asked, policy)
-        old, tomb = calls.find(view, spec.ref)
+        old, tomb = view.find_call(spec.ref)
         if tomb is not None:
             # contract §4.7: the tombstone still refuses a re-execution.
             return Decided(
@@ -273,9 +273,9 @@ class LedgerService:
         was compacted after the retention window (contract §4.7)."""
 
         def load(view: ReadView) -> ToolCall:
-            call = records.load_call(view, ref)
+            call, tomb = view.find_call(ref)
             if call is None:
-                raise _not_found(ref, tombstones.load(view, ref))
+                raise _not_found(ref, tomb)
             return call
 
         return await self._scans.point_read(load)
@@ -318,14 +318,15 @@ class LedgerService:
             last = b""
             examined = 0
             for i, namespace in enumerate(todo):
-                for key, raw in view.scan(
-                    Table.CALLS, prefix(namespace), after=after if i == 0 else None
+                for key, call in view.calls(
+                    prefix(namespace), after=after if i == 0 else None
                 ):
                     if len(calls) == page_size or examined == budget:
                         return Page(calls, paging.encode(last), searched)
                     examined += 1
                     last = key
-                    call = records.decode_call(raw)
+                    if isinstance(call, UnsupportedKeyScheme):
+                        raise call
                     if not states or call.state in states:
                         calls.append(call)
             return Page(calls, "", searched)
@@ -344,20 +345,15 @@ class LedgerService:
         def apply(view: WriteView) -> int:
             now = self.now(view)
             settled = 0
-            keys = [
-                k
-                for k, _ in view.scan(
-                    Table.CALL_STATES, records.state_prefix(State.STARTED)
-                )
-            ]
+            keys = list(view.calls_in_state(State.STARTED))
             for key in keys:
                 try:
-                    old = records.load_call_at(view, key[1:])
+                    old = view.load_call_at(key)
                 except UnsupportedKeyScheme:
                     continue  # a newer daemon's call: refused whenever touched
                 if old is None or not rules.holder_restarted(old, now):
                     continue
-                records.save_call(view, old, rules.settle(old, now))
+                view.write_call(old, rules.settle(old, now))
                 settled += 1
             return settled
 

@@ -27,8 +27,8 @@ from sidecar.ledger import ownership
 from sidecar.ledger.model import State
 from sidecar.ledger.ownership import Registration, Standing
 from sidecar.services._common import committed, moment
-from sidecar.storage import daemons, marking, records
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage import daemons, marking
+from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,9 @@ def _started_by_incarnation(view: ReadView) -> Counter[int]:
     """The STARTED calls per incarnation of their lease: reads the records
     of STARTED calls only (bounded by the open-call quotas)."""
     held: Counter[int] = Counter()
-    prefix = records.state_prefix(State.STARTED)
-    for key, _ in view.scan(Table.CALL_STATES, prefix):
+    for key in view.calls_in_state(State.STARTED):
         try:
-            call = records.load_call_at(view, key[len(prefix) :])
+            call = view.load_call_at(key)
         except UnsupportedKeyScheme:
             continue  # a newer daemon's call: not counted
         if call is not None and call.lease is not None:

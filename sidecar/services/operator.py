@@ -28,7 +28,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services import enter_reconciliation as tool_reconciliation
 from sidecar.services._common import Decided, decided, moment
 from sidecar.storage import records, usage
-from sidecar.storage.api import CallWrite, ReadView, Store, Table
+from sidecar.storage.api import CallWrite, ReadView, Store
 from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
@@ -201,10 +201,8 @@ class OperatorService:
                 counters = {namespace: counters.get(namespace, Usage())}
             by_state: dict[str, dict[State, int]] = {ns: {} for ns in counters}
             for state in OPEN_STATES:
-                for key, _ in view.scan(
-                    Table.CALL_STATES, records.state_prefix(state, namespace)
-                ):
-                    ns = records.namespace_of(key[1:])
+                for key in view.calls_in_state(state, namespace):
+                    ns = records.namespace_of(key)
                     if ns in by_state:
                         by_state[ns][state] = by_state[ns].get(state, 0) + 1
             return [
@@ -289,7 +287,7 @@ def _walk(
 
 
 def _load(view: ReadView, ref: CallRef) -> ToolCall:
-    call = records.load_call(view, ref)
+    call = view.load_call(ref)
     if call is None:
         raise NotFound(
             f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",

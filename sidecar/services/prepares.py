@@ -13,7 +13,7 @@ from sidecar.ledger.model import FINGERPRINT_V2
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, PrepareSpec
-from sidecar.storage import records, tombstones, usage
+from sidecar.storage import usage
 from sidecar.storage.api import WriteView
 
 
@@ -35,9 +35,8 @@ def prepare_one(
             write function leaves nothing behind. A repeated prepare of an
             existing record is always answered.
     """
-    old = records.load_call(view, spec.ref)
+    old, tomb = view.find_call(spec.ref)
     if old is None:
-        tomb = tombstones.load(view, spec.ref)
         if tomb is not None:
             # contract §4.7: the tombstone still refuses a re-execution.
             return retention.duplicate_prepare(
@@ -47,11 +46,11 @@ def prepare_one(
         spec = in_scheme(spec, old.fingerprint_scheme)
     step = rules.prepare(old, spec, now, policy)
     if old is None and not quotas.limits_storage:
-        records.save_call(view, old, step.call)
+        view.write_call(old, step.call)
     elif old is None:
         namespace = spec.ref.namespace
         before = usage.load(view, namespace)
-        records.save_call(view, old, step.call)
+        view.write_call(old, step.call)
         # Measured after the save: the stored size is the encoded record's.
         refusal = quota.refuse_growth(
             namespace, before, usage.load(view, namespace), quotas
@@ -59,7 +58,7 @@ def prepare_one(
         if refusal is not None:
             raise refusal
     elif step.call.revision != old.revision:
-        records.save_call(view, old, step.call)
+        view.write_call(old, step.call)
     return step.reply
 
 

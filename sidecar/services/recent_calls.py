@@ -20,6 +20,7 @@ from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.ledger.rules import Answer
 from sidecar.services._common import Decided
 from sidecar.storage.api import Conflict, ReadView, Store, Table
+from sidecar.storage.table_ledger import TableLedgerReads
 
 # Records a `RecentCalls` keeps, and the payload bytes they may hold
 # together: the calls in flight at one daemon, whose kept inputs and
@@ -85,7 +86,7 @@ class _Unread(Exception):
     """A rule deciding on a remembered record read the store."""
 
 
-class _NoReads:
+class _NoReads(TableLedgerReads):
     """The view a remembered record is decided on: nothing to read."""
 
     def get(self, table: Table, key: bytes) -> bytes | None:

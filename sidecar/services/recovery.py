@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from sidecar.clock import Clock
-from sidecar.errors import EffectdError, NotFound
+from sidecar.errors import EffectdError, NotFound, UnsupportedKeyScheme
 from sidecar.ledger import paging, recovery, rules
 from sidecar.ledger.model import CallRef, Effect, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
@@ -41,7 +41,7 @@ from sidecar.ledger.rules import Now
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import bulk_committed, committed, moment
 from sidecar.storage import plan_rows, records
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.scans import Scans
 
 
@@ -99,21 +99,15 @@ def _read_page(
 ) -> _Read:
     rows: list[tuple[bytes, ToolCall | bytes]] = []
     more_after = None
-    # The plan rows of the same range, walked beside the records.
-    planned = iter(view.scan(Table.PLAN_ROWS, prefix, after=after) if stored else ())
-    row = next(planned, None)
-    for key, raw in view.scan(Table.CALLS, prefix, after=after):
+    # The plan shows no history; a call that recovery changes is read
+    # again, whole, by the write.
+    for key, shown in view.plan(prefix, after=after, rows=stored):
         if len(rows) == size:
             more_after = rows[-1][0]
             break
-        while row is not None and row[0] < key:
-            row = next(planned, None)
-        if row is not None and row[0] == key and plan_rows.is_current(row[1]):
-            rows.append(row)
-            continue
-        # The plan shows no history; a call that recovery changes is read
-        # again, whole, by the write.
-        rows.append((key, records.decode_call(raw, history=False)))
+        if isinstance(shown, UnsupportedKeyScheme):
+            raise shown
+        rows.append((key, shown))
     at = now(view)
     # A plan row is a COMMITTED record's, which recovery never changes.
     changing = [
@@ -264,12 +258,12 @@ class RecoveryService:
                         _recovered(seen, now, policy)[0].revision == seen.revision
                     ):
                         continue
-                    old = records.load_call_at(view, key)
+                    old = view.load_call_at(key)
                     if old is None:
                         continue
                     new, was_settled = _recovered(old, now, policy)
                     if new.revision != old.revision:
-                        records.save_call(view, old, new)
+                        view.write_call(old, new)
                         settled += was_settled
                     changed[key] = new
                 return changed, settled, policy
@@ -302,7 +296,7 @@ class RecoveryService:
 
 
 def _acknowledge(view: WriteView, ref: CallRef, now: Now) -> ToolCall:
-    old = records.load_call(view, ref)
+    old = view.load_call(ref)
     if old is None:
         raise NotFound(
             f"no tool call {ref.run_id}:{ref.call_id} in namespace {ref.namespace}",
@@ -310,5 +304,5 @@ def _acknowledge(view: WriteView, ref: CallRef, now: Now) -> ToolCall:
         )
     new = rules.delivered(old, now)
     if new.revision != old.revision:
-        records.save_call(view, old, new)
+        view.write_call(old, new)
     return new

@@ -26,8 +26,7 @@ from sidecar.ledger import retention
 from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.services._common import bulk_committed
-from sidecar.storage import records, retention_times, tombstones
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.scans import Scans
 
 DEFAULT_BATCH = 256
@@ -60,7 +59,7 @@ class _Chunk:
 
 def _readable(view: ReadView, key: bytes) -> ToolCall | None:
     try:
-        return records.load_call_at(view, key)
+        return view.load_call_at(key)
     except UnsupportedKeyScheme:
         return None  # a newer daemon's: not this one's to compact
 
@@ -84,14 +83,13 @@ class RetentionService:
         self._scans = scans or Scans(store)
 
     def _find_due(
-        self, view: ReadView, *, policy: Policy, flag: bytes, after: bytes | None
+        self, view: ReadView, *, policy: Policy, acknowledged: bool, after: bytes | None
     ) -> _Chunk:
         now_ns = self._clock.wall_ns()
         examined = 0
         due: list[bytes] = []
-        for index_key, _ in view.scan(Table.RETENTION_TIMES, flag, after=after):
+        for place, key in view.retained(acknowledged=acknowledged, after=after):
             examined += 1
-            _, key = retention_times.split(index_key)
             call = _readable(view, key)
             if call is not None and call.state is State.COMMITTED:
                 if not retention.is_due(call, policy, now_ns):
@@ -99,7 +97,7 @@ class RetentionService:
                     return _Chunk(examined, due, None)
                 due.append(key)
             if examined == SCAN_CHUNK:
-                return _Chunk(examined, due, index_key)
+                return _Chunk(examined, due, place)
         return _Chunk(examined, due, None)
 
     def _compact_keys(
@@ -110,13 +108,13 @@ class RetentionService:
         for key in keys:
             call = _readable(view, key)
             if call is not None and retention.is_due(call, policy, now_ns):
-                tombstones.compact(view, call, retention.tombstone(call, now_ns))
+                view.compact_call(call, retention.tombstone(call, now_ns))
                 compacted += 1
         return compacted
 
     def _expire_batch(self, view: WriteView, *, policy: Policy) -> tuple[int, bool]:
         before = retention.tombstones_expire_before(policy, self._clock.wall_ns())
-        return tombstones.expire(view, before, self._batch)
+        return view.expire_tombstones(before, self._batch)
 
     async def compact(self) -> PassResult:
         """One pass over the COMMITTED records that are due, then over the
@@ -124,12 +122,15 @@ class RetentionService:
         pass began."""
         policy = self._policy.current()
         examined = compacted = transactions = expired = 0
-        for flag in (retention_times.ACKNOWLEDGED, retention_times.UNACKNOWLEDGED):
+        for acknowledged in (True, False):
             after: bytes | None = None
             while True:
                 chunk = await self._scans.read(
                     functools.partial(
-                        self._find_due, policy=policy, flag=flag, after=after
+                        self._find_due,
+                        policy=policy,
+                        acknowledged=acknowledged,
+                        after=after,
                     )
                 )
                 examined += chunk.examined

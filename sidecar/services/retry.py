@@ -22,7 +22,6 @@ from sidecar.ledger import retry, rules
 from sidecar.ledger.model import CallRef, Channel, State, ToolCall
 from sidecar.ledger.policy import PolicySource
 from sidecar.services._common import moment
-from sidecar.storage import records
 from sidecar.storage.api import ReadView, Store
 from sidecar.storage.scans import Scans
 
@@ -54,7 +53,7 @@ class RetryService:
         `decide`)."""
 
         def settled(view: ReadView) -> ToolCall | None:
-            found = records.load_call(view, ref)
+            found = view.load_call(ref)
             if found is None:
                 return None
             return rules.settle(found, moment(self._clock, self._store, view))

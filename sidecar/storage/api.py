@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
+from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger.audit import Fact
-from sidecar.ledger.model import IdentityEnum, ToolCall
+from sidecar.ledger.model import CallRef, IdentityEnum, State, ToolCall
 from sidecar.ledger.quota import Quotas, StoreFill
+from sidecar.ledger.retention import Tombstone
 from sidecar.storage.plan_rows import Summarize
 
 T = TypeVar("T")
@@ -97,7 +99,60 @@ class CallWrite:
     audit: Fact | None = None
 
 
-class ReadView(Protocol):
+# A record as a walk over many lists it: the record, or, for one a newer
+# daemon made with an idempotency key scheme this one cannot compute, the
+# refusal (ADR-010 R4) as a value, for the walk to skip or raise.
+Listed = ToolCall | UnsupportedKeyScheme
+
+
+class CallReads(Protocol):
+    """The calls of the ledger as the services read them: records and the
+    tombstones of compacted ones, found by identity, walked by key or by
+    state. A record's key (`records.call_key`) is its place in the walks:
+    opaque above the store, handed back as `after` to resume one."""
+
+    def load_call(self, ref: CallRef) -> ToolCall | None:
+        """The record of `ref`; None: none stored (maybe a tombstone)."""
+        ...
+
+    def load_call_at(self, key: bytes) -> ToolCall | None:
+        """The record stored under `key`, as a walk named it."""
+        ...
+
+    def find_call(self, ref: CallRef) -> tuple[ToolCall | None, Tombstone | None]:
+        """The record of `ref`, or else the tombstone of its compacted record."""
+        ...
+
+    def calls(
+        self, prefix: bytes, *, after: bytes | None = None, history: bool = True
+    ) -> Iterator[tuple[bytes, Listed]]:
+        """(key, record) of the calls whose key starts with `prefix` (one
+        namespace's, `records.namespace_prefix`; one run's,
+        `records.run_prefix`), in key order, after `after`. Without
+        `history`, each record's history is left out (`decode_call`)."""
+        ...
+
+    def calls_in_state(
+        self, state: State, namespace: str | None = None, *, after: bytes | None = None
+    ) -> Iterator[bytes]:
+        """The keys of the records in `state` (of `namespace`, or of every
+        one), in key order, after the key `after`."""
+        ...
+
+    def plan(
+        self, prefix: bytes, *, after: bytes | None = None, rows: bool = True
+    ) -> Iterator[tuple[bytes, Listed | bytes]]:
+        """What a recovery plan shows of each call under `prefix` (a run's),
+        in key order, after `after`: with `rows`, a COMMITTED record's plan
+        row, ready to answer (`storage.plan_rows`), where it has a current
+        one; else the record without its history."""
+        ...
+
+
+class Tables(Protocol):
+    """The tables of bytes a store keeps (`Table`), read: what the codecs
+    of `storage.records` and its siblings lay the ledger out on."""
+
     def get(self, table: Table, key: bytes) -> bytes | None: ...
 
     def scan(
@@ -107,7 +162,7 @@ class ReadView(Protocol):
         ...
 
 
-class WriteView(ReadView, Protocol):
+class WritableTables(Tables, Protocol):
     def put(self, table: Table, key: bytes, value: bytes) -> None: ...
 
     def delete(self, table: Table, key: bytes) -> None: ...
@@ -117,6 +172,45 @@ class WriteView(ReadView, Protocol):
         """What makes the plan rows of the records saved here: the one the
         store was opened with (`storage.plan_rows`); None: no rows."""
         ...
+
+
+class RetentionReads(Protocol):
+    """What a retention pass reads (contract §4.7)."""
+
+    def retained(
+        self, *, acknowledged: bool, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """(place, key) of the COMMITTED records with a result that are
+        `acknowledged` (or not), in the order their retention window ends
+        (by last change), after the place `after`: what a pass may compact,
+        so that it stops at the first one not due."""
+        ...
+
+
+class ReadView(Tables, CallReads, RetentionReads, Protocol):
+    """What a read function of the store is handed: the ledger's calls, and
+    the tables of what has not moved to the ledger's terms yet."""
+
+
+class CallWrites(CallReads, Protocol):
+    """The calls of the ledger as the services change them, in a write."""
+
+    def write_call(self, old: ToolCall | None, new: ToolCall) -> None:
+        """Stores `new`, which replaces `old` as loaded (None: a new call)."""
+        ...
+
+    def compact_call(self, call: ToolCall, tomb: Tombstone) -> None:
+        """Replaces the stored record `call` (as loaded) by its tombstone."""
+        ...
+
+    def expire_tombstones(self, before_ns: int, limit: int) -> tuple[int, bool]:
+        """Deletes the tombstones made before `before_ns`, oldest first, at
+        most `limit`; how many, and whether more may be due."""
+        ...
+
+
+class WriteView(ReadView, WritableTables, CallWrites, Protocol):
+    """What a write function of the store is handed."""
 
 
 class Store(Protocol):

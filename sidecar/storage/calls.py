@@ -16,18 +16,8 @@ its usage as the write finds it.
 from __future__ import annotations
 
 from sidecar.ledger import quota
-from sidecar.ledger.model import CallRef, ToolCall
-from sidecar.ledger.retention import Tombstone
-from sidecar.storage import records, tombstones, usage
-from sidecar.storage.api import CallWrite, Conflict, ReadView, WriteView
-
-
-def find(view: ReadView, ref: CallRef) -> tuple[ToolCall | None, Tombstone | None]:
-    """The record of `ref`, or else the tombstone of its compacted record."""
-    call = records.load_call(view, ref)
-    if call is not None:
-        return call, None
-    return None, tombstones.load(view, ref)
+from sidecar.storage import records, usage
+from sidecar.storage.api import CallWrite, Conflict, WriteView
 
 
 def compare_and_save(view: WriteView, write: CallWrite) -> None:
@@ -43,20 +33,22 @@ def compare_and_save(view: WriteView, write: CallWrite) -> None:
     ref = write.new.ref
     if write.holds is not None and not write.holds():
         raise Conflict("what the decision assumed changed before its write")
-    stored = records.load_call(view, ref)
     if write.old is None:
-        if stored is not None or tombstones.load(view, ref) is not None:
+        stored, tomb = view.find_call(ref)
+        if stored is not None or tomb is not None:
             raise Conflict(f"tool call {ref.run_id}:{ref.call_id} exists now")
-    elif stored is None or stored.revision != write.old.revision:
-        raise Conflict(
-            f"tool call {ref.run_id}:{ref.call_id} changed since it was read"
-        )
+    else:
+        stored = view.load_call(ref)
+        if stored is None or stored.revision != write.old.revision:
+            raise Conflict(
+                f"tool call {ref.run_id}:{ref.call_id} changed since it was read"
+            )
     limits = write.quotas
     if write.old is not None or limits is None or not limits.limits_storage:
-        records.save_call(view, stored, write.new)
+        view.write_call(stored, write.new)
     else:
         before = usage.load(view, ref.namespace)
-        records.save_call(view, None, write.new)
+        view.write_call(None, write.new)
         # Measured after the save: the stored size is the encoded record's.
         refusal = quota.refuse_growth(
             ref.namespace, before, usage.load(view, ref.namespace), limits

@@ -22,10 +22,10 @@ from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.storage import keys, plan_rows, retention_times
 from sidecar.storage.api import (
     IssuesRevisions,
-    ReadView,
     SkipsRevisions,
     Table,
-    WriteView,
+    Tables,
+    WritableTables,
 )
 from sidecar.storage.call_documents import decode_call, encode_call
 
@@ -59,17 +59,17 @@ def state_prefix(state: State, namespace: str | None = None) -> bytes:
     )
 
 
-def load_call(view: ReadView, ref: CallRef) -> ToolCall | None:
+def load_call(view: Tables, ref: CallRef) -> ToolCall | None:
     return load_call_at(view, call_key(ref))
 
 
-def load_call_at(view: ReadView, key: bytes) -> ToolCall | None:
+def load_call_at(view: Tables, key: bytes) -> ToolCall | None:
     """The record stored under `key` (a CALLS key, as in the by-state index)."""
     raw = view.get(Table.CALLS, key)
     return None if raw is None else decode_call(raw)
 
 
-def save_call(view: WriteView, old: ToolCall | None, new: ToolCall) -> None:
+def save_call(view: WritableTables, old: ToolCall | None, new: ToolCall) -> None:
     """Stores `new` (which replaces `old`, as loaded) and its index entries."""
     key = call_key(new.ref)
     if old is not None and old.state is not new.state:
@@ -106,9 +106,7 @@ def checkpoint_key(namespace: str, key: str) -> bytes:
     return namespace_prefix(namespace) + keys.part(key, keys.CHECKPOINT_KEY)
 
 
-def load_checkpoint(
-    view: ReadView, namespace: str, key: str
-) -> StoredCheckpoint | None:
+def load_checkpoint(view: Tables, namespace: str, key: str) -> StoredCheckpoint | None:
     stored = checkpoint_key(namespace, key)
     raw = view.get(Table.CHECKPOINTS, stored)
     return None if raw is None else decode_checkpoint(stored, raw)
@@ -145,12 +143,12 @@ def encode_checkpoint(stored: bytes, cp: StoredCheckpoint) -> bytes:
     return head + cp.value
 
 
-def save_checkpoint(view: WriteView, namespace: str, cp: StoredCheckpoint) -> None:
+def save_checkpoint(view: WritableTables, namespace: str, cp: StoredCheckpoint) -> None:
     stored = checkpoint_key(namespace, cp.key)
     view.put(Table.CHECKPOINTS, stored, encode_checkpoint(stored, cp))
 
 
-def delete_checkpoint(view: WriteView, namespace: str, key: str) -> None:
+def delete_checkpoint(view: WritableTables, namespace: str, key: str) -> None:
     view.delete(Table.CHECKPOINTS, checkpoint_key(namespace, key))
 
 
@@ -171,7 +169,7 @@ def checkpoint_ranges(namespace: str, prefix: str) -> list[bytes]:
 
 
 def scan_checkpoints(
-    view: ReadView, namespace: str, prefix: str, after: bytes | None
+    view: Tables, namespace: str, prefix: str, after: bytes | None
 ) -> Iterator[tuple[bytes, StoredCheckpoint]]:
     """(stored key, checkpoint) of every row of `checkpoint_ranges` after the
     stored key `after`, in key order; rows whose key does not start with
@@ -181,7 +179,7 @@ def scan_checkpoints(
             yield stored, decode_checkpoint(stored, raw)
 
 
-def skip_checkpoint_revisions(view: WriteView, gap: int) -> None:
+def skip_checkpoint_revisions(view: WritableTables, gap: int) -> None:
     """Moves the checkpoint revision counter `gap` ahead (after a restore,
     past every revision a lost later state may have issued), and the
     store's sequence when it issues them from one."""
@@ -191,7 +189,7 @@ def skip_checkpoint_revisions(view: WriteView, gap: int) -> None:
     view.put(Table.META, _REVISION_KEY, str(revision).encode())
 
 
-def next_checkpoint_revision(view: WriteView) -> int:
+def next_checkpoint_revision(view: WritableTables) -> int:
     """The store-wide checkpoint revision counter: never reused, so no ABA."""
     if isinstance(view, IssuesRevisions):
         issued = view.issued_revision()
@@ -211,7 +209,7 @@ def audit_key(sequence: int) -> bytes:
     return sequence.to_bytes(8, "big")
 
 
-def load_audit_head(view: ReadView) -> audit.Head | None:
+def load_audit_head(view: Tables) -> audit.Head | None:
     """The chain head kept in META: the newest entry's sequence and hash."""
     raw = view.get(Table.META, _AUDIT_HEAD_KEY)
     if raw is None:
@@ -220,7 +218,7 @@ def load_audit_head(view: ReadView) -> audit.Head | None:
     return audit.Head(int(sequence), digest)
 
 
-def append_audit(view: WriteView, fact: audit.Fact) -> audit.Entry:
+def append_audit(view: WritableTables, fact: audit.Fact) -> audit.Entry:
     """Seals `fact` after the current head and stores it with the new head,
     in the caller's write transaction."""
     entry = audit.seal(fact, load_audit_head(view))
@@ -229,11 +227,11 @@ def append_audit(view: WriteView, fact: audit.Fact) -> audit.Entry:
     return entry
 
 
-def load_audit(view: ReadView, sequence: int) -> bytes | None:
+def load_audit(view: Tables, sequence: int) -> bytes | None:
     return view.get(Table.AUDIT, audit_key(sequence))
 
 
-def scan_audit(view: ReadView, after: int = 0) -> Iterator[tuple[int, bytes]]:
+def scan_audit(view: Tables, after: int = 0) -> Iterator[tuple[int, bytes]]:
     """(sequence, stored bytes) of the entries after `after`, oldest first."""
     start = None if after == 0 else audit_key(after)
     for key, raw in view.scan(Table.AUDIT, b"", after=start):

@@ -37,10 +37,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 from sidecar.errors import ShuttingDown
-from sidecar.storage.api import ReadsPoints, ReadView, Store, Table
+from sidecar.ledger.model import CallRef, State, ToolCall
+from sidecar.ledger.retention import Tombstone
+from sidecar.storage.api import Listed, ReadsPoints, ReadView, Store, Table
 from sidecar.storage.handoff import hand_back
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # Scans running at once. The machine's cores are shared with the writer
 # thread, the event loop and gRPC's own threads; two keep a listing from
@@ -119,7 +122,9 @@ class _Stop:
 
 
 class _StoppableView:
-    """A `ReadView` that raises `ShuttingDown` at the next row once stopped."""
+    """A `ReadView` that raises `ShuttingDown` at the next row once stopped:
+    each read is the wrapped view's own (a store's way of reading the
+    ledger), checked before each key and row."""
 
     def __init__(self, view: ReadView, stop: _Stop) -> None:
         self._view = view
@@ -136,9 +141,46 @@ class _StoppableView:
     def scan(
         self, table: Table, prefix: bytes, *, after: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
-        for row in self._view.scan(table, prefix, after=after):
+        return self._checked(self._view.scan(table, prefix, after=after))
+
+    def _checked(self, rows: Iterator[R]) -> Iterator[R]:
+        for row in rows:
             self._check()
             yield row
+
+    def load_call(self, ref: CallRef) -> ToolCall | None:
+        self._check()
+        return self._view.load_call(ref)
+
+    def load_call_at(self, key: bytes) -> ToolCall | None:
+        self._check()
+        return self._view.load_call_at(key)
+
+    def find_call(self, ref: CallRef) -> tuple[ToolCall | None, Tombstone | None]:
+        self._check()
+        return self._view.find_call(ref)
+
+    def calls(
+        self, prefix: bytes, *, after: bytes | None = None, history: bool = True
+    ) -> Iterator[tuple[bytes, Listed]]:
+        return self._checked(self._view.calls(prefix, after=after, history=history))
+
+    def calls_in_state(
+        self, state: State, namespace: str | None = None, *, after: bytes | None = None
+    ) -> Iterator[bytes]:
+        return self._checked(self._view.calls_in_state(state, namespace, after=after))
+
+    def plan(
+        self, prefix: bytes, *, after: bytes | None = None, rows: bool = True
+    ) -> Iterator[tuple[bytes, Listed | bytes]]:
+        return self._checked(self._view.plan(prefix, after=after, rows=rows))
+
+    def retained(
+        self, *, acknowledged: bool, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        return self._checked(
+            self._view.retained(acknowledged=acknowledged, after=after)
+        )
 
 
 class Scans:

@@ -25,7 +25,7 @@ from sidecar.ledger.model import (
 )
 from sidecar.ledger.retention import Tombstone
 from sidecar.storage import records, retention_times
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.api import Table, Tables, WritableTables
 
 TOMBSTONE_VERSION = 1
 
@@ -87,7 +87,7 @@ def decode(raw: bytes) -> Tombstone:
     )
 
 
-def load(view: ReadView, ref: CallRef) -> Tombstone | None:
+def load(view: Tables, ref: CallRef) -> Tombstone | None:
     raw = view.get(Table.TOMBSTONES, records.call_key(ref))
     return None if raw is None else decode(raw)
 
@@ -97,7 +97,7 @@ def time_key(compacted_ns: int, key: bytes) -> bytes:
     return compacted_ns.to_bytes(8, "big") + key
 
 
-def compact(view: WriteView, call: ToolCall, tomb: Tombstone) -> None:
+def compact(view: WritableTables, call: ToolCall, tomb: Tombstone) -> None:
     """Replaces the stored record `call` (as loaded) by `tomb`."""
     if tomb.ref != call.ref:
         raise ValueError("the tombstone is of another call")
@@ -112,7 +112,7 @@ def compact(view: WriteView, call: ToolCall, tomb: Tombstone) -> None:
     view.put(Table.TOMBSTONE_TIMES, time_key(tomb.compacted_ns, key), b"")
 
 
-def expire(view: WriteView, before_ns: int, limit: int) -> tuple[int, bool]:
+def expire(view: WritableTables, before_ns: int, limit: int) -> tuple[int, bool]:
     """Deletes the tombstones made before `before_ns`, oldest first, at most
     `limit` of them; returns how many, and whether more may be due."""
     due = []

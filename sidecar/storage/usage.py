@@ -36,6 +36,7 @@ from sidecar.storage.api import (
     Table,
     WriteView,
 )
+from sidecar.storage.table_ledger import TableLedger
 
 T = TypeVar("T")
 
@@ -118,7 +119,7 @@ def _sized(table: Table) -> bool:
     return table is Table.CALLS or table is Table.CHECKPOINTS
 
 
-class Counting:
+class Counting(TableLedger):
     """A `WriteView` that keeps `Table.USAGE` in step with every put and
     delete of the counted tables it passes on to `view`.
 

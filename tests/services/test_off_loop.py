@@ -41,7 +41,7 @@ from sidecar.seams import Seams
 from sidecar.server import Daemon
 from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
-from sidecar.storage import records
+from sidecar.storage import records, table_ledger
 from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.scans import Scans
@@ -183,7 +183,10 @@ def _small_rpcs_during(
 @pytest.fixture
 def patch(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Any], None]:
     def put(name: str, value: Any) -> None:
-        monkeypatch.setattr(records, name, value)
+        # A record walk decodes in `table_ledger`; the audit's in `records`.
+        for module in (records, table_ledger):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, value)
 
     return put
 
@@ -263,8 +266,8 @@ def test_small_rpcs_are_answered_while_a_listing_runs(
     )
     decode = records.decode_call
 
-    def held_decode(raw: bytes) -> ToolCall:
-        call = decode(raw)
+    def held_decode(raw: bytes, *, history: bool = True) -> ToolCall:
+        call = decode(raw, history=history)
         hold.row()
         return call
 

@@ -26,6 +26,7 @@ from sidecar.services.recovery import RecoveryService
 from sidecar.storage import calls, records
 from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
+from sidecar.storage.table_ledger import TableLedger
 from tests.services.support import spec
 
 T = TypeVar("T")
@@ -33,7 +34,7 @@ CALLS = 250
 PAGE = 100
 
 
-class _CountingView:
+class _CountingView(TableLedger):
     """A `WriteView` that counts the records put."""
 
     def __init__(self, inner: WriteView) -> None:

@@ -15,6 +15,7 @@ from typing import TypeVar
 from sidecar.storage import calls
 from sidecar.storage.api import CallWrite, ReadView, Table, WriteView
 from sidecar.storage.postgres.store import PostgresStore
+from sidecar.storage.table_ledger import TableLedger
 
 T = TypeVar("T")
 
@@ -38,7 +39,7 @@ class Rendezvous:
                 self._barrier.wait()
 
 
-class _MeetingView:
+class _MeetingView(TableLedger):
     def __init__(self, view: WriteView, rendezvous: Rendezvous, table: Table) -> None:
         self._view = view
         self.summarize = view.summarize

@@ -15,9 +15,10 @@ import lmdb
 from sidecar.storage.api import Table
 from sidecar.storage.keys import check_key
 from sidecar.storage.plan_rows import Summarize
+from sidecar.storage.table_ledger import TableLedger, TableLedgerReads
 
 
-class TxnView:
+class TxnView(TableLedgerReads):
     """A `ReadView` over one LMDB transaction."""
 
     def __init__(self, txn: lmdb.Transaction, dbs: dict[Table, Any]) -> None:
@@ -44,7 +45,7 @@ class TxnView:
                 yield key, bytes(value)
 
 
-class BufferedView:
+class BufferedView(TableLedger):
     """A `WriteView` whose writes stay in memory until `flush`, so a write
     function that raises leaves nothing behind."""
 

@@ -49,7 +49,9 @@ from sidecar.storage.api import Table
 from sidecar.storage.keys import check_key
 from sidecar.storage.plan_rows import Summarize
 from sidecar.storage.postgres import tables
+from sidecar.storage.postgres.call_reads import PgCallReads
 from sidecar.storage.postgres.faults import Backend, Xact, xact_of
+from sidecar.storage.table_ledger import TableLedger, TableLedgerReads
 
 # Counter rows per namespace: each connection adds to the row of its
 # backend's process id modulo this.
@@ -201,7 +203,7 @@ def _int(value: object) -> int:
     return int(value)
 
 
-class PgReadView:
+class PgReadView(PgCallReads, TableLedgerReads):
     """A `ReadView` of the transaction open on `conn`. The call rows it
     read are kept in `rows` (each read once: a record and its tombstone are
     one row); with `locks` (a write transaction's), what it reads is locked
@@ -761,11 +763,16 @@ class Batch(_Layer):
         return len(changes)
 
 
-class PgWriteView(PgReadView):
+class PgWriteView(PgReadView, TableLedger):
     """A `WriteView` of one write function of a batch; also `AddsUsage`,
     `IssuesRevisions` and `SkipsRevisions`. Its writes stay in memory; `done`
     hands them to the batch once the function returned (one that raises
-    leaves nothing)."""
+    leaves nothing). It reads the ledger through the tables, which hold
+    those writes and lock what they read (`call_reads` says so)."""
+
+    calls_in_state = TableLedger.calls_in_state
+    plan = TableLedger.plan
+    retained = TableLedger.retained
 
     def __init__(
         self, conn: _Conn, batch: Batch, summarize: Summarize | None = None

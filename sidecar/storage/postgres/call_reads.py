@@ -1,0 +1,115 @@
+"""The calls of the ledger read the PostgreSQL way (`api.CallReads`,
+`api.RetentionReads`): statements on the typed columns of `effectd_calls`
+(`storage.postgres.tables`), where the tables of bytes would read each
+index through a translation of its keys.
+
+- The records in a state: one statement a batch on the `state` column (the
+  partial index `effectd_calls_open` for the open states), of one namespace
+  by its `namespace` column.
+- A recovery plan: each record's document and plan row in one statement a
+  batch, where the tables read them in two walks side by side.
+- What a retention pass may compact: the index `effectd_calls_retained` of
+  one acknowledged flag. Read through the tables, a pass over the
+  acknowledged records first read every unacknowledged one's key and
+  dropped it.
+
+A mixin of the snapshot views (`views.PgReadView`): a write view reads the
+tables, which hold what its batch wrote and has not sent, and lock what
+they read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import LiteralString, Protocol
+
+from sidecar.ledger.model import State
+from sidecar.storage import plan_rows
+from sidecar.storage.api import Listed
+from sidecar.storage.postgres import tables
+from sidecar.storage.table_ledger import listed
+
+_IN_STATE: LiteralString = (
+    "SELECT k FROM effectd_calls WHERE state = %s AND doc IS NOT NULL AND k > %s "
+    "ORDER BY k LIMIT %s"
+)
+_IN_STATE_OF: LiteralString = (
+    "SELECT k FROM effectd_calls WHERE state = %s AND doc IS NOT NULL "
+    "AND namespace = %s AND k > %s ORDER BY k LIMIT %s"
+)
+_PLAN: LiteralString = "SELECT k, plan, doc FROM effectd_calls WHERE doc IS NOT NULL"
+_RECORDS: LiteralString = "SELECT k, NULL, doc FROM effectd_calls WHERE doc IS NOT NULL"
+
+
+class _Statements(Protocol):
+    def rows(
+        self, query: LiteralString, params: tuple[object, ...]
+    ) -> list[tuple[object, ...]]: ...
+
+
+def _bytes(value: object) -> bytes:
+    assert isinstance(value, bytes | memoryview), type(value)
+    return bytes(value)
+
+
+class PgCallReads:
+    """`calls_in_state`, `plan` and `retained` as statements of their own."""
+
+    def calls_in_state(
+        self: _Statements,
+        state: State,
+        namespace: str | None = None,
+        *,
+        after: bytes | None = None,
+    ) -> Iterator[bytes]:
+        code = tables.STATE_CODES[state]
+        last = b"" if after is None else after
+        while True:
+            if namespace is None:
+                found = self.rows(_IN_STATE, (code, last, tables.SCAN_BATCH))
+            else:
+                found = self.rows(
+                    _IN_STATE_OF, (code, namespace, last, tables.SCAN_BATCH)
+                )
+            for (k,) in found:
+                last = _bytes(k)
+                yield last
+            if len(found) < tables.SCAN_BATCH:
+                return
+
+    def plan(
+        self: _Statements,
+        prefix: bytes,
+        *,
+        after: bytes | None = None,
+        rows: bool = True,
+    ) -> Iterator[tuple[bytes, Listed | bytes]]:
+        select = _PLAN if rows else _RECORDS
+        low, inclusive, upper = tables.key_range(prefix, after)
+        while True:
+            query = tables.range_query(select, inclusive, upper is not None)
+            bounds = (low,) if upper is None else (low, upper)
+            found = self.rows(query, (*bounds, tables.SCAN_BATCH))
+            for k, plan, doc in found:
+                if plan is not None and plan_rows.is_current(_bytes(plan)):
+                    yield _bytes(k), _bytes(plan)
+                else:
+                    yield _bytes(k), listed(_bytes(doc), history=False)
+            if len(found) < tables.SCAN_BATCH:
+                return
+            low, inclusive = _bytes(found[-1][0]), False
+
+    def retained(
+        self: _Statements, *, acknowledged: bool, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        start = tables.time_bound(after, 1)
+        while True:
+            found = self.rows(
+                tables.RETENTION_SCAN, (acknowledged, *start, tables.SCAN_BATCH)
+            )
+            for t, k in found:
+                assert isinstance(t, int), type(t)
+                start = (t, _bytes(k))
+                yield tables.retention_key(acknowledged, *start), start[1]
+            if len(found) < tables.SCAN_BATCH:
+                return

@@ -1,0 +1,110 @@
+"""The calls of the ledger (`api.CallReads`, `api.CallWrites`) over tables of
+bytes (`api.Table`): the way of a store whose views only get, scan, put and
+delete keys (LMDB), and of any view that wraps another's tables.
+
+`TableLedgerReads` and `TableLedger` are mixins of such a view: each operation
+is the codecs of `storage.records` and `storage.tombstones` run on the view
+itself. A store with a way of its own overrides them in its views
+(PostgreSQL reads the typed columns of its call rows,
+`storage.postgres.views`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sidecar.errors import UnsupportedKeyScheme
+from sidecar.ledger.model import CallRef, State, ToolCall
+from sidecar.ledger.retention import Tombstone
+from sidecar.storage import plan_rows, records, retention_times, tombstones
+from sidecar.storage.api import Listed, Table, Tables, WritableTables
+from sidecar.storage.call_documents import decode_call
+
+
+def listed(raw: bytes, *, history: bool = True) -> Listed:
+    """The record of a stored document, or the refusal of one a newer
+    daemon made (`api.Listed`)."""
+    try:
+        return decode_call(raw, history=history)
+    except UnsupportedKeyScheme as exc:
+        return exc
+
+
+class TableLedgerReads:
+    """`api.CallReads` through the view's own `get` and `scan`."""
+
+    def load_call(self: Tables, ref: CallRef) -> ToolCall | None:
+        return records.load_call(self, ref)
+
+    def load_call_at(self: Tables, key: bytes) -> ToolCall | None:
+        return records.load_call_at(self, key)
+
+    def find_call(
+        self: Tables, ref: CallRef
+    ) -> tuple[ToolCall | None, Tombstone | None]:
+        call = records.load_call(self, ref)
+        if call is not None:
+            return call, None
+        return None, tombstones.load(self, ref)
+
+    def calls(
+        self: Tables,
+        prefix: bytes,
+        *,
+        after: bytes | None = None,
+        history: bool = True,
+    ) -> Iterator[tuple[bytes, Listed]]:
+        for key, raw in self.scan(Table.CALLS, prefix, after=after):
+            yield key, listed(raw, history=history)
+
+    def calls_in_state(
+        self: Tables,
+        state: State,
+        namespace: str | None = None,
+        *,
+        after: bytes | None = None,
+    ) -> Iterator[bytes]:
+        prefix = records.state_prefix(state, namespace)
+        start = None if after is None else prefix[:1] + after
+        for key, _ in self.scan(Table.CALL_STATES, prefix, after=start):
+            yield key[1:]
+
+    def plan(
+        self: Tables, prefix: bytes, *, after: bytes | None = None, rows: bool = True
+    ) -> Iterator[tuple[bytes, Listed | bytes]]:
+        # The plan rows of the same range, walked beside the records.
+        planned = iter(self.scan(Table.PLAN_ROWS, prefix, after=after) if rows else ())
+        row = next(planned, None)
+        for key, raw in self.scan(Table.CALLS, prefix, after=after):
+            while row is not None and row[0] < key:
+                row = next(planned, None)
+            if row is not None and row[0] == key and plan_rows.is_current(row[1]):
+                yield row
+            else:
+                yield key, listed(raw, history=False)
+
+    def retained(
+        self: Tables, *, acknowledged: bool, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        flag = (
+            retention_times.ACKNOWLEDGED
+            if acknowledged
+            else retention_times.UNACKNOWLEDGED
+        )
+        for place, _ in self.scan(Table.RETENTION_TIMES, flag, after=after):
+            yield place, retention_times.split(place)[1]
+
+
+class TableLedger(TableLedgerReads):
+    """`api.CallWrites` through the view's own `put` and `delete` too."""
+
+    def write_call(self: WritableTables, old: ToolCall | None, new: ToolCall) -> None:
+        records.save_call(self, old, new)
+
+    def compact_call(self: WritableTables, call: ToolCall, tomb: Tombstone) -> None:
+        tombstones.compact(self, call, tomb)
+
+    def expire_tombstones(
+        self: WritableTables, before_ns: int, limit: int
+    ) -> tuple[int, bool]:
+        return tombstones.expire(self, before_ns, limit)
