@@ -13,16 +13,29 @@ from typing import TypeVar
 from sidecar.clock import Clock
 from sidecar.errors import EffectdError, StorageUnavailable
 from sidecar.ledger.model import ToolCall
+from sidecar.ledger.ownership import Registration
 from sidecar.ledger.rules import Answer, Now
 from sidecar.storage import calls
-from sidecar.storage.api import CallWrite, Conflict, ReadView, Store, WriteView
-from sidecar.storage.daemons import StoredPeers
+from sidecar.storage.api import CallWrite, Conflict, LedgerReads, LedgerWrites, Store
 from sidecar.storage.scans import Scans
 
 T = TypeVar("T")
 
 
-def moment(clock: Clock, store: Store, view: ReadView) -> Now:
+class StoredPeers:
+    """`ownership.Peers` read from `view`; valid while `view` is."""
+
+    def __init__(self, view: LedgerReads) -> None:
+        self._view = view
+        self._seen: dict[int, Registration | None] = {}
+
+    def registration(self, incarnation: int) -> Registration | None:
+        if incarnation not in self._seen:
+            self._seen[incarnation] = self._view.registration(incarnation)
+        return self._seen[incarnation]
+
+
+def moment(clock: Clock, store: Store, view: LedgerReads) -> Now:
     """Both clocks and the store's incarnation, read together; on a store
     other daemons share, their registrations as `view` holds them, for a
     rule that judges a lease of another incarnation (valid while `view` is)."""
@@ -30,7 +43,7 @@ def moment(clock: Clock, store: Store, view: ReadView) -> Now:
     return Now(clock.wall_ns(), clock.monotonic_ns(), store.incarnation, peers)
 
 
-async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:
+async def committed(store: Store, fn: Callable[[LedgerWrites], T]) -> T:
     """Runs `fn` in a write transaction (on the event loop, gathered with
     the other writes of its pass: `Store.write`); returns its value once the
     commit is durable. For writes of a few records: the loop serves nothing
@@ -38,7 +51,7 @@ async def committed(store: Store, fn: Callable[[WriteView], T]) -> T:
     return await store.write(fn)
 
 
-async def bulk_committed(store: Store, fn: Callable[[WriteView], T]) -> T:
+async def bulk_committed(store: Store, fn: Callable[[LedgerWrites], T]) -> T:
     """`committed`, for a write of many records (a page of recovery, a
     retention pass or lease sweep): run by the writer thread, so the event
     loop goes on serving while it is applied."""
@@ -46,7 +59,7 @@ async def bulk_committed(store: Store, fn: Callable[[WriteView], T]) -> T:
 
 
 async def answered(
-    store: Store, fn: Callable[[WriteView], Answer | EffectdError]
+    store: Store, fn: Callable[[LedgerWrites], Answer | EffectdError]
 ) -> Answer:
     """`committed`, for rules whose refusal may carry a change: the change is
     committed first, then the refusal is raised."""
@@ -73,7 +86,7 @@ class Decided:
 async def decided(
     store: Store,
     scans: Scans,
-    decide: Callable[[ReadView], Decided],
+    decide: Callable[[LedgerReads], Decided],
     *,
     writes: bool = False,
     saved: Callable[[ToolCall], None] | None = None,
@@ -109,7 +122,7 @@ async def decided(
     raise _raced()
 
 
-async def in_write(store: Store, decide: Callable[[ReadView], Decided]) -> Answer:
+async def in_write(store: Store, decide: Callable[[LedgerReads], Decided]) -> Answer:
     """`decide` on the write transaction's view, its record saved by the
     same compare-and-swap in the same transaction: the store holds the row
     as read until the commit (PostgreSQL: read `FOR UPDATE`), so the compare
@@ -117,7 +130,7 @@ async def in_write(store: Store, decide: Callable[[ReadView], Decided]) -> Answe
     policy reload), which decides again. The reply, raised when a refusal,
     once the commit is durable."""
 
-    def apply(view: WriteView) -> Answer | EffectdError:
+    def apply(view: LedgerWrites) -> Answer | EffectdError:
         decision = decide(view)
         if decision.write is not None:
             calls.compare_and_save(view, decision.write)

@@ -19,8 +19,8 @@ from sidecar.ledger import paging, quota
 from sidecar.ledger.checkpoints import Expect, Op, StoredCheckpoint, check
 from sidecar.ledger.quota import Quotas
 from sidecar.services._common import committed
-from sidecar.storage import records, usage
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage import keys
+from sidecar.storage.api import LedgerReads, LedgerWrites, Store
 from sidecar.storage.scans import Scans
 
 
@@ -48,7 +48,7 @@ class CheckpointService:
 
     async def get(self, namespace: str, key: str) -> StoredCheckpoint:
         found = await self._scans.point_read(
-            lambda view: records.load_checkpoint(view, namespace, key)
+            lambda view: view.load_checkpoint(namespace, key)
         )
         if found is None:
             raise NotFound(
@@ -64,22 +64,22 @@ class CheckpointService:
 
         limited = self._quotas.limits_storage
 
-        def apply(view: WriteView) -> int:
-            before = usage.load(view, namespace) if limited else None
+        def apply(view: LedgerWrites) -> int:
+            before = view.usage(namespace) if limited else None
             for expect in compares:
-                current = records.load_checkpoint(view, namespace, expect.key)
+                current = view.load_checkpoint(namespace, expect.key)
                 check(expect, None if current is None else current.revision)
-            revision = records.next_checkpoint_revision(view)
+            revision = view.next_checkpoint_revision()
             now = self._clock.wall_ns()
             for op in ops:
                 if op.value is None:
-                    records.delete_checkpoint(view, namespace, op.key)
+                    view.delete_checkpoint(namespace, op.key)
                 else:
                     cp = StoredCheckpoint(op.key, op.value, revision, now)
-                    records.save_checkpoint(view, namespace, cp)
+                    view.save_checkpoint(namespace, cp)
             if before is None:
                 return revision
-            after = usage.load(view, namespace)
+            after = view.usage(namespace)
             refusal = quota.refuse_growth(namespace, before, after, self._quotas)
             if refusal is not None:
                 # Raised inside the write function: none of the ops is kept.
@@ -105,11 +105,11 @@ class CheckpointService:
         after = _resume(page_token, namespace, prefix)
         budget = max(page_size * 10, 1000)
 
-        def scan(view: ReadView) -> CheckpointPage:
+        def scan(view: LedgerReads) -> CheckpointPage:
             found: list[StoredCheckpoint] = []
             last = b""
             for examined, (stored, cp) in enumerate(
-                records.scan_checkpoints(view, namespace, prefix, after)
+                view.checkpoints(namespace, prefix, after=after)
             ):
                 if len(found) == page_size or examined == budget:
                     return CheckpointPage(found, paging.encode(last))
@@ -125,11 +125,11 @@ def _resume(token: str, namespace: str, prefix: str) -> bytes | None:
     """The stored key a page token continues after. A token is a stored key
     inside the listing's ranges; one from a daemon before store format 3 is
     the last readable key (it has no NUL, a stored key always has one)."""
-    ranges = records.checkpoint_ranges(namespace, prefix)
+    ranges = keys.checkpoint_ranges(namespace, prefix)
     try:
         return paging.decode_within(token, ranges)
     except InvalidArgument:
         key = paging.decode_text(token, prefix)
         if key is None or "\x00" in key:
             raise
-        return records.checkpoint_key(namespace, key)
+        return keys.checkpoint_key(namespace, key)

@@ -24,8 +24,8 @@ from sidecar.ledger.audit import Action
 from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.rules import Now
 from sidecar.services._common import committed
-from sidecar.storage import records
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage import keys
+from sidecar.storage.api import LedgerReads, LedgerWrites, Store
 
 # Changed calls per transaction (each with its audit entry, about 0.7 ms a
 # call with fsync on: the writer is held for about 0.1 s), and records
@@ -69,7 +69,7 @@ class _Batch:
 
 
 def _batch(
-    view: WriteView,
+    view: LedgerWrites,
     now: Now,
     *,
     prefix: bytes,
@@ -104,8 +104,7 @@ def _batch(
             already += 1
             continue
         view.write_call(call, step.call)
-        entry = records.append_audit(
-            view,
+        entry = view.append_audit(
             audit.call_fact(
                 Action.ENTER_RECONCILIATION,
                 call,
@@ -122,7 +121,7 @@ def _batch(
 
 async def enter_reconciliation(
     store: Store,
-    now: Callable[[ReadView], Now],
+    now: Callable[[LedgerReads], Now],
     *,
     tool_name: str,
     namespace: str | None,
@@ -133,13 +132,13 @@ async def enter_reconciliation(
 ) -> Entered:
     """Makes every open call of `tool_name` in `namespace` (None: every
     namespace) a SIDE_EFFECT for good, audited; see the module docstring."""
-    prefix = b"" if namespace is None else records.namespace_prefix(namespace)
+    prefix = b"" if namespace is None else keys.namespace_prefix(namespace)
     done = Entered(tool_name)
     after: bytes | None = None
     while True:
         start = after
 
-        def apply(view: WriteView, start: bytes | None = start) -> _Batch:
+        def apply(view: LedgerWrites, start: bytes | None = start) -> _Batch:
             return _batch(
                 view,
                 now(view),

@@ -20,7 +20,7 @@ from sidecar.errors import UnsupportedKeyScheme
 from sidecar.ledger import rules
 from sidecar.ledger.model import State
 from sidecar.services._common import bulk_committed, moment
-from sidecar.storage.api import Store, WriteView
+from sidecar.storage.api import LedgerWrites, Store
 
 DEFAULT_BATCH = 256
 
@@ -52,7 +52,7 @@ class LeaseSweep:
         self._clock = clock
         self._batch = batch
 
-    def _sweep_batch(self, view: WriteView, *, after: bytes | None) -> _Batch:
+    def _sweep_batch(self, view: LedgerWrites, *, after: bytes | None) -> _Batch:
         now = moment(self._clock, self._store, view)
         keys = []
         for key in view.calls_in_state(State.STARTED, after=after):

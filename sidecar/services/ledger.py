@@ -37,8 +37,8 @@ from sidecar.ledger.validation import Limits
 from sidecar.services._common import Decided, committed, decided, moment
 from sidecar.services.prepares import in_scheme, prepare_one, with_lease
 from sidecar.services.recent_calls import RecentCalls, stepped
-from sidecar.storage import records, usage
-from sidecar.storage.api import CallWrite, ReadView, Store, WriteView
+from sidecar.storage import keys
+from sidecar.storage.api import CallWrite, LedgerReads, LedgerWrites, Store
 from sidecar.storage.scans import Scans
 
 
@@ -74,7 +74,7 @@ class LedgerService:
         # store whose reads may wait.
         self._scans = scans or Scans(store)
 
-    def now(self, view: ReadView) -> Now:
+    def now(self, view: LedgerReads) -> Now:
         return moment(self._clock, self._store, view)
 
     def policy(self) -> Policy:
@@ -84,7 +84,7 @@ class LedgerService:
     def _remembers(self) -> Callable[[ToolCall], None] | None:
         return self._recent.remember if self._store.saves_by_statement else None
 
-    async def _decided(self, decide: Callable[[ReadView], Decided]) -> Answer:
+    async def _decided(self, decide: Callable[[LedgerReads], Decided]) -> Answer:
         return await decided(self._store, self._scans, decide, saved=self._remembers())
 
     async def _changed(
@@ -113,8 +113,8 @@ class LedgerService:
 
     def _mutation(
         self, ref: CallRef, rule: Callable[[ToolCall, Now, Policy], Step]
-    ) -> Callable[[ReadView], Decided]:
-        def decide(view: ReadView) -> Decided:
+    ) -> Callable[[LedgerReads], Decided]:
+        def decide(view: LedgerReads) -> Decided:
             old, tomb = view.find_call(ref)
             if old is None:
                 return Decided(_not_found(ref, tomb))
@@ -125,7 +125,7 @@ class LedgerService:
     def _step(
         self,
         old: ToolCall,
-        view: ReadView,
+        view: LedgerReads,
         rule: Callable[[ToolCall, Now, Policy], Step],
     ) -> Decided:
         policy = self._policy.current()
@@ -137,7 +137,7 @@ class LedgerService:
     async def prepare(self, spec: PrepareSpec) -> Answer:
         return await self._decided(lambda view: self._prepare_decision(view, spec))
 
-    def _prepare_decision(self, view: ReadView, asked: PrepareSpec) -> Decided:
+    def _prepare_decision(self, view: LedgerReads, asked: PrepareSpec) -> Decided:
         """A repeat that changes nothing (the duplicate of a committed call, a
         call in progress under a live lease, a refusal, a compacted call) is
         answered from the snapshot; a new call is saved within its
@@ -174,7 +174,7 @@ class LedgerService:
     async def prepare_many(self, specs: Sequence[PrepareSpec]) -> list[Answer]:
         """All in one transaction; one refusal and nothing is written."""
 
-        def apply(view: WriteView) -> list[Answer]:
+        def apply(view: LedgerWrites) -> list[Answer]:
             now = self.now(view)
             policy = self._policy.current()
             answers = []
@@ -272,7 +272,7 @@ class LedgerService:
         """The record; NOT_FOUND, with metadata saying so, for a call that
         was compacted after the retention window (contract §4.7)."""
 
-        def load(view: ReadView) -> ToolCall:
+        def load(view: LedgerReads) -> ToolCall:
             call, tomb = view.find_call(ref)
             if call is None:
                 raise _not_found(ref, tomb)
@@ -297,17 +297,17 @@ class LedgerService:
 
         def prefix(namespace: str) -> bytes:
             if run_id:
-                return records.run_prefix(namespace, run_id)
-            return records.namespace_prefix(namespace)
+                return keys.run_prefix(namespace, run_id)
+            return keys.namespace_prefix(namespace)
 
         resume = paging.decode_across(page_token, prefix, namespaces)
         budget = max(page_size * 10, 1000)
 
-        def scan(view: ReadView) -> Page:
+        def scan(view: LedgerReads) -> Page:
             # Key order is namespace order: no namespace character sorts
             # before the NUL that ends it.
             searched = tuple(
-                sorted(usage.stored(view) if namespaces is None else namespaces)
+                sorted(view.usages() if namespaces is None else namespaces)
             )
             todo = list(searched)
             after = None
@@ -342,7 +342,7 @@ class LedgerService:
         are never settled here, and a lapsed one's are left to the
         lease sweep."""
 
-        def apply(view: WriteView) -> int:
+        def apply(view: LedgerWrites) -> int:
             now = self.now(view)
             settled = 0
             keys = list(view.calls_in_state(State.STARTED))

@@ -27,8 +27,7 @@ from sidecar.ledger import ownership
 from sidecar.ledger.model import State
 from sidecar.ledger.ownership import Registration, Standing
 from sidecar.services._common import committed, moment
-from sidecar.storage import daemons, marking
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.api import LedgerReads, LedgerWrites, Store
 from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class Listing:
     shared: bool
 
 
-def _started_by_incarnation(view: ReadView) -> Counter[int]:
+def _started_by_incarnation(view: LedgerReads) -> Counter[int]:
     """The STARTED calls per incarnation of their lease: reads the records
     of STARTED calls only (bounded by the open-call quotas)."""
     held: Counter[int] = Counter()
@@ -139,10 +138,10 @@ class MembershipService:
                 has not finished (`effectd ctl restore`); nothing is written.
         """
 
-        def apply(view: WriteView) -> Registered:
-            marking.refuse_unfinished_marking(view)
+        def apply(view: LedgerWrites) -> Registered:
+            view.refuse_unfinished_restore()
             mine, ended = ownership.register(
-                daemons.every(view),
+                view.registrations(),
                 daemon_id=self.daemon_id,
                 incarnation=self._store.incarnation,
                 wall_ns=self._clock.wall_ns(),
@@ -150,8 +149,8 @@ class MembershipService:
                 exclusive=self._store.exclusive,
             )
             for reg in ended:
-                daemons.save(view, reg)
-            daemons.save(view, mine)
+                view.save_registration(reg)
+            view.save_registration(mine)
             return Registered(mine, tuple(ended))
 
         return await committed(self._store, apply)
@@ -162,9 +161,9 @@ class MembershipService:
         calls of this one meanwhile); one superseded by a start under the same
         daemon id stays superseded (logged: two daemons share an id)."""
 
-        def apply(view: WriteView) -> tuple[Registration | None, Registration, int]:
+        def apply(view: LedgerWrites) -> tuple[Registration | None, Registration, int]:
             now_ns = self._clock.wall_ns()
-            old = daemons.load(view, self._store.incarnation)
+            old = view.registration(self._store.incarnation)
             if old is None:
                 new = Registration(
                     self.daemon_id,
@@ -175,7 +174,7 @@ class MembershipService:
             else:
                 new = ownership.renew(old, wall_ns=now_ns, ttl_ns=self._ttl_ns)
             if new != old:
-                daemons.save(view, new)
+                view.save_registration(new)
             return old, new, now_ns
 
         old, new, now_ns = await committed(self._store, apply)
@@ -200,10 +199,12 @@ class MembershipService:
     async def deregister(self) -> None:
         """Ends this registration at a clean stop."""
 
-        def apply(view: WriteView) -> None:
-            old = daemons.load(view, self._store.incarnation)
+        def apply(view: LedgerWrites) -> None:
+            old = view.registration(self._store.incarnation)
             if old is not None and not old.ended_ns:
-                daemons.save(view, ownership.end(old, wall_ns=self._clock.wall_ns()))
+                view.save_registration(
+                    ownership.end(old, wall_ns=self._clock.wall_ns())
+                )
 
         await committed(self._store, apply)
 
@@ -211,15 +212,14 @@ class MembershipService:
         """Whether this daemon runs the pass `name` now; if so, the pass is
         its own for `interval_seconds` (the other daemons skip it)."""
 
-        def apply(view: WriteView) -> bool:
+        def apply(view: LedgerWrites) -> bool:
             now = moment(self._clock, self._store, view)
-            lock = daemons.load_lock(view, name)
+            lock = view.pass_lock(name)
             if not ownership.may_run(
                 lock, incarnation=now.incarnation, wall_ns=now.wall_ns, peers=now.peers
             ):
                 return False
-            daemons.save_lock(
-                view,
+            view.save_pass_lock(
                 name,
                 ownership.claim(
                     incarnation=now.incarnation,
@@ -235,29 +235,29 @@ class MembershipService:
     async def forget_gone(self) -> int:
         """Deletes the registrations gone for longer than `KEEP_GONE_NS`."""
 
-        def apply(view: WriteView) -> int:
+        def apply(view: LedgerWrites) -> int:
             now_ns = self._clock.wall_ns()
             gone = [
                 reg.incarnation
-                for reg in daemons.every(view)
+                for reg in view.registrations()
                 if ownership.forgettable(reg, wall_ns=now_ns, keep_ns=KEEP_GONE_NS)
             ]
             for incarnation in gone:
-                daemons.forget(view, incarnation)
+                view.forget_registration(incarnation)
             return len(gone)
 
         return await committed(self._store, apply)
 
     async def registrations(self) -> list[Registration]:
         """Every registration the store keeps, oldest incarnation first."""
-        return await self._scans.point_read(lambda view: list(daemons.every(view)))
+        return await self._scans.point_read(lambda view: list(view.registrations()))
 
     async def listing(self) -> Listing:
         """Every registration the store keeps, oldest incarnation first, where
         it stands now and the STARTED calls it holds, from one snapshot read
         on a worker thread."""
 
-        def read(view: ReadView) -> Listing:
+        def read(view: LedgerReads) -> Listing:
             now_ns = self._clock.wall_ns()
             held = _started_by_incarnation(view)
             members = tuple(
@@ -266,7 +266,7 @@ class MembershipService:
                     ownership.standing(reg, wall_ns=now_ns),
                     held.get(reg.incarnation, 0),
                 )
-                for reg in daemons.every(view)
+                for reg in view.registrations()
             )
             return Listing(
                 members,

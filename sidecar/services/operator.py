@@ -27,8 +27,8 @@ from sidecar.ledger.rules import Answer, Now
 from sidecar.ledger.validation import Limits
 from sidecar.services import enter_reconciliation as tool_reconciliation
 from sidecar.services._common import Decided, decided, moment
-from sidecar.storage import records, usage
-from sidecar.storage.api import CallWrite, ReadView, Store
+from sidecar.storage import keys
+from sidecar.storage.api import CallWrite, LedgerReads, Store
 from sidecar.storage.scans import Scans
 
 log = logging.getLogger(__name__)
@@ -69,15 +69,15 @@ class OperatorService:
         # off the event loop.
         self._scans = scans or Scans(store)
 
-    def now(self, view: ReadView) -> Now:
+    def now(self, view: LedgerReads) -> Now:
         return moment(self._clock, self._store, view)
 
-    async def _decided(self, decide: Callable[[ReadView, Now], Decided]) -> Answer:
+    async def _decided(self, decide: Callable[[LedgerReads, Now], Decided]) -> Answer:
         """The answer of `decide`, its write durable; the audited action it
         wrote, if any, logged at info (once durable, as the audit has it)."""
         last: list[Decided] = []
 
-        def deciding(view: ReadView) -> Decided:
+        def deciding(view: LedgerReads) -> Decided:
             last[:] = [decide(view, self.now(view))]
             return last[0]
 
@@ -90,7 +90,7 @@ class OperatorService:
     async def decide_approval(self, ref: CallRef, decision: ApprovalDecision) -> Answer:
         """Approves or rejects; the record and its audit entry are one write."""
 
-        def decide(view: ReadView, now: Now) -> Decided:
+        def decide(view: LedgerReads, now: Now) -> Decided:
             old = _load(view, ref)
             # Whether a rejected call keeps its input (`kept_inputs`).
             policy = self._policy.current()
@@ -115,7 +115,7 @@ class OperatorService:
         """Resolves a call of unknown outcome; the record, its evidence and
         the audit entry are one write."""
 
-        def decide(view: ReadView, now: Now) -> Decided:
+        def decide(view: LedgerReads, now: Now) -> Decided:
             old = _load(view, ref)
             # The quarantine in force when the write runs (ADR-010 R2
             # reloads): a reload before the write decides it again.
@@ -195,14 +195,14 @@ class OperatorService:
         every one (None), from one snapshot. Counting by state reads the
         index entries of open calls only: bounded by the open-call quotas."""
 
-        def count(view: ReadView) -> list[NamespaceStats]:
-            counters = usage.stored(view)
+        def count(view: LedgerReads) -> list[NamespaceStats]:
+            counters = view.usages()
             if namespace is not None:
                 counters = {namespace: counters.get(namespace, Usage())}
             by_state: dict[str, dict[State, int]] = {ns: {} for ns in counters}
             for state in OPEN_STATES:
                 for key in view.calls_in_state(state, namespace):
-                    ns = records.namespace_of(key)
+                    ns = keys.namespace_of(key)
                     if ns in by_state:
                         by_state[ns][state] = by_state[ns].get(state, 0) + 1
             return [
@@ -216,8 +216,8 @@ class OperatorService:
         """Walks the whole chain on one snapshot, on a worker thread: it
         reads and hashes every entry."""
 
-        def walk(view: ReadView) -> audit.Verdict:
-            return audit.verify(records.scan_audit(view), records.load_audit_head(view))
+        def walk(view: LedgerReads) -> audit.Verdict:
+            return audit.verify(view.audit_entries(), view.audit_head())
 
         return await self._scans.read(walk)
 
@@ -237,7 +237,7 @@ class OperatorService:
         resume = None if after is None else int.from_bytes(after[len(prefix) :], "big")
         budget = max(page_size * 10, 1000)
 
-        def scan(view: ReadView) -> AuditPage:
+        def scan(view: LedgerReads) -> AuditPage:
             entries: list[audit.Entry] = []
             last = 0
             for examined, (sequence, raw) in enumerate(
@@ -271,22 +271,22 @@ def _token_prefix(namespace: str, *, newest_first: bool) -> bytes:
 
 
 def _walk(
-    view: ReadView, resume: int | None, *, newest_first: bool
+    view: LedgerReads, resume: int | None, *, newest_first: bool
 ) -> Iterator[tuple[int, bytes]]:
     """Stored entries after `resume` in the listing's order."""
     if not newest_first:
-        yield from records.scan_audit(view, resume or 0)
+        yield from view.audit_entries(resume or 0)
         return
     # The store scans forward only: walk down from the head by sequence.
-    head = records.load_audit_head(view)
+    head = view.audit_head()
     top = (0 if head is None else head.sequence) if resume is None else resume - 1
     for sequence in range(top, 0, -1):
-        raw = records.load_audit(view, sequence)
+        raw = view.audit_entry(sequence)
         if raw is not None:
             yield sequence, raw
 
 
-def _load(view: ReadView, ref: CallRef) -> ToolCall:
+def _load(view: LedgerReads, ref: CallRef) -> ToolCall:
     call = view.load_call(ref)
     if call is None:
         raise NotFound(

@@ -20,8 +20,7 @@ from sidecar.errors import NoPolicyFile, PolicyInvalid
 from sidecar.ledger import audit, policy_change
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.policy_file import PolicyError, PolicyFile
-from sidecar.storage import records
-from sidecar.storage.api import Store, WriteView
+from sidecar.storage.api import LedgerWrites, Store
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +87,8 @@ class PolicyService:
                 source=path,
             )
 
-            def append(view: WriteView) -> audit.Entry:
-                return records.append_audit(view, fact)
+            def append(view: LedgerWrites) -> audit.Entry:
+                return view.append_audit(fact)
 
             # Durable before the new policy decides anything.
             written.append(self._store.submit(append).result())

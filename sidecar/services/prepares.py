@@ -13,8 +13,7 @@ from sidecar.ledger.model import FINGERPRINT_V2
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, PrepareSpec
-from sidecar.storage import usage
-from sidecar.storage.api import WriteView
+from sidecar.storage.api import LedgerWrites
 
 
 def with_lease(spec: PrepareSpec, policy: Policy) -> PrepareSpec:
@@ -25,7 +24,7 @@ def with_lease(spec: PrepareSpec, policy: Policy) -> PrepareSpec:
 
 
 def prepare_one(
-    view: WriteView, spec: PrepareSpec, now: Now, policy: Policy, quotas: Quotas
+    view: LedgerWrites, spec: PrepareSpec, now: Now, policy: Policy, quotas: Quotas
 ) -> Answer | EffectdError:
     """The answer of one prepare.
 
@@ -49,12 +48,10 @@ def prepare_one(
         view.write_call(old, step.call)
     elif old is None:
         namespace = spec.ref.namespace
-        before = usage.load(view, namespace)
+        before = view.usage(namespace)
         view.write_call(old, step.call)
         # Measured after the save: the stored size is the encoded record's.
-        refusal = quota.refuse_growth(
-            namespace, before, usage.load(view, namespace), quotas
-        )
+        refusal = quota.refuse_growth(namespace, before, view.usage(namespace), quotas)
         if refusal is not None:
             raise refusal
     elif step.call.revision != old.revision:

@@ -13,14 +13,14 @@ compare, which forgets the record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from sidecar.errors import EffectdError
 from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.ledger.rules import Answer
 from sidecar.services._common import Decided
-from sidecar.storage.api import Conflict, ReadView, Store, Table
-from sidecar.storage.table_ledger import TableLedgerReads
+from sidecar.storage.api import Conflict, LedgerReads, Store
+from sidecar.storage.table_ledger import NO_READS, Unread
 
 # Records a `RecentCalls` keeps, and the payload bytes they may hold
 # together: the calls in flight at one daemon, whose kept inputs and
@@ -82,30 +82,11 @@ class RecentCalls:
             self._bytes -= found[1]
 
 
-class _Unread(Exception):
-    """A rule deciding on a remembered record read the store."""
-
-
-class _NoReads(TableLedgerReads):
-    """The view a remembered record is decided on: nothing to read."""
-
-    def get(self, table: Table, key: bytes) -> bytes | None:
-        raise _Unread(table)
-
-    def scan(
-        self, table: Table, prefix: bytes, *, after: bytes | None = None
-    ) -> Iterator[tuple[bytes, bytes]]:
-        raise _Unread(table)
-
-
-NO_READS: ReadView = _NoReads()
-
-
 async def stepped(
     store: Store,
     recent: RecentCalls,
     ref: CallRef,
-    decide: Callable[[ToolCall, ReadView], Decided],
+    decide: Callable[[ToolCall, LedgerReads], Decided],
 ) -> Answer | None:
     """`decide` on the record of `ref` this daemon saved last, with no read,
     and its write saved by compare-and-swap on `store` (one whose saves are
@@ -117,7 +98,7 @@ async def stepped(
         return None
     try:
         decision = decide(old, NO_READS)
-    except _Unread:
+    except Unread:
         return None
     write = decision.write
     if write is None:

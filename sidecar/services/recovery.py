@@ -40,8 +40,8 @@ from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.ledger.rules import Now
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import bulk_committed, committed, moment
-from sidecar.storage import plan_rows, records
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage import keys, plan_rows
+from sidecar.storage.api import LedgerReads, LedgerWrites, Store
 from sidecar.storage.scans import Scans
 
 
@@ -88,13 +88,13 @@ class _Read:
 
 
 def _read_page(
-    view: ReadView,
+    view: LedgerReads,
     *,
     prefix: bytes,
     after: bytes | None,
     size: int,
     stored: bool,
-    now: Callable[[ReadView], Now],
+    now: Callable[[LedgerReads], Now],
     policy: Policy,
 ) -> _Read:
     rows: list[tuple[bytes, ToolCall | bytes]] = []
@@ -142,7 +142,7 @@ class RecoveryService:
         self._policy = policy
         self._scans = scans or Scans(store)
 
-    def now(self, view: ReadView) -> Now:
+    def now(self, view: LedgerReads) -> Now:
         return moment(self._clock, self._store, view)
 
     async def recover(self, namespace: str, run_id: str) -> Recovered:
@@ -228,7 +228,7 @@ class RecoveryService:
         """The rows of a page after recovery (records, or plan rows when
         `stored`), how many it settled, the policy it was judged by, and the
         next page's token."""
-        prefix = records.run_prefix(namespace, run_id)
+        prefix = keys.run_prefix(namespace, run_id)
         after = paging.decode(page_token, prefix)
         policy = self._policy.current()
         read = await self._scans.read(
@@ -246,7 +246,7 @@ class RecoveryService:
         settled = 0
         if read.changing:
 
-            def apply(view: WriteView) -> tuple[dict[bytes, ToolCall], int, Policy]:
+            def apply(view: LedgerWrites) -> tuple[dict[bytes, ToolCall], int, Policy]:
                 # In the write transaction: a reload that took effect, and
                 # each record as it is now, decide.
                 now = self.now(view)
@@ -279,7 +279,7 @@ class RecoveryService:
     ) -> list[ToolCall]:
         """Marks committed calls as delivered; all of them or none."""
 
-        def apply(view: WriteView) -> list[ToolCall]:
+        def apply(view: LedgerWrites) -> list[ToolCall]:
             now = self.now(view)
             done = []
             for index, call_id in enumerate(call_ids):
@@ -295,7 +295,7 @@ class RecoveryService:
         return await committed(self._store, apply)
 
 
-def _acknowledge(view: WriteView, ref: CallRef, now: Now) -> ToolCall:
+def _acknowledge(view: LedgerWrites, ref: CallRef, now: Now) -> ToolCall:
     old = view.load_call(ref)
     if old is None:
         raise NotFound(

@@ -26,7 +26,7 @@ from sidecar.ledger import retention
 from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.policy import Policy, PolicySource
 from sidecar.services._common import bulk_committed
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.api import LedgerReads, LedgerWrites, Store
 from sidecar.storage.scans import Scans
 
 DEFAULT_BATCH = 256
@@ -57,7 +57,7 @@ class _Chunk:
     resume: bytes | None
 
 
-def _readable(view: ReadView, key: bytes) -> ToolCall | None:
+def _readable(view: LedgerReads, key: bytes) -> ToolCall | None:
     try:
         return view.load_call_at(key)
     except UnsupportedKeyScheme:
@@ -83,7 +83,12 @@ class RetentionService:
         self._scans = scans or Scans(store)
 
     def _find_due(
-        self, view: ReadView, *, policy: Policy, acknowledged: bool, after: bytes | None
+        self,
+        view: LedgerReads,
+        *,
+        policy: Policy,
+        acknowledged: bool,
+        after: bytes | None,
     ) -> _Chunk:
         now_ns = self._clock.wall_ns()
         examined = 0
@@ -101,7 +106,7 @@ class RetentionService:
         return _Chunk(examined, due, None)
 
     def _compact_keys(
-        self, view: WriteView, *, policy: Policy, keys: list[bytes]
+        self, view: LedgerWrites, *, policy: Policy, keys: list[bytes]
     ) -> int:
         now_ns = self._clock.wall_ns()
         compacted = 0
@@ -112,7 +117,7 @@ class RetentionService:
                 compacted += 1
         return compacted
 
-    def _expire_batch(self, view: WriteView, *, policy: Policy) -> tuple[int, bool]:
+    def _expire_batch(self, view: LedgerWrites, *, policy: Policy) -> tuple[int, bool]:
         before = retention.tombstones_expire_before(policy, self._clock.wall_ns())
         return view.expire_tombstones(before, self._batch)
 

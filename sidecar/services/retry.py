@@ -22,7 +22,7 @@ from sidecar.ledger import retry, rules
 from sidecar.ledger.model import CallRef, Channel, State, ToolCall
 from sidecar.ledger.policy import PolicySource
 from sidecar.services._common import moment
-from sidecar.storage.api import ReadView, Store
+from sidecar.storage.api import LedgerReads, Store
 from sidecar.storage.scans import Scans
 
 
@@ -52,7 +52,7 @@ class RetryService:
         and the context of the call's channel when it is not TOOL (for
         `decide`)."""
 
-        def settled(view: ReadView) -> ToolCall | None:
+        def settled(view: LedgerReads) -> ToolCall | None:
             found = view.load_call(ref)
             if found is None:
                 return None

@@ -1,10 +1,21 @@
-"""The storage interface the ledger and checkpoints are written against.
+"""The storage interface the services are written against.
 
 A write is a function of a `WriteView`, submitted to the store; the store
 runs it inside a write transaction and resolves the returned future only
 after that transaction is durably committed. If the function raises, none of
 its writes are applied and the future carries the exception. Writes of other
 functions in the same group commit are unaffected.
+
+A view answers in the ledger's terms (`LedgerReads`, `LedgerWrites`): each
+operation one a service needs, which each backend implements its own way
+(`storage.table_ledger` over tables of bytes, LMDB's; PostgreSQL's typed
+rows, `storage.postgres.call_reads`). The services use nothing else of a
+store (`tests/repository/test_ledger_seam.py`); the tables of bytes
+(`Table`, `Tables`) are the backends' own, and their format upgrades' and
+restores'.
+
+Over 400 lines on purpose: the seam is one contract, the ledger's
+operations beside the store that hands them out, read whole.
 """
 
 from __future__ import annotations
@@ -16,9 +27,11 @@ from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
 from sidecar.errors import UnsupportedKeyScheme
-from sidecar.ledger.audit import Fact
+from sidecar.ledger.audit import Entry, Fact, Head
+from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import CallRef, IdentityEnum, State, ToolCall
-from sidecar.ledger.quota import Quotas, StoreFill
+from sidecar.ledger.ownership import PassLock, Registration
+from sidecar.ledger.quota import Quotas, StoreFill, Usage
 from sidecar.ledger.retention import Tombstone
 from sidecar.storage.plan_rows import Summarize
 
@@ -108,7 +121,7 @@ Listed = ToolCall | UnsupportedKeyScheme
 class CallReads(Protocol):
     """The calls of the ledger as the services read them: records and the
     tombstones of compacted ones, found by identity, walked by key or by
-    state. A record's key (`records.call_key`) is its place in the walks:
+    state. A record's key (`keys.call_key`) is its place in the walks:
     opaque above the store, handed back as `after` to resume one."""
 
     def load_call(self, ref: CallRef) -> ToolCall | None:
@@ -127,8 +140,8 @@ class CallReads(Protocol):
         self, prefix: bytes, *, after: bytes | None = None, history: bool = True
     ) -> Iterator[tuple[bytes, Listed]]:
         """(key, record) of the calls whose key starts with `prefix` (one
-        namespace's, `records.namespace_prefix`; one run's,
-        `records.run_prefix`), in key order, after `after`. Without
+        namespace's, `keys.namespace_prefix`; one run's,
+        `keys.run_prefix`), in key order, after `after`. Without
         `history`, each record's history is left out (`decode_call`)."""
         ...
 
@@ -187,9 +200,87 @@ class RetentionReads(Protocol):
         ...
 
 
-class ReadView(Tables, CallReads, RetentionReads, Protocol):
-    """What a read function of the store is handed: the ledger's calls, and
-    the tables of what has not moved to the ledger's terms yet."""
+class CheckpointReads(Protocol):
+    """The checkpoints of the ledger (contract §8)."""
+
+    def load_checkpoint(self, namespace: str, key: str) -> StoredCheckpoint | None: ...
+
+    def checkpoints(
+        self, namespace: str, prefix: str, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, StoredCheckpoint]]:
+        """(place, checkpoint) of the checkpoints of `namespace` whose stored
+        key may start with `prefix` (`keys.checkpoint_ranges`: a long key
+        stored hashed shares only its first bytes), in stored-key order,
+        after the place `after`; the reader filters by `prefix` and counts
+        what it read."""
+        ...
+
+
+class UsageReads(Protocol):
+    """The usage counters of each namespace (`ledger.quota`)."""
+
+    def usage(self, namespace: str) -> Usage:
+        """The counters of `namespace` as of this view, its own writes
+        counted."""
+        ...
+
+    def usages(self) -> dict[str, Usage]:
+        """Every namespace's stored counters; one with nothing is absent."""
+        ...
+
+
+class AuditReads(Protocol):
+    """The audit log: an append-only, hash-chained list of entries."""
+
+    def audit_head(self) -> Head | None:
+        """The newest entry's sequence and hash; None: no entry yet."""
+        ...
+
+    def audit_entry(self, sequence: int) -> bytes | None:
+        """The stored bytes of an entry (`audit.decode`)."""
+        ...
+
+    def audit_entries(self, after: int = 0) -> Iterator[tuple[int, bytes]]:
+        """(sequence, stored bytes) of the entries after `after`, oldest first."""
+        ...
+
+
+class RegistrationReads(Protocol):
+    """The daemons that serve the store (`ledger.ownership`)."""
+
+    def registration(self, incarnation: int) -> Registration | None: ...
+
+    def registrations(self) -> Iterator[Registration]:
+        """Every registration kept, oldest incarnation first."""
+        ...
+
+    def pass_lock(self, name: str) -> PassLock | None:
+        """The lock of the daemon that runs the periodic pass `name`."""
+        ...
+
+    def refuse_unfinished_restore(self) -> None:
+        """Raises `marking.UnfinishedRestore` while a marking of the store as
+        restored began and did not finish (`storage.marking`)."""
+        ...
+
+
+class LedgerReads(
+    CallReads,
+    RetentionReads,
+    CheckpointReads,
+    UsageReads,
+    AuditReads,
+    RegistrationReads,
+    Protocol,
+):
+    """Everything a service reads, in the ledger's terms."""
+
+
+class ReadView(Tables, LedgerReads, Protocol):
+    """What a read function of the store is handed: the ledger, and the
+    tables of bytes the backends of today keep it in (for the store's own
+    modules, its format upgrades and restores; a service reads the
+    ledger)."""
 
 
 class CallWrites(CallReads, Protocol):
@@ -209,7 +300,42 @@ class CallWrites(CallReads, Protocol):
         ...
 
 
-class WriteView(ReadView, WritableTables, CallWrites, Protocol):
+class CheckpointWrites(CheckpointReads, Protocol):
+    def next_checkpoint_revision(self) -> int:
+        """A revision never given before, store-wide: no ABA."""
+        ...
+
+    def save_checkpoint(self, namespace: str, cp: StoredCheckpoint) -> None: ...
+
+    def delete_checkpoint(self, namespace: str, key: str) -> None: ...
+
+
+class AuditWrites(AuditReads, Protocol):
+    def append_audit(self, fact: Fact) -> Entry:
+        """Seals `fact` after the chain's head and stores it, in this write."""
+        ...
+
+
+class RegistrationWrites(RegistrationReads, Protocol):
+    def save_registration(self, reg: Registration) -> None: ...
+
+    def forget_registration(self, incarnation: int) -> None: ...
+
+    def save_pass_lock(self, name: str, lock: PassLock) -> None: ...
+
+
+class LedgerWrites(
+    LedgerReads,
+    CallWrites,
+    CheckpointWrites,
+    AuditWrites,
+    RegistrationWrites,
+    Protocol,
+):
+    """Everything a service writes, in the ledger's terms."""
+
+
+class WriteView(ReadView, WritableTables, LedgerWrites, Protocol):
     """What a write function of the store is handed."""
 
 
@@ -251,7 +377,7 @@ class Store(Protocol):
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
         """Queues `fn` for the writer; the future resolves after the commit.
-        `fn` runs on a `usage.Counting` view, so the usage counters change in
+        `fn` runs on a `counting.Counting` view, so the usage counters change in
         the same transaction as the records they count."""
         ...
 

@@ -16,11 +16,10 @@ its usage as the write finds it.
 from __future__ import annotations
 
 from sidecar.ledger import quota
-from sidecar.storage import records, usage
-from sidecar.storage.api import CallWrite, Conflict, WriteView
+from sidecar.storage.api import CallWrite, Conflict, LedgerWrites
 
 
-def compare_and_save(view: WriteView, write: CallWrite) -> None:
+def compare_and_save(view: LedgerWrites, write: CallWrite) -> None:
     """Saves `write.new` if its compare holds.
 
     Raises:
@@ -47,14 +46,14 @@ def compare_and_save(view: WriteView, write: CallWrite) -> None:
     if write.old is not None or limits is None or not limits.limits_storage:
         view.write_call(stored, write.new)
     else:
-        before = usage.load(view, ref.namespace)
+        before = view.usage(ref.namespace)
         view.write_call(None, write.new)
         # Measured after the save: the stored size is the encoded record's.
         refusal = quota.refuse_growth(
-            ref.namespace, before, usage.load(view, ref.namespace), limits
+            ref.namespace, before, view.usage(ref.namespace), limits
         )
         if refusal is not None:
             # Raised inside the write function: nothing of it is kept.
             raise refusal
     if write.audit is not None:
-        records.append_audit(view, write.audit)
+        view.append_audit(write.audit)

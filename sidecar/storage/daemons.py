@@ -3,10 +3,7 @@
 
 `Table.DAEMONS` maps an incarnation (8 bytes big-endian) to the registration
 of the daemon that opened the store under it, and `Table.PASSES` the name of
-a periodic pass to its lock, each a small JSON document. `StoredPeers` reads
-registrations for the rules in the transaction of the record they judge,
-each at most once, and only when a rule asks (a lease of another
-incarnation on a shared store).
+a periodic pass to its lock, each a small JSON document.
 
 Neither table changes the LMDB store's format: a daemon that does not know
 them serves an exclusive store as before (every earlier incarnation is gone
@@ -21,7 +18,7 @@ import json
 from collections.abc import Iterator
 
 from sidecar.ledger.ownership import PassLock, Registration
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.storage.api import Table, Tables, WritableTables
 
 _VERSION = 1
 _INCARNATION_BYTES = 8
@@ -66,36 +63,23 @@ def decode(raw: bytes) -> Registration:
     )
 
 
-def load(view: ReadView, incarnation: int) -> Registration | None:
+def load(view: Tables, incarnation: int) -> Registration | None:
     raw = view.get(Table.DAEMONS, key(incarnation))
     return None if raw is None else decode(raw)
 
 
-def save(view: WriteView, reg: Registration) -> None:
+def save(view: WritableTables, reg: Registration) -> None:
     view.put(Table.DAEMONS, key(reg.incarnation), encode(reg))
 
 
-def forget(view: WriteView, incarnation: int) -> None:
+def forget(view: WritableTables, incarnation: int) -> None:
     view.delete(Table.DAEMONS, key(incarnation))
 
 
-def every(view: ReadView) -> Iterator[Registration]:
+def every(view: Tables) -> Iterator[Registration]:
     """Every registration the store keeps, oldest incarnation first."""
     for _, raw in view.scan(Table.DAEMONS, b""):
         yield decode(raw)
-
-
-class StoredPeers:
-    """`ownership.Peers` read from `view`; valid while `view` is."""
-
-    def __init__(self, view: ReadView) -> None:
-        self._view = view
-        self._seen: dict[int, Registration | None] = {}
-
-    def registration(self, incarnation: int) -> Registration | None:
-        if incarnation not in self._seen:
-            self._seen[incarnation] = load(self._view, incarnation)
-        return self._seen[incarnation]
 
 
 def encode_lock(lock: PassLock) -> bytes:
@@ -115,10 +99,10 @@ def decode_lock(raw: bytes) -> PassLock:
     return PassLock(holder=doc["holder"], daemon_id=doc["id"], until_ns=doc["until"])
 
 
-def load_lock(view: ReadView, name: str) -> PassLock | None:
+def load_lock(view: Tables, name: str) -> PassLock | None:
     raw = view.get(Table.PASSES, name.encode())
     return None if raw is None else decode_lock(raw)
 
 
-def save_lock(view: WriteView, name: str, lock: PassLock) -> None:
+def save_lock(view: WritableTables, name: str, lock: PassLock) -> None:
     view.put(Table.PASSES, name.encode(), encode_lock(lock))

@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from sidecar.ledger.model import CallRef
+
 # LMDB's key limit as built (MDB_MAXKEYSIZE; `lmdb.Environment.max_key_size`).
 MAX_KEY_BYTES = 511
 HASHED = b"\x01"
@@ -72,3 +74,46 @@ def check_key(key: bytes) -> None:
         raise KeyTooLong(
             f"a store key has {len(key)} bytes, the store keeps {MAX_KEY_BYTES}"
         )
+
+
+# -- where the ledger's identities are: keys, and the prefixes of walks ------------
+
+_SEP = b"\x00"
+
+
+def namespace_prefix(namespace: str) -> bytes:
+    return namespace.encode() + _SEP
+
+
+def run_prefix(namespace: str, run_id: str) -> bytes:
+    return namespace_prefix(namespace) + part(run_id, CALL_PART) + _SEP
+
+
+def call_key(ref: CallRef) -> bytes:
+    return run_prefix(ref.namespace, ref.run_id) + part(ref.call_id, CALL_PART)
+
+
+def namespace_of(key: bytes) -> str:
+    """The namespace of a key of CALLS, TOMBSTONES or CHECKPOINTS (of
+    CALL_STATES without its state byte)."""
+    return key.split(_SEP, 1)[0].decode()
+
+
+def checkpoint_key(namespace: str, key: str) -> bytes:
+    return namespace_prefix(namespace) + part(key, CHECKPOINT_KEY)
+
+
+def checkpoint_ranges(namespace: str, prefix: str) -> list[bytes]:
+    """The key ranges, in key order, that hold every checkpoint of
+    `namespace` whose key starts with `prefix` (and may hold others).
+
+    A key stored verbatim starts with the prefix itself. A key stored hashed
+    starts with its first `kept` bytes: with a prefix no longer than those,
+    the same range holds it; with a longer one, it is in the range of the
+    prefix's first `kept` bytes and the marker, which sorts first."""
+    base = namespace_prefix(namespace)
+    data = prefix.encode()
+    kept = CHECKPOINT_KEY.kept
+    if len(data) <= kept:
+        return [base + data]
+    return [base + data[:kept] + HASHED, base + data]

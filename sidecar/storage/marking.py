@@ -20,7 +20,7 @@ from sidecar.clock import Clock
 from sidecar.ledger import restore
 from sidecar.ledger.restore import Marker
 from sidecar.storage import records
-from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.api import ReadView, Store, Table, Tables, WriteView
 
 _MARKER_KEY = b"restored"
 # Present from a marking's first transaction to its last: the backup's name.
@@ -98,7 +98,7 @@ def _begin(
     view.put(Table.META, _MARKING_KEY, backup.encode())
 
 
-def refuse_unfinished_marking(view: ReadView) -> None:
+def refuse_unfinished_marking(view: Tables) -> None:
     """Raises UnfinishedRestore if a marking of this store (`mark`) began and
     did not finish: a daemon must not serve it half marked. Run in the
     transaction that registers a starting daemon, so that a marking and a

@@ -33,34 +33,14 @@ _SEP = b"\x00"
 _STATE_CODES = {s: bytes([i + 1]) for i, s in enumerate(State)}
 
 
-def namespace_prefix(namespace: str) -> bytes:
-    return namespace.encode() + _SEP
-
-
-def run_prefix(namespace: str, run_id: str) -> bytes:
-    return namespace_prefix(namespace) + keys.part(run_id, keys.CALL_PART) + _SEP
-
-
-def call_key(ref: CallRef) -> bytes:
-    return run_prefix(ref.namespace, ref.run_id) + keys.part(
-        ref.call_id, keys.CALL_PART
-    )
-
-
-def namespace_of(key: bytes) -> str:
-    """The namespace of a key of CALLS, TOMBSTONES or CHECKPOINTS (of
-    CALL_STATES without its state byte)."""
-    return key.split(_SEP, 1)[0].decode()
-
-
 def state_prefix(state: State, namespace: str | None = None) -> bytes:
     return _STATE_CODES[state] + (
-        b"" if namespace is None else namespace_prefix(namespace)
+        b"" if namespace is None else keys.namespace_prefix(namespace)
     )
 
 
 def load_call(view: Tables, ref: CallRef) -> ToolCall | None:
-    return load_call_at(view, call_key(ref))
+    return load_call_at(view, keys.call_key(ref))
 
 
 def load_call_at(view: Tables, key: bytes) -> ToolCall | None:
@@ -71,7 +51,7 @@ def load_call_at(view: Tables, key: bytes) -> ToolCall | None:
 
 def save_call(view: WritableTables, old: ToolCall | None, new: ToolCall) -> None:
     """Stores `new` (which replaces `old`, as loaded) and its index entries."""
-    key = call_key(new.ref)
+    key = keys.call_key(new.ref)
     if old is not None and old.state is not new.state:
         view.delete(Table.CALL_STATES, _STATE_CODES[old.state] + key)
     if old is None or old.state is not new.state:
@@ -102,12 +82,8 @@ _CHECKPOINT_HEAD = struct.Struct(">QQ")
 _KEY_LENGTH = struct.Struct(">H")
 
 
-def checkpoint_key(namespace: str, key: str) -> bytes:
-    return namespace_prefix(namespace) + keys.part(key, keys.CHECKPOINT_KEY)
-
-
 def load_checkpoint(view: Tables, namespace: str, key: str) -> StoredCheckpoint | None:
-    stored = checkpoint_key(namespace, key)
+    stored = keys.checkpoint_key(namespace, key)
     raw = view.get(Table.CHECKPOINTS, stored)
     return None if raw is None else decode_checkpoint(stored, raw)
 
@@ -144,28 +120,12 @@ def encode_checkpoint(stored: bytes, cp: StoredCheckpoint) -> bytes:
 
 
 def save_checkpoint(view: WritableTables, namespace: str, cp: StoredCheckpoint) -> None:
-    stored = checkpoint_key(namespace, cp.key)
+    stored = keys.checkpoint_key(namespace, cp.key)
     view.put(Table.CHECKPOINTS, stored, encode_checkpoint(stored, cp))
 
 
 def delete_checkpoint(view: WritableTables, namespace: str, key: str) -> None:
-    view.delete(Table.CHECKPOINTS, checkpoint_key(namespace, key))
-
-
-def checkpoint_ranges(namespace: str, prefix: str) -> list[bytes]:
-    """The key ranges, in key order, that hold every checkpoint of
-    `namespace` whose key starts with `prefix` (and may hold others).
-
-    A key stored verbatim starts with the prefix itself. A key stored hashed
-    starts with its first `kept` bytes: with a prefix no longer than those,
-    the same range holds it; with a longer one, it is in the range of the
-    prefix's first `kept` bytes and the marker, which sorts first."""
-    base = namespace_prefix(namespace)
-    data = prefix.encode()
-    kept = keys.CHECKPOINT_KEY.kept
-    if len(data) <= kept:
-        return [base + data]
-    return [base + data[:kept] + keys.HASHED, base + data]
+    view.delete(Table.CHECKPOINTS, keys.checkpoint_key(namespace, key))
 
 
 def scan_checkpoints(
@@ -174,7 +134,7 @@ def scan_checkpoints(
     """(stored key, checkpoint) of every row of `checkpoint_ranges` after the
     stored key `after`, in key order; rows whose key does not start with
     `prefix` are included: the caller filters, and counts what it read."""
-    for start in checkpoint_ranges(namespace, prefix):
+    for start in keys.checkpoint_ranges(namespace, prefix):
         for stored, raw in view.scan(Table.CHECKPOINTS, start, after=after):
             yield stored, decode_checkpoint(stored, raw)
 
@@ -242,10 +202,7 @@ def scan_audit(view: Tables, after: int = 0) -> Iterator[tuple[int, bytes]]:
 __all__ = [
     "append_audit",
     "audit_key",
-    "call_key",
     "checkpoint_head",
-    "checkpoint_key",
-    "checkpoint_ranges",
     "decode_call",
     "decode_checkpoint",
     "delete_checkpoint",
@@ -256,10 +213,7 @@ __all__ = [
     "load_call",
     "load_call_at",
     "load_checkpoint",
-    "namespace_of",
-    "namespace_prefix",
     "next_checkpoint_revision",
-    "run_prefix",
     "save_call",
     "save_checkpoint",
     "scan_audit",

@@ -37,7 +37,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 from sidecar.errors import ShuttingDown
+from sidecar.ledger.audit import Head
+from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import CallRef, State, ToolCall
+from sidecar.ledger.ownership import PassLock, Registration
+from sidecar.ledger.quota import Usage
 from sidecar.ledger.retention import Tombstone
 from sidecar.storage.api import Listed, ReadsPoints, ReadView, Store, Table
 from sidecar.storage.handoff import hand_back
@@ -181,6 +185,49 @@ class _StoppableView:
         return self._checked(
             self._view.retained(acknowledged=acknowledged, after=after)
         )
+
+    def load_checkpoint(self, namespace: str, key: str) -> StoredCheckpoint | None:
+        self._check()
+        return self._view.load_checkpoint(namespace, key)
+
+    def checkpoints(
+        self, namespace: str, prefix: str, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, StoredCheckpoint]]:
+        return self._checked(self._view.checkpoints(namespace, prefix, after=after))
+
+    def usage(self, namespace: str) -> Usage:
+        self._check()
+        return self._view.usage(namespace)
+
+    def usages(self) -> dict[str, Usage]:
+        self._check()
+        return self._view.usages()
+
+    def audit_head(self) -> Head | None:
+        self._check()
+        return self._view.audit_head()
+
+    def audit_entry(self, sequence: int) -> bytes | None:
+        self._check()
+        return self._view.audit_entry(sequence)
+
+    def audit_entries(self, after: int = 0) -> Iterator[tuple[int, bytes]]:
+        return self._checked(self._view.audit_entries(after))
+
+    def registration(self, incarnation: int) -> Registration | None:
+        self._check()
+        return self._view.registration(incarnation)
+
+    def registrations(self) -> Iterator[Registration]:
+        return self._checked(self._view.registrations())
+
+    def pass_lock(self, name: str) -> PassLock | None:
+        self._check()
+        return self._view.pass_lock(name)
+
+    def refuse_unfinished_restore(self) -> None:
+        self._check()
+        self._view.refuse_unfinished_restore()
 
 
 class Scans:

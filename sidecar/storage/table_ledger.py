@@ -1,12 +1,12 @@
-"""The calls of the ledger (`api.CallReads`, `api.CallWrites`) over tables of
-bytes (`api.Table`): the way of a store whose views only get, scan, put and
-delete keys (LMDB), and of any view that wraps another's tables.
+"""The ledger (`api.LedgerReads`, `api.LedgerWrites`) over tables of bytes
+(`api.Table`): the way of a store whose views only get, scan, put and delete
+keys (LMDB), and of any view that wraps another's tables.
 
-`TableLedgerReads` and `TableLedger` are mixins of such a view: each operation
-is the codecs of `storage.records` and `storage.tombstones` run on the view
-itself. A store with a way of its own overrides them in its views
-(PostgreSQL reads the typed columns of its call rows,
-`storage.postgres.views`).
+`TableLedgerReads` and `TableLedger` are mixins of such a view: each
+operation is the codecs of `storage.records`, `tombstones`, `usage`,
+`daemons` and `marking` run on the view itself. A store with a way of its
+own overrides them in its views (PostgreSQL reads the typed columns of its
+call rows, `storage.postgres.call_reads`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from sidecar.errors import UnsupportedKeyScheme
+from sidecar.ledger.audit import Entry, Fact, Head
+from sidecar.ledger.checkpoints import StoredCheckpoint
 from sidecar.ledger.model import CallRef, State, ToolCall
+from sidecar.ledger.ownership import PassLock, Registration
+from sidecar.ledger.quota import Usage
 from sidecar.ledger.retention import Tombstone
-from sidecar.storage import plan_rows, records, retention_times, tombstones
-from sidecar.storage.api import Listed, Table, Tables, WritableTables
+from sidecar.storage import (
+    daemons,
+    marking,
+    plan_rows,
+    records,
+    retention_times,
+    tombstones,
+    usage,
+)
+from sidecar.storage.api import Listed, ReadView, Table, Tables, WritableTables
 from sidecar.storage.call_documents import decode_call
 
 
@@ -94,6 +106,43 @@ class TableLedgerReads:
         for place, _ in self.scan(Table.RETENTION_TIMES, flag, after=after):
             yield place, retention_times.split(place)[1]
 
+    def load_checkpoint(
+        self: Tables, namespace: str, key: str
+    ) -> StoredCheckpoint | None:
+        return records.load_checkpoint(self, namespace, key)
+
+    def checkpoints(
+        self: Tables, namespace: str, prefix: str, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, StoredCheckpoint]]:
+        return records.scan_checkpoints(self, namespace, prefix, after)
+
+    def usage(self: Tables, namespace: str) -> Usage:
+        return usage.load(self, namespace)
+
+    def usages(self: Tables) -> dict[str, Usage]:
+        return usage.stored(self)
+
+    def audit_head(self: Tables) -> Head | None:
+        return records.load_audit_head(self)
+
+    def audit_entry(self: Tables, sequence: int) -> bytes | None:
+        return records.load_audit(self, sequence)
+
+    def audit_entries(self: Tables, after: int = 0) -> Iterator[tuple[int, bytes]]:
+        return records.scan_audit(self, after)
+
+    def registration(self: Tables, incarnation: int) -> Registration | None:
+        return daemons.load(self, incarnation)
+
+    def registrations(self: Tables) -> Iterator[Registration]:
+        return daemons.every(self)
+
+    def pass_lock(self: Tables, name: str) -> PassLock | None:
+        return daemons.load_lock(self, name)
+
+    def refuse_unfinished_restore(self: Tables) -> None:
+        marking.refuse_unfinished_marking(self)
+
 
 class TableLedger(TableLedgerReads):
     """`api.CallWrites` through the view's own `put` and `delete` too."""
@@ -108,3 +157,47 @@ class TableLedger(TableLedgerReads):
         self: WritableTables, before_ns: int, limit: int
     ) -> tuple[int, bool]:
         return tombstones.expire(self, before_ns, limit)
+
+    def next_checkpoint_revision(self: WritableTables) -> int:
+        return records.next_checkpoint_revision(self)
+
+    def save_checkpoint(
+        self: WritableTables, namespace: str, cp: StoredCheckpoint
+    ) -> None:
+        records.save_checkpoint(self, namespace, cp)
+
+    def delete_checkpoint(self: WritableTables, namespace: str, key: str) -> None:
+        records.delete_checkpoint(self, namespace, key)
+
+    def append_audit(self: WritableTables, fact: Fact) -> Entry:
+        return records.append_audit(self, fact)
+
+    def save_registration(self: WritableTables, reg: Registration) -> None:
+        daemons.save(self, reg)
+
+    def forget_registration(self: WritableTables, incarnation: int) -> None:
+        daemons.forget(self, incarnation)
+
+    def save_pass_lock(self: WritableTables, name: str, lock: PassLock) -> None:
+        daemons.save_lock(self, name, lock)
+
+
+class Unread(Exception):
+    """A read of `NO_READS`."""
+
+
+class _NoReads(TableLedgerReads):
+    """A view with nothing to read: what a rule is decided on when the
+    record it needs is at hand (`services.recent_calls`); any read raises
+    `Unread`."""
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        raise Unread(table)
+
+    def scan(
+        self, table: Table, prefix: bytes, *, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        raise Unread(table)
+
+
+NO_READS: ReadView = _NoReads()

@@ -1,7 +1,7 @@
 """How tombstones of compacted calls are laid out in the store (contract §4.7).
 
 A tombstone lives in `Table.TOMBSTONES` under the key the record had in
-`Table.CALLS` (see `records.call_key`), as a versioned JSON document, and in
+`Table.CALLS` (see `keys.call_key`), as a versioned JSON document, and in
 `Table.TOMBSTONE_TIMES` by the time it was made. `compact` replaces a record
 by its tombstone, index entries included (the retention index's too), in
 the caller's write transaction, so a call is always either a record or a
@@ -24,7 +24,7 @@ from sidecar.ledger.model import (
     check_key_scheme,
 )
 from sidecar.ledger.retention import Tombstone
-from sidecar.storage import records, retention_times
+from sidecar.storage import keys, records, retention_times
 from sidecar.storage.api import Table, Tables, WritableTables
 
 TOMBSTONE_VERSION = 1
@@ -88,7 +88,7 @@ def decode(raw: bytes) -> Tombstone:
 
 
 def load(view: Tables, ref: CallRef) -> Tombstone | None:
-    raw = view.get(Table.TOMBSTONES, records.call_key(ref))
+    raw = view.get(Table.TOMBSTONES, keys.call_key(ref))
     return None if raw is None else decode(raw)
 
 
@@ -101,7 +101,7 @@ def compact(view: WritableTables, call: ToolCall, tomb: Tombstone) -> None:
     """Replaces the stored record `call` (as loaded) by `tomb`."""
     if tomb.ref != call.ref:
         raise ValueError("the tombstone is of another call")
-    key = records.call_key(call.ref)
+    key = keys.call_key(call.ref)
     view.delete(Table.CALL_STATES, records.state_prefix(call.state) + key)
     indexed = retention_times.key(call, key)
     if indexed is not None:

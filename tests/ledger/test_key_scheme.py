@@ -26,7 +26,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
-from sidecar.storage import records, tombstones
+from sidecar.storage import keys, records, tombstones
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import committed, prepared, spec, started
@@ -73,7 +73,7 @@ def refusals(store: LmdbStore) -> list[str]:
     ledger = LedgerService(store, clock, Limits(), FixedPolicy())
     recovery = RecoveryService(store, clock, Limits(), FixedPolicy())
     call = prepared(Effect.IDEMPOTENT_WRITE)
-    before = _raw(store, Table.CALLS, records.call_key(call.ref))
+    before = _raw(store, Table.CALLS, keys.call_key(call.ref))
     gone = CallRef(call.ref.namespace, call.ref.run_id, "gone")
     attempts: dict[str, Callable[[], Any]] = {
         "prepare": lambda: asyncio.run(
@@ -109,7 +109,7 @@ def refusals(store: LmdbStore) -> list[str]:
             found.append(f"{name} was refused with {exc.reason}")
             continue
         found.append(f"{name} was answered")
-    if _raw(store, Table.CALLS, records.call_key(call.ref)) != before:
+    if _raw(store, Table.CALLS, keys.call_key(call.ref)) != before:
         found.append("the record changed")
     return found
 

@@ -29,7 +29,7 @@ from sidecar.ledger.rules import PrepareSpec
 from sidecar.ledger.validation import Limits
 from sidecar.services.lease_sweep import LeaseSweep, SweepPass
 from sidecar.services.ledger import LedgerService
-from sidecar.storage import records
+from sidecar.storage import keys, records
 from sidecar.storage.api import Table
 from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import running_daemon
@@ -120,7 +120,7 @@ def _states(store: LmdbStore) -> dict[str, State]:
     calls = store.read(
         lambda view: [
             records.decode_call(raw)
-            for _, raw in view.scan(Table.CALLS, records.namespace_prefix("default"))
+            for _, raw in view.scan(Table.CALLS, keys.namespace_prefix("default"))
         ]
     )
     return {c.ref.call_id: c.state for c in calls}

@@ -29,7 +29,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.rpc import summaries
 from sidecar.rpc.recovery import Recovery, item_pb, page_bytes
 from sidecar.services.recovery import RecoveryService
-from sidecar.storage import plan_rows, records
+from sidecar.storage import keys, plan_rows, records
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.storage.random_calls import TOOLS, random_call
@@ -173,7 +173,7 @@ def test_negative_control_a_stale_plan_row_is_caught(
     """One COMMITTED record's row says acknowledged when the record does
     not (or the other way round)."""
     stored, built = worlds
-    prefix = records.run_prefix("default", RUN)
+    prefix = keys.run_prefix("default", RUN)
 
     def tamper(view: WriteView) -> None:
         for key, raw in view.scan(Table.PLAN_ROWS, prefix):

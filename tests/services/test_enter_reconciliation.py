@@ -22,7 +22,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services import enter_reconciliation as entering
 from sidecar.services.ledger import LedgerService
 from sidecar.services.operator import OperatorService
-from sidecar.storage import records
+from sidecar.storage import keys, records
 from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.lmdb.store import LmdbStore
 from tests.ledger.builders import ok_result
@@ -167,7 +167,7 @@ async def _first_batch_only(w: World, store: LmdbStore, batch: int) -> None:
         return entering._batch(
             view,
             w.operator.now(view),
-            prefix=records.namespace_prefix("default"),
+            prefix=keys.namespace_prefix("default"),
             after=None,
             tool_name=TOOL,
             operator="olga",
@@ -246,7 +246,7 @@ def test_a_record_of_an_unknown_key_scheme_is_left_alone(store: LmdbStore) -> No
         raw = records.encode_call(newer)
 
         def put(view: WriteView) -> None:
-            view.put(Table.CALLS, records.call_key(newer.ref), raw)
+            view.put(Table.CALLS, keys.call_key(newer.ref), raw)
 
         await asyncio.wrap_future(store.submit(put))
         done = await w.operator.enter_reconciliation(
@@ -254,7 +254,7 @@ def test_a_record_of_an_unknown_key_scheme_is_left_alone(store: LmdbStore) -> No
         )
         assert (done.skipped, done.forced[State.UNKNOWN]) == (1, 2)
         stored = store.read(
-            lambda view: view.get(Table.CALLS, records.call_key(newer.ref))
+            lambda view: view.get(Table.CALLS, keys.call_key(newer.ref))
         )
         assert stored == raw
 

@@ -36,10 +36,11 @@ from sidecar.ledger.validation import Limits
 from sidecar.services import ledger as ledger_module
 from sidecar.services._common import Decided
 from sidecar.services.ledger import LedgerService
-from sidecar.services.recent_calls import NO_READS, RecentCalls
+from sidecar.services.recent_calls import RecentCalls
 from sidecar.storage.api import ReadView, Store
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
+from sidecar.storage.table_ledger import NO_READS
 from tests.services.support import spec
 from tests.storage.random_calls import random_call
 

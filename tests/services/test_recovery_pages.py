@@ -23,7 +23,7 @@ from sidecar.ledger.validation import Limits
 from sidecar.services._common import moment
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
-from sidecar.storage import calls, records
+from sidecar.storage import calls, keys, records
 from sidecar.storage.api import CallWrite, ReadView, Store, Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.table_ledger import TableLedger
@@ -180,7 +180,7 @@ def test_negative_control_a_whole_run_transaction_is_caught(
 
     def whole_run(view: WriteView) -> None:
         now = moment(clock, lmdb, view)
-        prefix = records.run_prefix("default", "run-1")
+        prefix = keys.run_prefix("default", "run-1")
         for _, raw in list(view.scan(Table.CALLS, prefix)):
             old = records.decode_call(raw)
             records.save_call(view, old, rules.settle(old, now))

@@ -17,7 +17,7 @@ from sidecar.storage import backends
 from sidecar.storage.api import CallWrite, Table
 from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.storage.postgres.store import PostgresStore
-from sidecar.storage.records import call_key
+from sidecar.storage.keys import call_key
 from tests.storage.random_calls import random_call
 
 

@@ -81,7 +81,7 @@ def test_every_accepted_identity_has_keys_lmdb_stores(
     namespace with any accepted run_id and call_id fit in 511 bytes (issue
     10 item A1: fails before the fix: 64 + 256 + 256 bytes made a 579-byte
     key)."""
-    key = records.call_key(CallRef(NS64, run_id, call_id))
+    key = keys.call_key(CallRef(NS64, run_id, call_id))
     assert len(records.state_prefix(State.COMMITTED) + key) <= keys.MAX_KEY_BYTES
     assert len(tombstones.time_key(2**63 - 1, key)) <= keys.MAX_KEY_BYTES
     indexed = retention_times.key(committed(Effect.READ), key)
@@ -93,7 +93,7 @@ def test_every_accepted_identity_has_keys_lmdb_stores(
 def test_every_accepted_checkpoint_key_fits(key: str) -> None:
     """A checkpoint key of 512 bytes in the longest namespace fits (issue 10
     item A1: fails before the fix: 577 bytes)."""
-    assert len(records.checkpoint_key(NS64, key)) <= keys.MAX_KEY_BYTES
+    assert len(keys.checkpoint_key(NS64, key)) <= keys.MAX_KEY_BYTES
 
 
 def test_identities_never_share_a_key() -> None:
@@ -101,18 +101,18 @@ def test_identities_never_share_a_key() -> None:
     have distinct keys; a run's key is a prefix of its calls' keys only."""
     ids = [*accepted_ids(), text(200) + "x", text(200) + "y", text(128) + "z" * 100]
     refs = [CallRef("ns", r, c) for r in ids for c in ids[::7]]
-    stored = {records.call_key(r) for r in refs}
+    stored = {keys.call_key(r) for r in refs}
     assert len(stored) == len(refs)
     for r in refs:
-        key = records.call_key(r)
+        key = keys.call_key(r)
         owners = [
             other.run_id
             for other in {CallRef("ns", x, "") for x in ids}
-            if key.startswith(records.run_prefix("ns", other.run_id))
+            if key.startswith(keys.run_prefix("ns", other.run_id))
         ]
         assert owners == [r.run_id]
     cps = [*accepted_checkpoint_keys(), text(440) + "x", text(440) + "y"]
-    assert len({records.checkpoint_key("ns", k) for k in cps}) == len(cps)
+    assert len({keys.checkpoint_key("ns", k) for k in cps}) == len(cps)
 
 
 def test_a_hashed_part_is_never_longer_than_a_verbatim_one() -> None:

@@ -21,7 +21,7 @@ from sidecar.ledger import retention, rules
 from sidecar.ledger.model import CallRef, Outcome, Result, State, ToolCall
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.rules import Now
-from sidecar.storage import plan_rows, records
+from sidecar.storage import keys, plan_rows
 from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.plan_rows import Summary
@@ -98,9 +98,9 @@ def _ledger(rng: random.Random) -> tuple[list[ToolCall], _Ledger]:
         )
     compacted = [c for c in made if c.result is not None and rng.random() < 0.3]
     ledger = _Ledger(
-        {records.call_key(c.ref): c for c in made if c not in compacted},
+        {keys.call_key(c.ref): c for c in made if c not in compacted},
         {
-            records.call_key(c.ref): retention.tombstone(c, 50_000 + i)
+            keys.call_key(c.ref): retention.tombstone(c, 50_000 + i)
             for i, c in enumerate(compacted)
         },
     )
@@ -157,14 +157,14 @@ def test_the_calls_by_state_and_by_key(store: Store) -> None:
     """Each state's keys, of every namespace or one, resumed after a key;
     a run's records, and what a plan shows of them, with and without rows."""
     ledger = _filled(store)
-    keys = sorted(ledger.calls)
+    stored = sorted(ledger.calls)
     for state in STATES:
         for namespace in (None, "a"):
             wanted = [
                 k
-                for k in keys
+                for k in stored
                 if ledger.calls[k].state is state
-                and (namespace is None or records.namespace_of(k) == namespace)
+                and (namespace is None or keys.namespace_of(k) == namespace)
             ]
             got = _both(store, "calls_in_state", state, namespace)
             assert got == wanted, (state, namespace)
@@ -173,8 +173,8 @@ def test_the_calls_by_state_and_by_key(store: Store) -> None:
                 after = _both(store, "calls_in_state", state, namespace, after=middle)
                 assert after == [k for k in wanted if k > middle]
     for namespace, run in (("a", "r1"), ("b", "r2")):
-        prefix = records.run_prefix(namespace, run)
-        run_keys = [k for k in keys if k.startswith(prefix)]
+        prefix = keys.run_prefix(namespace, run)
+        run_keys = [k for k in stored if k.startswith(prefix)]
         listed = _both(store, "calls", prefix)
         assert listed == [(k, ledger.calls[k]) for k in run_keys]
         for rows in (True, False):
@@ -245,13 +245,13 @@ def test_a_record_a_newer_daemon_made_is_listed_as_its_refusal(
     monkeypatch.setattr(
         "sidecar.ledger.model.KEY_SCHEMES", frozenset({newer.key_scheme + 1})
     )
-    prefix = records.run_prefix("a", "run-1")
+    prefix = keys.run_prefix("a", "run-1")
     for walk in (
         lambda v: list(v.calls(prefix)),
         lambda v: list(v.plan(prefix)),
     ):
         found = store.read(walk)
         assert [k for k, _ in found] == sorted(
-            records.call_key(CallRef("a", "run-1", c)) for c in ("newer", "older")
+            keys.call_key(CallRef("a", "run-1", c)) for c in ("newer", "older")
         )
         assert all(isinstance(item, UnsupportedKeyScheme) for _, item in found)

@@ -32,7 +32,7 @@ from sidecar.ledger.model import (
     ToolCall,
 )
 from sidecar.rpc import convert, summaries
-from sidecar.storage import plan_rows, records, tombstones
+from sidecar.storage import keys, plan_rows, records, tombstones
 from sidecar.storage.api import Table, WriteView
 from sidecar.storage.lmdb import migration
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
@@ -162,7 +162,7 @@ def test_a_row_is_written_with_its_commit_and_deleted_with_its_compaction(
     committed = random_call(rng, "c1", state=State.COMMITTED)
     while committed.result is None:
         committed = random_call(rng, "c1", state=State.COMMITTED)
-    key = records.call_key(started.ref)
+    key = keys.call_key(started.ref)
 
     def row() -> bytes | None:
         return store.read(lambda v: v.get(Table.PLAN_ROWS, key))
@@ -208,9 +208,7 @@ def test_a_format_4_store_gets_its_rows_at_open(tmp_path: Path, seed: int) -> No
         # The rows of the upgrade are those of a save (a row shows no
         # history: the upgrade decodes none).
         expected = {
-            records.call_key(c.ref): row
-            for c in calls
-            if (row := _encode(c)) is not None
+            keys.call_key(c.ref): row for c in calls if (row := _encode(c)) is not None
         }
         assert expected, f"seed={seed}"
         assert rows == expected, f"seed={seed}"
@@ -236,7 +234,7 @@ def test_a_record_that_leaves_committed_loses_its_row(tmp_path: Path) -> None:
     while committed.result is None:
         committed = random_call(rng, "c1", state=State.COMMITTED)
     reopened = dataclasses.replace(committed, state=State.PREPARED, result=None)
-    key = records.call_key(committed.ref)
+    key = keys.call_key(committed.ref)
     store = LmdbStore(tmp_path / "data", OPTIONS)
     try:
         store.submit(lambda v: records.save_call(v, None, committed)).result()
@@ -262,7 +260,7 @@ def test_a_store_without_the_wire_form_writes_no_row_and_drops_a_stale_one(
     daemon's open before) is gone, since it would no longer answer for it."""
     committed = _committed(seed)
     acknowledged = dataclasses.replace(committed, acknowledged=True)
-    key = records.call_key(committed.ref)
+    key = keys.call_key(committed.ref)
     path = tmp_path / "data"
     store = LmdbStore(path, OPTIONS)
     try:
@@ -310,9 +308,7 @@ def test_a_format_4_store_opened_without_the_wire_form_gets_its_rows_later(
         rows = daemon_s.read(lambda v: dict(v.scan(Table.PLAN_ROWS, b"")))
         assert rows, f"seed={seed}"
         assert rows == {
-            records.call_key(c.ref): row
-            for c in calls
-            if (row := _encode(c)) is not None
+            keys.call_key(c.ref): row for c in calls if (row := _encode(c)) is not None
         }, f"seed={seed}"
     finally:
         daemon_s.close()

@@ -26,7 +26,7 @@ from sidecar.errors import QuotaExceeded, StorageUnavailable
 from sidecar.ledger.model import CallRef, Outcome, Result, State, ToolCall
 from sidecar.ledger.quota import Quotas, Usage
 from sidecar.rpc import summaries
-from sidecar.storage import records, usage
+from sidecar.storage import keys, records, usage
 from sidecar.storage.api import CallWrite, Conflict
 from sidecar.storage.call_documents import encode_call
 from sidecar.storage.plan_rows import encode as plan_row
@@ -76,7 +76,7 @@ def test_a_records_columns_are_those_its_document_gives() -> None:
     rng = random.Random(seed)  # noqa: S311 - test records
     for i in range(300):
         call = random_call(rng, f"c{i}")
-        key = records.call_key(call.ref)
+        key = keys.call_key(call.ref)
         doc = encode_call(call)
         plan = plan_row(call, summaries.summarize)
         assert call_saves.columns(key, call, doc, plan) == tables.columns(
@@ -344,7 +344,7 @@ def _stuck_then_lost(
         threading.Timer(0.3, cut).start()
         return made(conn, opening)
 
-    key = records.call_key(call.ref)
+    key = keys.call_key(call.ref)
     with psycopg.connect(pg_url) as holder:
         holder.execute("SELECT 1 FROM effectd_calls WHERE k = %s FOR UPDATE", (key,))
         with pytest.MonkeyPatch.context() as patch:

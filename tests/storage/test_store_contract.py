@@ -21,7 +21,7 @@ from sidecar.ledger.model import Outcome, Result, State, ToolCall
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.quota import Quotas, Usage
 from sidecar.ledger.rules import Now
-from sidecar.storage import records, tombstones, usage
+from sidecar.storage import keys, records, tombstones, usage
 from sidecar.storage.api import CallWrite, Conflict, ReadView, Store, Table, WriteView
 from sidecar.storage.keys import KeyTooLong
 from sidecar.storage.lmdb.store import LmdbStore
@@ -186,7 +186,7 @@ def test_queued_writes_see_each_other_and_a_refused_one_leaves_nothing(
         raise Refused
 
     def second(view: WriteView) -> tuple[bytes | None, Usage]:
-        seen = view.get(Table.META, b"batch-first"), usage.load(view, "ns")
+        seen = view.get(Table.META, b"batch-first"), view.usage("ns")
         view.put(Table.CHECKPOINTS, b"ns\x00b", b"3")
         return seen
 
@@ -215,7 +215,7 @@ def test_usage_counters_follow_every_put_and_delete(store: Store) -> None:
     """Stored bytes (key + value), open calls by the by-state index, and
     tombstone bytes are exact after puts, overwrites and deletes."""
     started = _new_call("c")
-    key = records.call_key(started.ref)
+    key = keys.call_key(started.ref)
     done = dataclasses.replace(
         started, state=State.COMMITTED, revision=started.revision + 1
     )

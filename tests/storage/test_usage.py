@@ -47,7 +47,7 @@ from sidecar.services.checkpoints import CheckpointService
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recovery import RecoveryService
 from sidecar.services.retention import RetentionService
-from sidecar.storage import records, tombstones, usage
+from sidecar.storage import counting, keys, records, tombstones, usage
 from sidecar.storage.api import ReadView, Table, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from tests.ledger.builders import committed, prepared, started
@@ -107,7 +107,7 @@ def stored_size(store: LmdbStore, table: Table, key: bytes) -> int:
 
 # -- each write, exactly ---------------------------------------------------------
 
-KEY = records.call_key(CallRef("default", "run-1", "call-1"))
+KEY = keys.call_key(CallRef("default", "run-1", "call-1"))
 
 
 def test_a_new_record_counts_one_open_call_and_its_bytes(store: LmdbStore) -> None:
@@ -157,7 +157,7 @@ def test_checkpoints_count_their_bytes_until_deleted(store: LmdbStore) -> None:
         return lambda v: records.save_checkpoint(v, "default", cp)
 
     write(store, put(b"x" * 10))
-    key = records.checkpoint_key("default", "k")
+    key = keys.checkpoint_key("default", "k")
     assert of(store) == Usage(0, stored_size(store, Table.CHECKPOINTS, key))
     write(store, put(b"x" * 500))
     assert of(store) == Usage(0, stored_size(store, Table.CHECKPOINTS, key))
@@ -174,7 +174,7 @@ def test_namespaces_are_counted_apart(store: LmdbStore) -> None:
     write(store, lambda v: records.save_call(v, None, call))
     moved = dataclasses.replace(call, ref=other)
     write(store, lambda v: records.save_call(v, None, moved))
-    size = stored_size(store, Table.CALLS, records.call_key(other))
+    size = stored_size(store, Table.CALLS, keys.call_key(other))
     assert of(store, "other") == Usage(1, size)
     assert of(store, "default") == Usage(1, stored_size(store, Table.CALLS, KEY))
 
@@ -435,7 +435,7 @@ def test_counters_equal_a_full_recount_after_any_sequence(store: LmdbStore) -> N
 # -- negative controls: a write path that skips its counter update ------------------
 
 
-class _SkipsTombstones(usage.Counting):
+class _SkipsTombstones(counting.Counting):
     """Compaction's tombstone is stored without being counted."""
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
@@ -445,7 +445,7 @@ class _SkipsTombstones(usage.Counting):
             super().put(table, key, value)
 
 
-class _SkipsTombstoneDeletes(usage.Counting):
+class _SkipsTombstoneDeletes(counting.Counting):
     """A tombstone deleted after its lifetime keeps counting its bytes."""
 
     def delete(self, table: Table, key: bytes) -> None:
@@ -455,7 +455,7 @@ class _SkipsTombstoneDeletes(usage.Counting):
             super().delete(table, key)
 
 
-class _SkipsCheckpointDeletes(usage.Counting):
+class _SkipsCheckpointDeletes(counting.Counting):
     """A deleted checkpoint keeps counting its bytes."""
 
     def delete(self, table: Table, key: bytes) -> None:
@@ -465,7 +465,7 @@ class _SkipsCheckpointDeletes(usage.Counting):
             super().delete(table, key)
 
 
-class _SkipsTheIndex(usage.Counting):
+class _SkipsTheIndex(counting.Counting):
     """A record's change of state does not move the open-call count."""
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
@@ -481,7 +481,7 @@ class _SkipsTheIndex(usage.Counting):
             super().delete(table, key)
 
 
-BROKEN: dict[str, type[usage.Counting]] = {
+BROKEN: dict[str, type[counting.Counting]] = {
     "tombstones": _SkipsTombstones,
     "tombstone deletes": _SkipsTombstoneDeletes,
     "checkpoint deletes": _SkipsCheckpointDeletes,
@@ -490,7 +490,7 @@ BROKEN: dict[str, type[usage.Counting]] = {
 
 
 def _counted_by(
-    view_class: type[usage.Counting],
+    view_class: type[counting.Counting],
 ) -> Callable[[Callable[[WriteView], object]], Callable[[WriteView], object]]:
     def counted(fn: Callable[[WriteView], object]) -> Callable[[WriteView], object]:
         return lambda view: fn(view_class(view))
@@ -506,7 +506,7 @@ def test_the_property_catches_a_path_that_skips_its_update(
     counters drift from the recount, and that sequence is clean without the bug."""
     seed = secrets.randbits(32)
     print(f"seed={seed}")
-    with mock.patch.object(usage, "counted", _counted_by(BROKEN[variant])):
+    with mock.patch.object(counting, "counted", _counted_by(BROKEN[variant])):
         found = hypothesis.find(
             SCRIPTS,
             lambda script: bool(run(store, script)),

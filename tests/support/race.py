@@ -14,8 +14,7 @@ from sidecar.ledger.rules import Answer, PrepareSpec
 from sidecar.server import Daemon
 from sidecar.services._common import answered
 from sidecar.services.ledger import LedgerService
-from sidecar.storage import records
-from sidecar.storage.api import Store, WriteView
+from sidecar.storage.api import LedgerWrites, Store
 
 
 class RacyLedger(LedgerService):
@@ -23,13 +22,13 @@ class RacyLedger(LedgerService):
     writes blindly, so concurrent callers all see PREPARED or nothing."""
 
     async def prepare(self, spec: PrepareSpec) -> Answer:
-        old = self._store.read(lambda view: records.load_call(view, spec.ref))
+        old = self._store.read(lambda view: view.load_call(spec.ref))
         # A real pause between the read and the write: the window the race needs.
         await asyncio.sleep(0.001)
         step = rules.prepare(old, spec, self._store.read(self.now))
 
-        def blind_write(view: WriteView) -> Answer | EffectdError:
-            records.save_call(view, old, step.call)
+        def blind_write(view: LedgerWrites) -> Answer | EffectdError:
+            view.write_call(old, step.call)
             return step.reply
 
         return await answered(self._store, blind_write)
@@ -57,8 +56,8 @@ class RacyLedger(LedgerService):
             actor=actor,
         )
 
-        def blind_write(view: WriteView) -> Answer | EffectdError:
-            records.save_call(view, old, step.call)
+        def blind_write(view: LedgerWrites) -> Answer | EffectdError:
+            view.write_call(old, step.call)
             return step.reply
 
         return await answered(self._store, blind_write)

@@ -18,8 +18,7 @@ from sidecar.ledger.checkpoints import Expect, Op, StoredCheckpoint, check
 from sidecar.server import Daemon
 from sidecar.services._common import committed
 from sidecar.services.checkpoints import CheckpointService
-from sidecar.storage import records
-from sidecar.storage.api import ReadView, Store, WriteView
+from sidecar.storage.api import LedgerReads, LedgerWrites, Store
 
 
 class RacyCheckpoints(CheckpointService):
@@ -28,23 +27,25 @@ class RacyCheckpoints(CheckpointService):
     ) -> int:
         for expect in compares:
 
-            def load(view: ReadView, key: str = expect.key) -> StoredCheckpoint | None:
-                return records.load_checkpoint(view, namespace, key)
+            def load(
+                view: LedgerReads, key: str = expect.key
+            ) -> StoredCheckpoint | None:
+                return view.load_checkpoint(namespace, key)
 
             current = self._store.read(load)
             check(expect, None if current is None else current.revision)
         # A real pause between the compare and the write: the window the race needs.
         await asyncio.sleep(0.005)
 
-        def blind_write(view: WriteView) -> int:
-            revision = records.next_checkpoint_revision(view)
+        def blind_write(view: LedgerWrites) -> int:
+            revision = view.next_checkpoint_revision()
             now = self._clock.wall_ns()
             for op in ops:
                 if op.value is None:
-                    records.delete_checkpoint(view, namespace, op.key)
+                    view.delete_checkpoint(namespace, op.key)
                 else:
                     cp = StoredCheckpoint(op.key, op.value, revision, now)
-                    records.save_checkpoint(view, namespace, cp)
+                    view.save_checkpoint(namespace, cp)
             return revision
 
         return await committed(self._store, blind_write)

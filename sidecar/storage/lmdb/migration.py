@@ -59,9 +59,7 @@ _Rekey = Callable[[bytes, bytes], tuple[bytes, bytes] | None]
 
 def _call_key(old: bytes) -> bytes:
     namespace, run_id, call_id = old.split(_SEP, 2)
-    return records.call_key(
-        CallRef(namespace.decode(), run_id.decode(), call_id.decode())
-    )
+    return keys.call_key(CallRef(namespace.decode(), run_id.decode(), call_id.decode()))
 
 
 def _rekey_call(key: bytes, raw: bytes) -> tuple[bytes, bytes] | None:
@@ -82,7 +80,7 @@ def _rekey_checkpoint(key: bytes, raw: bytes) -> tuple[bytes, bytes] | None:
     if keys.is_hashed(key):
         return None
     cp = records.decode_checkpoint(key, raw)
-    new = records.checkpoint_key(records.namespace_of(key), cp.key)
+    new = keys.checkpoint_key(keys.namespace_of(key), cp.key)
     return None if new == key else (new, records.encode_checkpoint(new, cp))
 
 

@@ -45,7 +45,7 @@ from sidecar.errors import (
 from sidecar.failpoints import Failpoints, Point
 from sidecar.ledger.quota import StoreFill
 from sidecar.locking import ExclusiveLock
-from sidecar.storage import calls, usage
+from sidecar.storage import calls, counting, usage
 from sidecar.storage.api import (
     CallWrite,
     FormatError,
@@ -215,7 +215,7 @@ class LmdbStore:
         return future
 
     def _counted(self, fn: Callable[[WriteView], T]) -> Callable[[WriteView], T]:
-        counted = usage.counted(fn)
+        counted = counting.counted(fn)
         failpoints = self.options.failpoints
         return counted if failpoints is None else failpoints.tag(counted)
 

@@ -49,7 +49,7 @@ import psycopg
 from sidecar.ledger import quota
 from sidecar.ledger.model import State, ToolCall
 from sidecar.ledger.quota import Quotas, Usage
-from sidecar.storage import plan_rows, records
+from sidecar.storage import keys, plan_rows
 from sidecar.storage.api import CallWrite, Conflict
 from sidecar.storage.call_documents import encode_call
 from sidecar.storage.plan_rows import Summarize
@@ -253,7 +253,7 @@ def save(
     if write.holds is not None and not write.holds():
         raise Conflict("what the decision assumed changed before its write")
     new = write.new
-    key = records.call_key(new.ref)
+    key = keys.call_key(new.ref)
     doc = encode_call(new)
     plan = plan_rows.encode(new, summarize)
     row = columns(key, new, doc, plan)

@@ -87,7 +87,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sidecar.errors import NotImplementedYet, ShuttingDown
 from sidecar.failpoints import Point, Scoped
-from sidecar.storage import calls, records, usage
+from sidecar.storage import calls, counting, keys, usage
 from sidecar.storage.api import CallWrite, Conflict, ReadView, WriteView
 from sidecar.storage.handoff import hand_back
 from sidecar.storage.postgres import call_saves, connecting
@@ -506,7 +506,7 @@ class PostgresStore:
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
         future: Future[T] = Future()
-        self._queued(usage.counted(fn), future)
+        self._queued(counting.counted(fn), future)
         return future
 
     def _handed(self, fn: Callable[[WriteView], T]) -> _Handoff[T]:
@@ -531,14 +531,14 @@ class PostgresStore:
         """`submit`, awaited: always through the writer threads, since a
         transaction on PostgreSQL is network round trips the event loop
         must not wait for (`_awaited`)."""
-        return await _awaited(self._handed(usage.counted(fn)))
+        return await _awaited(self._handed(counting.counted(fn)))
 
     async def save_call(self, write: CallWrite) -> None:
         """The compare-and-swap of one record (`storage.calls`), as a write
         of its own; a new call's without reading its row first (`_NewCall`)."""
-        save = usage.counted(functools.partial(calls.compare_and_save, write=write))
+        save = counting.counted(functools.partial(calls.compare_and_save, write=write))
         if write.old is None and self.locking:
-            save = _NewCall(records.call_key(write.new.ref), save)
+            save = _NewCall(keys.call_key(write.new.ref), save)
         await _awaited(self._handed(_CallSave(write, save)))
 
     def _run(self) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, LiteralString
 
 from sidecar.ledger.model import State
-from sidecar.storage import records
+from sidecar.storage import keys, records
 from sidecar.storage.api import Table
 
 # Rows read per round trip of a scan.
@@ -194,7 +194,7 @@ def columns(
 ) -> Columns:
     """The row of `effectd_calls` holding these documents, its typed columns
     read from them (a record document's own fields; a tombstone's time)."""
-    namespace = records.namespace_of(k)
+    namespace = keys.namespace_of(k)
     run_id = call_id = state = revision = attempt = lease = None
     created = updated = retained = compacted = None
     acknowledged = False

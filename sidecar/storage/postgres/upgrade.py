@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, LiteralString
 
-from sidecar.storage import records
+from sidecar.storage import keys, records
 from sidecar.storage.api import Table
 from sidecar.storage.postgres import tables
 
@@ -147,7 +147,7 @@ def _copy_rows(
                 "updated_ns = EXCLUDED.updated_ns",
                 (
                     [k for k, _ in items],
-                    [records.namespace_of(k) for k, _ in items],
+                    [keys.namespace_of(k) for k, _ in items],
                     [None if h is None else h[0] for h in heads],
                     [None if h is None else h[1] for h in heads],
                     [v for _, v in items],

@@ -44,7 +44,7 @@ from typing import LiteralString
 import psycopg
 
 from sidecar.ledger.quota import Usage
-from sidecar.storage import records, usage
+from sidecar.storage import keys, records, usage
 from sidecar.storage.api import Table
 from sidecar.storage.keys import check_key
 from sidecar.storage.plan_rows import Summarize
@@ -636,7 +636,7 @@ class Batch(_Layer):
             for k, v in puts:
                 head = records.checkpoint_head(v)
                 revision, updated = (None, None) if head is None else head
-                rows.append((k, records.namespace_of(k), revision, updated, v))
+                rows.append((k, keys.namespace_of(k), revision, updated, v))
             on_conflict = tables.CHECKPOINT_ON_CONFLICT if conflict else ""
             self._write(
                 view,
