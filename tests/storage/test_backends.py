@@ -15,9 +15,9 @@ from sidecar.ledger.model import Outcome, Result, State
 from sidecar.rpc import summaries
 from sidecar.storage import backends
 from sidecar.storage.api import CallWrite, Table
+from sidecar.storage.keys import call_key
 from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.storage.postgres.store import PostgresStore
-from sidecar.storage.keys import call_key
 from tests.storage.random_calls import random_call
 
 
