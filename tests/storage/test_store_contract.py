@@ -516,3 +516,24 @@ def test_save_call_keeps_a_new_call_within_its_quotas(store: Store) -> None:
     later = dataclasses.replace(first, revision=first.revision + 1)
     _saved(store, CallWrite(first, later, quotas))
     assert store.read(usage.recount) == store.read(usage.stored)
+
+
+@pytest.mark.parametrize(
+    "quotas",
+    [Quotas(open_calls=1, stored_bytes=0), Quotas(open_calls=0, stored_bytes=1)],
+    ids=["open-calls", "stored-bytes"],
+)
+def test_a_new_call_found_stored_is_a_conflict_even_at_the_quota(
+    store: Store, quotas: Quotas
+) -> None:
+    """A new call's save that finds the call stored (another request created
+    it since the decision's read) loses its compare, whatever the quota: the
+    request decides again and answers the call as stored. A quota's refusal
+    would tell its caller the call was not made while it was."""
+    first = _new_call("c1")
+    _saved(store, CallWrite(None, first, Quotas()))
+    # The namespace is now at (or past) its quota: the call's own record.
+    again = dataclasses.replace(first, tool_name="raced")
+    with pytest.raises(Conflict):
+        _saved(store, CallWrite(None, again, quotas))
+    assert _record(store, first) == first

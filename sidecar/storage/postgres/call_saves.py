@@ -171,8 +171,11 @@ REPLACE_CALL: LiteralString = "".join(
     )
 )
 _ROW: LiteralString = "SELECT revision, doc FROM effectd_calls WHERE k = %s"
-_USAGE: LiteralString = (
-    "SELECT coalesce(sum(open_calls), 0), coalesce(sum(stored_bytes), 0), "
+# Whether the call's row is stored (a record or a tombstone of it), and the
+# namespace's counters.
+_STORED_AND_USAGE: LiteralString = (
+    "SELECT EXISTS (SELECT 1 FROM effectd_calls WHERE k = %s), "
+    "coalesce(sum(open_calls), 0), coalesce(sum(stored_bytes), 0), "
     "coalesce(sum(tombstone_bytes), 0) FROM effectd_usage WHERE namespace = %s"
 )
 # The backend a lost statement ran on: alive still (under the same start),
@@ -281,7 +284,7 @@ def save(
         if not found[0] and query is NEW_CALL_WITHIN_QUOTA:
             assert write.quotas is not None
             grown = len(key) + len(doc)
-            _refused(run, write.quotas, new.ref.namespace, opened, grown)
+            _refused(run, write.quotas, key, new.ref.namespace, grown=(opened, grown))
     except psycopg.Error as exc:
         raise Unanswered(
             Sent(key, doc, None if old is None else old.revision), exc
@@ -316,15 +319,21 @@ def _named(row: tables.Columns) -> dict[str, object]:
     }
 
 
-def _refused(run: Run, quotas: Quotas, namespace: str, opened: int, grown: int) -> None:
+def _refused(
+    run: Run, quotas: Quotas, key: bytes, namespace: str, *, grown: tuple[int, int]
+) -> None:
     """Raises the quota's refusal of a new call the statement did not
-    insert, worded from the counters as they are now; returns when they no
-    longer refuse it (a call finished meanwhile, or the call is stored: a
-    lost compare)."""
-    found = run(_USAGE, (namespace.encode(),))
+    insert, worded from the counters as they are now; returns when the call
+    is stored (a lost compare: another request made it since the decision,
+    whatever the quota says now) or when the counters no longer refuse it
+    (a call finished meanwhile)."""
+    found = run(_STORED_AND_USAGE, (key, namespace.encode()))
     assert found is not None
-    before = Usage(*(int(str(n)) for n in found))
-    refusal = quota.refuse_growth(namespace, before, before.plus(opened, grown), quotas)
+    stored, *counters = found
+    if stored:
+        return
+    before = Usage(*(int(str(n)) for n in counters))
+    refusal = quota.refuse_growth(namespace, before, before.plus(*grown), quotas)
     if refusal is not None:
         raise refusal
 

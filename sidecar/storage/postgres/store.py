@@ -85,7 +85,7 @@ from typing import Any, Generic, LiteralString, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from sidecar.errors import NotImplementedYet, ShuttingDown
+from sidecar.errors import NotImplementedYet, QuotaExceeded, ShuttingDown
 from sidecar.failpoints import Point, Scoped
 from sidecar.storage import calls, counting, keys, usage
 from sidecar.storage.api import CallWrite, Conflict, ReadView, WriteView
@@ -230,6 +230,10 @@ async def _awaited(handoff: _Handoff[T]) -> T:
         raise
 
 
+# Whether a call's row (its record or tombstone) is stored.
+_CALL_STORED: LiteralString = "SELECT 1 FROM effectd_calls WHERE k = %s"
+
+
 class _NewCall:
     """The save of a new call, decided on a read outside the transaction
     that found neither its record nor its tombstone (`CallWrite.old` None).
@@ -238,7 +242,10 @@ class _NewCall:
     INSERT, so a row stored since that read (a concurrent request's, or
     another daemon's) fails the batch with a unique violation, and the
     batch runs again. Every later run reads the row (`FOR UPDATE`), where
-    the compare then fails as it should (`api.Conflict`)."""
+    the compare then fails as it should (`api.Conflict`). A quota's refusal
+    on the first run, decided before that INSERT was sent, is one only
+    while the row is still absent: a call stored since is a lost compare,
+    whatever the quota says now."""
 
     def __init__(self, key: bytes, save: Callable[[WriteView], None]) -> None:
         self._key = key
@@ -246,11 +253,20 @@ class _NewCall:
         self._ran = False
 
     def __call__(self, view: WriteView) -> None:
-        if not self._ran:
-            self._ran = True
-            assert isinstance(view, PgWriteView), type(view)
-            view.assume_absent(self._key)
-        self._save(view)
+        if self._ran:
+            self._save(view)
+            return
+        self._ran = True
+        assert isinstance(view, PgWriteView), type(view)
+        view.assume_absent(self._key)
+        try:
+            self._save(view)
+        except QuotaExceeded:
+            # Read after the namespace's lock row was locked (the quota
+            # check's): a call stored by a writer that held it is seen.
+            if view.rows(_CALL_STORED, (self._key,)):
+                raise Conflict("the new call was stored since it was read") from None
+            raise
 
 
 class _CallSave:
