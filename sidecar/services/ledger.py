@@ -36,7 +36,7 @@ from sidecar.ledger.rules import Answer, Now, PrepareSpec, Step
 from sidecar.ledger.validation import Limits
 from sidecar.services._common import Decided, committed, decided, moment
 from sidecar.services.prepares import in_scheme, prepare_one, with_lease
-from sidecar.services.recent_calls import RecentCalls, stepped
+from sidecar.services.recent_calls import RecentCalls, made, stepped
 from sidecar.storage import keys
 from sidecar.storage.api import CallWrite, LedgerReads, LedgerWrites, Store
 from sidecar.storage.scans import Scans
@@ -135,7 +135,18 @@ class LedgerService:
         return Decided(step.reply, self._saving(old, step.call, policy))
 
     async def prepare(self, spec: PrepareSpec) -> Answer:
-        return await self._decided(lambda view: self._prepare_decision(view, spec))
+        """A new call saved with no read before it on a store whose saves
+        are statements (`recent_calls.made`: the insert is the compare);
+        else, and for a call stored, decided on a read."""
+
+        def decide(view: LedgerReads) -> Decided:
+            return self._prepare_decision(view, spec)
+
+        if self._store.saves_by_statement:
+            answer = await made(self._store, self._recent, spec.ref, decide)
+            if answer is not None:
+                return answer
+        return await self._decided(decide)
 
     def _prepare_decision(self, view: LedgerReads, asked: PrepareSpec) -> Decided:
         """A repeat that changes nothing (the duplicate of a committed call, a

@@ -2,7 +2,9 @@
 of them with no read (`stepped`): on a store whose saves are statements
 (`Store.saves_by_statement`, PostgreSQL), a read before the save is a round
 trip the save does not need, since its compare-and-swap proves the record
-still the one decided on.
+still the one decided on. So is the read before a new call's save
+(`made`): its insert is its compare, which a record or tombstone of the
+call stored fails; a call this daemon knows stored is not tried so.
 
 Never an answer by itself. A step that changes nothing is answered from the
 stored record, read: a remembered record may be older than the stored one,
@@ -20,7 +22,7 @@ from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.ledger.rules import Answer
 from sidecar.services._common import Decided
 from sidecar.storage.api import Conflict, LedgerReads, Store
-from sidecar.storage.table_ledger import NO_READS, Unread
+from sidecar.storage.table_ledger import NO_READS, Unread, absent
 
 # Records a `RecentCalls` keeps, and the payload bytes they may hold
 # together: the calls in flight at one daemon, whose kept inputs and
@@ -29,6 +31,9 @@ RECENT_CALLS = 4096
 RECENT_BYTES = 32 << 20
 # What a record weighs besides its payloads: its texts, history and fields.
 _RECORD_WEIGHT = 1024
+# Calls a `RecentCalls` knows stored, by identity alone (a few hundred bytes
+# each), for `made` to leave to a read.
+KNOWN_CALLS = 16384
 
 
 def _weight(call: ToolCall) -> int:
@@ -47,11 +52,21 @@ class RecentCalls:
     heartbeat) is decided on. A COMMITTED record is not kept: a call's
     steps end with its commit, and its result may be large."""
 
-    def __init__(self, size: int = RECENT_CALLS, budget: int = RECENT_BYTES) -> None:
+    def __init__(
+        self,
+        size: int = RECENT_CALLS,
+        budget: int = RECENT_BYTES,
+        known: int = KNOWN_CALLS,
+    ) -> None:
         self._size = size
         self._budget = budget
         self._bytes = 0
         self._calls: dict[CallRef, tuple[ToolCall, int]] = {}
+        # The calls seen stored last (saved, or found by a lost insert),
+        # committed ones too, the oldest forgotten first: a hint, never an
+        # answer (a call compacted and expired since is only read first).
+        self._known_size = known
+        self._known: dict[CallRef, None] = {}
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -65,7 +80,20 @@ class RecentCalls:
         found = self._calls.get(ref)
         return None if found is None else found[0]
 
+    def is_known(self, ref: CallRef) -> bool:
+        """Whether this daemon saw the call of `ref` stored, lately."""
+        return ref in self._known
+
+    def know(self, ref: CallRef) -> None:
+        """Notes the call of `ref` as stored."""
+        known = self._known
+        known.pop(ref, None)
+        known[ref] = None
+        if len(known) > self._known_size:
+            del known[next(iter(known))]
+
     def remember(self, call: ToolCall) -> None:
+        self.know(call.ref)
         self.forget(call.ref)
         weight = _weight(call)
         if call.state is State.COMMITTED or weight > self._budget:
@@ -107,6 +135,39 @@ async def stepped(
         await store.save_call(write)
     except Conflict:
         recent.forget(ref)
+        return None
+    recent.remember(write.new)
+    if isinstance(decision.reply, EffectdError):
+        raise decision.reply
+    return decision.reply
+
+
+async def made(
+    store: Store,
+    recent: RecentCalls,
+    ref: CallRef,
+    decide: Callable[[LedgerReads], Decided],
+) -> Answer | None:
+    """`decide` as if no call of `ref` were stored, with no read, and the new
+    call it makes saved by compare-and-swap on `store` (one whose saves are
+    statements): its insert, which a record or a tombstone of the call
+    stored fails (`Conflict`). The reply once saved (raised when a refusal).
+    None when that cannot be, for a read to decide: a call this daemon knows
+    stored, a decision that makes no new call (nothing to prove it on), a
+    rule that read the store, or a lost compare."""
+    if recent.is_known(ref):
+        return None
+    try:
+        decision = decide(absent(ref))
+    except Unread:
+        return None
+    write = decision.write
+    if write is None or write.old is not None:
+        return None
+    try:
+        await store.save_call(write)
+    except Conflict:
+        recent.know(ref)
         return None
     recent.remember(write.new)
     if isinstance(decision.reply, EffectdError):

@@ -201,3 +201,26 @@ class _NoReads(TableLedgerReads):
 
 
 NO_READS: ReadView = _NoReads()
+
+
+class _Absent(_NoReads):
+    """A view that holds nothing but the absence of one call."""
+
+    def __init__(self, ref: CallRef) -> None:
+        self._ref = ref
+
+    def find_call(self, ref: CallRef) -> tuple[ToolCall | None, Tombstone | None]:
+        if ref != self._ref:
+            raise Unread(ref)
+        return None, None
+
+    def load_call(self, ref: CallRef) -> ToolCall | None:
+        return self.find_call(ref)[0]
+
+
+def absent(ref: CallRef) -> ReadView:
+    """A view with nothing to read but that `ref`'s call is not stored:
+    what a new call is decided on before a save whose own compare proves it
+    (a record or tombstone stored meanwhile fails it, `api.Conflict`); any
+    other read raises `Unread`."""
+    return _Absent(ref)

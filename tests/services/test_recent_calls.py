@@ -12,6 +12,7 @@ caller the call is in progress when it is not."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 from collections.abc import Callable, Coroutine, Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from sidecar.clock import ManualClock
 from sidecar.errors import EffectdError
+from sidecar.ledger import retention
 from sidecar.ledger.model import (
     CallRef,
     Outcome,
@@ -31,16 +33,17 @@ from sidecar.ledger.model import (
     ToolCall,
 )
 from sidecar.ledger.policy import FixedPolicy
+from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer
 from sidecar.ledger.validation import Limits
 from sidecar.services import ledger as ledger_module
 from sidecar.services._common import Decided
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recent_calls import RecentCalls
-from sidecar.storage.api import ReadView, Store
+from sidecar.storage.api import Conflict, LedgerReads, ReadView, Store
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
-from sidecar.storage.table_ledger import NO_READS
+from sidecar.storage.table_ledger import NO_READS, absent
 from tests.services.support import spec
 from tests.storage.random_calls import random_call
 
@@ -198,3 +201,132 @@ def test_a_committed_record_is_not_remembered() -> None:
     recent.remember(committed)
     assert recent.get(started.ref) is None
     assert (len(recent), recent.held_bytes) == (0, 0)
+
+
+# -- a new call saved with no read before it (`recent_calls.made`) ---------------
+
+
+@pytest.fixture
+def at_quota(pg_url: str) -> Iterator[tuple[LedgerService, LedgerService, Store]]:
+    """Two daemons' ledgers on one database, under a quota of two open
+    calls, and the first one's store."""
+    clock = ManualClock()
+    quotas = Quotas(open_calls=2, stored_bytes=0)
+    stores = [PostgresStore(pg_url, PostgresOptions()) for _ in range(2)]
+    try:
+        a, b = (
+            LedgerService(s, clock, Limits(), FixedPolicy(), quotas=quotas)
+            for s in stores
+        )
+        yield a, b, stores[0]
+    finally:
+        for store in stores:
+            store.close()
+
+
+def _stored_elsewhere(
+    a: LedgerService, store: Store, call_id: str, kind: str
+) -> CallRef:
+    """A call daemon `a` made and left `kind`: started, committed, or
+    compacted to its tombstone."""
+    started = run(a.prepare(spec(call_id)))
+    ref = started.call.ref
+    if kind == "started":
+        return ref
+    _commit(a, ref)
+    if kind == "compacted":
+        done = run(a.get(ref))
+        tomb = retention.tombstone(done, done.updated_ns + 1)
+        store.submit(lambda view: view.compact_call(done, tomb)).result(10)
+    return ref
+
+
+KINDS = ["started", "committed", "compacted"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prepare_of_a_call_stored_by_another_daemon_answers_as_a_read(
+    at_quota: tuple[LedgerService, LedgerService, Store],
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Daemon `b`, which never saw the call, tries it as a new one: its
+    insert finds the call (a record, or a tombstone) and loses, and `b`
+    answers, and leaves stored, what a read does on a twin call; the
+    namespace at its quota (the two calls in it) refuses neither."""
+    a, b, store = at_quota
+    made_ref = _stored_elsewhere(a, store, f"made-{kind}", kind)
+    read_ref = _stored_elsewhere(a, store, f"read-{kind}", kind)
+    answered = _outcome(lambda: run(b.prepare(spec(made_ref.call_id))))
+    with monkeypatch.context() as reading:
+        reading.setattr(ledger_module, "made", _never)
+        read = _outcome(lambda: run(b.prepare(spec(read_ref.call_id))))
+    assert answered == read
+    assert answered[0] != "EXECUTE"
+    made_stored, made_tomb = store.read(lambda view: view.find_call(made_ref))
+    read_stored, read_tomb = store.read(lambda view: view.find_call(read_ref))
+    if kind == "compacted":
+        assert (made_stored, read_stored) == (None, None)
+        assert made_tomb is not None
+        assert read_tomb is not None
+        assert made_tomb.revision == read_tomb.revision
+    else:
+        assert made_stored is not None
+        assert read_stored is not None
+        assert (made_stored.state, made_stored.revision) == (
+            read_stored.state,
+            read_stored.revision,
+        )
+
+
+async def _never(*_: object) -> Answer | None:
+    return None
+
+
+def test_a_lost_insert_answered_from_its_decision_is_caught(
+    at_quota: tuple[LedgerService, LedgerService, Store],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Negative control: a new call's decision answered although its insert
+    lost: the prepare of a committed call tells its caller to execute it
+    again."""
+    a, b, store = at_quota
+    tried = _stored_elsewhere(a, store, "tried", "committed")
+
+    async def trusting(
+        store: Store,
+        recent: RecentCalls,
+        ref: CallRef,
+        decide: Callable[[LedgerReads], Decided],
+    ) -> Answer | None:
+        decision = decide(absent(ref))
+        assert decision.write is not None
+        with contextlib.suppress(Conflict):
+            await store.save_call(decision.write)
+        assert isinstance(decision.reply, Answer)
+        return decision.reply
+
+    monkeypatch.setattr(ledger_module, "made", trusting)
+    assert _outcome(lambda: run(b.prepare(spec(tried.call_id))))[0] == "EXECUTE"
+
+
+def test_a_call_this_daemon_saved_is_not_tried_as_new(
+    at_quota: tuple[LedgerService, LedgerService, Store],
+) -> None:
+    """A daemon that saved a call (committed too) knows it stored: its
+    repeat is decided on a read, not on an insert that would lose; a lost
+    insert teaches another daemon the same."""
+    a, b, store = at_quota
+    ref = _stored_elsewhere(a, store, "known", "committed")
+    assert a._recent.is_known(ref)
+    assert not b._recent.is_known(ref)
+    run(b.prepare(spec(ref.call_id)))
+    assert b._recent.is_known(ref)
+
+
+def test_the_calls_known_stored_are_bounded() -> None:
+    recent = RecentCalls(known=2)
+    refs = [CallRef("ns", "run", f"c{i}") for i in range(3)]
+    for ref in refs:
+        recent.know(ref)
+    assert [recent.is_known(ref) for ref in refs] == [False, True, True]

@@ -3,19 +3,21 @@ protocol itself (libpq's trace of every connection of the store): a round
 trip is a run of messages the daemon sends, ended by the server's answer.
 
 A first execution (PrepareTool with start, then CommitTool, a quota on) is
-3 round trips and 2 commits, each save one statement committed on its own
+2 round trips and 2 commits, each save one statement committed on its own
 (`storage.postgres.call_saves`):
 
-- PrepareTool: the point read that finds no call (1); the new call's row
-  inserted, and its growth added to the namespace's lock row within the
-  quota, in one statement (1).
+- PrepareTool, decided as a new call with no read (`services.recent_calls.made`):
+  the new call's row inserted, and its growth added to the namespace's
+  lock row within the quota, in one statement whose insert is the compare
+  (1).
 - CommitTool, decided on the record PrepareTool saved (`services.recent_calls`),
   with no read: its compare-and-swap, an UPDATE on that record's revision,
   with the change of the counters (1).
 
-Each cut is caught when it is undone (the negative controls): CommitTool
-decided on a read, or in a write transaction, or each save a transaction of its own
-through the key-value views (as before the saves were statements). The
+Each cut is caught when it is undone (the negative controls): PrepareTool
+decided on a read, CommitTool decided on a read, or in a write transaction,
+or each save a transaction of its own through the key-value views (as
+before the saves were statements). The
 second is the path a batch of more than saves takes, whose own cuts are
 held too: a new call's row read again in its transaction adds a round
 trip, each BEGIN sent on its own two. A batch of saves alone is one
@@ -199,10 +201,20 @@ def _phases(store: TracedStore, ledger: LedgerService) -> tuple[int, int]:
     return store.round_trips()
 
 
-def test_a_first_execution_is_three_round_trips_and_two_commits(
+def test_a_first_execution_is_two_round_trips_and_two_commits(
     ledger_on: tuple[TracedStore, LedgerService],
 ) -> None:
     store, ledger = ledger_on
+    assert _phases(store, ledger) == (2, 2)
+
+
+def test_a_new_call_decided_on_a_read_is_caught(
+    ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: PrepareTool decided on a point read that finds no
+    call, as for a call the daemon knows stored."""
+    store, ledger = ledger_on
+    monkeypatch.setattr(RecentCalls, "is_known", lambda self, ref: True)
     assert _phases(store, ledger) == (3, 2)
 
 
@@ -213,7 +225,7 @@ def test_a_commit_decided_on_a_read_is_caught(
     point read of the call first."""
     store, ledger = ledger_on
     monkeypatch.setattr(RecentCalls, "get", lambda self, ref: None)
-    assert _phases(store, ledger) == (4, 2)
+    assert _phases(store, ledger) == (3, 2)
 
 
 def test_a_commit_decided_in_its_write_transaction_is_caught(
@@ -231,7 +243,7 @@ def test_a_commit_decided_in_its_write_transaction_is_caught(
         return await in_write(store, self._mutation(ref, rule))
 
     monkeypatch.setattr(LedgerService, "_changed", in_its_write)
-    assert _phases(store, ledger) == (5, 2)
+    assert _phases(store, ledger) == (4, 2)
 
 
 def test_saves_in_transactions_of_their_own_are_caught(
