@@ -21,7 +21,7 @@ from sidecar.errors import EffectdError
 from sidecar.ledger.model import CallRef, State, ToolCall
 from sidecar.ledger.rules import Answer
 from sidecar.services._common import Decided
-from sidecar.storage.api import Conflict, LedgerReads, Store
+from sidecar.storage.api import CallWrite, Conflict, LedgerReads, Store
 from sidecar.storage.table_ledger import NO_READS, Unread, absent
 
 # Records a `RecentCalls` keeps, and the payload bytes they may hold
@@ -131,15 +131,7 @@ async def stepped(
     write = decision.write
     if write is None:
         return None
-    try:
-        await store.save_call(write)
-    except Conflict:
-        recent.forget(ref)
-        return None
-    recent.remember(write.new)
-    if isinstance(decision.reply, EffectdError):
-        raise decision.reply
-    return decision.reply
+    return await _saved(store, recent, write, decision.reply, lost=recent.forget)
 
 
 async def made(
@@ -164,12 +156,25 @@ async def made(
     write = decision.write
     if write is None or write.old is not None:
         return None
+    return await _saved(store, recent, write, decision.reply, lost=recent.know)
+
+
+async def _saved(
+    store: Store,
+    recent: RecentCalls,
+    write: CallWrite,
+    reply: Answer | EffectdError,
+    *,
+    lost: Callable[[CallRef], None],
+) -> Answer | None:
+    """`reply` once `write` is saved (raised when a refusal), its record
+    remembered; None, and `lost` told the call, when its compare lost."""
     try:
         await store.save_call(write)
     except Conflict:
-        recent.know(ref)
+        lost(write.new.ref)
         return None
     recent.remember(write.new)
-    if isinstance(decision.reply, EffectdError):
-        raise decision.reply
-    return decision.reply
+    if isinstance(reply, EffectdError):
+        raise reply
+    return reply
