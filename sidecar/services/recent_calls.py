@@ -19,10 +19,11 @@ from collections.abc import Callable
 
 from sidecar.errors import EffectdError
 from sidecar.ledger.model import CallRef, State, ToolCall
+from sidecar.ledger.retention import Tombstone
 from sidecar.ledger.rules import Answer
 from sidecar.services._common import Decided
 from sidecar.storage.api import CallWrite, Conflict, LedgerReads, Store
-from sidecar.storage.table_ledger import NO_READS, Unread, absent
+from sidecar.storage.table_ledger import NO_READS, Unread, absent, holding
 
 # Records a `RecentCalls` keeps, and the payload bytes they may hold
 # together: the calls in flight at one daemon, whose kept inputs and
@@ -143,10 +144,13 @@ async def made(
     """`decide` as if no call of `ref` were stored, with no read, and the new
     call it makes saved by compare-and-swap on `store` (one whose saves are
     statements): its insert, which a record or a tombstone of the call
-    stored fails (`Conflict`). The reply once saved (raised when a refusal).
-    None when that cannot be, for a read to decide: a call this daemon knows
-    stored, a decision that makes no new call (nothing to prove it on), a
-    rule that read the store, or a lost compare."""
+    stored fails (`Conflict`). An insert that lost and found the call
+    (`Conflict.found`, on the statement's snapshot, as a read's) decides
+    again on what it found, a change saved as `stepped` saves one. The reply
+    once saved (raised when a refusal). None when that cannot be, for a read
+    to decide: a call this daemon knows stored, a decision that makes no new
+    call (nothing to prove it on), a rule that read the store, or a lost
+    compare that found nothing it can read."""
     if recent.is_known(ref):
         return None
     try:
@@ -156,7 +160,38 @@ async def made(
     write = decision.write
     if write is None or write.old is not None:
         return None
-    return await _saved(store, recent, write, decision.reply, lost=recent.know)
+    try:
+        await store.save_call(write)
+    except Conflict as lost:
+        recent.know(ref)
+        if lost.found is None:
+            return None
+        return await _decided_on(store, recent, ref, decide, lost.found)
+    return _remembered(recent, write.new, decision.reply)
+
+
+async def _decided_on(
+    store: Store,
+    recent: RecentCalls,
+    ref: CallRef,
+    decide: Callable[[LedgerReads], Decided],
+    found: tuple[ToolCall | None, Tombstone | None],
+) -> Answer | None:
+    """`decide` on the call as a lost insert found it: the reply, or the
+    change it makes saved by compare-and-swap first; None for a read to
+    decide (a rule that read more, a lost compare)."""
+    try:
+        decision = decide(holding(ref, *found))
+    except Unread:
+        return None
+    write = decision.write
+    if write is None:
+        if isinstance(decision.reply, EffectdError):
+            raise decision.reply
+        return decision.reply
+    if write.old is None:
+        return None
+    return await _saved(store, recent, write, decision.reply, lost=recent.forget)
 
 
 async def _saved(
@@ -174,7 +209,14 @@ async def _saved(
     except Conflict:
         lost(write.new.ref)
         return None
-    recent.remember(write.new)
+    return _remembered(recent, write.new, reply)
+
+
+def _remembered(
+    recent: RecentCalls, saved: ToolCall, reply: Answer | EffectdError
+) -> Answer:
+    """`reply` (raised when a refusal), `saved` remembered."""
+    recent.remember(saved)
     if isinstance(reply, EffectdError):
         raise reply
     return reply

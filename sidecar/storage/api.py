@@ -90,7 +90,20 @@ class FormatError(RuntimeError):
 class Conflict(Exception):
     """A compare-and-swap lost (`Store.save_call`): the stored record is no
     longer the one the write was decided on. Nothing was written; read the
-    record again and decide again."""
+    record again and decide again.
+
+    `found`: the call as the compare found it (its record, or its
+    tombstone), where the store read it with the compare, on a snapshot as
+    a read's: what to decide again on, with no read of one's own. None:
+    not read."""
+
+    def __init__(
+        self,
+        message: str,
+        found: tuple[ToolCall | None, Tombstone | None] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.found = found
 
 
 @dataclass(frozen=True, slots=True)

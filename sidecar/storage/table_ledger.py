@@ -203,16 +203,20 @@ class _NoReads(TableLedgerReads):
 NO_READS: ReadView = _NoReads()
 
 
-class _Absent(_NoReads):
-    """A view that holds nothing but the absence of one call."""
+class _Holding(_NoReads):
+    """A view that holds one call (its record, or its tombstone, or
+    neither) and nothing else."""
 
-    def __init__(self, ref: CallRef) -> None:
+    def __init__(
+        self, ref: CallRef, call: ToolCall | None, tomb: Tombstone | None
+    ) -> None:
         self._ref = ref
+        self._found = (call, tomb)
 
     def find_call(self, ref: CallRef) -> tuple[ToolCall | None, Tombstone | None]:
         if ref != self._ref:
             raise Unread(ref)
-        return None, None
+        return self._found
 
     def load_call(self, ref: CallRef) -> ToolCall | None:
         return self.find_call(ref)[0]
@@ -223,4 +227,11 @@ def absent(ref: CallRef) -> ReadView:
     what a new call is decided on before a save whose own compare proves it
     (a record or tombstone stored meanwhile fails it, `api.Conflict`); any
     other read raises `Unread`."""
-    return _Absent(ref)
+    return _Holding(ref, None, None)
+
+
+def holding(ref: CallRef, call: ToolCall | None, tomb: Tombstone | None) -> ReadView:
+    """A view with nothing to read but `ref`'s call as found: its record
+    `call`, or its tombstone `tomb` (`api.Conflict.found`); any other read
+    raises `Unread`."""
+    return _Holding(ref, call, tomb)

@@ -30,7 +30,7 @@ from sidecar.storage import keys, records, usage
 from sidecar.storage.api import CallWrite, Conflict
 from sidecar.storage.call_documents import encode_call
 from sidecar.storage.plan_rows import encode as plan_row
-from sidecar.storage.postgres import call_saves, tables
+from sidecar.storage.postgres import call_saves, call_statements, tables
 from sidecar.storage.postgres import store as store_module
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
@@ -134,10 +134,10 @@ def test_a_replaced_record_counted_whole_is_caught(
 ) -> None:
     """Negative control: the change of stored bytes taken as the new
     document's length, not its difference from the replaced one's."""
-    whole: LiteralString = call_saves.REPLACE_CALL.replace(
+    whole: LiteralString = call_statements.REPLACE_CALL.replace(
         "%(size)s::bigint - c.was", "%(size)s::bigint + 0 * c.was"
     )
-    assert whole != call_saves.REPLACE_CALL
+    assert whole != call_statements.REPLACE_CALL
     monkeypatch.setattr(call_saves, "REPLACE_CALL", whole)
     stored, counted = _counted(store, None)
     assert stored != counted
@@ -213,8 +213,8 @@ def test_a_quota_check_on_the_snapshot_alone_is_caught(
     """Negative control: the lock row's condition not looked at again once
     the statement waited for it."""
     condition = "OR u.open_calls + (SELECT open_other FROM o) + %(open)s <= %(lo)s)"
-    assert condition in call_saves.WITHIN_ROW
-    blind: LiteralString = call_saves.NEW_CALL_WITHIN_QUOTA.replace(
+    assert condition in call_statements.WITHIN_ROW
+    blind: LiteralString = call_statements.NEW_CALL_WITHIN_QUOTA.replace(
         condition, "OR true)"
     )
     monkeypatch.setattr(call_saves, "NEW_CALL_WITHIN_QUOTA", blind)

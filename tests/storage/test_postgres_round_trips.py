@@ -36,7 +36,7 @@ import psycopg
 import pytest
 
 from sidecar.clock import ManualClock
-from sidecar.ledger.model import CallRef, Outcome, Result, ToolCall
+from sidecar.ledger.model import CallRef, Outcome, Result, State, ToolCall
 from sidecar.ledger.policy import FixedPolicy, Policy
 from sidecar.ledger.quota import Quotas
 from sidecar.ledger.rules import Answer, Now, Step
@@ -45,6 +45,7 @@ from sidecar.services._common import in_write
 from sidecar.services.ledger import LedgerService
 from sidecar.services.recent_calls import RecentCalls
 from sidecar.storage.api import Table
+from sidecar.storage.postgres import call_saves
 from sidecar.storage.postgres.options import PostgresOptions
 from sidecar.storage.postgres.store import PostgresStore
 from sidecar.storage.postgres.views import PgReadView, PgWriteView, StoreConnection
@@ -304,3 +305,39 @@ def test_a_snapshot_read_is_two_round_trips(
     store.round_trips()
     assert store.read(lambda view: view.get(Table.META, b"absent")) is None
     assert store.round_trips() == (2, 0)
+
+
+def _repeats(store: TracedStore, ledger: LedgerService) -> tuple[int, int]:
+    """A PrepareTool of a call committed by another daemon's ledger (one on
+    the same store that never saw it), after warming up on others."""
+    quotas = Quotas(open_calls=1_000, stored_bytes=1 << 30)
+    other = LedgerService(store, ManualClock(), Limits(), FixedPolicy(), quotas=quotas)
+    for i in range(WARM + 1):
+        _first_execution(ledger, f"made-{i}")
+    for i in range(WARM):
+        asyncio.run(other.prepare(spec(f"made-{i}")))
+    store.round_trips()
+    answer = asyncio.run(other.prepare(spec(f"made-{WARM}")))
+    assert answer.call.state is State.COMMITTED
+    return store.round_trips()
+
+
+def test_a_repeat_of_a_call_the_daemon_never_saw_is_one_round_trip(
+    ledger_on: tuple[TracedStore, LedgerService],
+) -> None:
+    """Tried as a new call: the insert that loses brings back the row that
+    made it lose, and the repeat is answered from it, with no read after.
+    The lost insert is a statement in autocommit, which the trace counts as
+    a commit: one that wrote no row."""
+    store, ledger = ledger_on
+    assert _repeats(store, ledger) == (1, 1)
+
+
+def test_a_repeat_read_after_its_lost_insert_is_caught(
+    ledger_on: tuple[TracedStore, LedgerService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: the row the lost insert found not taken: the
+    repeat is read again."""
+    store, ledger = ledger_on
+    monkeypatch.setattr(call_saves, "_readable", lambda doc, tomb: None)
+    assert _repeats(store, ledger) == (2, 1)
