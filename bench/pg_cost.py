@@ -121,7 +121,10 @@ class Probe:
 
     def wal(self, start: object, end: object) -> tuple[int, int]:
         """(WAL bytes of this database's relations and commits, write
-        commits) between two LSNs."""
+        commits) between two LSNs; none when they are one (nothing was
+        written between them, which pg_walinspect refuses to read)."""
+        if start == end:
+            return 0, 0
         for tries in range(40):
             try:
                 rows = self.own.execute(
