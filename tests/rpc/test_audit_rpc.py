@@ -20,9 +20,9 @@ from sidecar.config import ServeConfig
 from sidecar.ledger.audit import GENESIS
 from sidecar.storage import records
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import running_daemon
 from tests.rpc.support import prepare_request, ref, refused
+from tests.support import postgres
 
 AdminStub = admin_pb2_grpc.AdminStub
 
@@ -236,7 +236,7 @@ def _with_entries(config: ServeConfig, clock: ManualClock, n: int) -> None:
 
 def _tamper(config: ServeConfig, fn: Callable[[WriteView], None]) -> None:
     """Writes to the stopped daemon's store directly, through its writer."""
-    store = LmdbStore(config.data_dir)
+    store = postgres.store_of(config)
     try:
         store.submit(fn).result(timeout=10)
     finally:

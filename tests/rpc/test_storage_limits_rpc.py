@@ -115,6 +115,8 @@ def _stats(channel: grpc.Channel) -> apb.GetStatsResponse:
     return admin_pb2_grpc.AdminStub(channel).GetStats(apb.GetStatsRequest(), timeout=5)
 
 
+# The store's fill is LMDB's (its map): on the shared store too, this runs on LMDB.
+@pytest.mark.parametrize("store_kind", ["lmdb"])
 def test_stats_report_store_fill_and_tombstone_bytes(
     daemon: RunningDaemon,
     channel: grpc.Channel,

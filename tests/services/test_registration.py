@@ -15,8 +15,8 @@ from sidecar.config import ServeConfig
 from sidecar.ledger.ownership import Registration
 from sidecar.services.membership import LEASE_SWEEP, RETENTION
 from sidecar.storage import daemons
-from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
+from tests.support import postgres
 
 TTL = 3.0
 
@@ -29,7 +29,7 @@ def _registrations(running: RunningDaemon) -> list[Registration]:
 
 
 def _stored(config: ServeConfig) -> tuple[list[Registration], list[str]]:
-    store = LmdbStore(config.data_dir)
+    store = postgres.store_of(config)
     try:
         regs = store.read(lambda view: list(daemons.every(view)))
         locks = store.read(

@@ -19,8 +19,12 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from sidecar.storage.api import ReadView, Table, WriteView
+from sidecar.config import ServeConfig
+from sidecar.storage.api import ReadView, Store, Table, WriteView
+from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.storage.postgres import schema as pg_schema
+from sidecar.storage.postgres.options import PostgresOptions
+from sidecar.storage.postgres.store import PostgresStore
 
 SERVER_URL = os.environ.get("EFFECTD_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
 # What `config` and `store` fixtures serve: "lmdb" unless the environment
@@ -100,6 +104,14 @@ def terminate(application_name: str, database_url: str) -> int:
             (application_name, db),
         ).fetchall()
     return len(rows)
+
+
+def store_of(config: ServeConfig) -> Store:
+    """The store a stopped daemon of `config` served, opened again: its
+    data directory's LMDB, or the shared store its URL names."""
+    if config.store is None:
+        return LmdbStore(config.data_dir)
+    return PostgresStore(config.store, PostgresOptions())
 
 
 @pytest.fixture(params=BOTH, name="store_kind")
