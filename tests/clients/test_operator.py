@@ -23,6 +23,7 @@ from effectd_client import (
     Effect,
     NoPolicyFile,
     NotFound,
+    NotImplementedYet,
     Operator,
     RevisionConflict,
     State,
@@ -133,11 +134,12 @@ def test_an_approval_through_the_operator_surface(daemon: RunningDaemon) -> None
 
 
 def test_reconcile_recover_and_the_store_views(
-    daemon: RunningDaemon, short_tmp: Path
+    daemon: RunningDaemon, short_tmp: Path, store_kind: str
 ) -> None:
     """The unknown outcome is reconciled, the plan read, a tool put into
-    reconciliation, the store backed up and the daemons listed; a refusal is
-    the client's class of its reason, a missing call NotFound."""
+    reconciliation, the store backed up (LMDB's; the shared store's backup
+    is the database's, refused NotImplementedYet) and the daemons listed; a
+    refusal is the client's class of its reason, a missing call NotFound."""
     with Client(daemon.target) as client:
         held = client.prepare_tool("run-2", "charge", "charge", {"c": 1}, start=True)
         client.report_unknown("run-2", "charge", held.call.attempt, "worker died")
@@ -162,8 +164,11 @@ def test_reconcile_recover_and_the_store_views(
             "mailer", reason="duplicated", operator="bob"
         )
         assert entered.prepared == 1
-        copy = client.admin.backup(str(short_tmp / "backup"))
-        assert copy.bytes > 0
+        if store_kind == "lmdb":
+            assert client.admin.backup(str(short_tmp / "backup")).bytes > 0
+        else:
+            with pytest.raises(NotImplementedYet):
+                client.admin.backup(str(short_tmp / "backup"))
         assert len(client.admin.daemons().daemons) == 1
         with pytest.raises(NoPolicyFile):
             client.admin.reload_policy("no file")

@@ -27,14 +27,17 @@ from sidecar.config import ServeConfig
 from sidecar.ledger.model import CallRef, Payload, PayloadKind
 from sidecar.storage import records
 from sidecar.storage.api import Table, WriteView
-from sidecar.storage.lmdb.store import LmdbStore
 from sidecar.testing import RunningDaemon, running_daemon
 from tests.rpc.support import prepare_request, refused
 from tests.support.certs import Pki, make_pki
+from tests.support.postgres import store_of
 from tests.support.processes import ROOT
 from tests.support.tokens import ONCALL, TEAM, TEAM_AGENT, tokens_text
 
 RUN = "run-1"
+# `backup` copies a data directory's LMDB; the shared store is backed up with
+# the database's tools (its refusal: tests/rpc/test_storage_faults_rpc.py).
+_LMDB_BACKUP = pytest.mark.parametrize("store_kind", ["lmdb"])
 Ctl = Callable[..., tuple[int, str, str]]
 
 
@@ -430,7 +433,7 @@ def test_audit_verify_of_a_tampered_log_exits_4(
                 )
                 == 0
             )
-    store = LmdbStore(config.data_dir)
+    store = store_of(config)
     try:
         store.submit(_edit_reason(1)).result(timeout=10)
     finally:
@@ -444,6 +447,7 @@ def test_audit_verify_of_a_tampered_log_exits_4(
         assert (verdict["ok"], verdict["first_bad_sequence"]) == (False, 1)
 
 
+@_LMDB_BACKUP
 def test_backup_while_serving_restores_into_a_new_data_directory(
     ctl: Ctl, client: Client, short_tmp: Path, clock: ManualClock
 ) -> None:
@@ -480,6 +484,7 @@ def test_backup_while_serving_restores_into_a_new_data_directory(
     assert (backup / "data.mdb").read_bytes() == kept
 
 
+@_LMDB_BACKUP
 def test_backup_into_a_non_empty_directory_is_refused(
     ctl: Ctl, short_tmp: Path
 ) -> None:
@@ -495,6 +500,7 @@ def test_backup_into_a_non_empty_directory_is_refused(
     assert os.listdir(full) == ["precious"]
 
 
+@_LMDB_BACKUP
 @pytest.mark.parametrize(
     "where", ["a-file", "no-parent/backup"], ids=["a file", "a missing parent"]
 )
@@ -523,6 +529,7 @@ def test_backup_rpc_refuses_a_relative_path(daemon: RunningDaemon) -> None:
     assert refusal.fields == ("path",)
 
 
+@_LMDB_BACKUP
 def test_a_backup_under_concurrent_writes_is_consistent(
     ctl: Ctl, daemon: RunningDaemon, client: Client, short_tmp: Path
 ) -> None:
