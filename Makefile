@@ -230,7 +230,8 @@ bench-scale: $(INSTALLED)
 ## (DBOS in a venv of its own outside the repository, EFFECTD_BENCH_STATE), 1 and 16
 ## callers, first executions and duplicates validated per key, and effectd on 1 to 4
 ## daemons at 32 callers, ratios in one run; then what one call sends the database
-## (commits, statements, WAL, CPU); databases of their own on EFFECTD_BENCH_POSTGRES,
+## (commits, statements, WAL, CPU), and what a metrics scrape costs a daemon on a
+## ledger of 200,000 calls (bench/pg_scrape.py); databases of their own on EFFECTD_BENCH_POSTGRES,
 ## dropped after; the fast setting by default (2 rounds), SHARED_DEEP=1 the deep one
 ## (5 rounds of three times the keys); the plot of calls/s against daemons goes
 ## to SHARED_PLOT (matplotlib of the bench venv)
@@ -239,6 +240,7 @@ SHARED_PLOT ?= docs/shared-scale.png
 bench-shared: $(INSTALLED)
 	$(PY) bench/versus_dbos.py $(if $(SHARED_DEEP),--deep) --plot $(SHARED_PLOT) $(ARGS)
 	$(PY) bench/pg_cost.py
+	$(PY) bench/pg_scrape.py
 
 ## image-test: build the container image with podman and probe it (opt-in; root,
 ## installs podman, buildah, debootstrap and runc with apt-get if missing)

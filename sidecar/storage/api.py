@@ -455,6 +455,14 @@ class ReadsPoints(Protocol):
 
 
 @runtime_checkable
+class CountsStates(Protocol):
+    """A store that counts its records of each state without walking them
+    (PostgreSQL: the server counts, in one statement)."""
+
+    def count_states(self) -> dict[State, int]: ...
+
+
+@runtime_checkable
 class ReportsFill(Protocol):
     """A store that knows how full it is (LMDB)."""
 

@@ -12,7 +12,7 @@ import dataclasses
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import pytest
 
@@ -21,12 +21,14 @@ from sidecar.ledger import retention, rules
 from sidecar.ledger.model import CallRef, Outcome, Result, State, ToolCall
 from sidecar.ledger.policy import Policy
 from sidecar.ledger.rules import Now
+from sidecar.observability.collectors import count_states
 from sidecar.storage import keys, plan_rows
 from sidecar.storage.api import ReadView, Store, WriteView
 from sidecar.storage.lmdb.store import LmdbOptions, LmdbStore
 from sidecar.storage.plan_rows import Summary
 from sidecar.storage.postgres import tables
 from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
+from sidecar.storage.postgres.views import Params, PgReadView
 from tests.services import support
 from tests.support import pgbouncer, postgres
 
@@ -255,3 +257,27 @@ def test_a_record_a_newer_daemon_made_is_listed_as_its_refusal(
             keys.call_key(CallRef("a", "run-1", c)) for c in ("newer", "older")
         )
         assert all(isinstance(item, UnsupportedKeyScheme) for _, item in found)
+
+
+def test_the_records_of_each_state_are_counted_as_stored(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics' counts by state (`collectors.count_states`) are the
+    model's, compacted calls left out. PostgreSQL's server counts them in
+    one statement, where a walk takes one a state and batch (fails before:
+    a scrape walked every committed key, a batch at a time)."""
+    ledger = _filled(store)
+    wanted = dict.fromkeys(State, 0)
+    for call in ledger.calls.values():
+        wanted[call.state] += 1
+    statements: list[str] = []
+    rows = PgReadView.rows
+
+    def counted(view: PgReadView, query: LiteralString, params: Params) -> Any:
+        statements.append(query)
+        return rows(view, query, params)
+
+    monkeypatch.setattr(PgReadView, "rows", counted)
+    assert count_states(store) == wanted
+    if isinstance(store, PostgresStore):
+        assert len(statements) == 1, statements

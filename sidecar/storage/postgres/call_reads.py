@@ -5,7 +5,7 @@ index through a translation of its keys.
 
 - The records in a state: one statement a batch on the `state` column (the
   partial index `effectd_calls_open` for the open states), of one namespace
-  by its `namespace` column.
+  by its `namespace` column; how many of each state, one statement.
 - A recovery plan: each record's document and plan row in one statement a
   batch, where the tables read them in two walks side by side.
 - What a retention pass may compact: the index `effectd_calls_retained` of
@@ -37,6 +37,10 @@ _IN_STATE_OF: LiteralString = (
     "SELECT k FROM effectd_calls WHERE state = %s AND doc IS NOT NULL "
     "AND namespace = %s AND k > %s ORDER BY k LIMIT %s"
 )
+_BY_STATE: LiteralString = (
+    "SELECT state, count(*) FROM effectd_calls "
+    "WHERE state IS NOT NULL AND doc IS NOT NULL GROUP BY state"
+)
 _PLAN: LiteralString = "SELECT k, plan, doc FROM effectd_calls WHERE doc IS NOT NULL"
 _RECORDS: LiteralString = "SELECT k, NULL, doc FROM effectd_calls WHERE doc IS NOT NULL"
 
@@ -52,8 +56,14 @@ def _bytes(value: object) -> bytes:
     return bytes(value)
 
 
+def _count(value: object) -> int:
+    assert isinstance(value, int), type(value)
+    return value
+
+
 class PgCallReads:
-    """`calls_in_state`, `plan` and `retained` as statements of their own."""
+    """`calls_in_state`, `plan`, `retained` and `state_counts` as statements
+    of their own."""
 
     def calls_in_state(
         self: _Statements,
@@ -76,6 +86,13 @@ class PgCallReads:
                 yield last
             if len(found) < tables.SCAN_BATCH:
                 return
+
+    def state_counts(self: _Statements) -> dict[State, int]:
+        """The records of each state, counted by the server (`api.
+        CountsStates`): one statement, a few rows back, however many calls
+        are stored."""
+        found = {row[0]: row[1] for row in self.rows(_BY_STATE, ())}
+        return {s: _count(found.get(code, 0)) for s, code in tables.STATE_CODES.items()}
 
     def plan(
         self: _Statements,
