@@ -39,12 +39,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import secrets
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,24 +113,19 @@ def store_flags(tree: Path, server: str | None) -> Iterator[tuple[str, ...]]:
     if server is None:
         yield ()
         return
-    import psycopg  # noqa: PLC0415
+    from databases import scratch, url_of  # noqa: PLC0415 - psycopg
 
-    name = f"effectd_instr_{secrets.token_hex(4)}"
-    url = urllib.parse.urlsplit(server)._replace(path="/" + name).geturl()
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            subprocess.run(
-                [sys.executable, "-m", "sidecar", "migrate", "--store", url],
-                check=True,
-                cwd=tree,
-                env=hotpath.tree_env(tree),
-                stdout=subprocess.DEVNULL,
-                timeout=120,
-            )
-            yield ("--store", url)
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch(server, "effectd_instr") as name:
+        url = url_of(server, name)
+        subprocess.run(
+            [sys.executable, "-m", "sidecar", "migrate", "--store", url],
+            check=True,
+            cwd=tree,
+            env=hotpath.tree_env(tree),
+            stdout=subprocess.DEVNULL,
+            timeout=120,
+        )
+        yield ("--store", url)
 
 
 def control(pid: int, *args: str) -> None:

@@ -27,7 +27,6 @@ import secrets
 import sys
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +38,7 @@ from effectd.v1 import ledger_pb2 as pb
 from effectd.v1 import ledger_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from databases import scratch, url_of
 from lifecycle import _daemon
 
 from sidecar.storage.postgres import schema
@@ -72,8 +72,7 @@ def _cpu_ms(pid: int) -> float:
 
 
 def _url(database: str) -> str:
-    parts = urllib.parse.urlsplit(SERVER)
-    return urllib.parse.urlunsplit(parts._replace(path="/" + database))
+    return url_of(SERVER, database)
 
 
 class Probe:
@@ -207,19 +206,17 @@ def main() -> int:
     log: Path | None = args.log or (Path(found[-1]) if found else None)
     if log is not None and not os.access(log, os.R_OK):
         log = None
-    name = f"effectd_cost_{secrets.token_hex(4)}"
-    with psycopg.connect(SERVER, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            with psycopg.connect(_url(name), autocommit=True) as conn:
-                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-            if log is not None:
-                admin.execute(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'")
-            schema.migrate_url(_url(name))
-            with wal_kept(admin):
-                _measure(admin, name, log, args.calls, args.flags)
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with (
+        scratch(SERVER, "effectd_cost") as name,
+        psycopg.connect(SERVER, autocommit=True) as admin,
+    ):
+        with psycopg.connect(_url(name), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        if log is not None:
+            admin.execute(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'")
+        schema.migrate_url(_url(name))
+        with wal_kept(admin):
+            _measure(admin, name, log, args.calls, args.flags)
     return 0
 
 

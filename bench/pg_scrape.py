@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import secrets
 import statistics
 import sys
 import time
@@ -29,6 +28,8 @@ from typing import TypeVar
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from databases import scratch, url_of
 
 from sidecar.ledger import rules
 from sidecar.ledger.fingerprint import fingerprint
@@ -149,16 +150,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    name = f"effectd_scrape_{secrets.token_hex(4)}"
-    with psycopg.connect(SERVER, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = SERVER.rsplit("/", 1)[0] + f"/{name}"
-    try:
+    with scratch(SERVER, "effectd_scrape") as name:
+        url = url_of(SERVER, name)
         schema.migrate_url(url)
         medians = measure(url, args.calls, args.rounds)
-    finally:
-        with psycopg.connect(SERVER, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(f"one scrape's counts by state, {args.calls:,} committed records:")
     for way, (cpu, wall) in medians.items():
         print(f"  {way:5}  daemon CPU {cpu:9.1f} ms   wall {wall:9.1f} ms")

@@ -25,17 +25,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
-import urllib.parse
 from pathlib import Path
 
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from databases import scratch, url_of
 from lifecycle import _daemon, _load
 
 from sidecar.storage.postgres import schema as pg_schema
@@ -107,14 +106,14 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    name = f"effectd_bench_{secrets.token_hex(4)}"
     with psycopg.connect(SERVER, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
         row = admin.execute("SHOW server_version").fetchone()
         server_version = row[0] if row else "?"
-    url = urllib.parse.urlunsplit(
-        urllib.parse.urlsplit(SERVER)._replace(path="/" + name)
-    )
+    with scratch(SERVER, "effectd_bench") as name:
+        return _bench(args, url_of(SERVER, name), server_version)
+
+
+def _bench(args: argparse.Namespace, url: str, server_version: str) -> int:
     procs: list[subprocess.Popen[str]] = []
     try:
         pg_schema.migrate_url(url)
@@ -166,8 +165,6 @@ def main() -> int:
                 proc.stdin.close()
             proc.terminate()
             proc.wait(timeout=30)
-        with psycopg.connect(SERVER, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 

@@ -54,6 +54,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from databases import scratch
 from lifecycle import _daemon
 from pg_cost import SERVER, Probe, _cpu_ms, _url, wal_kept
 
@@ -306,23 +307,21 @@ def main() -> int:
         if getattr(args, name) is None:
             deep = 5 if name == "rounds" else fast * scale
             setattr(args, name, deep if args.deep else fast)
-    names = {side: f"effectd_vs_{side}_{secrets.token_hex(3)}" for side in ("e", "d")}
-    with psycopg.connect(SERVER, autocommit=True) as admin:
+    with (
+        scratch(SERVER, "effectd_vs_e") as effectd_db,
+        scratch(SERVER, "effectd_vs_d") as dbos_db,
+        psycopg.connect(SERVER, autocommit=True) as admin,
+    ):
+        names = {"e": effectd_db, "d": dbos_db}
         for name in names.values():
-            admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            for name in names.values():
-                with psycopg.connect(_url(name), autocommit=True) as conn:
-                    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-            schema.migrate_url(_url(names["e"]))
-            with (
-                wal_kept(admin),
-                tempfile.TemporaryDirectory(prefix="effectd-vs-", dir="/tmp") as t,
-            ):
-                _bench(args, admin, names, Path(t))
-        finally:
-            for name in names.values():
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            with psycopg.connect(_url(name), autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        schema.migrate_url(_url(names["e"]))
+        with (
+            wal_kept(admin),
+            tempfile.TemporaryDirectory(prefix="effectd-vs-", dir="/tmp") as t,
+        ):
+            _bench(args, admin, names, Path(t))
     return 0
 
 
