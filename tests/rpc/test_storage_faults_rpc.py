@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -30,7 +32,7 @@ from sidecar.server import Daemon
 from sidecar.storage.api import Store
 from sidecar.storage.postgres.store import PostgresOptions, PostgresStore
 from sidecar.testing import RunningDaemon, running_daemon
-from tests.rpc.support import expect_refusal, prepare_request
+from tests.rpc.support import decode, expect_refusal, prepare_request
 from tests.support import postgres
 from tests.support.tcp_proxy import CommitCutter, commit_cutter
 
@@ -38,6 +40,7 @@ from tests.support.tcp_proxy import CommitCutter, commit_cutter
 # unreachable here refuses every new one, which a daemon's default (5 s)
 # waits out in each test before it answers, and once more as it stops.
 POOL_WAIT = 0.5
+T = TypeVar("T")
 
 
 class ShortPoolWait(Daemon):
@@ -95,8 +98,25 @@ def test_a_lost_commit_answers_unavailable_may_have_been_applied(
         )
         assert got.metadata == {"mayHaveBeenApplied": "true"}
         proxy.refusing = False
-        again = stub.PrepareTool(call, timeout=60)
+        again = _once_connected(lambda: stub.PrepareTool(call, timeout=60))
     assert again.decision == pb.DECISION_IN_PROGRESS
+
+
+def _once_connected(send: Callable[[], T]) -> T:
+    """`send`'s answer once the daemon has a connection again. Its pool
+    reconnects with a backoff of its own (a second and more after a refused
+    attempt), longer than POOL_WAIT: until then a request is refused
+    UNAVAILABLE as not applied, and is sent again, as a client would."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return send()
+        except grpc.RpcError as error:
+            refusal = decode(error)
+            assert refusal.metadata == {"mayHaveBeenApplied": "false"}, refusal
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("session", [True, False], ids=["session", "unary"])
