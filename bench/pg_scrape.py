@@ -27,7 +27,6 @@ from typing import TypeVar
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from databases import scratch, url_of
 

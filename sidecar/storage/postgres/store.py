@@ -916,6 +916,12 @@ class PostgresStore:
         )
 
 
+def _state_counts(view: ReadView) -> dict[State, int]:
+    """The view's counts by state: its store's snapshot views are PostgreSQL's."""
+    assert isinstance(view, PgReadView), type(view)
+    return view.state_counts()
+
+
 __all__ = [
     "MAY_HAVE_BEEN_APPLIED",
     "PgStats",
@@ -923,8 +929,3 @@ __all__ = [
     "PostgresStore",
     "unavailable",
 ]
-
-
-def _state_counts(view: ReadView) -> dict[State, int]:
-    assert isinstance(view, PgReadView), type(view)
-    return view.state_counts()
